@@ -1,0 +1,61 @@
+"""SQLModel tables. Times are UNIX seconds (float) so SQLite and PostgreSQL agree without tz games."""
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlmodel import Field, SQLModel
+
+
+class Run(SQLModel, table=True):
+    id: str = Field(primary_key=True, max_length=64)
+    name: str = ""
+    status: str = Field(default="queued", index=True)
+    phase: str = ""
+    model: str = ""
+    dataset: str = ""
+    method: str = ""
+    engine: str = ""
+    created_at: float = 0.0
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    steps_done: int = 0
+    total_steps: int = 0
+    epoch: Optional[float] = None
+    last_loss: Optional[float] = None
+    final_loss: Optional[float] = None
+    best_eval_loss: Optional[float] = None
+    tokens_seen: Optional[int] = None
+    output_dir: str = ""
+    config_json: str = "{}"
+    error: str = ""
+    log_tail: str = ""
+    pid: Optional[int] = None
+    pid_started_at: Optional[float] = None
+    heartbeat_at: Optional[float] = None
+    event_offset: int = 0
+
+
+class Metric(SQLModel, table=True):
+    run_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
+    step: int = Field(primary_key=True)
+    epoch: Optional[float] = None
+    loss: Optional[float] = None
+    eval_loss: Optional[float] = None
+    learning_rate: Optional[float] = None
+    grad_norm: Optional[float] = None
+    tokens_seen: Optional[int] = None
+    tokens_per_s: Optional[float] = None
+    memory_mb: Optional[float] = None
+    elapsed_s: Optional[float] = None
+    wall_time: Optional[float] = None
+    nonfinite: str = ""  # comma-separated field names whose value was NaN/inf (stored as NULL)
+
+
+class RunEvent(SQLModel, table=True):
+    """Status changes, warnings, checkpoints and errors: the run's timeline."""
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="run.id", index=True, max_length=64)
+    ts: float = 0.0
+    kind: str = ""
+    message: str = ""

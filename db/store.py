@@ -1,0 +1,237 @@
+"""The store: the one write path to the database.
+
+SQLite (WAL) under the data root by default; ``DATABASE_URL`` switches to PostgreSQL. Metrics are
+upserted on (run_id, step) and merged field by field, so an eval row and a train row for the same
+step become one row, and replaying events after a re-attach never duplicates anything.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Iterable
+
+import pandas as pd
+from sqlalchemy import event as sa_event
+from sqlalchemy import func
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session, SQLModel, create_engine, delete, select
+
+from db.models import Metric, Run, RunEvent
+from trainer_core import paths
+from trainer_core.status import RunStatus
+
+METRIC_FIELDS = ("epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen", "tokens_per_s",
+                 "memory_mb", "elapsed_s", "wall_time", "nonfinite")
+
+
+def default_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        # Heroku-style URLs say postgres://; SQLAlchemy wants postgresql://
+        return url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url
+    return f"sqlite:///{paths.data_root() / 'studio.db'}"
+
+
+def _enable_wal(dbapi_conn, _record) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+class Store:
+    def __init__(self, url: str | None = None):
+        self.url = url or default_url()
+        self.is_sqlite = self.url.startswith("sqlite")
+        connect_args = {"check_same_thread": False, "timeout": 30} if self.is_sqlite else {}
+        self.engine = create_engine(self.url, connect_args=connect_args, pool_pre_ping=not self.is_sqlite)
+        if self.is_sqlite:
+            sa_event.listen(self.engine, "connect", _enable_wal)
+        SQLModel.metadata.create_all(self.engine)
+        self._write_lock = threading.Lock()  # SQLite allows one writer; serialise ours instead of retrying
+
+    # ------------------------------------------------------------------ writes
+    def create_run(self, run: Run) -> Run:
+        with self._write_lock, Session(self.engine) as session:
+            session.add(run)
+            session.add(RunEvent(run_id=run.id, ts=run.created_at or time.time(), kind="status",
+                                 message=RunStatus(run.status).label))
+            session.commit()
+            session.refresh(run)
+            return run
+
+    def update_run(self, run_id: str, **values: Any) -> None:
+        """Update progress fields of a run that is not finished (finished runs only change via finish_run)."""
+        with self._write_lock, Session(self.engine) as session:
+            run = session.get(Run, run_id)
+            if run is None or RunStatus(run.status).is_terminal():
+                return
+            for key, value in values.items():
+                setattr(run, key, value)
+            session.add(run)
+            session.commit()
+
+    def append_metrics(self, run_id: str, rows: Iterable[dict[str, Any]], event_offset: int | None = None,
+                       events: Iterable[tuple[float, str, str]] = (), **run_values: Any) -> None:
+        """Upsert metric rows and, in the same transaction, advance the run's event-log offset.
+
+        Because rows and offset commit together, a crash replays exactly the lines not yet stored.
+        """
+        rows = [self._metric_values(run_id, r) for r in rows]
+        with self._write_lock, Session(self.engine) as session:
+            for chunk in _chunks(rows, 500):
+                session.exec(self._upsert(chunk))
+            for ts, kind, message in events:
+                session.add(RunEvent(run_id=run_id, ts=ts, kind=kind, message=message))
+            if event_offset is not None or run_values:
+                run = session.get(Run, run_id)
+                if run is not None:
+                    if event_offset is not None:
+                        run.event_offset = event_offset
+                    if not RunStatus(run.status).is_terminal():
+                        for key, value in run_values.items():
+                            setattr(run, key, value)
+                    session.add(run)
+            session.commit()
+
+    def add_event(self, run_id: str, kind: str, message: str, ts: float | None = None) -> None:
+        with self._write_lock, Session(self.engine) as session:
+            session.add(RunEvent(run_id=run_id, ts=ts or time.time(), kind=kind, message=message))
+            session.commit()
+
+    def finish_run(self, run_id: str, status: RunStatus, **values: Any) -> bool:
+        """Move a run to a terminal status once. Returns False if it was already finished."""
+        if not status.is_terminal():
+            raise ValueError(f"{status} is not a terminal status")
+        with self._write_lock, Session(self.engine) as session:
+            run = session.get(Run, run_id)
+            if run is None or RunStatus(run.status).is_terminal():
+                return False
+            run.status = status.value
+            run.finished_at = values.pop("finished_at", None) or time.time()
+            for key, value in values.items():
+                setattr(run, key, value)
+            session.add(run)
+            session.add(RunEvent(run_id=run_id, ts=run.finished_at, kind="status",
+                                 message=status.label + (f": {run.error.splitlines()[0]}" if run.error else "")))
+            session.commit()
+            return True
+
+    def delete_run(self, run_id: str) -> bool:
+        with self._write_lock, Session(self.engine) as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                return False
+            if not RunStatus(run.status).is_terminal():
+                raise ValueError(f"run {run_id} is {run.status}; stop or cancel it before deleting")
+            session.exec(delete(Metric).where(Metric.run_id == run_id))
+            session.exec(delete(RunEvent).where(RunEvent.run_id == run_id))
+            session.delete(run)
+            session.commit()
+            return True
+
+    # ------------------------------------------------------------------ reads
+    def get_run(self, run_id: str) -> Run | None:
+        with Session(self.engine) as session:
+            return session.get(Run, run_id)
+
+    def list_runs(self, limit: int = 500) -> list[Run]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)))
+
+    def active_runs(self) -> list[Run]:
+        live = [s.value for s in RunStatus if not s.is_terminal()]
+        with Session(self.engine) as session:
+            return list(session.exec(select(Run).where(Run.status.in_(live)).order_by(Run.created_at)))
+
+    def get_events(self, run_id: str) -> list[RunEvent]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.ts, RunEvent.id)))
+
+    def metrics_frame(self, run_id: str) -> pd.DataFrame:
+        with Session(self.engine) as session:
+            rows = session.exec(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()
+        columns = ["step", *METRIC_FIELDS]
+        return pd.DataFrame([{c: getattr(r, c) for c in columns} for r in rows], columns=columns)
+
+    def loss_series(self, run_ids: list[str], max_points: int = 60) -> dict[str, list[float]]:
+        """Train losses per run, thinned to ``max_points`` for History sparklines."""
+        if not run_ids:
+            return {}
+        with Session(self.engine) as session:
+            rows = session.exec(select(Metric.run_id, Metric.loss).where(Metric.run_id.in_(run_ids),
+                                                                        Metric.loss.is_not(None))
+                                .order_by(Metric.run_id, Metric.step)).all()
+        series: dict[str, list[float]] = {rid: [] for rid in run_ids}
+        for rid, loss in rows:
+            series[rid].append(loss)
+        for rid, values in series.items():
+            if len(values) > max_points:
+                # max_points evenly spaced samples that include the first and the last loss
+                last = len(values) - 1
+                series[rid] = ([values[round(i * last / (max_points - 1))] for i in range(max_points)]
+                               if max_points > 1 else [values[-1]])
+        return series
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _metric_values(run_id: str, row: dict[str, Any]) -> dict[str, Any]:
+        values = {"run_id": run_id, "step": int(row["step"])}
+        for name in METRIC_FIELDS:
+            if name in row:
+                values[name] = row[name]
+        return values
+
+    def _upsert(self, rows: list[dict[str, Any]]):
+        dialect = sqlite if self.is_sqlite else postgresql
+        # All rows in one statement must share keys; fill missing ones with None and merge with COALESCE.
+        keys = ["run_id", "step", *METRIC_FIELDS]
+        normalised = [{k: r.get(k) for k in keys} for r in rows]
+        for r in normalised:
+            r["nonfinite"] = r["nonfinite"] or ""  # the column is NOT NULL; "" means "all values finite"
+        stmt = dialect.insert(Metric).values(normalised)
+        table = Metric.__table__
+        updates = {name: _coalesce(stmt.excluded[name], table.c[name]) for name in METRIC_FIELDS}
+        # an all-finite row ("") must not erase names an earlier row of the same step recorded
+        updates["nonfinite"] = _coalesce(func.nullif(stmt.excluded["nonfinite"], ""), table.c["nonfinite"])
+        return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
+
+
+def _coalesce(new, old):
+    return func.coalesce(new, old)
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class MetricBuffer:
+    """Collects metric rows and tells when to flush: by count or by age (rule 6)."""
+
+    def __init__(self, max_rows: int = 200, max_age_s: float = 1.0):
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.first_at: float | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        step = int(row["step"])
+        merged = self.rows.setdefault(step, {"step": step})
+        merged.update({k: v for k, v in row.items() if v is not None and v != ""})
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+
+    def due(self) -> bool:
+        if not self.rows:
+            return False
+        return len(self.rows) >= self.max_rows or (time.monotonic() - (self.first_at or 0)) >= self.max_age_s
+
+    def take(self) -> list[dict[str, Any]]:
+        rows = list(self.rows.values())
+        self.rows = {}
+        self.first_at = None
+        return rows

@@ -1,0 +1,46 @@
+"""Helpers for tests that train for real. Anything touching torch runs in a subprocess, because
+the test process plays the dashboard server, which must never import the ML stack."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BUILD_TINY = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trainer_core import hardware, model_files, paths
+    import torch
+
+    target = Path(sys.argv[1])
+    bundled = model_files.convert_gguf(hardware.bundled_gguf_path(), paths.models_dir() / "SmolLM2-135M-Instruct")
+    tokenizer = AutoTokenizer.from_pretrained(bundled)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    print("ok", target)
+""")
+
+
+def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    merged = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=merged,
+                          timeout=timeout, cwd=ROOT)
+
+
+def build_tiny_model(target: Path, models_cache: Path) -> Path:
+    """A 2-layer Llama with the bundled SmolLM2 tokenizer: real training, a fraction of a second per step."""
+    if (target / "config.json").exists():
+        return target
+    result = run_python(BUILD_TINY, str(target), env={"FINETUNE_STUDIO_MODELS": str(models_cache)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return target

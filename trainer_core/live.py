@@ -1,0 +1,108 @@
+"""In-memory live state of a run, fed by the pump thread and read by pages as immutable snapshots."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from trainer_core import events as ev
+from trainer_core.status import RunStatus
+
+METRIC_COLUMNS = ["step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen", "tokens_per_s",
+                  "memory_mb", "elapsed_s", "wall_time", "nonfinite"]
+
+
+@dataclass(frozen=True)
+class LiveSnapshot:
+    run_id: str
+    name: str
+    status: RunStatus
+    phase: str = ""
+    engine: str = ""
+    model: str = ""
+    dataset: str = ""
+    method: str = ""
+    step: int = 0
+    total_steps: int = 0
+    epoch: float | None = None
+    loss: float | None = None
+    eval_loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    tokens_seen: int | None = None
+    tokens_per_s: float | None = None
+    memory_mb: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    eta_s: float | None = None
+    error: str = ""
+    log_tail: str = ""
+    output_dir: str = ""
+    warnings: tuple[str, ...] = ()
+    metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.step / self.total_steps) if self.total_steps else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        if not self.started_at:
+            return 0.0
+        return (self.finished_at or time.time()) - self.started_at
+
+
+class LiveRun:
+    """Mutable state of one run, guarded by a lock; ``snapshot()`` copies it out for the UI."""
+
+    def __init__(self, run_id: str, name: str, status: RunStatus, **info: Any):
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {"run_id": run_id, "name": name, "status": status, **info}
+        self._rows: list[dict[str, Any]] = []
+        self._index: dict[int, int] = {}
+        self._warnings: list[str] = []
+
+    def update(self, **values: Any) -> None:
+        with self._lock:
+            self._state.update(values)
+
+    @property
+    def status(self) -> RunStatus:
+        with self._lock:
+            return self._state["status"]
+
+    def add_warning(self, message: str) -> None:
+        with self._lock:
+            self._warnings.append(message)
+
+    def add_metric(self, row: dict[str, Any]) -> None:
+        """Merge a metric row by step (train and eval rows of one step become one)."""
+        with self._lock:
+            step = int(row["step"])
+            if step in self._index:
+                merged = self._rows[self._index[step]]
+                merged.update({k: v for k, v in row.items() if v is not None and v != ""})
+            else:
+                self._index[step] = len(self._rows)
+                self._rows.append(dict(row))
+
+    def snapshot(self) -> LiveSnapshot:
+        with self._lock:
+            state = dict(self._state)
+            rows = [dict(r) for r in self._rows]  # add_metric mutates rows in place; the frame is built unlocked
+            warnings = tuple(self._warnings)
+        frame = pd.DataFrame(rows, columns=METRIC_COLUMNS) if rows else pd.DataFrame(columns=METRIC_COLUMNS)
+        names = {f.name for f in dataclasses.fields(LiveSnapshot)}
+        return LiveSnapshot(**{k: v for k, v in state.items() if k in names}, warnings=warnings, metrics=frame)
+
+
+def metric_row(event: ev.ProgressEvent | ev.EvalEvent) -> dict[str, Any]:
+    """The metric-table row an event contributes (NaN fields are None, named in ``nonfinite``)."""
+    row = {k: v for k, v in dataclasses.asdict(event).items() if k in METRIC_COLUMNS}
+    row["wall_time"] = event.ts
+    row["nonfinite"] = ",".join(sorted(event.nonfinite))
+    return row

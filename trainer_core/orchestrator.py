@@ -1,0 +1,502 @@
+"""The orchestrator: owns the run lifecycle. One per server (cached with st.cache_resource), also
+driven by the CLI. It never imports the ML stack.
+
+* ``start`` validates the config, writes the run folder (config.yaml without secrets), records the run
+  and spawns ``python -m trainer_core.worker RUN_DIR`` in its own session, so the worker outlives
+  the page and the server. Secrets travel in the worker's environment only.
+* A pump thread tails every active run's ``events.jsonl`` from the offset saved in the database,
+  feeds the in-memory live state, and writes metrics in batches together with the new offset.
+* Runs left active by an earlier server are adopted: live workers are followed again, dead ones are
+  marked failed with what is known. A per-run ``flock`` makes sure only one orchestrator pumps a run.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets as pysecrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import pandas as pd
+import psutil
+
+from db.models import Run, RunEvent
+from db.store import MetricBuffer, Store
+from trainer_core import control, paths
+from trainer_core import events as ev
+from trainer_core.config import ConfigError, FieldError, TrainConfig
+from trainer_core.live import LiveRun, LiveSnapshot, metric_row
+from trainer_core.status import RunStatus
+
+POLL_S = 0.25
+ADOPT_EVERY_S = 2.0
+STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
+KILL_GRACE_S = 10.0
+LOG_TAIL_LINES = 60
+LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
+
+
+class RunRefused(RuntimeError):
+    """A valid run that cannot start now (another run is active)."""
+
+
+@dataclass
+class _Tracked:
+    """Pump-side bookkeeping of one active run."""
+
+    run_id: str
+    run_dir: Path
+    live: LiveRun
+    offset: int
+    lock_fh: IO
+    proc: subprocess.Popen | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None
+    buffer: MetricBuffer = field(default_factory=MetricBuffer)
+    timeline: list = field(default_factory=list)
+    run_values: dict = field(default_factory=dict)
+    urgent: bool = False
+    terminal: tuple[RunStatus, dict] | None = None
+    stop_requested_at: float | None = None
+    terminated_at: float | None = None
+    best_eval_loss: float | None = None
+
+
+class Orchestrator:
+    def __init__(self, store: Store | None = None, start_pump: bool = True):
+        self.store = store or Store()
+        self._lock = threading.RLock()
+        self._tracked: dict[str, _Tracked] = {}
+        self._finished: dict[str, LiveRun] = {}
+        self._finished_order: deque[str] = deque()
+        self._closing = threading.Event()
+        self._last_adopt = 0.0
+        self._thread: threading.Thread | None = None
+        self._adopt_orphans()
+        if start_pump:
+            self._thread = threading.Thread(target=self._pump_forever, name="studio-pump", daemon=True)
+            self._thread.start()
+
+    # ================================================================== public API
+    def validate(self, cfg: TrainConfig) -> list[FieldError]:
+        return cfg.validate()
+
+    def start(self, cfg: TrainConfig) -> str:
+        errors = cfg.validate()
+        if errors:
+            raise ConfigError(errors)
+        # An OS-enforced lock: two sessions (or two orchestrators after a hot reload, or the CLI next
+        # to the dashboard) pressing Start together can never both pass the "is anything active" check.
+        with open(paths.data_root() / ".start.lock", "w") as start_lock:
+            fcntl.flock(start_lock, fcntl.LOCK_EX)
+            active = self.store.active_runs()
+            if active:
+                busy = active[0]
+                raise RunRefused(f"Run '{busy.name}' is still {RunStatus(busy.status).label.lower()}. "
+                                 "Wait for it to finish, or stop it first (a run queue is planned).")
+            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + pysecrets.token_hex(3)
+            run_dir = paths.run_dir(run_id)
+            run_dir.mkdir(parents=True)
+            lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
+            (run_dir / "config.yaml").write_text(cfg.to_yaml())
+            name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
+            run = Run(id=run_id, name=name, status=RunStatus.STARTING.value, phase="launching worker",
+                      model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
+                      created_at=time.time(), started_at=time.time(), output_dir=str(run_dir),
+                      total_steps=cfg.max_steps, config_json=_json(cfg.to_public_dict()))
+            self.store.create_run(run)
+            try:
+                proc = self._spawn(run_dir, cfg)
+            except OSError as exc:
+                self.store.finish_run(run_id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
+                lock_fh.close()
+                raise
+            pid_started = psutil.Process(proc.pid).create_time()
+            self.store.update_run(run_id, pid=proc.pid, pid_started_at=pid_started)
+            live = LiveRun(run_id, name, RunStatus.STARTING, phase="launching worker", model=run.model,
+                           dataset=run.dataset, method=run.method, started_at=run.started_at,
+                           total_steps=cfg.max_steps, output_dir=str(run_dir))
+            with self._lock:
+                self._tracked[run_id] = _Tracked(run_id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
+                                                 pid_started_at=pid_started)
+        return run_id
+
+    def stop(self, run_id: str) -> None:
+        """Stop & save: the worker ends at the next step and saves a checkpoint and the adapter."""
+        self._request(run_id, control.Action.STOP)
+
+    def cancel(self, run_id: str) -> None:
+        """Cancel: the worker ends at the next step without saving."""
+        self._request(run_id, control.Action.CANCEL)
+
+    def active_run_id(self) -> str | None:
+        with self._lock:
+            for run_id, tracked in self._tracked.items():
+                if tracked.terminal is None:
+                    return run_id
+        active = self.store.active_runs()
+        return active[0].id if active else None
+
+    def snapshot(self, run_id: str) -> LiveSnapshot | None:
+        with self._lock:
+            tracked = self._tracked.get(run_id)
+            live = tracked.live if tracked else self._finished.get(run_id)
+        if live is not None:
+            return live.snapshot()
+        return self._snapshot_from_db(run_id)
+
+    def list_runs(self) -> list[Run]:
+        return self.store.list_runs()
+
+    def get_run(self, run_id: str) -> Run | None:
+        return self.store.get_run(run_id)
+
+    def metrics(self, run_id: str) -> pd.DataFrame:
+        return self.store.metrics_frame(run_id)
+
+    def events(self, run_id: str) -> list[RunEvent]:
+        return self.store.get_events(run_id)
+
+    def loss_series(self, run_ids: list[str]) -> dict[str, list[float]]:
+        return self.store.loss_series(run_ids)
+
+    def run_config(self, run_id: str) -> dict[str, Any]:
+        run = self.store.get_run(run_id)
+        if run is None:
+            return {}
+        return json.loads(run.config_json or "{}")
+
+    def log_tail(self, run_id: str, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            return _tail(paths.run_dir(run_id) / "worker.log", lines)
+        except paths.UnsafePathError:
+            return ""
+
+    def wait(self, run_id: str, timeout: float | None = None, on_tick: Callable[[LiveSnapshot], None] | None = None,
+             interval: float = 0.5) -> LiveSnapshot:
+        """Block until the run is terminal in the database (used by the CLI and tests)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            snap = self.snapshot(run_id)
+            if on_tick and snap:
+                on_tick(snap)
+            run = self.store.get_run(run_id)
+            if run is not None and RunStatus(run.status).is_terminal() and not self._is_tracked(run_id):
+                return self.snapshot(run_id)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {run.status if run else 'missing'} after {timeout}s")
+            time.sleep(interval)
+
+    def close(self) -> None:
+        """Stop pumping (workers keep running; another orchestrator can adopt them)."""
+        self._closing.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        with self._lock:
+            for tracked in self._tracked.values():
+                self._flush(tracked)
+                tracked.lock_fh.close()
+            self._tracked.clear()
+
+    # ================================================================== spawning
+    def _spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
+        env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
+                   TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                          env.get("PYTHONPATH", "")]))
+        if cfg.hf_token:
+            env["HF_TOKEN"] = cfg.hf_token
+        if cfg.wandb_token:
+            env["WANDB_API_KEY"] = cfg.wandb_token
+        if cfg.gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpu_ids)
+        with open(run_dir / "worker.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "trainer_core.worker", str(run_dir)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # own session: Ctrl-C or a restart of the server does not reach it
+                close_fds=True)
+
+    # ================================================================== control
+    def _request(self, run_id: str, action: control.Action) -> None:
+        run = self.store.get_run(run_id)
+        if run is None or RunStatus(run.status).is_terminal():
+            return
+        run_dir = paths.run_dir(run_id)
+        control.request(run_dir, action)
+        with self._lock:
+            tracked = self._tracked.get(run_id)
+            if tracked is not None:
+                tracked.stop_requested_at = tracked.stop_requested_at or time.time()
+                tracked.live.update(status=RunStatus.STOPPING,
+                                    phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
+        self.store.add_event(run_id, "control", f"{action.value} requested")
+
+    # ================================================================== pump
+    def _pump_forever(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self.pump_once()
+            except Exception as exc:  # noqa: BLE001 - the pump must survive a bad tick; it retries next tick
+                print(f"[finetune-studio] pump error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            self._closing.wait(POLL_S)
+
+    def pump_once(self) -> None:
+        if time.monotonic() - self._last_adopt > ADOPT_EVERY_S:
+            self._adopt_orphans()
+        with self._lock:
+            tracked = list(self._tracked.values())
+        for item in tracked:
+            self._pump_run(item)
+
+    def _pump_run(self, t: _Tracked) -> None:
+        new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
+        for event in new:
+            _HANDLERS[event.kind](self, t, event)
+        exited, exit_desc = self._exited(t)
+        if t.terminal is None and exited:
+            # Read whatever the worker wrote just before exiting, then decide.
+            new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
+            for event in new:
+                _HANDLERS[event.kind](self, t, event)
+            if t.terminal is None:
+                error = f"The worker {exit_desc} before finishing."
+                tail = _tail(t.run_dir / "worker.log", LOG_TAIL_LINES)
+                if t.stop_requested_at and t.terminated_at:
+                    error = f"The worker did not stop within {STOP_TIMEOUT_S:.0f}s and was terminated ({exit_desc})."
+                self._set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
+        self._watchdog(t)
+        if t.urgent or t.buffer.due() or t.terminal is not None:
+            self._flush(t)
+        if t.terminal is not None and (exited or t.proc is None):
+            self._finish(t)
+
+    def _flush(self, t: _Tracked) -> None:
+        rows = t.buffer.take()
+        self.store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
+        t.timeline, t.run_values, t.urgent = [], {}, False
+
+    def _finish(self, t: _Tracked) -> None:
+        status, values = t.terminal
+        self.store.finish_run(t.run_id, status, **values)
+        t.live.update(status=status, finished_at=time.time(), **{k: v for k, v in values.items()
+                                                                  if k in ("error", "log_tail", "output_dir")})
+        with self._lock:
+            self._tracked.pop(t.run_id, None)
+            self._finished[t.run_id] = t.live
+            self._finished_order.append(t.run_id)
+            while len(self._finished_order) > LIVE_KEEP:
+                self._finished.pop(self._finished_order.popleft(), None)
+        t.lock_fh.close()
+
+    def _set_terminal(self, t: _Tracked, status: RunStatus, **values: Any) -> None:
+        if t.terminal is None:
+            t.terminal = (status, values)
+            t.live.update(status=status, **{k: v for k, v in values.items() if k in ("error", "log_tail")})
+
+    def _exited(self, t: _Tracked) -> tuple[bool, str]:
+        if t.proc is not None:
+            code = t.proc.poll()
+            if code is None:
+                return False, ""
+            return True, _describe_exit(code)
+        if _pid_alive(t.pid, t.pid_started_at):
+            return False, ""
+        return True, "process disappeared (it was started by an earlier dashboard; exit code unknown)"
+
+    def _watchdog(self, t: _Tracked) -> None:
+        """Terminate, then kill, a worker that ignores Stop/Cancel for STOP_TIMEOUT_S."""
+        if t.stop_requested_at is None or t.terminal is not None:
+            return
+        waited = time.time() - t.stop_requested_at
+        if waited > STOP_TIMEOUT_S and t.terminated_at is None:
+            t.terminated_at = time.time()
+            _signal_group(t.pid, signal.SIGTERM)
+            t.timeline.append((time.time(), "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM"))
+        elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
+            _signal_group(t.pid, signal.SIGKILL)
+
+    # ================================================================== adoption
+    def _adopt_orphans(self) -> None:
+        """Follow runs that the database says are active but nobody in this process is pumping."""
+        self._last_adopt = time.monotonic()
+        for run in self.store.active_runs():
+            with self._lock:
+                if run.id in self._tracked:
+                    continue
+            try:
+                run_dir = paths.run_dir(run.id)
+            except paths.UnsafePathError:
+                continue
+            lock_fh = _try_lock(run_dir)
+            if lock_fh is None:
+                continue  # another orchestrator (another server, the CLI) is pumping it
+            live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine,
+                           model=run.model, dataset=run.dataset, method=run.method, started_at=run.started_at,
+                           total_steps=run.total_steps, output_dir=run.output_dir)
+            frame = self.store.metrics_frame(run.id)
+            for row in frame.to_dict("records"):
+                live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
+            tracked = _Tracked(run.id, run_dir, live, run.event_offset, lock_fh, pid=run.pid,
+                               pid_started_at=run.pid_started_at)
+            if run.pid is None:
+                self._set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
+            with self._lock:
+                self._tracked[run.id] = tracked
+
+    def _is_tracked(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._tracked
+
+    def _snapshot_from_db(self, run_id: str) -> LiveSnapshot | None:
+        run = self.store.get_run(run_id)
+        if run is None:
+            return None
+        live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
+                       dataset=run.dataset, method=run.method, step=run.steps_done, total_steps=run.total_steps,
+                       epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
+                       started_at=run.started_at, finished_at=run.finished_at, error=run.error,
+                       log_tail=run.log_tail, output_dir=run.output_dir)
+        for row in self.store.metrics_frame(run_id).to_dict("records"):
+            live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
+        return live.snapshot()
+
+
+# ====================================================================== event handlers
+def _on_status(orch: Orchestrator, t: _Tracked, e: ev.StatusEvent) -> None:
+    status = RunStatus(e.status)
+    if t.live.status is RunStatus.STOPPING and status in (RunStatus.STARTING, RunStatus.RUNNING):
+        status = RunStatus.STOPPING  # a stop was requested; don't flip back to running in the UI
+    t.live.update(status=status, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
+    t.run_values.update(status=status.value, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
+    t.timeline.append((e.ts, "status", f"{status.label}: {e.phase}" if e.phase else status.label))
+    t.urgent = True
+
+
+def _on_warning(orch: Orchestrator, t: _Tracked, e: ev.WarningEvent) -> None:
+    t.live.add_warning(e.message)
+    t.timeline.append((e.ts, "warning", e.message))
+    t.urgent = True
+
+
+def _on_progress(orch: Orchestrator, t: _Tracked, e: ev.ProgressEvent) -> None:
+    row = metric_row(e)
+    t.buffer.add(row)
+    t.live.add_metric(row)
+    t.live.update(step=e.step, total_steps=e.total_steps, epoch=e.epoch, loss=e.loss, learning_rate=e.learning_rate,
+                  grad_norm=e.grad_norm, tokens_seen=e.tokens_seen, tokens_per_s=e.tokens_per_s,
+                  memory_mb=e.memory_mb, eta_s=e.eta_s)
+    t.run_values.update(steps_done=e.step, total_steps=e.total_steps, epoch=e.epoch, last_loss=e.loss,
+                        tokens_seen=e.tokens_seen, heartbeat_at=e.ts)
+    if e.nonfinite:
+        message = f"non-finite {', '.join(sorted(e.nonfinite))} at step {e.step}"
+        t.live.add_warning(message)
+        t.timeline.append((e.ts, "alert", message))
+
+
+def _on_eval(orch: Orchestrator, t: _Tracked, e: ev.EvalEvent) -> None:
+    row = metric_row(e)
+    t.buffer.add(row)
+    t.live.add_metric(row)
+    t.live.update(eval_loss=e.eval_loss)
+    if e.eval_loss is not None and (t.best_eval_loss is None or e.eval_loss < t.best_eval_loss):
+        t.best_eval_loss = e.eval_loss
+        t.run_values["best_eval_loss"] = e.eval_loss
+
+
+def _on_checkpoint(orch: Orchestrator, t: _Tracked, e: ev.CheckpointEvent) -> None:
+    t.timeline.append((e.ts, "checkpoint", f"checkpoint saved at step {e.step}: {e.path}"))
+    t.urgent = True
+
+
+def _on_complete(orch: Orchestrator, t: _Tracked, e: ev.CompleteEvent) -> None:
+    values: dict[str, Any] = {"final_loss": e.final_loss}
+    if e.steps:
+        values["steps_done"] = e.steps
+    if e.output_dir:
+        values["output_dir"] = e.output_dir
+    orch._set_terminal(t, RunStatus(e.status), **values)
+
+
+def _on_error(orch: Orchestrator, t: _Tracked, e: ev.ErrorEvent) -> None:
+    orch._set_terminal(t, RunStatus.FAILED, error=e.message,
+                       log_tail=_tail(t.run_dir / "worker.log", LOG_TAIL_LINES))
+
+
+def _on_heartbeat(orch: Orchestrator, t: _Tracked, e: ev.HeartbeatEvent) -> None:
+    t.run_values["heartbeat_at"] = e.ts
+
+
+_HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
+    "status": _on_status, "warning": _on_warning, "progress": _on_progress, "eval": _on_eval,
+    "checkpoint": _on_checkpoint, "complete": _on_complete, "error": _on_error, "heartbeat": _on_heartbeat,
+}
+
+
+# ====================================================================== helpers
+def _try_lock(run_dir: Path) -> IO | None:
+    fh = open(run_dir / ".pump.lock", "w")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+def _pid_alive(pid: int | None, started_at: float | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if started_at and abs(proc.create_time() - started_at) > 1.0:
+            return False  # the pid was reused by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _signal_group(pid: int | None, sig: signal.Signals) -> None:
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session/process group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (often the out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _isnan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, sort_keys=True)

@@ -1,0 +1,77 @@
+"""Where data lives, and the one function that keeps user paths inside allowed roots.
+
+Layout under the data root (``FINETUNE_STUDIO_HOME``, default ``./studio_data``)::
+
+    studio.db          SQLite database (WAL) unless DATABASE_URL is set
+    models/            converted model cache (FINETUNE_STUDIO_MODELS overrides)
+    datasets/          uploaded datasets
+    runs/<run_id>/     config.yaml, events.jsonl, worker.log, checkpoints, adapter
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class UnsafePathError(ValueError):
+    """A user-supplied path points outside the roots it is allowed in."""
+
+
+def data_root() -> Path:
+    root = Path(os.environ.get("FINETUNE_STUDIO_HOME", "studio_data")).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def models_dir() -> Path:
+    override = os.environ.get("FINETUNE_STUDIO_MODELS")
+    path = Path(override).expanduser().resolve() if override else data_root() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def datasets_dir() -> Path:
+    path = data_root() / "datasets"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runs_dir() -> Path:
+    path = data_root() / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_dir(run_id: str) -> Path:
+    if not RUN_ID_RE.fullmatch(run_id):  # fullmatch: `$` alone would accept a trailing newline
+        raise UnsafePathError(f"run id {run_id!r} has characters that are not allowed")
+    return runs_dir() / run_id
+
+
+def resolve_inside(path: str | os.PathLike, roots: list[Path]) -> Path:
+    """Resolve ``path`` (symlinks included) and require it to sit under one of ``roots``."""
+    resolved = Path(path).expanduser().resolve()
+    for root in roots:
+        root = root.resolve()
+        if resolved == root or root in resolved.parents:
+            return resolved
+    allowed = ", ".join(str(r) for r in roots)
+    raise UnsafePathError(f"{path} resolves to {resolved}, which is outside the allowed folders ({allowed})")
+
+
+def allowed_data_roots() -> list[Path]:
+    """Folders a user may point dataset and model paths at.
+
+    The data root always; extra roots from ``FINETUNE_STUDIO_ALLOWED_ROOTS`` (os.pathsep separated),
+    which defaults to the current working directory so local files next to the project work.
+    """
+    extra = os.environ.get("FINETUNE_STUDIO_ALLOWED_ROOTS")
+    roots = [data_root()]
+    if extra is None:
+        roots.append(Path.cwd())
+    else:
+        roots.extend(Path(p).expanduser() for p in extra.split(os.pathsep) if p)
+    return roots

@@ -1,0 +1,237 @@
+"""The training worker: one process per run, the only place the ML stack is imported.
+
+Usage (by the orchestrator): ``python -m trainer_core.worker RUN_DIR``. It reads ``RUN_DIR/config.yaml``
+(no secrets; HF_TOKEN and WANDB_API_KEY come through the environment), writes typed events to
+``RUN_DIR/events.jsonl`` and reads control requests from ``RUN_DIR/control.json``.
+
+Lifecycle, top to bottom: load config -> load model -> load data -> build trainer -> train -> save -> report.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+
+from trainer_core import checkpoints, control, datasets, paths
+from trainer_core import events as ev
+from trainer_core.config import TrainConfig
+from trainer_core.engines import choose_engine
+from trainer_core.status import RunStatus
+
+HEARTBEAT_S = 2.0
+OOM_HINT = ("Out of memory. Lower batch_size or max_seq_length, turn on gradient_checkpointing, "
+            "or use QLoRA (4-bit) on a GPU.")
+
+
+class Cancelled(Exception):
+    """Raised between phases when a cancel arrives before training started."""
+
+
+class Worker:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.events = ev.EventWriter(run_dir / "events.jsonl")
+        self.secrets = [s for s in (os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY")) if s]
+        self.sigterm = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self.engine_name = ""
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
+        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        try:
+            cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
+            self.engine_name = choose_engine()
+            self.status(RunStatus.STARTING, "loading model")
+            # Import the engine only now: unsloth must be imported before transformers when it is used.
+            engine = importlib.import_module(f"trainer_core.engines.{self.engine_name}_engine")
+            from trainer_core import model_files  # imports transformers; after the engine on purpose
+
+            model_ref = model_files.resolve_model(cfg, log=self.log)
+            self.check_cancel()
+            model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
+            self.check_cancel()
+
+            self.status(RunStatus.STARTING, "preparing data")
+            train_rows, eval_rows = self.load_data(cfg)
+            train_ds = engine.to_dataset(train_rows, cfg.train_on_completions)
+            eval_ds = engine.to_dataset(eval_rows, cfg.train_on_completions) if eval_rows else None
+            self.check_cancel()
+
+            output_dir = self.run_dir / "checkpoints"
+            callback = make_callback(self)
+            trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
+                                           [callback])
+            self.status(RunStatus.RUNNING, "training")
+            trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint or None)
+
+            action = self.requested()
+            if action is control.Action.CANCEL:
+                checkpoints.remove_partial_checkpoints(output_dir, self.run_dir)
+                self.complete(RunStatus.CANCELLED, trainer)
+                return 0
+            self.status(RunStatus.STOPPING if action else RunStatus.RUNNING, "saving")
+            final_dir = self.run_dir / ("adapter" if cfg.effective_use_lora else "model")
+            trainer.save_model(str(final_dir))
+            tokenizer.save_pretrained(str(final_dir))
+            self.complete(RunStatus.STOPPED if action else RunStatus.COMPLETED, trainer, final_dir)
+            return 0
+        except Cancelled:
+            checkpoints.remove_partial_checkpoints(self.run_dir / "checkpoints", self.run_dir)
+            self.events.emit(ev.CompleteEvent(status=RunStatus.CANCELLED.value))
+            return 0
+        except BaseException as exc:  # process boundary: report every failure, then exit non-zero
+            self.fail(exc)
+            return 1
+        finally:
+            self._stop_heartbeat.set()
+            self.events.close()
+
+    def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+        if cfg.hf_dataset:
+            train = datasets.load_hub(cfg, cfg.train_split)
+            evals = datasets.load_hub(cfg, cfg.eval_split).rows if cfg.eval_split else []
+        else:
+            train = datasets.load_local(cfg.local_datasets, cfg)
+            evals = (datasets.load_local(cfg.local_eval_datasets, cfg, field_name="local_eval_datasets",
+                                         apply_slice=False).rows if cfg.local_eval_datasets else [])
+        self.log(f"Dataset: {len(train.rows)} rows, format {train.format} ({train.reason})")
+        for reason, count in train.dropped.items():
+            self.warn(f"{count} training rows dropped: {reason}")
+        rows = train.rows
+        if not evals and cfg.eval_fraction > 0:
+            rows, evals = datasets.split_eval(train, cfg.eval_fraction, cfg.random_seed)
+        return rows, evals
+
+    # ------------------------------------------------------------------ reporting
+    def status(self, status: RunStatus, phase: str, message: str = "") -> None:
+        self.log(f"[{status.value}] {phase} {message}".rstrip())
+        self.events.emit(ev.StatusEvent(status=status.value, phase=phase, message=message, engine=self.engine_name))
+
+    def warn(self, message: str) -> None:
+        self.log(f"warning: {message}")
+        self.events.emit(ev.WarningEvent(message=message))
+
+    def complete(self, status: RunStatus, trainer, output: Path | None = None) -> None:
+        history = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        self.events.emit(ev.CompleteEvent(status=status.value, output_dir=str(output or ""),
+                                          steps=trainer.state.global_step,
+                                          final_loss=history[-1] if history else None))
+        self.log(f"finished: {status.value} at step {trainer.state.global_step}")
+
+    def fail(self, exc: BaseException) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        if _is_oom(exc):
+            message = f"{OOM_HINT} ({message})"
+        tb = "".join(traceback.format_exception(exc))
+        message, tb = self.redact(message), self.redact(tb)
+        print(tb, file=sys.stderr, flush=True)
+        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
+
+    def log(self, message: str) -> None:
+        print(self.redact(message), flush=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    # ------------------------------------------------------------------ control
+    def requested(self) -> control.Action | None:
+        if self.sigterm.is_set():
+            return control.Action.CANCEL
+        return control.read(self.run_dir)
+
+    def check_cancel(self) -> None:
+        if self.requested() is not None:  # stop before training has nothing to save: treat as cancel
+            raise Cancelled()
+
+    def _heartbeat(self) -> None:
+        pid = os.getpid()
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            self.events.emit(ev.HeartbeatEvent(pid=pid))
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
+def make_callback(worker: Worker):
+    """The Trainer callback that turns trainer logs into events and honours control requests."""
+    from transformers import TrainerCallback  # the worker imports the ML stack only after choosing the engine
+
+    class StudioCallback(TrainerCallback):
+        def __init__(self):
+            self.started = time.time()
+            self.last = (self.started, 0)
+            self.peak_mb = 0.0
+            self.stopping = False
+
+        def on_train_begin(self, args, state, control_, **kwargs):
+            self.started = time.time()
+            self.last = (self.started, state.num_input_tokens_seen or 0)
+
+        def on_step_end(self, args, state, control_, **kwargs):
+            action = worker.requested()
+            if action is None or self.stopping:
+                return
+            self.stopping = True
+            control_.should_training_stop = True
+            control_.should_save = action is control.Action.STOP
+            worker.status(RunStatus.STOPPING, "saving checkpoint" if control_.should_save else "cancelling")
+
+        def on_log(self, args, state, control_, logs=None, **kwargs):
+            logs = logs or {}
+            if "eval_loss" in logs:
+                worker.events.emit(ev.EvalEvent(step=state.global_step, eval_loss=logs["eval_loss"]))
+            if "loss" not in logs:
+                return
+            now = time.time()
+            tokens = int(logs.get("num_tokens") or state.num_input_tokens_seen or 0)
+            last_time, last_tokens = self.last
+            rate = (tokens - last_tokens) / (now - last_time) if tokens and now > last_time else None
+            self.last = (now, tokens)
+            elapsed = now - self.started
+            step, total = state.global_step, state.max_steps
+            eta = elapsed / step * (total - step) if step else None
+            worker.events.emit(ev.ProgressEvent(
+                step=step, total_steps=total, epoch=logs.get("epoch", state.epoch), loss=logs.get("loss"),
+                learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                tokens_seen=tokens or None, tokens_per_s=rate, memory_mb=self.memory_mb(), elapsed_s=elapsed,
+                eta_s=eta))
+
+        def on_save(self, args, state, control_, **kwargs):
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            worker.events.emit(ev.CheckpointEvent(step=state.global_step, path=str(path)))
+
+        def memory_mb(self) -> float:
+            import torch
+
+            if torch.cuda.is_available():
+                current = torch.cuda.max_memory_allocated() / 2**20
+            else:
+                current = psutil.Process().memory_info().rss / 2**20
+            self.peak_mb = max(self.peak_mb, current)
+            return self.peak_mb
+
+    return StudioCallback()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m trainer_core.worker RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
+    return Worker(run_dir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
