@@ -13,12 +13,13 @@ from typing import Any, Iterable
 
 import pandas as pd
 from sqlalchemy import event as sa_event
-from sqlalchemy import func
+from sqlalchemy import case, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, SQLModel, create_engine, delete, select
 
 from db.models import Metric, Run, RunEvent
 from trainer_core import paths
+from trainer_core.live import merge_metric, merge_rows
 from trainer_core.status import RunStatus
 
 METRIC_FIELDS = ("epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen", "tokens_per_s",
@@ -80,7 +81,7 @@ class Store:
 
         Because rows and offset commit together, a crash replays exactly the lines not yet stored.
         """
-        rows = [self._metric_values(run_id, r) for r in rows]
+        rows = [self._metric_values(run_id, r) for r in merge_rows(rows)]
         with self._write_lock, Session(self.engine) as session:
             for chunk in _chunks(rows, 500):
                 session.exec(self._upsert(chunk))
@@ -195,8 +196,11 @@ class Store:
         stmt = dialect.insert(Metric).values(normalised)
         table = Metric.__table__
         updates = {name: _coalesce(stmt.excluded[name], table.c[name]) for name in METRIC_FIELDS}
-        # an all-finite row ("") must not erase names an earlier row of the same step recorded
-        updates["nonfinite"] = _coalesce(func.nullif(stmt.excluded["nonfinite"], ""), table.c["nonfinite"])
+        # Union of field names: an all-finite row ("") never erases what an earlier row recorded, and a
+        # NaN eval_loss arriving after a NaN loss for the same step keeps both names.
+        new, old = stmt.excluded["nonfinite"], table.c["nonfinite"]
+        updates["nonfinite"] = case((new == "", old), (old == "", new),
+                                    (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
         return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
 
 
@@ -220,8 +224,7 @@ class MetricBuffer:
 
     def add(self, row: dict[str, Any]) -> None:
         step = int(row["step"])
-        merged = self.rows.setdefault(step, {"step": step})
-        merged.update({k: v for k, v in row.items() if v is not None and v != ""})
+        merge_metric(self.rows.setdefault(step, {"step": step}), row)
         if self.first_at is None:
             self.first_at = time.monotonic()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -123,9 +124,9 @@ def test_cancel_saves_nothing_and_keeps_completed_checkpoints(studio, tiny_model
     assert not list((run_dir / "checkpoints").glob("tmp-checkpoint-*"))
 
 
-def test_worker_failure_is_reported_with_reason_and_log(studio, tmp_path):
+def test_worker_failure_is_reported_with_reason_and_log(studio, tmp_path, tiny_model):
     broken = tmp_path / "broken-model"
-    broken.mkdir()
+    shutil.copytree(tiny_model, broken)  # a real tokenizer, but weights of an architecture nobody knows
     (broken / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     run_id = studio.start(TrainConfig(model_name=str(broken), max_steps=2))
     snap = studio.wait(run_id, timeout=180)

@@ -5,7 +5,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -56,6 +56,28 @@ class LiveSnapshot:
         return (self.finished_at or time.time()) - self.started_at
 
 
+def merge_nonfinite(old: str, new: str) -> str:
+    names = set(filter(None, (old or "").split(","))) | set(filter(None, (new or "").split(",")))
+    return ",".join(sorted(names))
+
+
+def merge_metric(into: dict[str, Any], row: dict[str, Any]) -> None:
+    """Merge ``row`` into ``into`` for the same step: non-empty values win, non-finite names are united."""
+    for key, value in row.items():
+        if key == "nonfinite":
+            into["nonfinite"] = merge_nonfinite(into.get("nonfinite", ""), value)
+        elif value is not None and value != "":
+            into[key] = value
+
+
+def merge_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step (PostgreSQL refuses to upsert the same key twice in one statement)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        merge_metric(merged.setdefault(int(row["step"]), {"step": int(row["step"])}), row)
+    return list(merged.values())
+
+
 class LiveRun:
     """Mutable state of one run, guarded by a lock; ``snapshot()`` copies it out for the UI."""
 
@@ -84,8 +106,7 @@ class LiveRun:
         with self._lock:
             step = int(row["step"])
             if step in self._index:
-                merged = self._rows[self._index[step]]
-                merged.update({k: v for k, v in row.items() if v is not None and v != ""})
+                merge_metric(self._rows[self._index[step]], row)
             else:
                 self._index[step] = len(self._rows)
                 self._rows.append(dict(row))

@@ -1,0 +1,61 @@
+"""Live view: the run chosen in this session, else the active run, else the most recent one."""
+from __future__ import annotations
+
+import streamlit as st
+
+from trainer_core.status import RunStatus
+from ui.state import get_orchestrator
+from ui.views import render_live
+
+REFRESH_S = 1.0
+
+orch = get_orchestrator()
+
+
+def _chosen_run_id() -> str | None:
+    """This session's run, else the active one (so any browser sees it), else the most recent one."""
+    for candidate in (st.session_state.get("live_run_id"), orch.active_run_id()):
+        if candidate and orch.get_run(candidate) is not None:
+            return candidate
+    runs = orch.list_runs()
+    return runs[0].id if runs else None
+
+
+run_id = _chosen_run_id()
+st.title("Live")
+snapshot = orch.snapshot(run_id) if run_id else None
+if snapshot is None:
+    render_live(None)
+    st.stop()
+
+active_id = orch.active_run_id()
+if active_id and active_id != run_id:
+    if st.button("Another run is training: show it", icon="🏃"):
+        st.session_state["live_run_id"] = active_id
+        st.rerun()
+
+# Buttons live outside the auto-refreshing fragment: a click reruns the page once, not every second.
+shown_active = not RunStatus(snapshot.status).is_terminal()
+if shown_active:
+    stop_col, cancel_col, _ = st.columns([1, 1, 4])
+    stopping = snapshot.status is RunStatus.STOPPING
+    if stop_col.button("Stop & save", icon="💾", disabled=stopping,
+                       help="End at the next step and save a checkpoint and the adapter."):
+        orch.stop(run_id)
+        st.toast("Stopping: the run saves at the next step.")
+    if cancel_col.button("Cancel", icon="✖️", help="End at the next step without saving anything."):
+        orch.cancel(run_id)
+        st.toast("Cancelling the run.")
+else:
+    st.page_link("pages/run.py", label="Open run details", icon="🔎", query_params={"run": run_id})
+
+
+@st.fragment(run_every=REFRESH_S if shown_active else None)
+def live_panel() -> None:
+    latest = orch.snapshot(run_id)
+    render_live(latest)
+    if shown_active and latest is not None and RunStatus(latest.status).is_terminal():
+        st.rerun()  # the run just ended: redraw the whole page so Stop/Cancel go away
+
+
+live_panel()

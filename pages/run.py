@@ -1,0 +1,86 @@
+"""Run details: summary, timeline, config and full charts of one run, all read from the database."""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+import yaml
+
+from trainer_core.status import RunStatus
+from ui import format as fmt
+from ui.state import get_orchestrator
+from ui.views import render_charts, render_nonfinite, render_outcome, status_markdown
+
+orch = get_orchestrator()
+st.title("Run details")
+
+runs = orch.list_runs()
+if not runs:
+    st.info("No runs yet. Start one on the **New run** page.")
+    st.stop()
+
+
+
+def _remember_choice() -> None:
+    st.session_state["detail_run_id"] = st.session_state["run_pick"]
+    st.query_params["run"] = st.session_state["run_pick"]  # the URL names the run: shareable, survives reload
+
+
+ids = [r.id for r in runs]
+wanted = st.query_params.get("run") or st.session_state.get("detail_run_id")
+if wanted in ids:
+    st.session_state["run_pick"] = wanted
+labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
+run_id = st.selectbox("Run", ids, format_func=labels.get, key="run_pick", on_change=_remember_choice)
+run = orch.get_run(run_id)
+if run is None:
+    st.warning(f"Run {run_id} no longer exists.")
+    st.stop()
+status = RunStatus(run.status)
+
+st.markdown(f"### {run.name or run.id}")
+st.markdown(status_markdown(status, "" if status.is_terminal() else run.phase)
+            + f"  \n{run.model} · {run.dataset} · {run.method}" + (f" · engine: {run.engine}" if run.engine else ""))
+if not status.is_terminal():
+    if st.button("Watch live", icon="🏃"):
+        st.session_state["live_run_id"] = run.id
+        st.switch_page("pages/live.py")
+
+started = run.started_at or run.created_at
+cols = st.columns(6)
+cols[0].metric("Steps", fmt.steps(run.steps_done, run.total_steps), border=True)
+cols[1].metric("Final loss", fmt.number(run.final_loss if run.final_loss is not None else run.last_loss), border=True)
+cols[2].metric("Best eval loss", fmt.number(run.best_eval_loss), border=True)
+cols[3].metric("Tokens seen", fmt.compact(run.tokens_seen), border=True)
+cols[4].metric("Duration", fmt.duration(run.finished_at - started if run.finished_at and started else None),
+               border=True)
+cols[5].metric("Started", fmt.timestamp(started), border=True)
+
+log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
+render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
+
+metrics = orch.metrics(run.id)
+render_nonfinite(metrics)
+charts_tab, timeline_tab, config_tab = st.tabs(["Charts", "Timeline", "Config"])
+with charts_tab:
+    window = st.slider("Moving average window (logged steps)", 1, 100, 10, key="run_smooth_window")
+    render_charts(metrics, window=window)
+    if not metrics.empty:
+        st.download_button("Download metrics (CSV)", metrics.to_csv(index=False), file_name=f"{run.id}-metrics.csv",
+                           mime="text/csv", icon="⬇️")
+with timeline_tab:
+    events = orch.events(run.id)
+    if events:
+        st.dataframe([{"time": fmt.timestamp(e.ts), "kind": e.kind, "message": e.message} for e in events],
+                     hide_index=True, column_config={"message": st.column_config.TextColumn("message", width="large")})
+    else:
+        st.caption("No events recorded.")
+with config_tab:
+    config = orch.run_config(run.id)  # public config: secrets were never stored
+    as_yaml = yaml.safe_dump(config, sort_keys=False)
+    st.code(as_yaml, language="yaml")
+    yaml_col, json_col, _ = st.columns([1, 1, 3])
+    yaml_col.download_button("Download YAML", as_yaml, file_name=f"{run.id}.yaml", mime="application/x-yaml", icon="⬇️")
+    json_col.download_button("Download JSON", json.dumps(config, indent=2), file_name=f"{run.id}.json",
+                             mime="application/json", icon="⬇️")
+    st.caption(f"Output folder: `{run.output_dir}`" if run.output_dir else "No output folder.")

@@ -1,0 +1,49 @@
+"""Shared fixtures: an isolated data root and a throwaway SQLite store."""
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from db.store import Store
+from trainer_core import hardware
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh data root under tmp_path, CPU forced, and user paths allowed anywhere under tmp_path."""
+    root = tmp_path / "home"
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(root))
+    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", str(tmp_path))
+    monkeypatch.delenv("FINETUNE_STUDIO_MODELS", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    clear = hardware.cuda_available.cache_clear  # held here: a test may monkeypatch cuda_available itself
+    clear()  # the answer is cached per process; recompute under FORCE_CPU
+    yield root
+    clear()
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A Store on its own SQLite file."""
+    s = Store(f"sqlite:///{tmp_path}/t.db")
+    yield s
+    s.engine.dispose()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_workers(tmp_path_factory):
+    """Workers run in their own session on purpose (they outlive the server), so a test that fails
+    before cancelling its run would leave one behind: kill any test worker still alive at the end."""
+    yield
+    tmp = str(tmp_path_factory.getbasetemp())
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "trainer_core.worker" in cmd and any(arg.startswith(tmp) for arg in cmd):
+            try:
+                os.killpg(proc.info["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -1,0 +1,445 @@
+"""The typed run config: validation rules, loose-input parsing and secret handling."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import yaml
+
+from trainer_core import hardware
+from trainer_core.config import (ATTENTION_MODULES, DEFAULT_TARGET_MODULES, MLP_MODULES, ConfigError, FieldError,
+                                 TrainConfig)
+
+QLORA_ON_CPU = "4-bit loading (QLoRA) needs an NVIDIA GPU with CUDA, and none was found. Choose LoRA instead."
+
+
+def errors(check_files: bool = False, **values) -> list[FieldError]:
+    return TrainConfig(**values).validate(check_files=check_files)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+
+
+@pytest.fixture
+def with_module(monkeypatch):
+    """Pretend an optional package is installed."""
+    real = hardware.has_module
+
+    def install(name: str) -> None:
+        monkeypatch.setattr(hardware, "has_module", lambda n: n == name or real(n))
+
+    return install
+
+
+# ---------------------------------------------------------------------- defaults
+def test_defaults_validate_cleanly_without_files(home):
+    assert errors() == []
+
+
+def test_defaults_validate_cleanly_with_files(home):
+    assert TrainConfig().validate() == []
+    assert TrainConfig().check() == TrainConfig()
+
+
+def test_defaults():
+    cfg = TrainConfig()
+    assert (cfg.model_name, cfg.training_type, cfg.local_datasets, cfg.max_steps, cfg.learning_rate) == (
+        "bundled:SmolLM2-135M-Instruct", "lora", ["bundled:demo-chat"], 60, 2e-4)
+    assert cfg.target_modules == DEFAULT_TARGET_MODULES
+    assert cfg.target_modules is not TrainConfig().target_modules  # mutable defaults are not shared
+    assert cfg.model_label == "SmolLM2-135M-Instruct (bundled)"
+    assert cfg.dataset_label == "bundled:demo-chat"
+    assert cfg.method_label == "LoRA"
+    assert all(TrainConfig.help(name) for name in TrainConfig.field_names())
+
+
+# ---------------------------------------------------------------------- one rule each
+@pytest.mark.parametrize("value, message", [
+    (0.0, "set a positive learning rate such as 2e-4 (got 0.0)"),
+    (-1e-4, "set a positive learning rate such as 2e-4 (got -0.0001)"),
+    (math.nan, "must be a finite number, got nan"),
+    (math.inf, "must be a finite number, got inf"),
+    (-math.inf, "must be a finite number, got -inf"),
+    (1.5, "set a positive learning rate such as 2e-4 (got 1.5)"),
+])
+def test_learning_rate(home, value, message):
+    assert errors(learning_rate=value) == [FieldError("learning_rate", message)]
+
+
+def test_batch_size_zero(home):
+    assert errors(batch_size=0) == [FieldError("batch_size", "use a batch size of at least 1 (got 0)")]
+
+
+def test_max_steps_and_epochs_both_zero(home):
+    assert errors(max_steps=0, num_epochs=0.0) == [FieldError(
+        "max_steps", "max_steps and num_epochs are both 0: set max steps (e.g. 60) or epochs (e.g. 1)")]
+    assert errors(max_steps=0, num_epochs=1.0) == []
+    assert errors(max_steps=10, num_epochs=0.0) == []
+
+
+def test_warmup_steps_and_ratio_both_set(home):
+    assert errors(warmup_steps=5, warmup_ratio=0.1) == [FieldError(
+        "warmup_ratio", "set either warmup_steps or warmup_ratio, not both (set the other to 0)")]
+    assert errors(warmup_steps=0, warmup_ratio=0.1) == []
+
+
+def test_qlora_on_cpu_points_to_lora(home):
+    assert errors(training_type="qlora") == [FieldError("training_type", QLORA_ON_CPU)]
+    assert errors(load_in_4bit=True) == [FieldError("load_in_4bit", QLORA_ON_CPU)]
+
+
+def test_qlora_with_cuda_is_fine(home, fake_cuda):
+    assert errors(training_type="qlora") == []
+    assert errors(optim="paged_adamw_8bit") == []
+
+
+@pytest.mark.parametrize("optim", ["adamw_8bit", "paged_adamw_8bit"])
+def test_8bit_optimizer_on_cpu(home, optim):
+    assert errors(optim=optim) == [FieldError(
+        "optim", "8-bit optimizers need CUDA (bitsandbytes); choose adamw_torch on this machine")]
+
+
+def test_unknown_choices(home):
+    assert errors(optim="lion", lr_scheduler_type="wavy", format_type="xml", training_type="dpo") == [
+        FieldError("training_type", "choose one of lora, qlora, full, cpt"),
+        FieldError("lr_scheduler_type", "choose one of linear, cosine, cosine_with_restarts, polynomial, constant, "
+                                        "constant_with_warmup"),
+        FieldError("optim", "choose one of adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, adafactor, "
+                            "sgd"),
+        FieldError("format_type", "choose one of auto, alpaca, chatml, sharegpt, text"),
+    ]
+
+
+def test_lora_rank_zero(home):
+    assert errors(lora_r=0) == [FieldError("lora_r", "use a rank such as 8, 16 or 64 (got 0)")]
+    # LoRA settings do not matter when LoRA is off
+    assert errors(lora_r=0, training_type="full") == []
+
+
+def test_empty_target_modules_need_a_switch(home):
+    assert errors(target_modules=[], finetune_attention_modules=False, finetune_mlp_modules=False) == [FieldError(
+        "target_modules", "list at least one module (e.g. q_proj, v_proj) or turn on attention/MLP modules")]
+    assert errors(target_modules=[], finetune_mlp_modules=False) == []
+    assert TrainConfig(target_modules=[], finetune_mlp_modules=False).effective_target_modules == ATTENTION_MODULES
+    assert TrainConfig(target_modules=[]).effective_target_modules == ATTENTION_MODULES + MLP_MODULES
+    assert TrainConfig(target_modules=["q_proj"]).effective_target_modules == ["q_proj"]
+
+
+def test_target_module_names_are_identifiers(home):
+    assert errors(target_modules=["q_proj", "rm -rf /"]) == [FieldError(
+        "target_modules", "module names are plain identifiers such as q_proj")]
+
+
+@pytest.mark.parametrize("name, what", [("is_dataset_image", "image"), ("is_dataset_audio", "audio"),
+                                        ("is_embedding", "embedding")])
+def test_unsupported_modalities(home, name, what):
+    assert errors(**{name: True}) == [FieldError(name, f"{what} training is not supported yet; turn this off")]
+
+
+@pytest.mark.parametrize("run_name", ["a/b", "../up", "x" * 81, "tab\there", "name\n", "semi;colon"])
+def test_bad_run_name(home, run_name):
+    assert errors(run_name=run_name) == [FieldError(
+        "run_name", "use letters, digits, spaces and - _ . only (no slashes), at most 80 characters")]
+
+
+@pytest.mark.parametrize("run_name", ["", "my run", "lr=2e-4 (v2)", "x" * 80, "smol_lora-1.5"])
+def test_good_run_name(home, run_name):
+    assert errors(run_name=run_name) == []
+
+
+def test_model_path_that_does_not_exist(home, tmp_path):
+    missing = tmp_path / "models" / "nope"
+    assert errors(model_name=str(missing)) == [FieldError(
+        "model_name", f"model folder {missing.resolve()} does not exist: check the path")]
+
+
+def test_model_folder_without_config_json(home, tmp_path):
+    folder = tmp_path / "mymodel"
+    folder.mkdir()
+    assert errors(model_name=str(folder)) == [FieldError(
+        "model_name", f"{folder.resolve()} has no config.json: point at a Hugging Face model folder")]
+    (folder / "config.json").write_text("{}")
+    assert errors(model_name=str(folder)) == []
+
+
+def test_model_path_outside_allowed_roots(home, tmp_path):
+    outside = tmp_path.parent / "not-allowed-model"
+    found = errors(model_name=str(outside))
+    assert [e.field for e in found] == ["model_name"]
+    assert found[0].message.startswith(f"{outside} resolves to {outside.resolve()}, which is outside the allowed")
+    assert found[0].message.endswith("Put the model under the data root or set FINETUNE_STUDIO_ALLOWED_ROOTS.")
+
+
+def test_model_path_escaping_with_dotdot(home, tmp_path):
+    sneaky = f"{tmp_path}/../{tmp_path.name}-x/model"
+    assert [e.field for e in errors(model_name=sneaky)] == ["model_name"]
+    assert "outside the allowed folders" in errors(model_name=sneaky)[0].message
+
+
+@pytest.mark.parametrize("hub_id", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "Qwen/Qwen2.5-0.5B"])
+def test_hub_model_id_accepted(home, hub_id):
+    assert errors(model_name=hub_id) == []
+
+
+@pytest.mark.parametrize("hub_id", ["org/name/extra", "bad id!", "-lead/x"])
+def test_bad_hub_model_id(home, hub_id):
+    assert errors(model_name=hub_id) == [FieldError("model_name", "not a hub id (org/name) nor an existing folder")]
+
+
+def test_empty_model_name(home):
+    assert errors(model_name="  ") == [FieldError("model_name", "choose the bundled model, a local folder or a hub id")]
+
+
+def test_hub_dataset_and_local_files_together(home):
+    assert errors(hf_dataset="org/data") == [FieldError(
+        "hf_dataset", "choose either a hub dataset or local files, not both (clear one of them)")]
+
+
+def test_hub_dataset_alone(home):
+    assert errors(hf_dataset="org/data", local_datasets=[]) == []
+    assert errors(check_files=True, hf_dataset="org/data", local_datasets=[]) == []
+    assert errors(hf_dataset="not a/valid id", local_datasets=[]) == [FieldError(
+        "hf_dataset", "a hub dataset id looks like org/name")]
+    assert errors(hf_dataset="org/data", local_datasets=[], train_split=" ") == [FieldError(
+        "train_split", "name the split to train on, e.g. train")]
+    assert TrainConfig(hf_dataset="org/data", subset="en", local_datasets=[]).dataset_label == "org/data [en]"
+
+
+def test_no_dataset_at_all(home):
+    assert errors(local_datasets=[]) == [FieldError(
+        "local_datasets", "choose a dataset: the bundled demo, an uploaded file, or a hub dataset id")]
+
+
+@pytest.mark.parametrize("start, end, ok", [(0, 0, True), (10, 0, True), (10, 11, True), (10, 10, False),
+                                            (10, 5, False)])
+def test_dataset_slice(home, start, end, ok):
+    expected = [] if ok else [FieldError(
+        "dataset_slice_end", "must be greater than dataset_slice_start (or 0 for 'to the end')")]
+    assert errors(dataset_slice_start=start, dataset_slice_end=end) == expected
+
+
+@pytest.mark.parametrize("folder", ["../tb", "logs/../../tb", "/abs/tb"])
+def test_tensorboard_dir_stays_in_the_run_folder(home, with_module, folder):
+    with_module("tensorboard")
+    assert errors(enable_tensorboard=True, tensorboard_dir=folder) == [FieldError(
+        "tensorboard_dir", "give a folder name relative to the run folder, without '..'")]
+    assert errors(enable_tensorboard=True, tensorboard_dir="logs/tb") == []
+
+
+def test_optional_loggers_must_be_installed(home, monkeypatch):
+    monkeypatch.setattr(hardware, "has_module", lambda name: False)
+    assert errors(enable_tensorboard=True, enable_wandb=True, wandb_project=" ") == [
+        FieldError("enable_wandb", "wandb is not installed: pip install wandb, or turn W&B off"),
+        FieldError("wandb_project", "name a W&B project"),
+        FieldError("enable_tensorboard", "tensorboard is not installed: pip install tensorboard, or turn it off"),
+    ]
+
+
+def test_resume_from_checkpoint(home, tmp_path):
+    from trainer_core import paths
+
+    outside = tmp_path / "elsewhere" / "checkpoint-5"
+    found = errors(resume_from_checkpoint=str(outside))
+    assert [e.field for e in found] == ["resume_from_checkpoint"]
+    assert "outside the allowed folders" in found[0].message
+
+    ckpt = paths.run_dir("r1") / "outputs" / "checkpoint-5"
+    ckpt.mkdir(parents=True)
+    assert errors(resume_from_checkpoint=str(ckpt)) == [FieldError(
+        "resume_from_checkpoint", f"{ckpt} is not a completed checkpoint folder (no trainer_state.json)")]
+    (ckpt / "trainer_state.json").write_text("{}")
+    assert errors(resume_from_checkpoint=str(ckpt)) == []
+
+
+def test_cpt_and_completions_need_matching_formats(home):
+    assert errors(training_type="cpt", format_type="chatml") == [FieldError(
+        "format_type", "continued pretraining trains on raw text: choose 'text' or 'auto'")]
+    assert errors(train_on_completions=True, format_type="text") == [FieldError(
+        "train_on_completions", "raw text has no completions: turn this off or pick a chat format")]
+
+
+def test_every_problem_is_reported_at_once(home):
+    cfg = TrainConfig(run_name="a/b", learning_rate=0.0, batch_size=0, lora_r=0, is_embedding=True,
+                      dataset_slice_start=5, dataset_slice_end=2)
+    expected = [
+        FieldError("run_name", "use letters, digits, spaces and - _ . only (no slashes), at most 80 characters"),
+        FieldError("learning_rate", "set a positive learning rate such as 2e-4 (got 0.0)"),
+        FieldError("batch_size", "use a batch size of at least 1 (got 0)"),
+        FieldError("dataset_slice_end", "must be greater than dataset_slice_start (or 0 for 'to the end')"),
+        FieldError("lora_r", "use a rank such as 8, 16 or 64 (got 0)"),
+        FieldError("is_embedding", "embedding training is not supported yet; turn this off"),
+    ]
+    assert cfg.validate(check_files=False) == expected
+    with pytest.raises(ConfigError) as info:
+        cfg.check(check_files=False)
+    assert info.value.errors == expected
+    assert str(info.value) == "; ".join(f"{e.field}: {e.message}" for e in expected)
+    assert isinstance(info.value, ValueError)
+
+
+# ---------------------------------------------------------------------- dataset files (checked by trainer_core.datasets)
+def write_alpaca(path, rows: int = 20):
+    path.write_text("".join(json.dumps({"instruction": f"q{i}", "output": f"a{i}"}) + "\n" for i in range(rows)))
+    return path
+
+
+def test_local_dataset_file_validates(home, tmp_path):
+    data = write_alpaca(tmp_path / "train.jsonl")
+    assert errors(check_files=True, local_datasets=[str(data)], local_eval_datasets=[str(data)]) == []
+
+
+def test_missing_dataset_file(home, tmp_path):
+    missing = str(tmp_path / "missing.jsonl")
+    assert errors(check_files=True, local_datasets=[missing]) == [FieldError(
+        "local_datasets", f"{missing} does not exist: check the path or upload the file")]
+    assert errors(check_files=True, local_eval_datasets=[missing]) == [FieldError(
+        "local_eval_datasets", f"{missing} does not exist: check the path or upload the file")]
+    assert errors(check_files=False, local_datasets=[missing]) == []  # the form's quick check skips files
+
+
+def test_dataset_file_outside_allowed_roots(home, tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
+    found = errors(check_files=True, local_datasets=[str(outside)])
+    assert [e.field for e in found] == ["local_datasets"]
+    assert found[0].message.startswith(f"{outside} resolves to {outside.resolve()}, which is outside the allowed")
+
+
+def test_dataset_problems_join_config_problems(home, tmp_path):
+    data = tmp_path / "odd.jsonl"
+    data.write_text('{"foo": 1}\n{"foo": 2}\n')
+    found = errors(check_files=True, local_datasets=[str(data)], batch_size=0)
+    assert [e.field for e in found] == ["batch_size", "format_type"]
+    assert found[1].message.startswith("odd.jsonl: could not tell the format: the columns are 'foo'.")
+
+
+# ---------------------------------------------------------------------- loose input
+def test_from_dict_coerces_loose_values():
+    cfg = TrainConfig.from_dict({
+        "packing": "true", "gradient_checkpointing": "1", "use_rslora": "off", "trust_remote_code": False,
+        "learning_rate": "2e-4", "max_steps": "30", "batch_size": 8.0, "num_epochs": 2, "lora_dropout": "0.05",
+        "target_modules": "q_proj, v_proj,", "gpu_ids": (0, 1), "run_name": 42,
+        "custom_format_mapping": {"instruction": "question"},
+    })
+    assert (cfg.packing, cfg.gradient_checkpointing, cfg.use_rslora, cfg.trust_remote_code) == (
+        True, True, False, False)
+    assert cfg.learning_rate == 2e-4 and type(cfg.learning_rate) is float
+    assert cfg.max_steps == 30 and type(cfg.max_steps) is int
+    assert cfg.batch_size == 8 and type(cfg.batch_size) is int
+    assert cfg.num_epochs == 2.0 and type(cfg.num_epochs) is float
+    assert cfg.lora_dropout == 0.05
+    assert cfg.target_modules == ["q_proj", "v_proj"]
+    assert cfg.gpu_ids == [0, 1]
+    assert cfg.run_name == "42"
+    assert cfg.custom_format_mapping == {"instruction": "question"}
+
+
+def test_from_dict_unknown_key_suggests_the_field():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"learning_rat": 1e-4, "zzzzqqq": 1})
+    assert info.value.errors == [
+        FieldError("learning_rat", "unknown field. Did you mean 'learning_rate'?"),
+        FieldError("zzzzqqq", "unknown field. Remove it."),
+    ]
+
+
+@pytest.mark.parametrize("key, raw, message", [
+    ("max_steps", 1.5, "expected a whole number, got 1.5"),
+    ("max_steps", "1.5", "expected a whole number, got '1.5'"),
+    ("max_steps", True, "expected a whole number, got True"),
+    ("max_steps", math.inf, "expected a whole number, got inf"),
+    ("learning_rate", None, "a value is required"),
+    ("run_name", None, "a value is required"),
+    ("learning_rate", "fast", "expected a number, got 'fast'"),
+    ("learning_rate", False, "expected a number, got False"),
+    ("packing", "maybe", "expected true or false, got 'maybe'"),
+    ("packing", 2, "expected true or false, got 2"),
+    ("run_name", ["a"], "expected text, got list"),
+    ("target_modules", 5, "expected a list, got 5"),
+    ("custom_format_mapping", {"instruction": 1}, "expected a mapping of role names to column names"),
+])
+def test_from_dict_rejects_wrong_types(key, raw, message):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({key: raw})
+    assert info.value.errors == [FieldError(key, message)]
+
+
+def test_from_dict_collects_all_problems():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"max_steps": 1.5, "batchsize": 2, "learning_rate": None})
+    assert [e.field for e in info.value.errors] == ["max_steps", "batchsize", "learning_rate"]
+
+
+def test_from_dict_needs_a_mapping():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict(["learning_rate", 1])  # type: ignore[arg-type]
+    assert info.value.errors == [FieldError("config", "expected a mapping of field names to values")]
+
+
+def test_from_yaml():
+    assert TrainConfig.from_yaml("") == TrainConfig()
+    assert TrainConfig.from_yaml("max_steps: 10\npacking: yes\n") == TrainConfig(max_steps=10, packing=True)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_yaml("max_steps: [1,\n")
+    assert [e.field for e in info.value.errors] == ["config"]
+    assert info.value.errors[0].message.startswith("not valid YAML: ")
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_yaml("- 1\n- 2\n")
+    assert info.value.errors == [FieldError("config", "expected a mapping of field names to values")]
+
+
+# ---------------------------------------------------------------------- secrets
+SECRETS = {"hf_token": "hf_SECRETabc123", "wandb_token": "wb_SECRETxyz789"}
+
+
+def custom_config() -> TrainConfig:
+    return TrainConfig(
+        run_name="round trip", model_name="org/model", training_type="full", max_seq_length=1024,
+        gpu_ids=[0, 1], hf_dataset="org/data", local_datasets=[], subset="en", eval_split="test",
+        custom_format_mapping={"instruction": "question", "output": "answer"}, system_prompt="Be brief.\nReally.",
+        num_epochs=2.5, max_steps=0, learning_rate=5e-5, warmup_steps=0, warmup_ratio=0.1,
+        target_modules=["q_proj"], lora_r=8, enable_wandb=True, wandb_project="p", **SECRETS)
+
+
+def test_public_dict_and_yaml_never_contain_secrets():
+    cfg = custom_config()
+    assert cfg.to_dict()["hf_token"] == SECRETS["hf_token"]  # the form still holds them
+    public = cfg.to_public_dict()
+    assert "hf_token" not in public and "wandb_token" not in public
+    assert set(public) == set(TrainConfig.field_names()) - {"hf_token", "wandb_token"}
+    text = cfg.to_yaml()
+    assert "SECRET" not in text
+    assert "hf_token" not in text and "wandb_token" not in text
+    assert cfg.secrets() == SECRETS
+    assert TrainConfig().secrets() == {}
+    stripped = cfg.without_secrets()
+    assert (stripped.hf_token, stripped.wandb_token) == ("", "")
+    assert cfg.hf_token == SECRETS["hf_token"]  # the original is not modified
+
+
+def test_yaml_round_trip_keeps_every_public_field():
+    cfg = custom_config()
+    back = TrainConfig.from_yaml(cfg.to_yaml())
+    assert back == cfg.without_secrets()
+    assert back.to_public_dict() == cfg.to_public_dict()
+    assert yaml.safe_load(cfg.to_yaml()) == cfg.to_public_dict()
+    assert TrainConfig.from_dict(cfg.to_public_dict()) == cfg.without_secrets()
+
+
+def test_errors_about_a_secret_do_not_echo_it():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"hf_token": {"value": SECRETS["hf_token"]}})
+    assert "SECRET" not in str(info.value)
+
+
+def test_method_and_effective_flags():
+    assert (TrainConfig(training_type="qlora").effective_4bit, TrainConfig().effective_4bit) == (True, False)
+    assert TrainConfig(load_in_4bit=True).effective_4bit is True
+    assert TrainConfig(training_type="full", use_lora=True).effective_use_lora is False
+    assert TrainConfig(training_type="qlora", use_lora=False).effective_use_lora is True
+    assert TrainConfig(training_type="cpt", use_lora=False).effective_use_lora is False
+    assert TrainConfig(training_type="cpt").method_label == "Continued pretraining"
+    assert dataclasses.replace(TrainConfig(), model_name="org/m").model_label == "org/m"

@@ -1,0 +1,91 @@
+"""Display formatting for numbers, times and statuses. Missing values always read "—"."""
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from typing import Any
+
+from trainer_core.status import RunStatus
+
+MISSING = "—"
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def duration(seconds: float | None) -> str:
+    """``3723`` -> ``"1h 02m 03s"``; under an hour ``"2m 03s"``; under a minute ``"45s"``."""
+    if _missing(seconds) or seconds < 0:
+        return MISSING
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def timestamp(ts: float | None) -> str:
+    """UNIX seconds as local ``YYYY-MM-DD HH:MM:SS``."""
+    if _missing(ts) or not ts:
+        return MISSING
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def to_datetime(ts: float | None) -> datetime | None:
+    return None if _missing(ts) or not ts else datetime.fromtimestamp(ts)
+
+
+def number(value: float | int | None, digits: int = 4) -> str:
+    """Integers with thousands separators, floats with ``digits`` significant digits."""
+    if _missing(value):
+        return MISSING
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1000):
+        return f"{int(value):,}"
+    return f"{value:.{digits}g}"
+
+
+def scientific(value: float | None, digits: int = 2) -> str:
+    """Learning rates: ``2e-4`` -> ``"2.00e-04"``."""
+    return MISSING if _missing(value) else f"{value:.{digits}e}"
+
+
+def compact(value: float | int | None) -> str:
+    """Large counts: ``1234567`` -> ``"1.23M"``."""
+    if _missing(value):
+        return MISSING
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{unit}"
+    return number(value)
+
+
+def memory(mb: float | None) -> str:
+    if _missing(mb):
+        return MISSING
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def steps(done: int | None, total: int | None) -> str:
+    if _missing(done):
+        return MISSING
+    return f"{done:,} / {total:,}" if total else f"{done:,}"
+
+
+def status_badge(status: RunStatus | str) -> str:
+    """Icon and label of a status, e.g. ``"✅ Completed"``."""
+    try:
+        status = RunStatus(status)
+    except ValueError:
+        return f"❔ {status}"
+    return f"{status.icon} {status.label}"
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if _missing(ts) or not ts:
+        return MISSING
+    return duration((now or time.time()) - ts) + " ago"
