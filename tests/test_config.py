@@ -443,3 +443,10 @@ def test_method_and_effective_flags():
     assert TrainConfig(training_type="cpt", use_lora=False).effective_use_lora is False
     assert TrainConfig(training_type="cpt").method_label == "Continued pretraining"
     assert dataclasses.replace(TrainConfig(), model_name="org/m").model_label == "org/m"
+
+
+def test_language_layers_off_leaves_nothing_to_train(home):
+    found = errors(finetune_language_layers=False)
+    assert [e.field for e in found] == ["finetune_language_layers"]
+    assert "nothing to train" in found[0].message
+    assert errors(finetune_language_layers=False, training_type="full") == []  # no LoRA: switch is moot

@@ -217,7 +217,7 @@ def test_render_live_shows_status_progress_and_metrics():
     assert at.get("progress")[0].proto.text == "step 3 / 12"
     tiles = {m.label: m.value for m in at.metric}
     assert tiles["Loss"] == "1.25"
-    assert tiles["Learning rate"] == "1.00e-04"
+    assert tiles["Learning rate"] == "1.0e-04"
     assert tiles["Grad norm"] == "0.7"
     assert tiles["Tokens seen"] == "12.3k"
     assert tiles["Peak memory"] == "1.17 GB"

@@ -88,7 +88,7 @@ def loss_chart(df: pd.DataFrame, x: str = "step", window: int = 10, max_points: 
     data = pd.concat(frames, ignore_index=True) if frames else _long(pd.DataFrame(), x, "loss", RAW_LOSS, max_points)
     domain = [s for s in LOSS_SERIES if s in set(data["series"])] or [RAW_LOSS]
     base = _encode(alt.Chart(data), x, "loss", domain)
-    points = base.transform_filter(alt.datum.series == RAW_LOSS).mark_circle(size=14, opacity=0.35)
+    points = base.transform_filter(alt.datum.series == RAW_LOSS).mark_circle(size=30, opacity=0.55)
     avg = base.transform_filter(alt.datum.series == SMOOTH_LOSS).mark_line(strokeWidth=2)
     evals = base.transform_filter(alt.datum.series == EVAL_LOSS).mark_line(point=True, strokeDash=[4, 3])
     return alt.layer(points, avg, evals).properties(title="Loss", height=280).interactive(bind_y=False)

@@ -283,6 +283,9 @@ class TrainConfig:
             _check_range(self, bad, "lora_r", 1, 4096, fix="use a rank such as 8, 16 or 64")
             _check_range(self, bad, "lora_alpha", 1, 1_000_000)
             _check_range(self, bad, "lora_dropout", 0.0, 1.0, high_open=True)
+            if not self.finetune_language_layers:
+                bad("finetune_language_layers", "turning language layers off leaves nothing to train on a "
+                    "text model; turn it on (vision layers are not supported yet)")
             if not self.effective_target_modules:
                 bad("target_modules", "list at least one module (e.g. q_proj, v_proj) or turn on attention/MLP modules")
             elif not all(isinstance(m, str) and re.match(r"^[\w.*-]+$", m) for m in self.effective_target_modules):

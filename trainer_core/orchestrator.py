@@ -11,6 +11,7 @@ driven by the CLI. It never imports the ML stack.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -30,9 +31,9 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import MetricBuffer, Store
-from trainer_core import control, paths
+from trainer_core import control, datasets, paths
 from trainer_core import events as ev
-from trainer_core.config import ConfigError, FieldError, TrainConfig
+from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.live import LiveRun, LiveSnapshot, metric_row
 from trainer_core.status import RunStatus
 
@@ -41,6 +42,7 @@ ADOPT_EVERY_S = 2.0
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 60
+IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
 
 
@@ -68,6 +70,7 @@ class _Tracked:
     stop_requested_at: float | None = None
     terminated_at: float | None = None
     best_eval_loss: float | None = None
+    flushed_at: float = field(default_factory=time.monotonic)
 
 
 class Orchestrator:
@@ -93,6 +96,7 @@ class Orchestrator:
         errors = cfg.validate()
         if errors:
             raise ConfigError(errors)
+        cfg = with_absolute_paths(cfg)
         # An OS-enforced lock: two sessions (or two orchestrators after a hot reload, or the CLI next
         # to the dashboard) pressing Start together can never both pass the "is anything active" check.
         with open(paths.data_root() / ".start.lock", "w") as start_lock:
@@ -275,7 +279,8 @@ class Orchestrator:
                     error = f"The worker did not stop within {STOP_TIMEOUT_S:.0f}s and was terminated ({exit_desc})."
                 self._set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
         self._watchdog(t)
-        if t.urgent or t.buffer.due() or t.terminal is not None:
+        idle_updates = (t.run_values or t.timeline) and time.monotonic() - t.flushed_at > IDLE_FLUSH_S
+        if t.urgent or t.buffer.due() or t.terminal is not None or idle_updates:
             self._flush(t)
         if t.terminal is not None and (exited or t.proc is None):
             self._finish(t)
@@ -284,6 +289,7 @@ class Orchestrator:
         rows = t.buffer.take()
         self.store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
         t.timeline, t.run_values, t.urgent = [], {}, False
+        t.flushed_at = time.monotonic()
 
     def _finish(self, t: _Tracked) -> None:
         status, values = t.terminal
@@ -443,6 +449,20 @@ _HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
 
 
 # ====================================================================== helpers
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """Pin relative dataset/model paths to absolute ones, so the worker and a later resume read the
+    same files whatever directory they run in."""
+    def pin(sources: list[str], field_name: str) -> list[str]:
+        return [s if s.startswith("bundled:") else str(datasets.resolve_source(s, field_name)) for s in sources]
+
+    model = cfg.model_name
+    if looks_like_path(model):
+        model = str(Path(model).expanduser().resolve())
+    return dataclasses.replace(cfg, model_name=model,
+                               local_datasets=pin(cfg.local_datasets, "local_datasets"),
+                               local_eval_datasets=pin(cfg.local_eval_datasets, "local_eval_datasets"))
+
+
 def _try_lock(run_dir: Path) -> IO | None:
     fh = open(run_dir / ".pump.lock", "w")
     try:

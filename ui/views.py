@@ -56,20 +56,20 @@ def render_metrics(snapshot: LiveSnapshot) -> None:
     losses = _column(df, "loss")
     memory = _column(df, "memory_mb")
     peak_memory = memory.max() if len(memory) else snapshot.memory_mb
-    top = st.columns(6)
+    top = st.columns(5)
     top[0].metric("Loss", fmt.number(snapshot.loss), chart_data=_spark(losses), border=True,
                   help="Latest training loss; the sparkline shows its history.")
     top[1].metric("Eval loss", fmt.number(snapshot.eval_loss), border=True)
-    top[2].metric("Learning rate", fmt.scientific(snapshot.learning_rate), border=True)
+    top[2].metric("Learning rate", fmt.scientific(snapshot.learning_rate, 1), border=True)
     top[3].metric("Grad norm", fmt.number(snapshot.grad_norm), border=True)
-    top[4].metric("Tokens seen", fmt.compact(snapshot.tokens_seen), border=True)
-    top[5].metric("Tokens/s", fmt.number(snapshot.tokens_per_s, 3), border=True)
-    bottom = st.columns(6)
-    bottom[0].metric("Epoch", fmt.number(snapshot.epoch, 3), border=True)
-    bottom[1].metric("Elapsed", fmt.duration(snapshot.elapsed_s if snapshot.started_at else None), border=True)
+    top[4].metric("Epoch", fmt.number(snapshot.epoch, 3), border=True)
+    bottom = st.columns(5)
+    bottom[0].metric("Tokens seen", fmt.compact(snapshot.tokens_seen), border=True)
+    bottom[1].metric("Tokens/s", fmt.number(snapshot.tokens_per_s, 3), border=True)
+    bottom[2].metric("Elapsed", fmt.duration(snapshot.elapsed_s if snapshot.started_at else None), border=True)
     eta = None if RunStatus(snapshot.status).is_terminal() else snapshot.eta_s
-    bottom[2].metric("ETA", fmt.duration(eta), border=True)
-    bottom[3].metric("Peak memory", fmt.memory(peak_memory), border=True)
+    bottom[3].metric("ETA", fmt.duration(eta), border=True)
+    bottom[4].metric("Peak memory", fmt.memory(peak_memory), border=True)
 
 
 def render_nonfinite(df: pd.DataFrame) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig
+from peft import LoftQConfig, LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
@@ -52,7 +52,9 @@ def peft_config(cfg: TrainConfig) -> LoraConfig | None:
     return LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         target_modules=cfg.effective_target_modules, use_rslora=cfg.use_rslora, bias="none",
-        task_type="CAUSAL_LM", modules_to_save=modules_to_save)
+        task_type="CAUSAL_LM", modules_to_save=modules_to_save,
+        init_lora_weights="loftq" if cfg.use_loftq else True,
+        loftq_config=LoftQConfig(loftq_bits=4) if cfg.use_loftq else {})
 
 
 def to_dataset(rows: list[dict], completions_only: bool) -> Dataset:
