@@ -5,6 +5,7 @@ import streamlit as st
 
 from trainer_core.status import RunStatus
 from ui import format as fmt
+from ui.entry import entered, resume_requested_page
 from ui.state import get_orchestrator
 
 SIDEBAR_REFRESH_S = 2.0
@@ -17,6 +18,8 @@ pg = st.navigation([
     st.Page("pages/history.py", title="History", icon="🗂️"),
     st.Page("pages/run.py", title="Run details", icon="🔎"),
 ])
+entered()
+resume_requested_page()
 
 orch = get_orchestrator()
 watching = orch.active_run_id() is not None

@@ -7,7 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from ui import format as fmt
+from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+
+require_entrypoint("pages/history.py")
 
 orch = get_orchestrator()
 st.title("History")

@@ -4,8 +4,11 @@ from __future__ import annotations
 import streamlit as st
 
 from trainer_core.status import RunStatus
+from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.views import render_live
+
+require_entrypoint("pages/live.py")
 
 REFRESH_S = 1.0
 

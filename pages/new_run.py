@@ -23,7 +23,10 @@ from trainer_core.config import (
 )
 from trainer_core.datasets import DatasetError, save_upload
 from trainer_core.orchestrator import RunRefused
+from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+
+require_entrypoint("pages/new_run.py")
 
 D = TrainConfig()
 H = TrainConfig.help

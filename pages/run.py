@@ -8,8 +8,11 @@ import yaml
 
 from trainer_core.status import RunStatus
 from ui import format as fmt
+from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.views import render_charts, render_nonfinite, render_outcome, status_markdown
+
+require_entrypoint("pages/run.py")
 
 orch = get_orchestrator()
 st.title("Run details")

@@ -278,7 +278,8 @@ def test_number_formats():
 
 # ---------------------------------------------------------------------- Start -> Live (spawns a real worker)
 @pytest.mark.slow
-def test_start_reaches_the_live_view_and_cancel_ends_the_run(app_home):
+def test_start_reaches_the_live_view_and_cancel_ends_the_run(app_home, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
     at = open_page("pages/new_run.py")
     at.text_input(key="nr_run_name").input("page start test")
     at.number_input(key="nr_max_steps").set_value(2)

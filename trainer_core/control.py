@@ -38,3 +38,11 @@ def read(run_dir: Path) -> Action | None:
         return Action(data["action"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
+
+
+def requested_at(run_dir: Path) -> float | None:
+    """When the pending request was written (the watchdog's clock survives a dashboard restart)."""
+    try:
+        return float(json.loads((Path(run_dir) / CONTROL_FILE).read_text())["ts"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None

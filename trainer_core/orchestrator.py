@@ -205,9 +205,14 @@ class Orchestrator:
         if self._thread:
             self._thread.join(timeout=5)
         with self._lock:
-            for tracked in self._tracked.values():
-                self._flush(tracked)
-                tracked.lock_fh.close()
+            tracked = list(self._tracked.values())
+        for item in tracked:
+            self._flush(item)
+            if item.terminal is not None:
+                self._finish(item)  # its terminal line is behind the saved offset: settle it now
+            else:
+                item.lock_fh.close()
+        with self._lock:
             self._tracked.clear()
 
     # ================================================================== spawning
@@ -243,6 +248,8 @@ class Orchestrator:
                 tracked.stop_requested_at = tracked.stop_requested_at or time.time()
                 tracked.live.update(status=RunStatus.STOPPING,
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
+        self.store.update_run(run_id, status=RunStatus.STOPPING.value,
+                              phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
         self.store.add_event(run_id, "control", f"{action.value} requested")
 
     # ================================================================== pump
@@ -335,25 +342,28 @@ class Orchestrator:
     def _adopt_orphans(self) -> None:
         """Follow runs that the database says are active but nobody in this process is pumping."""
         self._last_adopt = time.monotonic()
-        for run in self.store.active_runs():
+        for stale in self.store.active_runs():
             with self._lock:
-                if run.id in self._tracked:
+                if stale.id in self._tracked:
                     continue
             try:
-                run_dir = paths.run_dir(run.id)
+                run_dir = paths.run_dir(stale.id)
             except paths.UnsafePathError:
+                continue
+            if not run_dir.is_dir():
+                self.store.finish_run(stale.id, RunStatus.FAILED,
+                                      error=f"The run folder {run_dir} is missing, so the run cannot be followed.")
                 continue
             lock_fh = _try_lock(run_dir)
             if lock_fh is None:
                 continue  # another orchestrator (another server, the CLI) is pumping it
-            live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine,
-                           model=run.model, dataset=run.dataset, method=run.method, started_at=run.started_at,
-                           total_steps=run.total_steps, output_dir=run.output_dir)
-            frame = self.store.metrics_frame(run.id)
-            for row in frame.to_dict("records"):
-                live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
-            tracked = _Tracked(run.id, run_dir, live, run.event_offset, lock_fh, pid=run.pid,
-                               pid_started_at=run.pid_started_at)
+            run = self.store.get_run(stale.id)  # re-read under the lock: the owner may have just finished it
+            if run is None or RunStatus(run.status).is_terminal():
+                lock_fh.close()
+                continue
+            tracked = _Tracked(run.id, run_dir, _live_from_row(run, self.store), run.event_offset, lock_fh,
+                               pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
+                               stop_requested_at=control.requested_at(run_dir))
             if run.pid is None:
                 self._set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
             with self._lock:
@@ -365,16 +375,19 @@ class Orchestrator:
 
     def _snapshot_from_db(self, run_id: str) -> LiveSnapshot | None:
         run = self.store.get_run(run_id)
-        if run is None:
-            return None
-        live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
-                       dataset=run.dataset, method=run.method, step=run.steps_done, total_steps=run.total_steps,
-                       epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
-                       started_at=run.started_at, finished_at=run.finished_at, error=run.error,
-                       log_tail=run.log_tail, output_dir=run.output_dir)
-        for row in self.store.metrics_frame(run_id).to_dict("records"):
-            live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
-        return live.snapshot()
+        return _live_from_row(run, self.store).snapshot() if run is not None else None
+
+
+def _live_from_row(run: Run, store: Store) -> LiveRun:
+    """Live state rebuilt from the database: the run's last known progress and all its metrics."""
+    live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
+                   dataset=run.dataset, method=run.method, step=run.steps_done, total_steps=run.total_steps,
+                   epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
+                   started_at=run.started_at, finished_at=run.finished_at, error=run.error,
+                   log_tail=run.log_tail, output_dir=run.output_dir)
+    for row in store.metrics_frame(run.id).to_dict("records"):
+        live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
+    return live
 
 
 # ====================================================================== event handlers
