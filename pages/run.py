@@ -57,7 +57,7 @@ cols[2].metric("Best eval loss", fmt.number(run.best_eval_loss), border=True)
 cols[3].metric("Tokens seen", fmt.compact(run.tokens_seen), border=True)
 cols[4].metric("Duration", fmt.duration(run.finished_at - started if run.finished_at and started else None),
                border=True)
-cols[5].metric("Started", fmt.timestamp(started), border=True)
+cols[5].metric("Started", fmt.ago(started), help=fmt.timestamp(started), border=True)
 
 log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
 render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)

@@ -315,3 +315,11 @@ def test_run_page_follows_the_run_chosen_in_its_selectbox(app_home):
     assert at.session_state["detail_run_id"] == "run-b" and at.query_params["run"] == "run-b"
     loss = next(f for f in chart_frames(at) if "train loss" in set(f["series"]))
     assert loss[loss["series"] == "train loss"]["value"].tolist() == [7.0, 6.0]
+
+
+def test_ago_is_coarse_enough_for_a_tile():
+    assert fmt.ago(1000.0, now=1010.0) == "just now"
+    assert fmt.ago(1000.0, now=1000.0 + 5 * 60 + 7) == "5m ago"
+    assert fmt.ago(1000.0, now=1000.0 + 3 * 3600 + 120) == "3h ago"
+    assert fmt.ago(1000.0, now=1000.0 + 2 * 86400 + 7200) == "2d ago"
+    assert fmt.ago(None) == fmt.MISSING

@@ -15,6 +15,9 @@ RAW_LOSS = "train loss"
 SMOOTH_LOSS = "train loss (moving avg)"
 EVAL_LOSS = "eval loss"
 LOSS_SERIES = (RAW_LOSS, SMOOTH_LOSS, EVAL_LOSS)
+# Fixed colours so raw, smoothed and eval loss never come out as two shades of one blue; mid-tones
+# read on both the light and the dark theme.
+LOSS_COLOURS = {RAW_LOSS: "#4c78a8", SMOOTH_LOSS: "#f58518", EVAL_LOSS: "#e45756"}
 
 
 def _numeric(values: pd.Series) -> pd.Series:
@@ -68,7 +71,9 @@ def _encode(base: alt.Chart, x: str, y_title: str, domain: list[str]) -> alt.Cha
     return base.encode(
         x=alt.X(f"{x}:Q", title=x.replace("_", " ")),
         y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
-        color=alt.Color("series:N", title=None, scale=alt.Scale(domain=domain), legend=alt.Legend(orient="bottom")),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"),
+                        scale=alt.Scale(domain=domain, range=[LOSS_COLOURS[d] for d in domain])
+                        if all(d in LOSS_COLOURS for d in domain) else alt.Scale(domain=domain)),
         tooltip=[alt.Tooltip(f"{x}:Q", title=x), alt.Tooltip("series:N", title="series"),
                  alt.Tooltip("value:Q", title=y_title)],
     )

@@ -86,6 +86,11 @@ def status_badge(status: RunStatus | str) -> str:
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
+    """Coarse age such as ``5m ago``, ``3h ago``, ``2d ago`` (fits a metric tile)."""
     if _missing(ts) or not ts:
         return MISSING
-    return duration((now or time.time()) - ts) + " ago"
+    seconds = max(0.0, (now or time.time()) - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"

@@ -24,6 +24,8 @@ BADGE_COLOURS = {
     RunStatus.FAILED: "red",
 }
 SPARK_POINTS = 60
+LOSS_HEIGHT = 380
+SMALL_HEIGHT = 280
 
 
 def status_markdown(status: RunStatus | str, phase: str = "") -> str:
@@ -89,12 +91,14 @@ def render_charts(df: pd.DataFrame, window: int = 10) -> None:
     if df is None or df.empty or "step" not in df:
         st.caption("No metrics logged yet.")
         return
-    st.altair_chart(charts.loss_chart(df, window=window), theme="streamlit", width="stretch")
+    # An explicit element height: with "content" the Streamlit theme squeezes the plot area.
+    st.altair_chart(charts.loss_chart(df, window=window), theme="streamlit", width="stretch", height=LOSS_HEIGHT)
     extra = [(name, title) for name, title in (("grad_norm", "Grad norm"), ("learning_rate", "Learning rate"),
                                                ("tokens_per_s", "Tokens/s")) if len(_column(df, name))]
     for column, (name, title) in zip(st.columns(len(extra)) if extra else [], extra):
         with column:
-            st.altair_chart(charts.line_chart(df, name, title), theme="streamlit", width="stretch")
+            st.altair_chart(charts.line_chart(df, name, title), theme="streamlit", width="stretch",
+                            height=SMALL_HEIGHT)
 
 
 def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str) -> None:
