@@ -7,6 +7,8 @@ import signal
 import psutil
 import pytest
 
+from sqlmodel import SQLModel
+
 from db.store import Store
 from trainer_core import hardware
 
@@ -26,10 +28,19 @@ def home(tmp_path, monkeypatch):
     clear()
 
 
-@pytest.fixture
-def store(tmp_path):
-    """A Store on its own SQLite file."""
-    s = Store(f"sqlite:///{tmp_path}/t.db")
+POSTGRES_URL = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")  # .ci/run sets it after starting a server
+BACKENDS = ["sqlite", "postgres"] if POSTGRES_URL else ["sqlite"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path):
+    """A Store on its own SQLite file, and the same tests on PostgreSQL when a server is configured."""
+    if request.param == "sqlite":
+        s = Store(f"sqlite:///{tmp_path}/t.db")
+    else:
+        s = Store(POSTGRES_URL)
+        SQLModel.metadata.drop_all(s.engine)  # a clean schema per test
+        SQLModel.metadata.create_all(s.engine)
     yield s
     s.engine.dispose()
 
