@@ -509,7 +509,10 @@ def _signal_group(pid: int | None, sig: signal.Signals) -> None:
 
 def _describe_exit(code: int) -> str:
     if code < 0:
-        name = signal.Signals(-code).name
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
         hint = " (often the out-of-memory killer)" if -code == signal.SIGKILL else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {code}"
