@@ -123,7 +123,10 @@ class Orchestrator:
                 self.store.finish_run(run_id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
                 lock_fh.close()
                 raise
-            pid_started = psutil.Process(proc.pid).create_time()
+            try:
+                pid_started = psutil.Process(proc.pid).create_time()
+            except psutil.NoSuchProcess:
+                pid_started = None  # it died at once; the pump reports its exit code and log
             self.store.update_run(run_id, pid=proc.pid, pid_started_at=pid_started)
             live = LiveRun(run_id, name, RunStatus.STARTING, phase="launching worker", model=run.model,
                            dataset=run.dataset, method=run.method, started_at=run.started_at,
