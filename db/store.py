@@ -195,17 +195,13 @@ class Store:
             r["nonfinite"] = r["nonfinite"] or ""  # the column is NOT NULL; "" means "all values finite"
         stmt = dialect.insert(Metric).values(normalised)
         table = Metric.__table__
-        updates = {name: _coalesce(stmt.excluded[name], table.c[name]) for name in METRIC_FIELDS}
+        updates = {name: func.coalesce(stmt.excluded[name], table.c[name]) for name in METRIC_FIELDS}
         # Union of field names: an all-finite row ("") never erases what an earlier row recorded, and a
         # NaN eval_loss arriving after a NaN loss for the same step keeps both names.
         new, old = stmt.excluded["nonfinite"], table.c["nonfinite"]
         updates["nonfinite"] = case((new == "", old), (old == "", new),
                                     (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
         return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
-
-
-def _coalesce(new, old):
-    return func.coalesce(new, old)
 
 
 def _chunks(items: list, size: int):

@@ -9,6 +9,7 @@ import streamlit as st
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.views import stop_without_runs
 
 require_entrypoint("pages/history.py")
 
@@ -16,9 +17,7 @@ orch = get_orchestrator()
 st.title("History")
 
 runs = orch.list_runs()
-if not runs:
-    st.info("No runs yet. Start one on the **New run** page.")
-    st.stop()
+stop_without_runs(runs)
 
 sparklines = orch.loss_series([r.id for r in runs])
 now = time.time()

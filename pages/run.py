@@ -10,7 +10,7 @@ from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
-from ui.views import render_charts, render_nonfinite, render_outcome, status_markdown
+from ui.views import render_charts, render_nonfinite, render_outcome, status_markdown, stop_without_runs
 
 require_entrypoint("pages/run.py")
 
@@ -18,9 +18,7 @@ orch = get_orchestrator()
 st.title("Run details")
 
 runs = orch.list_runs()
-if not runs:
-    st.info("No runs yet. Start one on the **New run** page.")
-    st.stop()
+stop_without_runs(runs)
 
 
 

@@ -29,28 +29,24 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError([_err("config", f"{path} does not exist")]) from None
+        raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([_err("config", f"{path} is not valid YAML: {exc}")]) from None
+        raise ConfigError([FieldError("config", f"{path} is not valid YAML: {exc}")]) from None
     if not isinstance(data, dict):
-        raise ConfigError([_err("config", f"{path} must hold a mapping of field: value")])
+        raise ConfigError([FieldError("config", f"{path} must hold a mapping of field: value")])
     leaked = [name for name in SECRET_FIELDS if data.get(name)]
     if leaked:
-        raise ConfigError([_err(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment")
+        raise ConfigError([FieldError(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment")
                            for name in leaked])
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError([_err("--set", f"expected key=value, got {item!r}")])
+            raise ConfigError([FieldError("--set", f"expected key=value, got {item!r}")])
         data[key.strip()] = yaml.safe_load(value)
     cfg = TrainConfig.from_dict(data)
     cfg.hf_token = os.environ.get("HF_TOKEN", "")
     cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
     return cfg
-
-
-def _err(field: str, message: str) -> FieldError:
-    return FieldError(field, message)
 
 
 def progress_line(snap: LiveSnapshot, width: int = 30) -> str:

@@ -20,6 +20,13 @@ LOSS_SERIES = (RAW_LOSS, SMOOTH_LOSS, EVAL_LOSS)
 LOSS_COLOURS = {RAW_LOSS: "#4c78a8", SMOOTH_LOSS: "#f58518", EVAL_LOSS: "#e45756"}
 
 
+def finite_column(df: pd.DataFrame, name: str) -> pd.Series:
+    """The finite values of one column (empty when the column is missing)."""
+    if name not in df:
+        return pd.Series(dtype=float)
+    return _numeric(df[name]).dropna()
+
+
 def _numeric(values: pd.Series) -> pd.Series:
     """Floats with None/NaN/inf all turned into NaN (DB columns arrive as object dtype)."""
     out = pd.to_numeric(values, errors="coerce").astype(float)

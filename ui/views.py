@@ -24,8 +24,16 @@ BADGE_COLOURS = {
     RunStatus.FAILED: "red",
 }
 SPARK_POINTS = 60
+NO_RUNS = "No runs yet. Start one on the **New run** page."
 LOSS_HEIGHT = 380
 SMALL_HEIGHT = 280
+
+
+def stop_without_runs(runs: list) -> None:
+    """End the page with a pointer to New run when there is nothing to show."""
+    if not runs:
+        st.info(NO_RUNS)
+        st.stop()
 
 
 def status_markdown(status: RunStatus | str, phase: str = "") -> str:
@@ -38,13 +46,6 @@ def status_markdown(status: RunStatus | str, phase: str = "") -> str:
     return f"{text} {phase}" if phase else text
 
 
-def _column(df: pd.DataFrame, name: str) -> pd.Series:
-    if name not in df:
-        return pd.Series(dtype=float)
-    values = pd.to_numeric(df[name], errors="coerce").astype(float)
-    return values[values.notna() & (values.abs() != float("inf"))]
-
-
 def _spark(values: pd.Series) -> list[float] | None:
     if len(values) < 2:
         return None
@@ -55,8 +56,8 @@ def _spark(values: pd.Series) -> list[float] | None:
 def render_metrics(snapshot: LiveSnapshot) -> None:
     """The headline numbers of a run as ``st.metric`` tiles."""
     df = snapshot.metrics
-    losses = _column(df, "loss")
-    memory = _column(df, "memory_mb")
+    losses = charts.finite_column(df, "loss")
+    memory = charts.finite_column(df, "memory_mb")
     peak_memory = memory.max() if len(memory) else snapshot.memory_mb
     top = st.columns(5)
     top[0].metric("Loss", fmt.number(snapshot.loss), chart_data=_spark(losses), border=True,
@@ -94,7 +95,7 @@ def render_charts(df: pd.DataFrame, window: int = 10) -> None:
     # An explicit element height: with "content" the Streamlit theme squeezes the plot area.
     st.altair_chart(charts.loss_chart(df, window=window), theme="streamlit", width="stretch", height=LOSS_HEIGHT)
     extra = [(name, title) for name, title in (("grad_norm", "Grad norm"), ("learning_rate", "Learning rate"),
-                                               ("tokens_per_s", "Tokens/s")) if len(_column(df, name))]
+                                               ("tokens_per_s", "Tokens/s")) if len(charts.finite_column(df, name))]
     for column, (name, title) in zip(st.columns(len(extra)) if extra else [], extra):
         with column:
             st.altair_chart(charts.line_chart(df, name, title), theme="streamlit", width="stretch",
@@ -117,7 +118,7 @@ def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str
 def render_live(snapshot: LiveSnapshot | None) -> None:
     """Everything the live view shows for one snapshot."""
     if snapshot is None:
-        st.info("No runs yet. Start one on the **New run** page.")
+        st.info(NO_RUNS)
         return
     status = RunStatus(snapshot.status)
     st.markdown(f"### {snapshot.name or snapshot.run_id}")
