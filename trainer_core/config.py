@@ -85,6 +85,7 @@ class TrainConfig:
     eval_split: str = _f("", "Hub dataset split to evaluate on (empty: none, or use eval_fraction).", "dataset")
     eval_fraction: float = _f(0.0, "Hold out this fraction of the training rows as an eval set (fixed seed).", "dataset")
     eval_steps: int = _f(20, "Evaluate every N steps when an eval set exists.", "dataset")
+    early_stopping_patience: int = _f(0, "Stop when eval loss has not improved for N evaluations in a row (0: off; needs an eval set).", "dataset")
     dataset_slice_start: int = _f(0, "First row to use (0-based).", "dataset")
     dataset_slice_end: int = _f(0, "Row after the last to use (0: to the end).", "dataset")
     custom_format_mapping: dict = _f({}, "Map your column names onto the format's roles, e.g. {instruction: question}.", "dataset")
@@ -166,6 +167,12 @@ class TrainConfig:
         if self.finetune_mlp_modules:
             modules += MLP_MODULES
         return modules
+
+    @property
+    def has_eval_set(self) -> bool:
+        if self.hf_dataset:
+            return bool(self.eval_split) or self.eval_fraction > 0
+        return bool(self.local_eval_datasets) or self.eval_fraction > 0
 
     @property
     def dataset_label(self) -> str:
@@ -263,6 +270,10 @@ class TrainConfig:
         _check_range(self, bad, "save_steps", 0, 10_000_000)
         _check_range(self, bad, "eval_steps", 1, 10_000_000, fix="evaluate every 1 or more steps")
         _check_range(self, bad, "eval_fraction", 0.0, 0.5, high_open=True)
+        _check_range(self, bad, "early_stopping_patience", 0, 10_000)
+        if self.early_stopping_patience > 0 and not self.has_eval_set:
+            bad("early_stopping_patience", "early stopping watches eval loss: set eval_fraction, an eval split or "
+                "eval files, or set this to 0")
         _check_range(self, bad, "dataset_slice_start", 0, 10**12)
         _check_range(self, bad, "dataset_slice_end", 0, 10**12)
         if self.dataset_slice_end and self.dataset_slice_end <= self.dataset_slice_start:

@@ -42,6 +42,7 @@ class Worker:
         self.sigterm = threading.Event()
         self._stop_heartbeat = threading.Event()
         self.engine_name = ""
+        self.early_stopping_patience = 0
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -49,6 +50,7 @@ class Worker:
         threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
         try:
             cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
+            self.early_stopping_patience = cfg.early_stopping_patience
             self.engine_name = choose_engine()
             self.status(RunStatus.STARTING, "loading model")
             # Import the engine only now: unsloth must be imported before transformers when it is used.
@@ -174,6 +176,8 @@ def make_callback(worker: Worker):
             self.last = (self.started, 0)
             self.peak_mb = 0.0
             self.stopping = False
+            self.best_eval: float | None = None
+            self.evals_without_gain = 0
 
         def on_train_begin(self, args, state, control_, **kwargs):
             self.started = time.time()
@@ -207,6 +211,21 @@ def make_callback(worker: Worker):
                 learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
                 tokens_seen=tokens or None, tokens_per_s=rate, memory_mb=self.memory_mb(), elapsed_s=elapsed,
                 eta_s=eta))
+
+        def on_evaluate(self, args, state, control_, metrics=None, **kwargs):
+            patience = worker.early_stopping_patience
+            loss = (metrics or {}).get("eval_loss")
+            if not patience or loss is None or loss != loss:  # NaN never counts as an improvement
+                self.evals_without_gain += bool(patience)
+            elif self.best_eval is None or loss < self.best_eval:
+                self.best_eval, self.evals_without_gain = loss, 0
+            else:
+                self.evals_without_gain += 1
+            if patience and self.evals_without_gain >= patience and not control_.should_training_stop:
+                control_.should_training_stop = True
+                worker.warn(f"Early stopping at step {state.global_step}: eval loss has not improved for "
+                            f"{patience} evaluation(s) (best {self.best_eval:.4f})." if self.best_eval is not None
+                            else f"Early stopping at step {state.global_step}: eval loss is not finite.")
 
         def on_save(self, args, state, control_, **kwargs):
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
