@@ -752,6 +752,35 @@ def _hub_error(exc: Exception, cfg: TrainConfig, split: str, split_field: str, t
     return DatasetError("hf_dataset", f"could not load {cfg.hf_dataset}: {detail}")
 
 
+# ---------------------------------------------------------------------- what a run trains on
+@dataclass
+class TrainingData:
+    """The normalised training data, and the rows a run trains and evaluates on after the eval split."""
+
+    train: NormalizedData
+    rows: list[dict]
+    eval_rows: list[dict]
+
+
+def load_for_training(cfg: TrainConfig) -> TrainingData:
+    """Train and eval rows chosen exactly as a run chooses them: the preview and the worker share this.
+
+    Hub split or local files; the eval set is a named split, separate files, or a fixed-seed held-out
+    fraction of the training rows (only when no eval set was named). Imports ``datasets`` for hub data.
+    """
+    if cfg.hf_dataset:
+        train = load_hub(cfg, cfg.train_split)
+        evals = load_hub(cfg, cfg.eval_split).rows if cfg.eval_split else []
+    else:
+        train = load_local(cfg.local_datasets, cfg)
+        evals = (load_local(cfg.local_eval_datasets, cfg, field_name="local_eval_datasets", apply_slice=False).rows
+                 if cfg.local_eval_datasets else [])
+    rows = train.rows
+    if not evals and cfg.eval_fraction > 0:
+        rows, evals = split_eval(train, cfg.eval_fraction, cfg.random_seed)
+    return TrainingData(train=train, rows=rows, eval_rows=evals)
+
+
 # ---------------------------------------------------------------------- eval split
 def split_eval(data: NormalizedData, fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, eval): a fixed-seed held-out share of the rows, both in their original order."""

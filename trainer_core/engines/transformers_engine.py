@@ -8,9 +8,10 @@ from typing import Any
 import torch
 from datasets import Dataset
 from peft import LoftQConfig, LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
+from trainer_core import token_cache
 from trainer_core.config import TrainConfig
 
 NAME = "transformers"
@@ -19,9 +20,7 @@ EMBEDDING_MODULES = ("embed_tokens", "lm_head")
 
 def load_model(cfg: TrainConfig, model_ref: str, token: str | None):
     kwargs: dict[str, Any] = {"token": token, "trust_remote_code": cfg.trust_remote_code}
-    tokenizer = AutoTokenizer.from_pretrained(model_ref, **kwargs)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = token_cache.load_tokenizer(cfg, model_ref, token)  # the preview loads it the same way
     if cfg.effective_4bit:
         from transformers import BitsAndBytesConfig  # only reachable on CUDA hosts with the gpu extra
 
@@ -58,19 +57,17 @@ def peft_config(cfg: TrainConfig) -> LoraConfig | None:
 
 
 def to_dataset(rows: list[dict], completions_only: bool) -> Dataset:
-    """Rows are {"messages": [...]} or {"text": ...}. For completions-only loss, split each
-    conversation into prompt (everything before the last assistant turn) and completion."""
-    if completions_only and rows and "messages" in rows[0]:
-        rows = [_prompt_completion(r["messages"]) for r in rows]
-        rows = [r for r in rows if r is not None]
-    return Dataset.from_list(rows)
+    """Rows are {"messages": [...]} or {"text": ...}. For completions-only loss each conversation is
+    split into prompt (everything before the last assistant turn) and completion."""
+    shaped, _ = token_cache.training_rows(rows, completions_only)
+    return Dataset.from_list(shaped)
 
 
-def _prompt_completion(messages: list[dict]) -> dict | None:
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last is None or last == 0:
-        return None
-    return {"prompt": messages[:last], "completion": [messages[last]]}
+def pretokenize(ds: Dataset, tokenizer, cfg: TrainConfig, log=print) -> Dataset:
+    """``ds`` tokenized the way SFTTrainer would, from the on-disk cache when the same data, tokenizer
+    and settings were tokenized before. SFTTrainer then only builds labels, truncates and packs."""
+    tokenized, _ = token_cache.tokenize(ds.to_list(), tokenizer, cfg, log=log)
+    return tokenized
 
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
@@ -84,6 +81,8 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds
         report_to.append("tensorboard")
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir / cfg.tensorboard_dir)
     on_cuda = torch.cuda.is_available()
+    train_ds = pretokenize(train_ds, tokenizer, cfg)
+    eval_ds = pretokenize(eval_ds, tokenizer, cfg) if eval_ds is not None else None
     args = SFTConfig(
         output_dir=str(output_dir),
         run_name=cfg.run_name or None,
@@ -110,6 +109,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds
         gradient_checkpointing=cfg.gradient_checkpointing,
         max_length=cfg.max_seq_length,
         packing=cfg.packing,
+        packing_strategy=token_cache.packing_strategy(cfg),  # the preview counts packed rows the same way
         dataset_text_field="text",
         completion_only_loss=True if cfg.train_on_completions else None,
         bf16=on_cuda and torch.cuda.is_bf16_supported(),
