@@ -33,6 +33,14 @@ class Run(SQLModel, table=True):
     pid_started_at: Optional[float] = None
     heartbeat_at: Optional[float] = None
     event_offset: int = 0
+    # The queue: queued runs start in ascending queue_position once their devices are free.
+    queue_position: Optional[float] = None
+    devices: str = ""  # "cpu", "gpu*" (all visible GPUs) or "gpu0,gpu1": runs whose sets overlap never run together
+    # Resume: the run this one continues, the step it continues from, and the training data it was started on.
+    parent_run_id: Optional[str] = Field(default=None, max_length=64)
+    resumed_from_step: Optional[int] = None
+    data_fingerprint: str = ""
+    needs_secrets: str = ""  # names of secret fields the run was started with (their values are never stored)
 
 
 class Metric(SQLModel, table=True):

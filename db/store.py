@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 from sqlalchemy import event as sa_event
-from sqlalchemy import case, func
+from sqlalchemy import case, func, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, SQLModel, create_engine, delete, select
 
@@ -52,6 +52,7 @@ class Store:
         if self.is_sqlite:
             sa_event.listen(self.engine, "connect", _enable_wal)
         SQLModel.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
         self._write_lock = threading.Lock()  # SQLite allows one writer; serialise ours instead of retrying
 
     # ------------------------------------------------------------------ writes
@@ -144,9 +145,43 @@ class Store:
             return list(session.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)))
 
     def active_runs(self) -> list[Run]:
-        live = [s.value for s in RunStatus if not s.is_terminal()]
+        """Runs with a worker (starting, running, stopping): everything not finished and not queued."""
+        live = [s.value for s in RunStatus if not s.is_terminal() and s is not RunStatus.QUEUED]
         with Session(self.engine) as session:
             return list(session.exec(select(Run).where(Run.status.in_(live)).order_by(Run.created_at)))
+
+    def queued_runs(self) -> list[Run]:
+        """The queue, in the order the runs will start."""
+        with Session(self.engine) as session:
+            return list(session.exec(select(Run).where(Run.status == RunStatus.QUEUED.value)
+                                     .order_by(Run.queue_position, Run.created_at)))
+
+    def next_queue_position(self) -> float:
+        with Session(self.engine) as session:
+            top = session.exec(select(func.max(Run.queue_position))
+                               .where(Run.status == RunStatus.QUEUED.value)).one()
+        return (top or 0.0) + 1.0
+
+    def move_in_queue(self, run_id: str, offset: int) -> bool:
+        """Move a queued run ``offset`` places (negative: towards the front). False if it is not queued."""
+        with self._write_lock, Session(self.engine) as session:
+            queue = list(session.exec(select(Run).where(Run.status == RunStatus.QUEUED.value)
+                                      .order_by(Run.queue_position, Run.created_at)))
+            ids = [r.id for r in queue]
+            if run_id not in ids:
+                return False
+            old = ids.index(run_id)
+            new = max(0, min(len(ids) - 1, old + offset))
+            ids.insert(new, ids.pop(old))
+            for position, run in enumerate(sorted(queue, key=lambda r: ids.index(r.id)), start=1):
+                run.queue_position = float(position)
+                session.add(run)
+            session.commit()
+            return True
+
+    def children(self, run_id: str) -> list[Run]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(Run).where(Run.parent_run_id == run_id).order_by(Run.created_at)))
 
     def get_events(self, run_id: str) -> list[RunEvent]:
         with Session(self.engine) as session:
@@ -202,6 +237,23 @@ class Store:
         updates["nonfinite"] = case((new == "", old), (old == "", new),
                                     (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
         return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
+
+
+def _add_missing_columns(engine) -> None:
+    """Columns added to ``Run`` after a database was created (create_all never alters a table).
+
+    Additive only: a new nullable or defaulted column; existing data is never touched."""
+    existing = {c["name"] for c in inspect(engine).get_columns("run")}
+    missing = [c for c in Run.__table__.columns if c.name not in existing]
+    if not missing:
+        return
+    with engine.begin() as conn:
+        for column in missing:
+            kind = column.type.compile(dialect=engine.dialect)
+            default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
+            clause = f" DEFAULT {default!r}" if isinstance(default, (int, float)) else (
+                " DEFAULT ''" if isinstance(default, str) else "")
+            conn.execute(text(f'ALTER TABLE run ADD COLUMN "{column.name}" {kind}{clause}'))
 
 
 def _chunks(items: list, size: int):

@@ -2,7 +2,7 @@
 
     python -m trainer_core run --config run.yaml [--set key=value ...]
     python -m trainer_core validate --config run.yaml
-    python -m trainer_core runs
+    python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled.
@@ -10,6 +10,7 @@ Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or can
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -71,7 +72,13 @@ def cmd_run(args) -> int:
     except RunRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
-    print(f"run {run_id} started; folder {orch.get_run(run_id).output_dir}")
+    row = orch.get_run(run_id)
+    if row.status == RunStatus.QUEUED.value:
+        ahead = [r.name for r in orch.queue() if r.id != run_id] + [r.name for r in orch.store.active_runs()]
+        print(f"run {run_id} queued behind {len(ahead)} run(s); it starts when its device is free "
+              f"(Ctrl-C removes it from the queue)")
+    else:
+        print(f"run {run_id} started; folder {row.output_dir}")
     interrupts = {"n": 0}
 
     def on_sigint(*_):
@@ -125,7 +132,12 @@ def cmd_validate(args) -> int:
 def cmd_runs(args) -> int:
     from db.store import Store
 
-    runs = Store().list_runs(limit=args.limit)
+    store = Store()
+    if args.runs_command == "show":
+        return _show(store, args.run)
+    if args.runs_command == "export":
+        return _export(store, args.run, args.format, args.output)
+    runs = store.list_runs(limit=args.limit)
     if not runs:
         print("no runs yet")
         return 0
@@ -134,6 +146,77 @@ def cmd_runs(args) -> int:
     for run in runs:
         loss = f"{run.final_loss:.4f}" if run.final_loss is not None else "—"
         print(f"{run.id:<24} {run.status:<10} {f'{run.steps_done}/{run.total_steps}':>11} {loss:>10}  {run.name}")
+    return 0
+
+
+def _find(store, ref: str):
+    """A run by id, unique id prefix or exact name; prints why not and returns None otherwise."""
+    run = store.get_run(ref)
+    if run is not None:
+        return run
+    matches = [r for r in store.list_runs(limit=100_000) if r.id.startswith(ref) or r.name == ref]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        print(f"error: no run matches {ref!r} (see `python -m trainer_core runs`)", file=sys.stderr)
+    else:
+        print(f"error: {ref!r} matches {len(matches)} runs: {', '.join(r.id for r in matches[:5])}; "
+              "give more of the id", file=sys.stderr)
+    return None
+
+
+def _show(store, ref: str) -> int:
+    run = _find(store, ref)
+    if run is None:
+        return 2
+    events = store.get_events(run.id)
+    alerts = [e for e in events if e.kind == "alert"]
+
+    def when(ts):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "—"
+
+    def num(value, digits=4):
+        return f"{value:.{digits}f}" if value is not None else "—"
+
+    duration = (run.finished_at or time.time()) - run.started_at if run.started_at else None
+    lines = [
+        ("name", run.name), ("id", run.id), ("status", f"{RunStatus(run.status).label}" + (f" ({run.phase})" if run.phase else "")),
+        ("model", run.model), ("dataset", run.dataset), ("method", run.method), ("engine", run.engine or "—"),
+        ("started", when(run.started_at)), ("finished", when(run.finished_at)),
+        ("duration", f"{duration:.0f} s" if duration is not None else "—"),
+        ("steps", f"{run.steps_done}/{run.total_steps}"), ("epoch", num(run.epoch, 3)),
+        ("last loss", num(run.last_loss)), ("final loss", num(run.final_loss)),
+        ("best eval loss", num(run.best_eval_loss)),
+        ("tokens seen", f"{run.tokens_seen:,}" if run.tokens_seen else "—"),
+        ("outputs", run.output_dir or "—"), ("alerts", str(len(alerts))),
+    ]
+    if run.parent_run_id:
+        lines.append(("resumed from", f"{run.parent_run_id} at step {run.resumed_from_step}"))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key:<{width}}  {value}")
+    for alert in alerts:
+        print(f"alert: {alert.message}")
+    if run.error:
+        print(f"error: {run.error}")
+    return 0
+
+
+def _export(store, ref: str, fmt: str, output: str | None) -> int:
+    run = _find(store, ref)
+    if run is None:
+        return 2
+    if fmt == "yaml":
+        text = yaml.safe_dump(TrainConfig.from_dict(json.loads(run.config_json or "{}")).to_public_dict(),
+                              sort_keys=False)
+    else:
+        frame = store.metrics_frame(run.id)
+        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", lines=True)
+    if output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(output).write_text(text)
+        print(f"wrote {output}", file=sys.stderr)
     return 0
 
 
@@ -148,9 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--config", required=True)
     val.add_argument("--set", action="append", metavar="KEY=VALUE")
     val.set_defaults(func=cmd_validate)
-    runs = sub.add_parser("runs", help="list runs")
+    runs = sub.add_parser("runs", help="list runs; `runs show RUN`, `runs export RUN --format csv`")
     runs.add_argument("--limit", type=int, default=50)
-    runs.set_defaults(func=cmd_runs)
+    runs.set_defaults(func=cmd_runs, runs_command="list")
+    runs_sub = runs.add_subparsers(dest="runs_command")
+    runs_sub.add_parser("list", help="list runs, newest first")
+    show = runs_sub.add_parser("show", help="print a run's summary")
+    show.add_argument("run", help="run id, unique id prefix, or name")
+    export = runs_sub.add_parser("export", help="write a run's metrics (csv/jsonl) or config (yaml, no secrets)")
+    export.add_argument("run", help="run id, unique id prefix, or name")
+    export.add_argument("--format", choices=("csv", "jsonl", "yaml"), default="csv")
+    export.add_argument("--output", "-o", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
     return args.func(args)
 

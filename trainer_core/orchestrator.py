@@ -31,7 +31,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import MetricBuffer, Store
-from trainer_core import control, datasets, paths
+from trainer_core import checkpoints, control, datasets, paths, scheduling
 from trainer_core import events as ev
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.live import LiveRun, LiveSnapshot, metric_row
@@ -39,6 +39,7 @@ from trainer_core.status import RunStatus
 
 POLL_S = 0.25
 ADOPT_EVERY_S = 2.0
+QUEUE_EVERY_S = 1.0  # queued runs also start when a run ended in another orchestrator (another server, the CLI)
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 60
@@ -47,7 +48,7 @@ LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are reb
 
 
 class RunRefused(RuntimeError):
-    """A valid run that cannot start now (another run is active)."""
+    """A run that cannot be started or resumed, with the reason (e.g. no usable checkpoint)."""
 
 
 @dataclass
@@ -82,6 +83,8 @@ class Orchestrator:
         self._finished_order: deque[str] = deque()
         self._closing = threading.Event()
         self._last_adopt = 0.0
+        self._last_queue_check = 0.0
+        self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
         self._thread: threading.Thread | None = None
         self._adopt_orphans()
         if start_pump:
@@ -92,49 +95,97 @@ class Orchestrator:
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
         return cfg.validate()
 
-    def start(self, cfg: TrainConfig) -> str:
+    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None) -> str:
+        """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
+
+        Queued runs start by themselves (also after a server restart) when the runs before them end."""
         errors = cfg.validate()
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
+        fingerprint = scheduling.data_fingerprint(cfg)
+        devices = scheduling.devices_of(cfg)
         # An OS-enforced lock: two sessions (or two orchestrators after a hot reload, or the CLI next
-        # to the dashboard) pressing Start together can never both pass the "is anything active" check.
-        with open(paths.data_root() / ".start.lock", "w") as start_lock:
-            fcntl.flock(start_lock, fcntl.LOCK_EX)
-            active = self.store.active_runs()
-            if active:
-                busy = active[0]
-                raise RunRefused(f"Run '{busy.name}' is still {RunStatus(busy.status).label.lower()}. "
-                                 "Wait for it to finish, or stop it first (a run queue is planned).")
+        # to the dashboard) pressing Start together can never both see the same devices as free.
+        with self._start_lock():
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + pysecrets.token_hex(3)
             run_dir = paths.run_dir(run_id)
             run_dir.mkdir(parents=True)
-            lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
             name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
-            run = Run(id=run_id, name=name, status=RunStatus.STARTING.value, phase="launching worker",
+            queue = [(r.id, r.devices) for r in self.store.queued_runs()]
+            now_free = scheduling.startable(queue + [(run_id, devices)],
+                                            [r.devices for r in self.store.active_runs()])
+            run = Run(id=run_id, name=name, status=RunStatus.QUEUED.value, phase="waiting in the queue",
                       model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
-                      created_at=time.time(), started_at=time.time(), output_dir=str(run_dir),
-                      total_steps=cfg.max_steps, config_json=_json(cfg.to_public_dict()))
+                      created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
+                      config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
+                      queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
+                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step)
+            lock_fh = None
+            if run_id in now_free:
+                run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
+                run.started_at = time.time()
+                lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
+            elif cfg.secrets():
+                self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
             self.store.create_run(run)
-            try:
-                proc = self._spawn(run_dir, cfg)
-            except OSError as exc:
-                self.store.finish_run(run_id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
-                lock_fh.close()
-                raise
-            try:
-                pid_started = psutil.Process(proc.pid).create_time()
-            except psutil.NoSuchProcess:
-                pid_started = None  # it died at once; the pump reports its exit code and log
-            self.store.update_run(run_id, pid=proc.pid, pid_started_at=pid_started)
-            live = LiveRun(run_id, name, RunStatus.STARTING, phase="launching worker", model=run.model,
-                           dataset=run.dataset, method=run.method, started_at=run.started_at,
-                           total_steps=cfg.max_steps, output_dir=str(run_dir))
-            with self._lock:
-                self._tracked[run_id] = _Tracked(run_id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
-                                                 pid_started_at=pid_started)
+            if parent is not None:
+                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
+            if lock_fh is not None:
+                self._launch(run, cfg, lock_fh)
         return run_id
+
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> str:
+        """Start a new run that continues ``run_id`` from its latest completed checkpoint.
+
+        Raises RunRefused with the reason when there is nothing usable to resume from."""
+        old = self.store.get_run(run_id)
+        if old is None:
+            raise RunRefused(f"There is no run {run_id}.")
+        status = RunStatus(old.status)
+        if not status.is_terminal():
+            raise RunRefused(f"Run '{old.name}' is still {status.label.lower()}; resume it once it has ended.")
+        if status is RunStatus.COMPLETED:
+            raise RunRefused(f"Run '{old.name}' completed; there is nothing left to resume. Start a new run "
+                             "with more steps instead.")
+        run_dir = paths.run_dir(run_id)
+        checkpoint = checkpoints.latest_checkpoint(run_dir / "checkpoints")
+        if checkpoint is None:
+            raise RunRefused(f"Run '{old.name}' has no completed checkpoint to resume from (it saves one on "
+                             "Stop & save, or every save_steps steps).")
+        try:
+            cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
+        except (OSError, ConfigError) as exc:
+            raise RunRefused(f"The saved config of run '{old.name}' cannot be read: {exc}") from None
+        try:
+            fingerprint = scheduling.data_fingerprint(cfg)
+        except datasets.DatasetError as exc:
+            raise RunRefused(f"The training data of run '{old.name}' is no longer readable ({exc}).") from None
+        if old.data_fingerprint and fingerprint != old.data_fingerprint:
+            raise RunRefused(f"The training data of run '{old.name}' changed since it ran ({cfg.dataset_label}); "
+                             "resuming would mix two datasets. Start a new run instead.")
+        needed = [n for n in old.needs_secrets.split(",") if n]
+        values = _secret_values(needed, secrets)
+        missing = [n for n in needed if not values.get(n)]
+        if missing:
+            raise RunRefused(f"Run '{old.name}' used {', '.join(missing)}, which is never stored: enter it again "
+                             "to resume (or set HF_TOKEN / WANDB_API_KEY in the dashboard's environment).")
+        step = int(checkpoint.name.rsplit("-", 1)[1])
+        base = (old.name or old.id)[:60].rstrip()
+        cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
+        return self.start(cfg, parent=old, resumed_from_step=step)
+
+    def queue(self) -> list[Run]:
+        return self.store.queued_runs()
+
+    def move_in_queue(self, run_id: str, offset: int) -> bool:
+        with self._start_lock():
+            return self.store.move_in_queue(run_id, offset)
+
+    def remove_from_queue(self, run_id: str) -> None:
+        """Take a queued run out of the queue (it stays in History as cancelled)."""
+        self._request(run_id, control.Action.CANCEL)
 
     def stop(self, run_id: str) -> None:
         """Stop & save: the worker ends at the next step and saves a checkpoint and the adapter."""
@@ -166,8 +217,14 @@ class Orchestrator:
     def get_run(self, run_id: str) -> Run | None:
         return self.store.get_run(run_id)
 
-    def metrics(self, run_id: str) -> pd.DataFrame:
-        return self.store.metrics_frame(run_id)
+    def metrics(self, run_id: str, lineage: bool = False) -> pd.DataFrame:
+        """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from."""
+        frame = self.store.metrics_frame(run_id)
+        run = self.store.get_run(run_id) if lineage else None
+        if run is None or not run.parent_run_id:
+            return frame
+        earlier = lineage_frame(self.store, run)
+        return pd.concat([earlier, frame], ignore_index=True) if len(earlier) else frame
 
     def events(self, run_id: str) -> list[RunEvent]:
         return self.store.get_events(run_id)
@@ -219,6 +276,79 @@ class Orchestrator:
             self._tracked.clear()
 
     # ================================================================== spawning
+    def _start_lock(self):
+        return _FileLock(paths.data_root() / ".start.lock")
+
+    def _launch(self, run: Run, cfg: TrainConfig, lock_fh: IO) -> None:
+        """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
+        run_dir = paths.run_dir(run.id)
+        try:
+            proc = self._spawn(run_dir, cfg)
+        except OSError as exc:
+            self.store.finish_run(run.id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
+            lock_fh.close()
+            raise
+        try:
+            pid_started = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            pid_started = None  # it died at once; the pump reports its exit code and log
+        self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
+        live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
+                       dataset=run.dataset, method=run.method, started_at=run.started_at,
+                       total_steps=cfg.max_steps, output_dir=str(run_dir))
+        _seed_lineage(live, run, self.store)
+        with self._lock:
+            self._tracked[run.id] = _Tracked(run.id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
+                                             pid_started_at=pid_started)
+
+    def launch_queued(self) -> list[str]:
+        """Start every queued run whose devices are free (any orchestrator may do it; the lock makes it once)."""
+        self._last_queue_check = time.monotonic()
+        if not self.store.queued_runs():
+            return []
+        launched = []
+        with self._start_lock():
+            queue = self.store.queued_runs()  # re-read under the lock
+            free = set(scheduling.startable([(r.id, r.devices) for r in queue],
+                                            [r.devices for r in self.store.active_runs()]))
+            for run in queue:
+                if run.id in free and self._launch_queued(run):
+                    launched.append(run.id)
+        return launched
+
+    def _launch_queued(self, run: Run) -> bool:
+        run_dir = paths.run_dir(run.id)
+        try:
+            cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
+        except (OSError, ConfigError) as exc:
+            self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
+            return False
+        needed = [name for name in run.needs_secrets.split(",") if name]
+        cfg = dataclasses.replace(cfg, **_secret_values(needed, self._secrets.get(run.id)))
+        missing = [name for name in needed if not getattr(cfg, name)]
+        if missing:
+            self.store.finish_run(run.id, RunStatus.FAILED, error=(
+                f"This run was queued with {', '.join(missing)}, which is never written to disk, and the dashboard "
+                "restarted before it started. Start it again and enter the secret, or set HF_TOKEN / WANDB_API_KEY "
+                "in the dashboard's environment."))
+            return False
+        errors = cfg.validate()  # files may have changed or gone while it waited
+        if errors:
+            self.store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
+                                  "; ".join(str(e) for e in errors))
+            return False
+        lock_fh = _try_lock(run_dir)
+        if lock_fh is None:
+            return False  # another orchestrator holds it (it cannot be launching it: we hold the start lock)
+        started = time.time()
+        self.store.update_run(run.id, status=RunStatus.STARTING.value, phase="launching worker",
+                              started_at=started, queue_position=None)
+        self.store.add_event(run.id, "status", "Starting: left the queue")
+        self._secrets.pop(run.id, None)
+        run.started_at = started
+        self._launch(run, cfg, lock_fh)
+        return True
+
     def _spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
@@ -243,6 +373,14 @@ class Orchestrator:
         run = self.store.get_run(run_id)
         if run is None or RunStatus(run.status).is_terminal():
             return
+        if run.status == RunStatus.QUEUED.value:
+            with self._start_lock():  # the queue may be launching it right now: decide under its lock
+                run = self.store.get_run(run_id)
+                if run is not None and run.status == RunStatus.QUEUED.value:
+                    self._secrets.pop(run_id, None)
+                    self.store.finish_run(run_id, RunStatus.CANCELLED, phase="removed from the queue",
+                                          queue_position=None)
+                    return
         run_dir = paths.run_dir(run_id)
         control.request(run_dir, action)
         with self._lock:
@@ -269,10 +407,12 @@ class Orchestrator:
             self._adopt_orphans()
         with self._lock:
             tracked = list(self._tracked.values())
-        for item in tracked:
-            self._pump_run(item)
+        finished = sum(self._pump_run(item) for item in tracked)
+        if finished or time.monotonic() - self._last_queue_check > QUEUE_EVERY_S:
+            self.launch_queued()
 
-    def _pump_run(self, t: _Tracked) -> None:
+    def _pump_run(self, t: _Tracked) -> bool:
+        """Read new events of one run; True when the run finished in this call."""
         new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
         for event in new:
             _HANDLERS[event.kind](self, t, event)
@@ -294,6 +434,8 @@ class Orchestrator:
             self._flush(t)
         if t.terminal is not None and (exited or t.proc is None):
             self._finish(t)
+            return True
+        return False
 
     def _flush(self, t: _Tracked) -> None:
         rows = t.buffer.take()
@@ -388,6 +530,7 @@ def _live_from_row(run: Run, store: Store) -> LiveRun:
                    epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
                    started_at=run.started_at, finished_at=run.finished_at, error=run.error,
                    log_tail=run.log_tail, output_dir=run.output_dir)
+    _seed_lineage(live, run, store)
     for row in store.metrics_frame(run.id).to_dict("records"):
         live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
     return live
@@ -477,6 +620,56 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, model_name=model,
                                local_datasets=pin(cfg.local_datasets, "local_datasets"),
                                local_eval_datasets=pin(cfg.local_eval_datasets, "local_eval_datasets"))
+
+
+class _FileLock:
+    """An exclusive ``flock`` on a file for a ``with`` block (the OS releases it if the process dies)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh: IO | None = None
+
+    def __enter__(self) -> "_FileLock":
+        self._fh = open(self.path, "w")
+        fcntl.flock(self._fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._fh is not None
+        self._fh.close()  # closing releases the lock
+        self._fh = None
+
+
+def _secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, str]:
+    """Values of the secret fields ``names`` for a run that starts later: the ones given (kept in
+    memory while it was queued, or typed again), else the server's environment."""
+    given = given or {}
+    env = {"hf_token": os.environ.get("HF_TOKEN", ""), "wandb_token": os.environ.get("WANDB_API_KEY", "")}
+    return {name: given.get(name) or env.get(name, "") for name in names if name in env}
+
+
+def _seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
+    """A resumed run's chart continues its parent's: show the parent's metrics up to the resume step."""
+    if not run.parent_run_id or run.resumed_from_step is None:
+        return
+    for row in lineage_frame(store, run).to_dict("records"):
+        live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
+
+
+def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
+    """Metrics of the runs this one resumed from, each cut at the step the next one continued from."""
+    parts: list[pd.DataFrame] = []
+    seen = {run.id}
+    child = run
+    while child.parent_run_id and child.parent_run_id not in seen and child.resumed_from_step is not None:
+        parent = store.get_run(child.parent_run_id)
+        if parent is None:
+            break
+        frame = store.metrics_frame(parent.id)
+        parts.insert(0, frame[frame["step"] <= child.resumed_from_step])
+        seen.add(parent.id)
+        child = parent
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["step"])
 
 
 def _try_lock(run_dir: Path) -> IO | None:

@@ -1,0 +1,72 @@
+"""The headless CLI's `runs` commands against a real store under an isolated data root."""
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from db.store import Store
+from tests.test_pages import insert_finished_run
+from trainer_core.__main__ import main
+from trainer_core.status import RunStatus
+
+
+@pytest.fixture
+def runs(home):
+    store = Store()
+    insert_finished_run(store, "20260101-000000-aaaaaa", "first run", [2.0, 1.5, float("nan"), 1.0],
+                        eval_losses={2: 1.7})
+    store.add_event("20260101-000000-aaaaaa", "alert", "Grad norm 84.2 at step 3 is 21x its recent median (4.0).")
+    insert_finished_run(store, "20260101-000000-bbbbbb", "second run", [3.0, 2.0], status=RunStatus.FAILED,
+                        error="RuntimeError: boom")
+    yield store
+    store.engine.dispose()
+
+
+def test_runs_show_prints_the_summary(runs, capsys):
+    assert main(["runs", "show", "20260101-000000-aaaaaa"]) == 0
+    out = capsys.readouterr().out
+    assert "name            first run" in out
+    assert "status          Completed" in out
+    assert "steps           4/4" in out
+    assert "final loss      1.0000" in out
+    assert "best eval loss  —" in out  # the fixture stores eval rows but not the run's best value
+    assert "alerts          1" in out
+    assert "alert: Grad norm 84.2 at step 3 is 21x its recent median (4.0)." in out
+
+
+def test_runs_show_accepts_a_unique_prefix_or_name_and_explains_ambiguity(runs, capsys):
+    assert main(["runs", "show", "second run"]) == 0
+    assert "error: RuntimeError: boom" in capsys.readouterr().out
+    assert main(["runs", "show", "20260101"]) == 2
+    assert "matches 2 runs" in capsys.readouterr().err
+    assert main(["runs", "show", "nothing"]) == 2
+    assert "no run matches 'nothing'" in capsys.readouterr().err
+
+
+def test_runs_export_csv_writes_every_metric_row(runs, tmp_path, capsys):
+    target = tmp_path / "m.csv"
+    assert main(["runs", "export", "20260101-000000-aaaaaa", "--format", "csv", "-o", str(target)]) == 0
+    frame = pd.read_csv(target)
+    assert list(frame["step"]) == [1, 2, 3, 4]
+    assert list(frame["loss"].fillna(-1)) == [2.0, 1.5, -1, 1.0]  # NaN is stored as an empty value
+    assert frame.loc[1, "eval_loss"] == 1.7
+
+
+def test_runs_export_to_stdout_as_jsonl_and_config_as_yaml(runs, capsys):
+    assert main(["runs", "export", "20260101-000000-bbbbbb", "--format", "jsonl"]) == 0
+    rows = [json.loads(line) for line in io.StringIO(capsys.readouterr().out)]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 3.0), (2, 2.0)]
+    assert main(["runs", "export", "20260101-000000-bbbbbb", "--format", "yaml"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["learning_rate"] == 0.0002 and "hf_token" not in config and "wandb_token" not in config
+
+
+def test_runs_lists_newest_first(runs, capsys):
+    assert main(["runs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("id")
+    assert [line.split()[0] for line in out[1:]] == ["20260101-000000-bbbbbb", "20260101-000000-aaaaaa"]

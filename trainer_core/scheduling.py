@@ -1,0 +1,71 @@
+"""Which runs may train at the same time, and what their training data was.
+
+Devices: a run on a CPU host holds "cpu"; on a GPU host it holds the GPUs in ``gpu_ids`` ("gpu0,gpu1"),
+or every visible GPU ("gpu*") when none are named. Two runs whose device sets overlap never train at the
+same time. The queue is first come, first served with backfill: a queued run may start before an earlier
+one only when it overlaps neither the running runs nor any earlier queued run (so nobody starves).
+
+The data fingerprint lets Resume refuse when the training files changed since the original run.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from trainer_core import datasets, hardware
+from trainer_core.config import TrainConfig
+
+ALL_GPUS = "gpu*"
+
+
+def devices_of(cfg: TrainConfig, cuda: bool | None = None) -> str:
+    cuda = hardware.cuda_available() if cuda is None else cuda
+    if not cuda:
+        return "cpu"
+    if cfg.gpu_ids:
+        return ",".join(f"gpu{g}" for g in sorted(set(cfg.gpu_ids)))
+    return ALL_GPUS
+
+
+def overlap(a: str, b: str) -> bool:
+    """True when two device strings share a device ("gpu*" shares with any GPU set)."""
+    left, right = set(filter(None, a.split(","))), set(filter(None, b.split(",")))
+    if ALL_GPUS in left | right:
+        return any(d.startswith("gpu") for d in left) and any(d.startswith("gpu") for d in right)
+    return bool(left & right)
+
+
+def startable(queued: list[tuple[str, str]], busy: list[str]) -> list[str]:
+    """Ids of queued runs (``(id, devices)`` in queue order) that may start now next to ``busy`` devices."""
+    claimed = list(busy)
+    chosen = []
+    for run_id, devices in queued:
+        if not any(overlap(devices, other) for other in claimed):
+            chosen.append(run_id)
+        claimed.append(devices)  # started or waiting, later runs must not take its devices
+    return chosen
+
+
+def data_fingerprint(cfg: TrainConfig) -> str:
+    """A hash of the training and eval data a run reads (file bytes for local files; the id, subset,
+    split and slice for a hub dataset, whose content cannot be checked without downloading it)."""
+    digest = hashlib.sha256()
+    if cfg.hf_dataset:
+        digest.update(f"hub:{cfg.hf_dataset}|{cfg.subset}|{cfg.train_split}|{cfg.eval_split}".encode())
+    for field_name in ("local_datasets", "local_eval_datasets"):
+        for source in getattr(cfg, field_name):
+            for path in _files(source, field_name):
+                digest.update(f"{field_name}:{path.name}:".encode())
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        digest.update(block)
+    digest.update(f"|slice:{cfg.dataset_slice_start}:{cfg.dataset_slice_end}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _files(source: str, field_name: str) -> list[Path]:
+    path = datasets.resolve_source(source, field_name)
+    if not path.is_dir():
+        return [path]
+    return sorted(p for p in path.iterdir()
+                  if p.is_file() and p.suffix.lower() in datasets.SUPPORTED_EXTENSIONS and not p.name.startswith("."))
