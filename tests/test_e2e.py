@@ -13,7 +13,7 @@ import pytest
 from tests.support import ROOT, build_tiny_model, run_python
 from trainer_core import hardware
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator, RunRefused
+from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
 pytestmark = pytest.mark.slow
@@ -92,11 +92,12 @@ def test_bundled_model_lora_run_end_to_end(studio):
     assert "PeftModel" in load.stdout
 
 
-def test_second_run_is_refused_and_stop_saves_checkpoint_and_adapter(studio, tiny_model):
+def test_second_run_queues_and_stop_saves_checkpoint_and_adapter(studio, tiny_model):
     cfg = TrainConfig(model_name=str(tiny_model), max_steps=400, batch_size=2, max_seq_length=64, warmup_steps=0)
     run_id = studio.start(cfg)
-    with pytest.raises(RunRefused, match="still"):
-        studio.start(cfg)
+    queued = studio.start(cfg)
+    assert studio.get_run(queued).status == RunStatus.QUEUED.value
+    studio.remove_from_queue(queued)
     wait_for_step(studio, run_id, 3)
     studio.stop(run_id)
     snap = studio.wait(run_id, timeout=120)
@@ -108,6 +109,31 @@ def test_second_run_is_refused_and_stop_saves_checkpoint_and_adapter(studio, tin
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
     kinds = [e.kind for e in studio.events(run_id)]
     assert "checkpoint" in kinds and "control" in kinds
+
+
+def test_resume_continues_from_the_checkpoint_with_optimizer_and_schedule(studio, tiny_model):
+    cfg = TrainConfig(run_name="to resume", model_name=str(tiny_model), max_steps=16, batch_size=2,
+                      max_seq_length=64, warmup_steps=0, learning_rate=1e-3)
+    old = studio.start(cfg)
+    wait_for_step(studio, old, 4)
+    studio.stop(old)
+    assert studio.wait(old, timeout=120).status is RunStatus.STOPPED
+    checkpoint = next((Path(studio.get_run(old).output_dir).parent / "checkpoints").glob("checkpoint-*"))
+    stopped_at = int(checkpoint.name.split("-")[1])
+    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json"} <= {p.name for p in checkpoint.iterdir()}
+
+    new = studio.resume(old)
+    snap = studio.wait(new, timeout=300)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(new, 80)}"
+    own = studio.metrics(new).dropna(subset=["loss"])
+    assert list(own["step"]) == list(range(stopped_at + 1, 17))  # the step count continues
+    joined = studio.metrics(new, lineage=True).dropna(subset=["loss"])
+    assert list(joined["step"]) == list(range(1, 17))  # the two runs' charts join without a gap
+    parent = studio.metrics(old).dropna(subset=["loss"])
+    last_lr = parent[parent["step"] == stopped_at]["learning_rate"].iloc[0]
+    first_lr = own["learning_rate"].iloc[0]
+    assert first_lr < last_lr  # the linear schedule went on; a fresh scheduler would restart at 1e-3
+    assert studio.get_run(new).parent_run_id == old
 
 
 def test_cancel_saves_nothing_and_keeps_completed_checkpoints(studio, tiny_model):

@@ -174,6 +174,7 @@ def make_callback(worker: Worker):
         def __init__(self):
             self.started = time.time()
             self.last = (self.started, 0)
+            self.first_step = 0
             self.peak_mb = 0.0
             self.stopping = False
             self.best_eval: float | None = None
@@ -181,6 +182,7 @@ def make_callback(worker: Worker):
 
         def on_train_begin(self, args, state, control_, **kwargs):
             self.started = time.time()
+            self.first_step = state.global_step  # > 0 when resuming from a checkpoint
             self.last = (self.started, state.num_input_tokens_seen or 0)
 
         def on_step_end(self, args, state, control_, **kwargs):
@@ -205,7 +207,8 @@ def make_callback(worker: Worker):
             self.last = (now, tokens)
             elapsed = now - self.started
             step, total = state.global_step, state.max_steps
-            eta = elapsed / step * (total - step) if step else None
+            done = step - self.first_step
+            eta = elapsed / done * (total - step) if done > 0 else None
             worker.events.emit(ev.ProgressEvent(
                 step=step, total_steps=total, epoch=logs.get("epoch", state.epoch), loss=logs.get("loss"),
                 learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
