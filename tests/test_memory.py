@@ -70,6 +70,18 @@ def test_gradient_checkpointing_keeps_only_layer_inputs():
     assert est.activations_gb == pytest.approx((30 * 294_912 + 5_996_544 + 50_331_648) / 1e9, rel=1e-9)
 
 
+def test_activations_follow_the_longest_row_unless_packing():
+    cfg = TrainConfig(training_type="full", batch_size=1, max_seq_length=512)
+    short = estimate_memory(SMOLLM2, cfg, "cpu", longest_row=128)
+    # the same figure as a 128-token max_seq_length (hand-derived above): batches pad to the longest row
+    assert short.activations_gb == pytest.approx(0.230228, abs=1e-6)
+    assert estimate_memory(SMOLLM2, cfg, "cpu", longest_row=4096).activations_gb == \
+        estimate_memory(SMOLLM2, cfg, "cpu").activations_gb  # capped at max_seq_length
+    packed = TrainConfig(training_type="full", batch_size=1, max_seq_length=512, packing=True)
+    assert estimate_memory(SMOLLM2, packed, "cpu", longest_row=128).activations_gb == \
+        estimate_memory(SMOLLM2, packed, "cpu").activations_gb  # packed rows fill max_seq_length
+
+
 def test_continued_pretraining_saves_embedding_copies():
     plain = estimate_memory(SMOLLM2, TrainConfig(training_type="cpt"), "cuda")
     cfg = TrainConfig(training_type="cpt", embedding_learning_rate=5e-5)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 from huggingface_hub import constants as hf_constants
 from safetensors.numpy import save_file
 
-from tests.support import ROOT
+from tests.support import run_python
 from trainer_core import model_info
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.model_info import ModelInfoError, inspect_model, parameters_from_shape
@@ -148,7 +146,6 @@ def test_modules_do_not_import_the_ml_stack():
     code = ("import sys; from trainer_core import model_info, memory, preview;"
             "model_info.inspect_model('bundled:SmolLM2-135M-Instruct');"
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -92,9 +92,9 @@ def _optimizer_bytes(optim: str, param_bytes: float) -> float:
     return 2.0 * param_bytes  # AdamW: exp_avg and exp_avg_sq in the parameter's dtype
 
 
-def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu: bool) -> float:
-    """Tensors autograd keeps for the backward pass, assuming every row fills max_seq_length."""
-    tokens = cfg.batch_size * cfg.max_seq_length
+def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu: bool, seq: int) -> float:
+    """Tensors autograd keeps for the backward pass, for batches padded to ``seq`` tokens."""
+    tokens = cfg.batch_size * seq
     h = info.hidden_size
     # per token and layer: attention block (norm in/out, q, k, v, attention output, residual) and gated MLP
     # (norm in/out, gate, up, act(gate), gate*up)
@@ -104,7 +104,7 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
     layer_bytes = per_layer * tokens * act_bytes
     # CPU attention (SDPA math path) keeps the softmax probabilities: heads x seq x seq per row; GPU
     # kernels (flash / memory-efficient) do not materialise them.
-    attention = cfg.batch_size * info.num_attention_heads * cfg.max_seq_length ** 2 * act_bytes if on_cpu else 0
+    attention = cfg.batch_size * info.num_attention_heads * seq ** 2 * act_bytes if on_cpu else 0
     if cfg.gradient_checkpointing:  # layer inputs only, plus one layer recomputed during backward
         layers = info.num_layers * h * tokens * act_bytes + layer_bytes + attention
     else:
@@ -113,9 +113,18 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
     return layers + logits
 
 
-def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda") -> MemoryEstimate:
-    """Peak memory of a training step for ``cfg`` on ``device`` ("cuda": bf16 compute; "cpu": fp32)."""
+def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
+                    longest_row: int | None = None) -> MemoryEstimate:
+    """Peak memory of a training step for ``cfg`` on ``device`` ("cuda": bf16 compute; "cpu": fp32).
+
+    Batches are padded to their longest row, so without packing the peak comes from the longest row:
+    pass ``longest_row`` (e.g. ``max(preview.lengths)``) to size activations from the data instead of
+    assuming every row fills max_seq_length.
+    """
     on_cpu = device == "cpu"
+    seq = cfg.max_seq_length
+    if longest_row and not cfg.packing:  # packed rows are always max_seq_length long
+        seq = min(longest_row, cfg.max_seq_length)
     dtype_bytes = 4 if on_cpu else 2
     params = info.num_parameters
     embeddings = info.vocab_size * info.hidden_size * (1 if info.tie_word_embeddings else 2)
@@ -139,7 +148,7 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda") -> 
         gradients = params * dtype_bytes
         optimizer = params * _optimizer_bytes(cfg.optim, dtype_bytes)
 
-    activations = _activation_bytes(info, cfg, dtype_bytes, on_cpu)
+    activations = _activation_bytes(info, cfg, dtype_bytes, on_cpu, seq)
     counted = weights + adapter + gradients + optimizer + activations
     overhead = (CPU_OVERHEAD_GB if on_cpu else CUDA_OVERHEAD_GB) * GB + FRAGMENTATION * counted
     return MemoryEstimate(
