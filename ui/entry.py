@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui.auth import signed_in
+
 _ENTERED = "_studio_entered"
 _RETURN_TO = "_studio_return_to"
 ENTRYPOINT = "streamlit_app.py"
@@ -20,8 +22,9 @@ def entered() -> None:
 
 
 def require_entrypoint(page: str) -> None:
-    """Called first by each page: if the entry point did not run, go through it and come back."""
-    if not st.session_state.get(_ENTERED):
+    """Called first by each page: if the entry point did not run (or its password gate was not
+    passed), go through it and come back."""
+    if not st.session_state.get(_ENTERED) or not signed_in():
         st.session_state[_RETURN_TO] = page
         st.switch_page(ENTRYPOINT)
 
