@@ -1,23 +1,82 @@
 """Pure chart builders: DataFrame in, Altair chart out (no Streamlit here).
 
 Smoothing runs on the full-resolution series; min/max downsampling runs after it, so a 100k-step run
-still redraws quickly and no spike disappears from the picture. Every chart uses a long-format
-frame (``x``, ``value``, ``series``) so colour comes from ``series`` and tests can read the data
-straight out of ``chart.to_dict()``. Non-finite values never reach the plotted data.
+still redraws quickly and no spike disappears from the picture. Every chart plots one long-format
+frame (the x column, ``step``, ``value``, ``series``, ``key``) so colour comes from ``series`` and tests
+can read the data straight out of ``chart.to_dict()``. Non-finite values never reach the plotted data.
+
+Interaction is the same on every chart: drag to pan and scroll to zoom (an interval selection bound
+to the scales), and a vertical rule at the nearest x whose tooltip lists the exact value of every
+series there. The browser pivots the long rows into one row per x for that tooltip, so nothing is
+sent twice.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
 RAW_LOSS = "train loss"
-SMOOTH_LOSS = "train loss (moving avg)"
+SMOOTH_LOSS = "train loss (smoothed)"
 EVAL_LOSS = "eval loss"
 LOSS_SERIES = (RAW_LOSS, SMOOTH_LOSS, EVAL_LOSS)
 # Fixed colours so raw, smoothed and eval loss never come out as two shades of one blue; mid-tones
-# read on both the light and the dark theme.
+# read on both the light and the dark theme (the page's theme sets background and text colours).
 LOSS_COLOURS = {RAW_LOSS: "#4c78a8", SMOOTH_LOSS: "#f58518", EVAL_LOSS: "#e45756"}
+LINE_COLOUR = "#54a24b"
+
+# x column -> label for pickers and axis titles. "wall time" is seconds since the run started.
+X_AXES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time"}
+AXIS_TITLES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time (s)"}
+# The small charts of the live page: metric column -> title.
+LINE_METRICS = {"learning_rate": "Learning rate", "grad_norm": "Grad norm", "tokens_per_s": "Tokens/s"}
+COMPARE_METRICS = {"loss": "Train loss", "eval_loss": "Eval loss"}
+COMPARE_ALIGN = ("step", "tokens_seen")
+MISSING = "—"
+LOSS_HEIGHT = 280
+LINE_HEIGHT = 220
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """How the train-loss line is smoothed.
+
+    ``window``: trailing mean of the last ``value`` finite points (``value`` >= 1; 1 means none).
+    ``ema``: TensorBoard's debiased exponential moving average with weight ``value`` in [0, 1):
+    ``s_t = sum(w**i * x_(t-i)) / sum(w**i)`` over the finite points so far (0 means none). It
+    weights logged points, not time, exactly like TensorBoard's smoothing slider.
+    """
+
+    kind: str = "window"
+    value: float = 10
+
+    def __post_init__(self) -> None:
+        if self.kind == "window":
+            if self.value < 1 or int(self.value) != self.value:
+                raise ValueError(f"a smoothing window must be a whole number >= 1, got {self.value}")
+        elif self.kind == "ema":
+            if not 0 <= self.value < 1:
+                raise ValueError(f"an EMA weight must be in [0, 1), got {self.value}")
+        else:
+            raise ValueError(f"smoothing kind must be 'window' or 'ema', got {self.kind!r}")
+
+    @property
+    def label(self) -> str:
+        return f"moving average of {int(self.value)}" if self.kind == "window" else f"EMA {self.value:g}"
+
+
+NO_SMOOTHING = Smoothing("window", 1)
+
+
+# ---------------------------------------------------------------------- numbers
+def _numeric(values: pd.Series) -> pd.Series:
+    """Floats with None/NaN/inf all turned into NaN (DB columns arrive as object dtype)."""
+    out = pd.to_numeric(values, errors="coerce").astype(float)
+    return out.where(np.isfinite(out))
 
 
 def finite_column(df: pd.DataFrame, name: str) -> pd.Series:
@@ -27,10 +86,69 @@ def finite_column(df: pd.DataFrame, name: str) -> pd.Series:
     return _numeric(df[name]).dropna()
 
 
-def _numeric(values: pd.Series) -> pd.Series:
-    """Floats with None/NaN/inf all turned into NaN (DB columns arrive as object dtype)."""
-    out = pd.to_numeric(values, errors="coerce").astype(float)
-    return out.where(np.isfinite(out))
+def smooth(series: pd.Series, window: int) -> pd.Series:
+    """Trailing moving average over the last ``window`` finite values (NaN where the input was not finite)."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    values = _numeric(pd.Series(series))
+    finite = values.dropna()
+    return finite.rolling(int(window), min_periods=1).mean().reindex(values.index)
+
+
+def ema(series: pd.Series, weight: float) -> pd.Series:
+    """TensorBoard-style debiased EMA over the finite values (NaN where the input was not finite).
+
+    With ``adjust=True`` pandas computes ``sum(w**i x_(t-i)) / sum(w**i)``, which is TensorBoard's
+    ``last / (1 - w**n)`` debiasing written the other way round.
+    """
+    if not 0 <= weight < 1:
+        raise ValueError(f"EMA weight must be in [0, 1), got {weight}")
+    values = _numeric(pd.Series(series))
+    finite = values.dropna()
+    return finite.ewm(alpha=1 - weight, adjust=True).mean().reindex(values.index)
+
+
+def apply_smoothing(series: pd.Series, smoothing: Smoothing) -> pd.Series:
+    """``smooth`` or ``ema``, as ``smoothing`` says."""
+    if smoothing.kind == "ema":
+        return ema(series, smoothing.value)
+    return smooth(series, int(smoothing.value))
+
+
+def _smoothed(values: np.ndarray, smoothing: Smoothing) -> np.ndarray:
+    """``apply_smoothing`` for a float array with NaN gaps, without the conversions (it runs per refresh)."""
+    finite = np.isfinite(values)
+    out = np.full(len(values), np.nan)
+    series = pd.Series(values[finite])
+    if smoothing.kind == "ema":
+        out[finite] = series.ewm(alpha=1 - smoothing.value, adjust=True).mean().to_numpy()
+    else:
+        out[finite] = series.rolling(int(smoothing.value), min_periods=1).mean().to_numpy()
+    return out
+
+
+# ---------------------------------------------------------------------- downsampling
+def minmax_indices(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Sorted positions that keep the first and last value and every bucket's min and max.
+
+    ``values`` must be finite. The values between the first and last are cut into consecutive buckets
+    of ``ceil(inner / ((max_points - 2) // 2))`` values (the last one may be shorter), so at most
+    ``max_points`` positions come back. The first occurrence wins on ties. Vectorised (one padded
+    reshape and an argmin/argmax per row) because a 100k-step run goes through here on every refresh.
+    """
+    if max_points < 4:
+        raise ValueError(f"max_points must be at least 4, got {max_points}")
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    inner = values[1:-1]
+    size = -(-len(inner) // ((max_points - 2) // 2))  # ceil division: values per bucket
+    rows = -(-len(inner) // size)
+    pad = rows * size - len(inner)
+    lows = np.concatenate((inner, np.full(pad, np.inf))).reshape(rows, size).argmin(axis=1)
+    highs = np.concatenate((inner, np.full(pad, -np.inf))).reshape(rows, size).argmax(axis=1)
+    starts = np.arange(rows) * size + 1  # +1: inner starts at position 1
+    return np.unique(np.concatenate(([0, n - 1], starts + lows, starts + highs)))
 
 
 def downsample_minmax(df: pd.DataFrame, x: str, y: str, max_points: int) -> pd.DataFrame:
@@ -43,87 +161,280 @@ def downsample_minmax(df: pd.DataFrame, x: str, y: str, max_points: int) -> pd.D
         raise ValueError(f"max_points must be at least 4, got {max_points}")
     ys = _numeric(df[y]) if y in df else pd.Series(np.nan, index=df.index)
     xs = _numeric(df[x]) if x in df else pd.Series(np.nan, index=df.index)
-    data = df.loc[ys.notna() & xs.notna()]
-    data = data.iloc[np.argsort(xs[data.index].to_numpy(), kind="stable")].reset_index(drop=True)
-    n = len(data)
-    if n <= max_points:
-        return data
-    buckets = (max_points - 2) // 2
-    inner = pd.Series(_numeric(data[y]).to_numpy()[1:-1], index=np.arange(1, n - 1))
-    bucket_of = np.arange(n - 2) * buckets // (n - 2)
-    grouped = inner.groupby(bucket_of)
-    keep = np.union1d(grouped.idxmin().to_numpy(), grouped.idxmax().to_numpy())
-    keep = np.union1d(keep, [0, n - 1])
-    return data.iloc[keep].reset_index(drop=True)
+    ok = (ys.notna() & xs.notna()).to_numpy()
+    order = np.argsort(xs.to_numpy()[ok], kind="stable")
+    data = df.loc[ok].iloc[order].reset_index(drop=True)
+    return data.iloc[minmax_indices(ys.to_numpy()[ok][order], max_points)].reset_index(drop=True)
 
 
-def smooth(series: pd.Series, window: int) -> pd.Series:
-    """Trailing moving average over the last ``window`` finite values (NaN where the input was not finite)."""
-    if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
-    values = _numeric(pd.Series(series))
-    finite = values.dropna()
-    return finite.rolling(window, min_periods=1).mean().reindex(values.index)
+# ---------------------------------------------------------------------- preparing a metrics frame
+def _column(df: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in df:
+        return np.full(len(df), np.nan)
+    values = df[name]
+    if values.dtype == object:  # DB and snapshot frames: None mixed with numbers
+        values = pd.to_numeric(values, errors="coerce")
+    out = values.to_numpy(dtype=float, na_value=np.nan)
+    return np.where(np.isfinite(out), out, np.nan)
 
 
-def _long(df: pd.DataFrame, x: str, y: str, series: str, max_points: int) -> pd.DataFrame:
-    """Downsampled ``x``/``value``/``series`` rows for one column of ``df``."""
-    if df.empty or y not in df or x not in df:
-        return pd.DataFrame({x: pd.Series(dtype=float), "value": pd.Series(dtype=float), "series": pd.Series(dtype=str)})
-    thin = downsample_minmax(df[[x, y]], x, y, max_points)
-    return pd.DataFrame({x: _numeric(thin[x]).to_numpy(), "value": _numeric(thin[y]).to_numpy(), "series": series})
+def x_values(df: pd.DataFrame, x: str, steps: np.ndarray | None = None) -> np.ndarray:
+    """The x coordinate of every row of ``df`` (sorted by step or not), NaN where it cannot be known.
+
+    ``elapsed_s`` falls back to ``wall_time`` minus the first wall time when no row has it. Rows
+    without a value of their own (eval rows carry only step and eval loss) get one interpolated over
+    step from the rows that have it, so eval loss can be drawn against every x axis.
+    """
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
+    steps = _column(df, "step") if steps is None else steps
+    if x == "step":
+        return steps
+    values = _column(df, x)
+    if x == "elapsed_s" and not np.isfinite(values).any():
+        wall = _column(df, "wall_time")
+        known = wall[np.isfinite(wall)]
+        values = wall - (known[np.argmin(steps[np.isfinite(wall)])] if len(known) else 0.0)
+    missing = np.isnan(values) & np.isfinite(steps)
+    known = np.isfinite(values) & np.isfinite(steps)
+    if missing.any() and known.any():
+        order = np.argsort(steps[known], kind="stable")
+        values = values.copy()
+        values[missing] = np.interp(steps[missing], steps[known][order], values[known][order])
+    return values
 
 
-def _encode(base: alt.Chart, x: str, y_title: str, domain: list[str]) -> alt.Chart:
-    return base.encode(
-        x=alt.X(f"{x}:Q", title=x.replace("_", " ")),
-        y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"),
-                        scale=alt.Scale(domain=domain, range=[LOSS_COLOURS[d] for d in domain])
-                        if all(d in LOSS_COLOURS for d in domain) else alt.Scale(domain=domain)),
-        tooltip=[alt.Tooltip(f"{x}:Q", title=x), alt.Tooltip("series:N", title="series"),
-                 alt.Tooltip("value:Q", title=y_title)],
-    )
+@dataclass(frozen=True)
+class _Prepared:
+    """Float columns of a metrics frame sorted by step, with the chosen x filled in."""
+
+    x: str
+    step: np.ndarray
+    xs: np.ndarray
+    columns: dict[str, np.ndarray]
 
 
-def loss_chart(df: pd.DataFrame, x: str = "step", window: int = 10, max_points: int = 1000) -> alt.LayerChart:
-    """Raw train-loss points, their moving average as a line, and eval loss when the run has any."""
-    frames = []
-    if "loss" in df and x in df:
-        train = pd.DataFrame({x: df[x], "loss": _numeric(df["loss"])}).dropna()
-        train = train.iloc[np.argsort(_numeric(train[x]).to_numpy(), kind="stable")]
-        train["smoothed"] = smooth(train["loss"], window)
-        frames += [_long(train, x, "loss", RAW_LOSS, max_points), _long(train, x, "smoothed", SMOOTH_LOSS, max_points)]
-    if "eval_loss" in df and x in df:
-        frames.append(_long(df, x, "eval_loss", EVAL_LOSS, max_points))
-    frames = [f for f in frames if not f.empty]
-    data = pd.concat(frames, ignore_index=True) if frames else _long(pd.DataFrame(), x, "loss", RAW_LOSS, max_points)
-    domain = [s for s in LOSS_SERIES if s in set(data["series"])] or [RAW_LOSS]
-    base = _encode(alt.Chart(data), x, "loss", domain)
-    points = base.transform_filter(alt.datum.series == RAW_LOSS).mark_circle(size=30, opacity=0.55)
-    avg = base.transform_filter(alt.datum.series == SMOOTH_LOSS).mark_line(strokeWidth=2)
-    evals = base.transform_filter(alt.datum.series == EVAL_LOSS).mark_line(point=True, strokeDash=[4, 3])
-    return alt.layer(points, avg, evals).properties(title="Loss", height=280).interactive(bind_y=False)
+def _prepare(df: pd.DataFrame, x: str, columns: tuple[str, ...]) -> _Prepared:
+    steps = _column(df, "step")
+    xs = x_values(df, x, steps)
+    found = {c: _column(df, c) for c in columns if c in df}
+    if np.any(steps[1:] < steps[:-1]):  # frames from the store and the live state come sorted already
+        order = np.argsort(steps, kind="stable")
+        steps, xs, found = steps[order], xs[order], {c: v[order] for c, v in found.items()}
+    return _Prepared(x, steps, xs, found)
 
 
-def line_chart(df: pd.DataFrame, y: str, title: str, x: str = "step", max_points: int = 1000) -> alt.Chart:
-    """One metric over steps (learning rate, grad norm, tokens/s), NaN-free and downsampled."""
-    data = _long(df, x, y, title, max_points) if y in df else _long(pd.DataFrame(), x, y, title, max_points)
-    base = _encode(alt.Chart(data), x, title, [title])
-    return base.mark_line(point=len(data) < 40).properties(title=title, height=220).interactive(bind_y=False)
+def _series_rows(prep: _Prepared, values: np.ndarray, label: str, key: str, max_points: int,
+                 positive: bool = False) -> pd.DataFrame:
+    """Downsampled long rows of one series: finite x and y only (and y > 0 for a log axis)."""
+    ok = np.isfinite(values) & np.isfinite(prep.xs)
+    if positive:
+        ok &= values > 0
+    rows = np.flatnonzero(ok)
+    if prep.x != "step" and np.any(np.diff(prep.xs[rows]) < 0):  # epoch/tokens/time may not follow step
+        rows = rows[np.argsort(prep.xs[rows], kind="stable")]
+    rows = rows[minmax_indices(values[rows], max_points)]
+    return _long_frame(prep.x, prep.xs[rows], prep.step[rows], values[rows], label, key)
 
 
-def compare_loss_chart(frames: dict[str, pd.DataFrame], x: str = "step", window: int = 10,
-                       max_points: int = 500) -> alt.Chart:
-    """Smoothed train loss of several runs, one colour per run name."""
-    parts = []
-    for name, df in frames.items():
-        if "loss" not in df or x not in df:
-            continue
-        train = pd.DataFrame({x: df[x], "loss": _numeric(df["loss"])}).dropna()
-        train["smoothed"] = smooth(train["loss"], window)
-        parts.append(_long(train, x, "smoothed", name, max_points))
+def _long_frame(x: str, xs, steps, values, label: str, key: str) -> pd.DataFrame:
+    data = {x: xs, "step": steps} if x != "step" else {"step": steps}
+    data.update(value=values, series=label, key=key)
+    return pd.DataFrame(data)
+
+
+def _empty_rows(x: str) -> pd.DataFrame:
+    return _long_frame(x, np.array([], dtype=float), np.array([], dtype=float), np.array([], dtype=float), "", "")
+
+
+def _concat(parts: list[pd.DataFrame], x: str) -> pd.DataFrame:
     parts = [p for p in parts if not p.empty]
-    data = pd.concat(parts, ignore_index=True) if parts else _long(pd.DataFrame(), x, "loss", "", max_points)
-    base = _encode(alt.Chart(data), x, "loss (moving avg)", list(frames))
-    return base.mark_line().properties(title="Loss by run", height=280).interactive(bind_y=False)
+    if not parts:
+        return _empty_rows(x)
+    data = pd.concat(parts, ignore_index=True)
+    if pd.Series(data["step"]).notna().all():
+        data["step"] = data["step"].astype(np.int64)  # whole steps read "310", not "310.0"
+    return data
+
+
+# ---------------------------------------------------------------------- chart assembly
+def _exact(field: str) -> str:
+    """A Vega expression that prints a number exactly (JS shortest round-trip) or a dash."""
+    return f"isValid(datum['{field}']) ? '' + datum['{field}'] : '{MISSING}'"
+
+
+class TrustedLayerChart(alt.LayerChart):
+    """A LayerChart whose ``to_dict()`` skips JSON-schema validation unless asked for it.
+
+    Streamlit serialises every chart with ``to_dict()`` on every refresh, and validating one layered
+    spec against the Vega-Lite schema costs ~40 ms, more than everything else a refresh does. The specs
+    come from the fixed template below; tests validate every variant with ``to_dict(validate=True)``.
+    """
+
+    def to_dict(self, validate: bool = False, **kwargs) -> dict:
+        return super().to_dict(validate=validate, **kwargs)
+
+    def copy(self, deep: bool | Iterable = True, ignore: list[str] | None = None) -> TrustedLayerChart:
+        """As Altair's copy, but a shallow copy skips re-running ``LayerChart.__init__``.
+
+        That init hoists layer params and deep-copies every layer (~10 ms a chart, twice per refresh:
+        here and inside ``to_dict``); the template was combined when it was built, so a shallow copy
+        only needs its own attribute dict.
+        """
+        if deep is not False:
+            return super().copy(deep=deep, ignore=ignore)
+        clone = object.__new__(type(self))
+        object.__setattr__(clone, "_args", self._args)  # how SchemaBase.__init__ stores them
+        object.__setattr__(clone, "_kwds", dict(self._kwds))
+        return clone
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Everything about a chart except its data: the key of the template cache."""
+
+    x: str
+    series: tuple[tuple[str, str], ...]  # (key, label) in legend order
+    marks: tuple[str, ...]               # per series: "points", "line", "line+points" or "dashed"
+    colours: tuple[str, ...] | None      # per series; None: the default scheme
+    title: str
+    subtitle: str
+    y_title: str
+    log_scale: bool
+    height: int
+
+
+@lru_cache(maxsize=256)
+def _template(shape: _Shape) -> TrustedLayerChart:
+    """The data-free chart of one shape. Built once: building Altair objects costs more than the data."""
+    x = shape.x
+    labels = [label for _, label in shape.series]
+    scale = alt.Scale(domain=labels, range=list(shape.colours)) if shape.colours else alt.Scale(domain=labels)
+    y_scale = alt.Scale(type="log") if shape.log_scale else alt.Scale(zero=False)
+    base = alt.Chart().encode(
+        x=alt.X(f"{x}:Q", title=AXIS_TITLES[x]),
+        y=alt.Y("value:Q", title=shape.y_title + (" (log)" if shape.log_scale else ""), scale=y_scale),
+        color=alt.Color("series:N", title=None, scale=scale, legend=alt.Legend(orient="bottom")),
+    )
+    zoom = alt.selection_interval(bind="scales", name="zoom")  # drag pans, wheel zooms, double-click resets
+    layers = []
+    for i, ((key, _), mark) in enumerate(zip(shape.series, shape.marks)):
+        layer = base.transform_filter(alt.datum.key == key)
+        if mark == "points":
+            layer = layer.mark_circle(size=24, opacity=0.5)
+        elif mark == "dashed":  # eval loss: few points, joined by a dashed line
+            layer = layer.mark_line(strokeWidth=2, point=True, strokeDash=[4, 3])
+        else:
+            layer = layer.mark_line(strokeWidth=2, point=mark == "line+points")
+        layers.append(layer.add_params(zoom) if i == 0 else layer)
+
+    # The tooltip rule: the browser pivots the long rows to one row per x, so every series' exact
+    # value at the hovered x is listed (a dash where a series has no point there).
+    nearest = alt.selection_point(nearest=True, on="pointerover", clear="pointerout", fields=[x], empty=False,
+                                  name="hover")
+    tooltip = [alt.Tooltip("x_text:N", title=X_AXES[x])] if x != "step" else []
+    tooltip.append(alt.Tooltip("step:Q", title="step"))
+    tooltip += [alt.Tooltip(f"{key}_text:N", title=label) for key, label in shape.series]
+    rule = alt.Chart().transform_pivot("key", value="value", groupby=[x] if x == "step" else [x, "step"], op="max")
+    for key, _ in shape.series:
+        rule = rule.transform_calculate(**{f"{key}_text": _exact(key)})
+    if x != "step":
+        rule = rule.transform_calculate(x_text=_exact(x))
+    rule = rule.mark_rule(color="gray").encode(
+        x=alt.X(f"{x}:Q"),
+        opacity=alt.when(nearest).then(alt.value(0.6)).otherwise(alt.value(0)),
+        tooltip=tooltip,
+    ).add_params(nearest)
+    title = alt.Title(shape.title, subtitle=shape.subtitle) if shape.subtitle else shape.title
+    return TrustedLayerChart(layer=[*layers, rule], title=title, height=shape.height)
+
+
+def _chart(data: pd.DataFrame, shape: _Shape) -> TrustedLayerChart:
+    chart = _template(shape).copy(deep=False)  # the cached template itself is never changed
+    chart.data = data
+    return chart
+
+
+# ---------------------------------------------------------------------- public charts
+def _loss_chart(prep: _Prepared, smoothing: Smoothing, log_scale: bool, max_points: int) -> TrustedLayerChart:
+    parts, series = [], []
+    loss = prep.columns.get("loss")
+    if loss is not None and np.isfinite(loss).any():
+        smoothed = _smoothed(loss, smoothing)
+        parts += [_series_rows(prep, loss, RAW_LOSS, "raw", max_points, log_scale),
+                  _series_rows(prep, smoothed, SMOOTH_LOSS, "smooth", max_points, log_scale)]
+        series += [("raw", RAW_LOSS), ("smooth", SMOOTH_LOSS)]
+    evals = prep.columns.get("eval_loss")
+    if evals is not None and np.isfinite(evals).any():
+        parts.append(_series_rows(prep, evals, EVAL_LOSS, "eval", max_points, log_scale))
+        series.append(("eval", EVAL_LOSS))
+    data = _concat(parts, prep.x)
+    series = series or [("raw", RAW_LOSS)]
+    marks = {"raw": "points", "smooth": "line", "eval": "dashed"}
+    subtitle = f"smoothing: {smoothing.label}" if smoothing != NO_SMOOTHING else ""
+    return _chart(data, _Shape(prep.x, tuple(series), tuple(marks[key] for key, _ in series),
+                               tuple(LOSS_COLOURS[label] for _, label in series), "Loss", subtitle, "loss", log_scale,
+                               LOSS_HEIGHT))
+
+
+def _line_chart(prep: _Prepared, y: str, title: str, max_points: int) -> TrustedLayerChart:
+    values = prep.columns.get(y, np.full(len(prep.step), np.nan))
+    data = _concat([_series_rows(prep, values, title, "v", max_points)], prep.x)
+    many = int(np.isfinite(values).sum()) >= 40
+    return _chart(data, _Shape(prep.x, (("v", title),), ("line" if many else "line+points",), (LINE_COLOUR,), title,
+                               "", title, False, LINE_HEIGHT))
+
+
+def loss_chart(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smoothing("window", 10),
+               log_scale: bool = False, max_points: int = 1000) -> TrustedLayerChart:
+    """Raw train-loss points, their smoothed line and eval loss (when the run has any) on one y axis.
+
+    Smoothing runs on the full-resolution loss; each series is then min/max downsampled to at most
+    ``max_points`` points. On a log axis, values <= 0 are left out (they have no place on it).
+    """
+    return _loss_chart(_prepare(df, x, ("loss", "eval_loss")), smoothing, log_scale, max_points)
+
+
+def line_chart(df: pd.DataFrame, y: str, title: str, x: str = "step", max_points: int = 1000) -> TrustedLayerChart:
+    """One metric (learning rate, grad norm, tokens/s) over ``x``, NaN-free and downsampled."""
+    return _line_chart(_prepare(df, x, (y,)), y, title, max_points)
+
+
+def live_charts(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smoothing("window", 10),
+                log_scale: bool = False, max_points: int = 1000) -> dict[str, TrustedLayerChart]:
+    """Every chart of the live page: ``"loss"`` always, then one per metric of ``LINE_METRICS`` with data."""
+    prep = _prepare(df, x, ("loss", "eval_loss", *LINE_METRICS))
+    out = {"loss": _loss_chart(prep, smoothing, log_scale, max_points)}
+    for column, title in LINE_METRICS.items():
+        values = prep.columns.get(column)
+        if values is not None and np.isfinite(values).any():
+            out[column] = _line_chart(prep, column, title, max_points)
+    return out
+
+
+def compare_chart(frames: dict[str, pd.DataFrame], metric: str = "loss", align: str = "step",
+                  smoothing: Smoothing = Smoothing("window", 10), max_points: int = 500) -> TrustedLayerChart:
+    """One line per run label of train loss (smoothed) or eval loss (as logged), aligned by step or tokens.
+
+    Eval loss is not smoothed: each eval point is already a mean over the whole eval set.
+    """
+    if metric not in COMPARE_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(COMPARE_METRICS)}, got {metric!r}")
+    if align not in COMPARE_ALIGN:
+        raise ValueError(f"align must be one of {', '.join(COMPARE_ALIGN)}, got {align!r}")
+    parts, series = [], []
+    for i, (label, df) in enumerate(frames.items()):
+        key = f"r{i}"
+        series.append((key, label))
+        prep = _prepare(df, align, (metric,))
+        values = prep.columns.get(metric)
+        if values is None:
+            continue
+        if metric == "loss":
+            values = _smoothed(values, smoothing)
+        parts.append(_series_rows(prep, values, label, key, max_points))
+    data = _concat(parts, align)
+    many = max((int((data["key"] == k).sum()) for k, _ in series), default=0) >= 40
+    subtitle = f"smoothing: {smoothing.label}" if metric == "loss" and smoothing != NO_SMOOTHING else ""
+    return _chart(data, _Shape(align, tuple(series), ("line" if many else "line+points",) * len(series), None,
+                               COMPARE_METRICS[metric], subtitle, COMPARE_METRICS[metric].lower(), False, LOSS_HEIGHT))

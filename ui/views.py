@@ -5,11 +5,17 @@ orchestrator, so tests can drive them with synthetic data through ``AppTest.from
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
 from trainer_core import charts
+from trainer_core.alerts import LABELS as ALERT_LABELS
 from trainer_core.live import LiveSnapshot
+from trainer_core.resources import ResourceSample
 from trainer_core.status import RunStatus
 from ui import format as fmt
 
@@ -27,6 +33,19 @@ SPARK_POINTS = 60
 NO_RUNS = "No runs yet. Start one on the **New run** page."
 LOSS_HEIGHT = 380
 SMALL_HEIGHT = 280
+ALERTS_SHOWN = 5
+SMOOTHING_KINDS = {"window": "Moving avg", "ema": "EMA"}
+DEFAULT_WINDOW = 10
+DEFAULT_EMA = 0.6
+
+
+@dataclass(frozen=True)
+class ChartOptions:
+    """What the chart controls chose: x axis, smoothing of the train loss, log-scale y."""
+
+    x: str = "step"
+    smoothing: charts.Smoothing = field(default_factory=lambda: charts.Smoothing("window", DEFAULT_WINDOW))
+    log_scale: bool = False
 
 
 def stop_without_runs(runs: list) -> None:
@@ -87,19 +106,112 @@ def render_nonfinite(df: pd.DataFrame) -> None:
                f"{len(flagged)} logged step(s) in all. They are left out of the charts.", icon="⚠️")
 
 
-def render_charts(df: pd.DataFrame, window: int = 10) -> None:
-    """Loss (raw points, moving average, eval overlay) plus grad norm, learning rate and tokens/s."""
+def persistent_key(key: str, default: Any) -> str:
+    """A widget key whose value survives pages that do not draw the widget (Streamlit drops those)."""
+    if key not in st.session_state:
+        st.session_state[key] = st.session_state.get(f"_saved_{key}", default)
+    return key
+
+
+def persisted(key: str) -> Any:
+    """The widget's value now, saved for when the widget is next drawn (see ``persistent_key``)."""
+    value = st.session_state[key]
+    st.session_state[f"_saved_{key}"] = value
+    return value
+
+
+def smoothing_control(key_prefix: str, kind_col: Any, amount_col: Any) -> charts.Smoothing:
+    """Smoothing kind (radio) in ``kind_col`` and its window or EMA weight (slider) in ``amount_col``."""
+    kind_key = persistent_key(f"{key_prefix}_smoothing", "window")
+    kind_col.radio("Smoothing", list(SMOOTHING_KINDS), format_func=SMOOTHING_KINDS.get, horizontal=True,
+                   key=kind_key, help="Moving average of the last N logged steps, or TensorBoard's "
+                                      "debiased exponential moving average.")
+    if persisted(kind_key) == "ema":
+        weight_key = persistent_key(f"{key_prefix}_ema", DEFAULT_EMA)
+        amount_col.slider("EMA weight", 0.0, 0.99, step=0.01, key=weight_key, help="0 shows the raw loss.")
+        return charts.Smoothing("ema", persisted(weight_key))
+    window_key = persistent_key(f"{key_prefix}_window", DEFAULT_WINDOW)
+    amount_col.slider("Window (logged steps)", 1, 200, key=window_key, help="1 shows the raw loss.")
+    return charts.Smoothing("window", persisted(window_key))
+
+
+def chart_controls(key_prefix: str) -> ChartOptions:
+    """Compact chart controls in one row; widget keys start with ``key_prefix``.
+
+    Call it outside an auto-refreshing fragment, or a click reruns only that fragment (both work).
+    """
+    axis_col, kind_col, amount_col, log_col = st.columns([2, 2, 3, 1.4], vertical_alignment="bottom")
+    x_key = persistent_key(f"{key_prefix}_x", "step")
+    axis_col.selectbox("X axis", list(charts.X_AXES), format_func=charts.X_AXES.get, key=x_key)
+    smoothing = smoothing_control(key_prefix, kind_col, amount_col)
+    log_key = persistent_key(f"{key_prefix}_log", False)
+    log_col.toggle("Log y", key=log_key, help="Logarithmic loss axis (values <= 0 are left out).")
+    return ChartOptions(x=persisted(x_key), smoothing=smoothing, log_scale=persisted(log_key))
+
+
+def render_charts(df: pd.DataFrame, options: ChartOptions | None = None, window: int | None = None) -> None:
+    """Loss (raw points, smoothed line, eval overlay) plus grad norm, learning rate and tokens/s.
+
+    ``window`` is the older way to ask for a moving average; ``options`` wins when both are given.
+    """
     if df is None or df.empty or "step" not in df:
         st.caption("No metrics logged yet.")
         return
+    if options is None:
+        options = ChartOptions(smoothing=charts.Smoothing("window", window or DEFAULT_WINDOW))
+    built = charts.live_charts(df, x=options.x, smoothing=options.smoothing, log_scale=options.log_scale)
     # An explicit element height: with "content" the Streamlit theme squeezes the plot area.
-    st.altair_chart(charts.loss_chart(df, window=window), theme="streamlit", width="stretch", height=LOSS_HEIGHT)
-    extra = [(name, title) for name, title in (("grad_norm", "Grad norm"), ("learning_rate", "Learning rate"),
-                                               ("tokens_per_s", "Tokens/s")) if len(charts.finite_column(df, name))]
-    for column, (name, title) in zip(st.columns(len(extra)) if extra else [], extra):
+    st.altair_chart(built.pop("loss"), theme="streamlit", width="stretch", height=LOSS_HEIGHT)
+    for column, chart in zip(st.columns(len(built)) if built else [], built.values()):
         with column:
-            st.altair_chart(charts.line_chart(df, name, title), theme="streamlit", width="stretch",
-                            height=SMALL_HEIGHT)
+            st.altair_chart(chart, theme="streamlit", width="stretch", height=SMALL_HEIGHT)
+
+
+def alert_badge(count: int) -> str:
+    """``:red-badge[⚠️ 3 alerts]`` for headers and markdown cells; empty when there are none."""
+    if not count:
+        return ""
+    return f":red-badge[⚠️ {count} alert{'s' if count != 1 else ''}]"
+
+
+def _alert_line(alert: Any) -> str:
+    return f"**{ALERT_LABELS.get(alert.kind, alert.kind)}** · {alert.message}"  # the message names the step
+
+
+def render_alerts(alerts: Iterable[Any]) -> None:
+    """A red badge with the count and the latest alerts (``.kind``, ``.step``, ``.message`` each)."""
+    alerts = list(alerts)
+    if not alerts:
+        return
+    latest = alerts[-ALERTS_SHOWN:][::-1]
+    lines = "\n".join(f"- {_alert_line(a)}" for a in latest)
+    st.markdown(f"{alert_badge(len(alerts))} latest first\n\n{lines}")
+    if len(alerts) > ALERTS_SHOWN:
+        with st.expander(f"All {len(alerts)} alerts"):
+            # Alert objects carry a step; stored "alert" events may not
+            st.dataframe(pd.DataFrame([{"step": getattr(a, "step", None),
+                                        "alert": ALERT_LABELS.get(a.kind, a.kind), "message": a.message}
+                                       for a in alerts]), hide_index=True)
+
+
+def render_resources(sample: ResourceSample | None) -> None:
+    """CPU and RAM of the worker process tree, and each GPU's utilisation and memory."""
+    if sample is None:
+        st.caption("Resource usage: the worker process is not running.")
+        return
+    gpus = sample.gpus
+    cols = st.columns(2 + 2 * len(gpus) if gpus else 3)
+    cols[0].metric("Worker CPU", f"{sample.cpu_percent:.0f}%", border=True,
+                   help="CPU of the worker and its child processes; 100% is one core.")
+    cols[1].metric("Worker RAM", fmt.memory(sample.rss_mb), border=True)
+    if not gpus:
+        cols[2].metric("GPU", "no GPU", border=True, help="No NVIDIA GPU is visible (or nvidia-ml-py is missing).")
+        return
+    for i, gpu in enumerate(gpus):
+        cols[2 + 2 * i].metric(f"GPU {gpu.index} util", f"{gpu.utilization_pct:.0f}%", help=gpu.name, border=True)
+        cols[3 + 2 * i].metric(f"GPU {gpu.index} memory",
+                               f"{fmt.memory(gpu.memory_used_mb)} / {fmt.memory(gpu.memory_total_mb)}",
+                               help=gpu.name, border=True)
 
 
 def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str) -> None:
@@ -115,8 +227,9 @@ def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str
         st.info("Cancelled: nothing was saved from this run.", icon=status.icon)
 
 
-def render_live(snapshot: LiveSnapshot | None) -> None:
-    """Everything the live view shows for one snapshot."""
+def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = None, alerts: Iterable[Any] = (),
+                resources: ResourceSample | None = None) -> None:
+    """Everything the live view shows for one snapshot (alerts and resources when the caller has them)."""
     if snapshot is None:
         st.info(NO_RUNS)
         return
@@ -127,9 +240,12 @@ def render_live(snapshot: LiveSnapshot | None) -> None:
     st.markdown(status_markdown(status, snapshot.phase) + (f"  \n{details}" if details else ""))
     label = f"step {snapshot.step:,} / {snapshot.total_steps:,}" if snapshot.total_steps else f"step {snapshot.step:,}"
     st.progress(snapshot.progress, text=label)
+    render_alerts(alerts)
     render_metrics(snapshot)
+    if resources is not None:
+        render_resources(resources)
     for message in snapshot.warnings:
         st.warning(message, icon="⚠️")
     render_nonfinite(snapshot.metrics)
     render_outcome(status, snapshot.error, snapshot.log_tail, snapshot.output_dir)
-    render_charts(snapshot.metrics)
+    render_charts(snapshot.metrics, options)

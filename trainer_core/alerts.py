@@ -1,0 +1,168 @@
+"""Training-health alerts from metric rows: non-finite loss or grad norm, grad-norm spikes, rising eval loss.
+
+Pure and incremental: the pump feeds each metric row to one ``AlertMonitor`` per run; ``replay`` runs
+the same rules over stored rows (e.g. after a server restart). The rules, exactly:
+
+* ``nonfinite_loss`` / ``nonfinite_grad_norm``: the value is NaN/inf, or its name is listed in the row's
+  ``nonfinite`` field (the event log stores non-finite numbers as None plus that name). One alert per
+  episode: it fires again only after a finite value of that metric was seen in between.
+* ``grad_spike``: a finite grad norm above ``spike_factor`` x the median of the previous
+  ``spike_window`` finite grad norms, once at least ``min_history`` of them exist. One alert per run of
+  consecutive spiking steps. Every finite grad norm (spikes too) enters the history.
+* ``eval_rising``: eval loss strictly above the previous evaluation ``eval_patience`` times in a row,
+  i.e. on the (patience + 1)-th evaluation of a rising streak; once per streak (a value that is not
+  higher ends it). Non-finite eval losses are ignored.
+
+Each metric of a step is taken once: a field is only read from a row whose step is later than the last
+step that field was read at, so a train row and an eval row of one step, or a row sent twice, never
+count twice. Missing values are None (use ``rows_from_frame`` for DataFrames, where missing is NaN).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+NONFINITE_LOSS = "nonfinite_loss"
+NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
+GRAD_SPIKE = "grad_spike"
+EVAL_RISING = "eval_rising"
+KINDS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_SPIKE, EVAL_RISING)
+LABELS = {NONFINITE_LOSS: "non-finite loss", NONFINITE_GRAD_NORM: "non-finite grad norm",
+          GRAD_SPIKE: "grad-norm spike", EVAL_RISING: "eval loss rising"}
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str      # one of KINDS
+    step: int
+    message: str   # names the value, e.g. "Grad norm 84.2 at step 310 is 21.1x its recent median (4)."
+
+
+def _num(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _nonfinite_names(row: dict[str, Any]) -> set[str]:
+    names = row.get("nonfinite") or ""
+    if isinstance(names, str):
+        return {n.strip() for n in names.split(",") if n.strip()}
+    return set(names)  # a dict or list of names, as events carry them
+
+
+def _read(row: dict[str, Any], name: str) -> tuple[bool, float | None]:
+    """(present, finite value or None when non-finite) of one metric in a row."""
+    value = row.get(name)
+    if name in _nonfinite_names(row):
+        return True, None
+    if value is None:
+        return False, None
+    value = float(value)
+    return True, value if math.isfinite(value) else None
+
+
+def _describe(row: dict[str, Any], name: str) -> str:
+    value = row.get(name)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return "NaN or inf"
+
+
+class AlertMonitor:
+    """The alert rules of one run, fed one metric row at a time (see the module docstring)."""
+
+    def __init__(self, spike_factor: float = 10.0, spike_window: int = 50, min_history: int = 10,
+                 eval_patience: int = 3):
+        if spike_factor <= 1 or spike_window < 1 or not 1 <= min_history <= spike_window or eval_patience < 1:
+            raise ValueError("need spike_factor > 1, spike_window >= 1, 1 <= min_history <= spike_window "
+                             f"and eval_patience >= 1; got {spike_factor}, {spike_window}, {min_history}, "
+                             f"{eval_patience}")
+        self.spike_factor = spike_factor
+        self.min_history = min_history
+        self.eval_patience = eval_patience
+        self._last_step: dict[str, int] = {}        # metric -> last step it was read at
+        self._in_episode: set[str] = set()          # non-finite kinds alerted and not yet finite again
+        self._grads: deque[float] = deque(maxlen=spike_window)
+        self._spiking = False
+        self._evals: list[tuple[int, float]] = []   # the current rising streak, starting at its low point
+        self._streak_alerted = False
+
+    def observe(self, row: dict[str, Any]) -> list[Alert]:
+        """The alerts this row raises (usually none)."""
+        step = int(row["step"])
+        alerts: list[Alert] = []
+        for name, check in (("loss", self._loss), ("grad_norm", self._grad_norm), ("eval_loss", self._eval_loss)):
+            present, value = _read(row, name)
+            if not present or step <= self._last_step.get(name, -math.inf):
+                continue
+            self._last_step[name] = step
+            alert = check(step, value, row)
+            if alert:
+                alerts.append(alert)
+        return alerts
+
+    def replay(self, rows: Iterable[dict[str, Any]]) -> list[Alert]:
+        """Observe every row in order and return all alerts raised."""
+        return [alert for row in rows for alert in self.observe(row)]
+
+    def _nonfinite(self, kind: str, step: int, value: float | None, text: str) -> Alert | None:
+        if value is not None:
+            self._in_episode.discard(kind)
+            return None
+        if kind in self._in_episode:
+            return None
+        self._in_episode.add(kind)
+        return Alert(kind, step, text)
+
+    def _loss(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
+        return self._nonfinite(NONFINITE_LOSS, step, value,
+                               f"Train loss is {_describe(row, 'loss')} at step {step}.")
+
+    def _grad_norm(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
+        alert = self._nonfinite(NONFINITE_GRAD_NORM, step, value,
+                                f"Grad norm is {_describe(row, 'grad_norm')} at step {step}.")
+        if value is None:
+            return alert
+        spike = None
+        if len(self._grads) >= self.min_history:
+            median = statistics.median(self._grads)
+            if median > 0 and value > self.spike_factor * median:
+                if not self._spiking:
+                    spike = Alert(GRAD_SPIKE, step, f"Grad norm {_num(value)} at step {step} is "
+                                                    f"{value / median:.3g}x its recent median ({_num(median)}).")
+                self._spiking = True
+            else:
+                self._spiking = False
+        self._grads.append(value)
+        return spike
+
+    def _eval_loss(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
+        if value is None:
+            return None
+        if self._evals and value > self._evals[-1][1]:
+            self._evals.append((step, value))
+        else:
+            self._evals = [(step, value)]
+            self._streak_alerted = False
+        rises = len(self._evals) - 1
+        if rises < self.eval_patience or self._streak_alerted:
+            return None
+        self._streak_alerted = True
+        start_step, start = self._evals[0]
+        return Alert(EVAL_RISING, step, f"Eval loss rose {rises} evaluations in a row: {_num(start)} at step "
+                                        f"{start_step} to {_num(value)} at step {step}.")
+
+
+def replay(rows: Iterable[dict[str, Any]], **settings: Any) -> list[Alert]:
+    """All alerts a fresh ``AlertMonitor(**settings)`` raises over ``rows``."""
+    return AlertMonitor(**settings).replay(rows)
+
+
+def rows_from_frame(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Metric rows of a DataFrame with missing values as None (a NaN cell is a gap, not a NaN loss)."""
+    return df.astype(object).where(df.notna(), None).to_dict("records")
