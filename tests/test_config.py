@@ -64,7 +64,7 @@ def test_defaults():
     (math.nan, "must be a finite number, got nan"),
     (math.inf, "must be a finite number, got inf"),
     (-math.inf, "must be a finite number, got -inf"),
-    (1.5, "set a positive learning rate such as 2e-4 (got 1.5)"),
+    (1.5, "must be > 0.0 and <= 1.0, got 1.5"),  # too high names the bound, not the "positive" fix
 ])
 def test_learning_rate(home, value, message):
     assert errors(learning_rate=value) == [FieldError("learning_rate", message)]

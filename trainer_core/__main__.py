@@ -43,6 +43,9 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError([FieldError("--set", f"expected key=value, got {item!r}")])
+        if key.strip() in SECRET_FIELDS:  # argv is visible to every user of the machine (ps, /proc)
+            raise ConfigError([FieldError(key.strip(), "secrets do not belong on the command line; set HF_TOKEN / "
+                                                       "WANDB_API_KEY in the environment")])
         data[key.strip()] = yaml.safe_load(value)
     cfg = TrainConfig.from_dict(data)
     cfg.hf_token = os.environ.get("HF_TOKEN", "")

@@ -346,7 +346,8 @@ def _check_range(cfg: TrainConfig, bad, name: str, low: float, high: float, *, l
     if too_low or too_high:
         lo = f"> {low}" if low_open else f">= {low}"
         hi = f"< {high}" if high_open else f"<= {high}"
-        bad(name, f"{fix} (got {value})" if fix else f"must be {lo} and {hi}, got {value}")
+        # the field's own fix text speaks about values that are too low; too high always names the bound
+        bad(name, f"{fix} (got {value})" if fix and too_low else f"must be {lo} and {hi}, got {value}")
 
 
 def _check_model(cfg: TrainConfig, bad) -> None:
@@ -387,8 +388,13 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
         bad("local_datasets", "choose a dataset: the bundled demo, an uploaded file, or a hub dataset id")
         return
     if cfg.hf_dataset:
-        if not _HUB_ID_RE.match(cfg.hf_dataset.strip()):
+        hub_id = cfg.hf_dataset.strip()
+        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/"):
             bad("hf_dataset", "a hub dataset id looks like org/name")
+        elif Path(hub_id).expanduser().exists():
+            # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
+            bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "
+                "put the path in local_datasets instead")
         if not cfg.train_split.strip():
             bad("train_split", "name the split to train on, e.g. train")
         return

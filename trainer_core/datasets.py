@@ -231,14 +231,21 @@ def _parse_json(text: str, name: str, field_name: str) -> list[dict]:
 
 def _parse_csv(text: str, name: str, field_name: str) -> list[dict]:
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    # strict: an unbalanced quote is an error, not a cell that silently swallows the rest of the file
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
     rows = []
+    start = 1  # the line the record being read starts on (a quoted cell may span lines)
     try:
+        reader.fieldnames  # noqa: B018 - reads the header row
+        start = reader.line_num + 1
         for row in reader:
             row.pop(None, None)  # cells beyond the header have no column name
             rows.append(row)
+            start = reader.line_num + 1
     except csv.Error as exc:
-        raise DatasetError(field_name, f"{name}: line {reader.line_num} is not valid CSV: {exc}") from None
+        raise DatasetError(field_name, f"{name}: line {start} is not valid CSV ({exc}). Check the quotes on that "
+                                       "line: a cell that contains a quote must be wrapped in quotes and "
+                                       "double it (\"\")") from None
     return rows
 
 

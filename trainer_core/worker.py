@@ -21,13 +21,25 @@ import psutil
 
 from trainer_core import checkpoints, control, datasets, paths
 from trainer_core import events as ev
-from trainer_core.config import TrainConfig
+from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.engines import choose_engine
 from trainer_core.status import RunStatus
 
 HEARTBEAT_S = 2.0
 OOM_HINT = ("Out of memory. Lower batch_size or max_seq_length, turn on gradient_checkpointing, "
             "or use QLoRA (4-bit) on a GPU.")
+
+
+class ModelLoadError(RuntimeError):
+    """The model (or its tokenizer) could not be loaded; the message names model_name and what to do."""
+
+
+def _model_load_message(cfg: TrainConfig, exc: OSError) -> str:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if looks_like_path(cfg.model_name) or cfg.model_name.startswith("bundled:"):
+        return f"model_name: could not load {cfg.model_name!r}: {reason}"
+    return (f"model_name: could not load {cfg.model_name!r} from the Hugging Face hub ({reason}). Check the id and "
+            "your network; gated models need an HF token; offline, only models already in the local cache work.")
 
 
 class Cancelled(Exception):
@@ -59,7 +71,10 @@ class Worker:
 
             model_ref = model_files.resolve_model(cfg, log=self.log)
             self.check_cancel()
-            model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
+            try:
+                model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
+            except OSError as exc:  # transformers' way to say "not found / cannot connect / no access"
+                raise ModelLoadError(_model_load_message(cfg, exc)) from exc
             self.check_cancel()
 
             self.status(RunStatus.STARTING, "preparing data")
@@ -98,20 +113,11 @@ class Worker:
             self.events.close()
 
     def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-        if cfg.hf_dataset:
-            train = datasets.load_hub(cfg, cfg.train_split)
-            evals = datasets.load_hub(cfg, cfg.eval_split).rows if cfg.eval_split else []
-        else:
-            train = datasets.load_local(cfg.local_datasets, cfg)
-            evals = (datasets.load_local(cfg.local_eval_datasets, cfg, field_name="local_eval_datasets",
-                                         apply_slice=False).rows if cfg.local_eval_datasets else [])
-        self.log(f"Dataset: {len(train.rows)} rows, format {train.format} ({train.reason})")
-        for reason, count in train.dropped.items():
+        data = datasets.load_for_training(cfg)  # the preview picks rows through the same function
+        self.log(f"Dataset: {len(data.train.rows)} rows, format {data.train.format} ({data.train.reason})")
+        for reason, count in data.train.dropped.items():
             self.warn(f"{count} training rows dropped: {reason}")
-        rows = train.rows
-        if not evals and cfg.eval_fraction > 0:
-            rows, evals = datasets.split_eval(train, cfg.eval_fraction, cfg.random_seed)
-        return rows, evals
+        return data.rows, data.eval_rows
 
     # ------------------------------------------------------------------ reporting
     def status(self, status: RunStatus, phase: str, message: str = "") -> None:
