@@ -1,0 +1,73 @@
+"""The same training job as a studio run, as a bare TRL script: no orchestrator, event log, database,
+heartbeat thread or control polling. The baseline (a) of ``bench/overhead.py``.
+
+Usage: ``python bench/bare_trl.py CONFIG_YAML OUT_DIR`` (PYTHONPATH at the repository root). Writes
+``OUT_DIR/result.json``: the wall time at each logged step, the losses and the torch thread count.
+
+It loads the model and builds the trainer with the engine's own functions (``load_model``, ``to_dataset``,
+``build_trainer``) rather than a hand-written SFTConfig: the arguments are then identical to the worker's
+by construction, so the benchmark measures what the studio adds around ``trainer.train()`` and not a
+drifted copy of the config. The only callback is a timer that stamps each log, at the same point of the
+step where the worker stamps its progress event.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from trainer_core import datasets
+from trainer_core.config import TrainConfig
+from trainer_core.engines import choose_engine
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python bench/bare_trl.py CONFIG_YAML OUT_DIR", file=sys.stderr)
+        return 2
+    cfg = TrainConfig.from_yaml(Path(argv[1]).read_text())
+    out = Path(argv[2])
+    if cfg.hf_dataset or cfg.local_eval_datasets or cfg.eval_fraction > 0:
+        print("bare_trl: local training data without an eval set only (the benchmark times the train loop)",
+              file=sys.stderr)
+        return 2
+    # The engine first, as in the worker: unsloth must be imported before transformers when it is used.
+    engine_name = choose_engine()
+    engine = importlib.import_module(f"trainer_core.engines.{engine_name}_engine")
+    import torch
+    from transformers import TrainerCallback
+
+    from trainer_core import model_files
+
+    class LogTimer(TrainerCallback):
+        """Wall time of every training log, like the worker's ProgressEvent.ts."""
+
+        def __init__(self):
+            self.steps: list[int] = []
+            self.times: list[float] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.times.append(time.time())
+                self.steps.append(state.global_step)
+
+    model, tokenizer = engine.load_model(cfg, model_files.resolve_model(cfg), None)
+    rows = datasets.load_local(cfg.local_datasets, cfg).rows
+    train_ds = engine.to_dataset(rows, cfg.train_on_completions)
+    timer = LogTimer()
+    trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, out / "checkpoints", out, [timer])
+    trainer.train()
+    trainer.save_model(str(out / "adapter"))  # the worker saves too; outside the timed loop on both sides
+    tokenizer.save_pretrained(str(out / "adapter"))
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    result = {"engine": engine_name, "torch_threads": torch.get_num_threads(), "steps": timer.steps,
+              "times": timer.times, "losses": losses, "final_loss": losses[-1] if losses else None}
+    (out / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,206 @@
+"""What the studio costs over a bare TRL script, on the same short training job.
+
+    .venv/bin/python bench/overhead.py [--steps 20] [--pairs 3] [--threads N] [--models DIR]
+
+(a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess.
+(b) the real path: ``Orchestrator(store).start(cfg)`` -> worker subprocess -> events.jsonl -> pump -> SQLite.
+
+Both are children of this process, started with the same environment, and run alternately (a b, b a,
+a b, ...) so load from other processes on a shared machine hits both sides alike. Speed is measured
+over the training loop only, with one definition for both: steps between the first and the last
+logged step divided by the wall time between their logs (for (b) the ``wall_time`` of the metric rows
+in the database, i.e. the ProgressEvent timestamps; for (a) ``time.time()`` in ``on_log``). Model
+loading, data preparation and saving are outside it. The bench process plays the dashboard: it never
+imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script: make trainer_core and db importable
+
+from db.store import Store
+from trainer_core.config import TrainConfig
+from trainer_core.orchestrator import Orchestrator
+from trainer_core.status import RunStatus
+
+PRESET = ROOT / "presets" / "cpu-demo.yaml"
+BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
+RUN_TIMEOUT_S = 1800
+
+
+@dataclass
+class Result:
+    side: str  # "a" (bare TRL) or "b" (studio)
+    steps: list[int]
+    times: list[float]
+    losses: list[float]
+    final_loss: float | None
+    launch_to_done_s: float  # process start to result, for information: includes loading and saving
+    cpu_s: float  # CPU seconds of the child and of this process (the pump) during the run: less sensitive to load than wall time
+
+    @property
+    def steps_per_s(self) -> float:
+        return steps_per_s(self.steps, self.times)
+
+    @property
+    def median_step_s(self) -> float:
+        """The median time of one logged step: robust to a burst of load from other processes."""
+        return statistics.median((t1 - t0) / (s1 - s0) for s0, s1, t0, t1 in
+                                 zip(self.steps, self.steps[1:], self.times, self.times[1:]))
+
+
+def steps_per_s(steps: list[int], times: list[float]) -> float:
+    """Steps from the first to the last logged step over the wall time between their logs."""
+    if len(steps) < 2 or times[-1] <= times[0]:
+        raise ValueError(f"need at least two logged steps to time the loop, got steps {steps}")
+    return (steps[-1] - steps[0]) / (times[-1] - times[0])
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads, the pump included) plus its reaped children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_config(steps: int) -> TrainConfig:
+    """The CPU demo preset (bundled model, bundled chat data, LoRA, seed 3407), shortened, without
+    eval or intermediate checkpoints, logging every step."""
+    cfg = TrainConfig.from_yaml(PRESET.read_text())
+    return replace(cfg, run_name="overhead bench", max_steps=steps, logging_steps=1, save_steps=0,
+                   eval_fraction=0.0, local_eval_datasets=[], enable_wandb=False, enable_tensorboard=False)
+
+
+def child_env() -> dict[str, str]:
+    """The environment the orchestrator gives its worker (Orchestrator._spawn), for the bare script too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
+    env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def run_bare(cfg: TrainConfig, work: Path, index: int) -> Result:
+    out = work / f"bare-{index}"
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text(cfg.to_yaml())
+    started, cpu = time.time(), cpu_seconds()
+    with open(out / "bare.log", "wb") as log:
+        code = subprocess.run([sys.executable, str(BARE_SCRIPT), str(out / "config.yaml"), str(out)],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
+                              timeout=RUN_TIMEOUT_S, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"bare run {index} exited with {code}; log:\n{_tail(out / 'bare.log')}")
+    data = json.loads((out / "result.json").read_text())
+    return Result("a", data["steps"], data["times"], data["losses"], data["final_loss"], time.time() - started,
+                  cpu_seconds() - cpu)
+
+
+def run_studio(orch: Orchestrator, cfg: TrainConfig, index: int) -> Result:
+    started, cpu = time.time(), cpu_seconds()
+    run_id = orch.start(replace(cfg, run_name=f"overhead bench {index}"))
+    snap = orch.wait(run_id, timeout=RUN_TIMEOUT_S)
+    done, cpu = time.time(), cpu_seconds() - cpu
+    if snap.status is not RunStatus.COMPLETED:
+        raise RuntimeError(f"studio run {run_id} ended {snap.status.value}: {snap.error}\n{orch.log_tail(run_id)}")
+    frame = orch.metrics(run_id)
+    train = frame[frame["loss"].notna()].sort_values("step")
+    run = orch.get_run(run_id)
+    return Result("b", [int(s) for s in train["step"]], [float(t) for t in train["wall_time"]],
+                  [float(v) for v in train["loss"]], run.final_loss, done - started, cpu)
+
+
+def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
+    """Exact equality of the per-step losses (both travel as JSON floats, which round-trip exactly),
+    and the largest absolute difference."""
+    if a.steps != b.steps or len(a.losses) != len(b.losses):
+        return False, math.inf
+    diff = max((abs(x - y) for x, y in zip(a.losses, b.losses)), default=0.0)
+    return a.losses == b.losses and a.final_loss == b.final_loss, diff
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
+    parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="set OMP_NUM_THREADS for both sides (default: leave torch's default; "
+                             "the worker does not set threads itself)")
+    parser.add_argument("--models", default=str(ROOT / ".test-cache" / "models"),
+                        help="converted-model cache shared with the tests (FINETUNE_STUDIO_MODELS)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data root")
+    args = parser.parse_args(argv)
+    if args.steps < 2 or args.pairs < 1:
+        parser.error("--steps must be at least 2 and --pairs at least 1")
+
+    work = Path(tempfile.mkdtemp(prefix="studio-overhead-"))
+    os.environ["FINETUNE_STUDIO_HOME"] = str(work / "home")
+    os.environ["FINETUNE_STUDIO_MODELS"] = str(Path(args.models).resolve())
+    os.environ.pop("DATABASE_URL", None)  # a throwaway SQLite database, never the user's one
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+    cfg = bench_config(args.steps)
+    errors = cfg.validate()
+    if errors:
+        print("config problems: " + "; ".join(map(str, errors)), file=sys.stderr)
+        return 2
+
+    print(f"bench: {args.pairs} pairs of {args.steps} steps, {cfg.model_label}, {cfg.method_label}, "
+          f"batch {cfg.batch_size}, seq {cfg.max_seq_length}, seed {cfg.random_seed}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, data root {work}", flush=True)
+    orch = Orchestrator(Store())
+    ratios: list[float] = []
+    pairs: list[tuple[Result, Result]] = []
+    try:
+        for i in range(args.pairs):
+            order = ("a", "b") if i % 2 == 0 else ("b", "a")  # alternate who goes first: cancels drift
+            done: dict[str, Result] = {}
+            for side in order:
+                done[side] = run_bare(cfg, work, i) if side == "a" else run_studio(orch, cfg, i)
+            a, b = done["a"], done["b"]
+            pairs.append((a, b))
+            ratios.append(b.steps_per_s / a.steps_per_s)
+            equal, diff = compare_losses(a, b)
+            print(f"pair {i + 1} ({order[0]} first): steps/s a {a.steps_per_s:.4f} b {b.steps_per_s:.4f} "
+                  f"b/a {ratios[-1]:.4f} | median step a {a.median_step_s:.3f}s b {b.median_step_s:.3f}s | "
+                  f"CPU a {a.cpu_s:.1f}s b {b.cpu_s:.1f}s | launch->done a {a.launch_to_done_s:.1f}s "
+                  f"b {b.launch_to_done_s:.1f}s | final loss a {a.final_loss!r} b {b.final_loss!r} "
+                  f"equal={equal} max|diff|={diff:.3g}", flush=True)
+    finally:
+        orch.close()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    median = statistics.median
+    all_equal = all(compare_losses(a, b)[0] for a, b in pairs)
+    same_across = len({tuple(r.losses) for pair in pairs for r in pair}) == 1
+    print(f"median steps/s: a {median(a.steps_per_s for a, _ in pairs):.4f}, "
+          f"b {median(b.steps_per_s for _, b in pairs):.4f}; median b/a {median(ratios):.4f} "
+          f"(pairs: {', '.join(f'{r:.4f}' for r in ratios)}; goal >= 0.98)")
+    print(f"median-step b/a (a step / b step, median over pairs): "
+          f"{median(a.median_step_s / b.median_step_s for a, b in pairs):.4f}; "
+          f"CPU b/a (median over pairs): {median(b.cpu_s / a.cpu_s for a, b in pairs):.4f}")
+    print(f"losses equal a vs b in every pair: {all_equal}; identical across all runs: {same_across}; "
+          f"final loss {pairs[0][0].final_loss!r}")
+    return 0 if all_equal else 1
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
