@@ -167,7 +167,7 @@ def test_loss_chart_smooths_with_ema():
     df = pd.DataFrame({"step": [1, 2, 3], "loss": [1.0, 2.0, 3.0]})
     chart = charts.loss_chart(df, smoothing=charts.Smoothing("ema", 0.5))
     assert series(chart_rows(chart), charts.SMOOTH_LOSS)["value"].tolist() == pytest.approx([1.0, 5 / 3, 17 / 7])
-    assert chart.to_dict()["title"] == {"text": "Loss", "subtitle": "smoothing: EMA 0.5"}
+    assert chart.to_dict()["title"] == "Loss"
 
 
 def test_loss_chart_overlays_eval_loss_with_an_exact_tooltip_at_each_step():
@@ -227,6 +227,21 @@ def test_loss_chart_smooths_before_downsampling():
     assert len(series(rows, charts.RAW_LOSS)) <= 200 and len(series(rows, charts.SMOOTH_LOSS)) <= 200
     # a full-resolution average of alternating 1/3 is 2 after warm-up; averaging thinned points would not be
     assert series(rows, charts.SMOOTH_LOSS)["value"].iloc[-1] == pytest.approx(2.0)
+
+
+def test_raw_and_smoothed_loss_share_their_steps_and_keep_eval_steps():
+    n = 5000
+    rng = np.random.default_rng(5)
+    df = pd.DataFrame({"step": np.arange(1, n + 1), "loss": rng.normal(2.0, 0.2, n)})
+    df.loc[df["step"] % 100 == 0, "eval_loss"] = 1.9
+    rows = chart_rows(charts.loss_chart(df, max_points=400))
+    raw, smoothed = series(rows, charts.RAW_LOSS), series(rows, charts.SMOOTH_LOSS)
+    assert raw["step"].tolist() == smoothed["step"].tolist()  # one tooltip row holds both
+    assert len(raw) <= 400
+    eval_steps = list(range(100, n + 1, 100))
+    assert set(eval_steps) <= set(raw["step"])  # 50 eval steps fit in a quarter of the budget
+    # with more eval steps than a quarter of the budget, the budget goes to min/max alone
+    assert not set(eval_steps) <= set(series(chart_rows(charts.loss_chart(df, max_points=150)), charts.RAW_LOSS)["step"])
 
 
 def test_loss_chart_accepts_database_frames_with_object_columns():
@@ -360,8 +375,10 @@ def test_compare_chart_has_one_series_per_run():
     assert series(rows, "a")["value"].tolist() == [2.0, 1.5]
     assert series(rows, "b")["value"].tolist() == [3.0]
     spec = chart.to_dict()
-    assert spec["layer"][0]["encoding"]["color"]["scale"] == {"domain": ["a", "b"]}
+    assert spec["layer"][0]["encoding"]["color"]["scale"] == {"domain": ["a", "b"],
+                                                              "range": list(charts.RUN_COLOURS[:2])}
     assert layer_tooltips(chart) == {"step": "step", "r0_text": "a", "r1_text": "b"}
+    assert spec["layer"][0]["encoding"]["y"]["title"] == "train loss (moving average of 2)"
 
 
 def test_compare_chart_aligns_eval_loss_by_tokens_without_smoothing():

@@ -135,7 +135,7 @@ def test_compare_page_draws_charts_table_and_diff(compare_home):
     charts = at.get("vega_lite_chart")
     assert len(charts) == 2  # train loss and eval loss
     loss_spec, eval_spec = (json.loads(c.proto.spec) for c in charts)
-    assert loss_spec["title"]["text"] == "Train loss" and eval_spec["title"] == "Eval loss"
+    assert loss_spec["title"] == "Train loss" and eval_spec["title"] == "Eval loss"
     assert loss_spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["alpha", "beta", "gamma"]
     assert [layer["mark"]["type"] for layer in loss_spec["layer"]] == ["line", "line", "line", "rule"]
     loss = chart_data(charts[0])

@@ -28,6 +28,8 @@ LOSS_SERIES = (RAW_LOSS, SMOOTH_LOSS, EVAL_LOSS)
 # read on both the light and the dark theme (the page's theme sets background and text colours).
 LOSS_COLOURS = {RAW_LOSS: "#4c78a8", SMOOTH_LOSS: "#f58518", EVAL_LOSS: "#e45756"}
 LINE_COLOUR = "#54a24b"
+# One colour per compared run (at most six): distinct hues, mid-tones for both themes.
+RUN_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2")
 
 # x column -> label for pickers and axis titles. "wall time" is seconds since the run started.
 X_AXES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time"}
@@ -224,16 +226,33 @@ def _prepare(df: pd.DataFrame, x: str, columns: tuple[str, ...]) -> _Prepared:
     return _Prepared(x, steps, xs, found)
 
 
-def _series_rows(prep: _Prepared, values: np.ndarray, label: str, key: str, max_points: int,
-                 positive: bool = False) -> pd.DataFrame:
-    """Downsampled long rows of one series: finite x and y only (and y > 0 for a log axis)."""
+def _kept_rows(prep: _Prepared, values: np.ndarray, max_points: int, positive: bool = False,
+               also: np.ndarray | None = None) -> np.ndarray:
+    """Row positions to plot for one series, in x order: finite x and y (y > 0 for a log axis), min/max
+    downsampled to at most ``max_points``. Rows flagged in ``also`` are kept too when they are few
+    (at most a quarter of the budget): the loss chart keeps train rows at eval steps that way, so the
+    tooltip there lists train and eval loss together."""
     ok = np.isfinite(values) & np.isfinite(prep.xs)
     if positive:
         ok &= values > 0
     rows = np.flatnonzero(ok)
     if prep.x != "step" and np.any(np.diff(prep.xs[rows]) < 0):  # epoch/tokens/time may not follow step
         rows = rows[np.argsort(prep.xs[rows], kind="stable")]
-    rows = rows[minmax_indices(values[rows], max_points)]
+    extra = np.flatnonzero(also[rows]) if also is not None else np.array([], dtype=np.int64)
+    if len(extra) > max_points // 4 or max_points - len(extra) < 4:
+        extra = extra[:0]
+    keep = minmax_indices(values[rows], max_points - len(extra))
+    return rows[np.union1d(keep, extra)]
+
+
+def _series_rows(prep: _Prepared, values: np.ndarray, label: str, key: str, max_points: int,
+                 positive: bool = False) -> pd.DataFrame:
+    """Downsampled long rows of one series (see ``_kept_rows``)."""
+    rows = _kept_rows(prep, values, max_points, positive)
+    return _rows_frame(prep, rows, values, label, key)
+
+
+def _rows_frame(prep: _Prepared, rows: np.ndarray, values: np.ndarray, label: str, key: str) -> pd.DataFrame:
     return _long_frame(prep.x, prep.xs[rows], prep.step[rows], values[rows], label, key)
 
 
@@ -298,7 +317,6 @@ class _Shape:
     marks: tuple[str, ...]               # per series: "points", "line", "line+points" or "dashed"
     colours: tuple[str, ...] | None      # per series; None: the default scheme
     title: str
-    subtitle: str
     y_title: str
     log_scale: bool
     height: int
@@ -321,7 +339,7 @@ def _template(shape: _Shape) -> TrustedLayerChart:
     for i, ((key, _), mark) in enumerate(zip(shape.series, shape.marks)):
         layer = base.transform_filter(alt.datum.key == key)
         if mark == "points":
-            layer = layer.mark_circle(size=24, opacity=0.5)
+            layer = layer.mark_circle(size=24, opacity=0.6)
         elif mark == "dashed":  # eval loss: few points, joined by a dashed line
             layer = layer.mark_line(strokeWidth=2, point=True, strokeDash=[4, 3])
         else:
@@ -345,8 +363,7 @@ def _template(shape: _Shape) -> TrustedLayerChart:
         opacity=alt.when(nearest).then(alt.value(0.6)).otherwise(alt.value(0)),
         tooltip=tooltip,
     ).add_params(nearest)
-    title = alt.Title(shape.title, subtitle=shape.subtitle) if shape.subtitle else shape.title
-    return TrustedLayerChart(layer=[*layers, rule], title=title, height=shape.height)
+    return TrustedLayerChart(layer=[*layers, rule], title=shape.title, height=shape.height)
 
 
 def _chart(data: pd.DataFrame, shape: _Shape) -> TrustedLayerChart:
@@ -358,22 +375,25 @@ def _chart(data: pd.DataFrame, shape: _Shape) -> TrustedLayerChart:
 # ---------------------------------------------------------------------- public charts
 def _loss_chart(prep: _Prepared, smoothing: Smoothing, log_scale: bool, max_points: int) -> TrustedLayerChart:
     parts, series = [], []
-    loss = prep.columns.get("loss")
+    loss, evals = prep.columns.get("loss"), prep.columns.get("eval_loss")
+    has_evals = evals is not None and np.isfinite(evals).any()
     if loss is not None and np.isfinite(loss).any():
+        # Raw and smoothed loss share their rows (picked by the raw min/max), so the tooltip at a
+        # step shows both; the smoothed line is smooth, so sampling it there loses nothing.
+        rows = _kept_rows(prep, loss, max_points, log_scale, also=np.isfinite(evals) if has_evals else None)
         smoothed = _smoothed(loss, smoothing)
-        parts += [_series_rows(prep, loss, RAW_LOSS, "raw", max_points, log_scale),
-                  _series_rows(prep, smoothed, SMOOTH_LOSS, "smooth", max_points, log_scale)]
+        smooth_rows = rows[smoothed[rows] > 0] if log_scale else rows
+        parts += [_rows_frame(prep, rows, loss, RAW_LOSS, "raw"),
+                  _rows_frame(prep, smooth_rows, smoothed, SMOOTH_LOSS, "smooth")]
         series += [("raw", RAW_LOSS), ("smooth", SMOOTH_LOSS)]
-    evals = prep.columns.get("eval_loss")
-    if evals is not None and np.isfinite(evals).any():
+    if has_evals:
         parts.append(_series_rows(prep, evals, EVAL_LOSS, "eval", max_points, log_scale))
         series.append(("eval", EVAL_LOSS))
     data = _concat(parts, prep.x)
     series = series or [("raw", RAW_LOSS)]
     marks = {"raw": "points", "smooth": "line", "eval": "dashed"}
-    subtitle = f"smoothing: {smoothing.label}" if smoothing != NO_SMOOTHING else ""
     return _chart(data, _Shape(prep.x, tuple(series), tuple(marks[key] for key, _ in series),
-                               tuple(LOSS_COLOURS[label] for _, label in series), "Loss", subtitle, "loss", log_scale,
+                               tuple(LOSS_COLOURS[label] for _, label in series), "Loss", "loss", log_scale,
                                LOSS_HEIGHT))
 
 
@@ -382,7 +402,7 @@ def _line_chart(prep: _Prepared, y: str, title: str, max_points: int) -> Trusted
     data = _concat([_series_rows(prep, values, title, "v", max_points)], prep.x)
     many = int(np.isfinite(values).sum()) >= 40
     return _chart(data, _Shape(prep.x, (("v", title),), ("line" if many else "line+points",), (LINE_COLOUR,), title,
-                               "", title, False, LINE_HEIGHT))
+                               title, False, LINE_HEIGHT))
 
 
 def loss_chart(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smoothing("window", 10),
@@ -435,6 +455,10 @@ def compare_chart(frames: dict[str, pd.DataFrame], metric: str = "loss", align: 
         parts.append(_series_rows(prep, values, label, key, max_points))
     data = _concat(parts, align)
     many = max((int((data["key"] == k).sum()) for k, _ in series), default=0) >= 40
-    subtitle = f"smoothing: {smoothing.label}" if metric == "loss" and smoothing != NO_SMOOTHING else ""
-    return _chart(data, _Shape(align, tuple(series), ("line" if many else "line+points",) * len(series), None,
-                               COMPARE_METRICS[metric], subtitle, COMPARE_METRICS[metric].lower(), False, LOSS_HEIGHT))
+    # The smoothing goes into the axis title: the theme colours axis titles, but not subtitles.
+    y_title = COMPARE_METRICS[metric].lower()
+    if metric == "loss" and smoothing != NO_SMOOTHING:
+        y_title += f" ({smoothing.label})"
+    colours = RUN_COLOURS[:len(series)] if len(series) <= len(RUN_COLOURS) else None
+    return _chart(data, _Shape(align, tuple(series), ("line" if many else "line+points",) * len(series), colours,
+                               COMPARE_METRICS[metric], y_title, False, LOSS_HEIGHT))
