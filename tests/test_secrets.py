@@ -174,7 +174,7 @@ def test_form_path_keeps_secrets_out_of_argv_database_files_and_logs(studio_env,
 def failed_run(tmp_path_factory, tiny_model):
     """One run that fails with the token inside the exception text (a model type named like it).
 
-    Module-scoped: two tests read it, one of them a known bug."""
+    Module-scoped: two tests read it."""
     tmp_path = tmp_path_factory.mktemp("failed-run")
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model, broken)
@@ -203,9 +203,6 @@ def test_error_message_redacts_a_secret_the_worker_saw(failed_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bug: the worker redacts only its own prints; library output (here a "
-                                       "transformers warning naming the model type) reaches worker.log, "
-                                       "log_tail and the database unredacted")
 def test_worker_log_redacts_a_secret_printed_by_a_library(failed_run):
     _, run, home = failed_run
     assert leaks_in(run.log_tail) == []
