@@ -1,0 +1,162 @@
+"""The real app in headless Chromium: New run -> Live (loss points, completion) -> History.
+
+`streamlit run` serves the dashboard on a free localhost port with an isolated data root; Playwright
+drives Debian's `chromium` (Playwright cannot download its own browser here). `.ci/run` installs it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.browser_support import (
+    CHROMIUM_ENV,
+    StreamlitServer,
+    chart_labels_sample,
+    chromium_path,
+    grid_rows,
+    kill_workers_under,
+    main_text,
+    series_steps,
+    wait_until,
+)
+from tests.support import ROOT
+from trainer_core.charts import RAW_LOSS
+from trainer_core.status import RunStatus
+from ui import format as fmt
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[dev]'")
+
+pytestmark = pytest.mark.slow
+
+MODELS_CACHE = ROOT / ".test-cache" / "models"  # shared with test_e2e: the bundled GGUF is converted once
+RUN_NAME = "browser e2e"
+MAX_STEPS = 6
+# Short rows and small batches, as in test_e2e: the steps stay a few seconds each on 2 CPU cores.
+FORM_NUMBERS = {"Max steps": MAX_STEPS, "Max sequence length": 128, "Batch size": 2}
+VIEWPORT = {"width": 1400, "height": 1000}
+PAGE_TIMEOUT_S = 60     # a page or widget to appear (the first script run imports pandas/altair)
+RUN_TIMEOUT_S = 600     # the worker loads (and on a cold cache converts) the model, then trains MAX_STEPS
+HISTORY_TIMEOUT_S = 120  # the database row turns terminal once the worker process has exited
+
+COMPLETED = fmt.status_badge(RunStatus.COMPLETED)
+FAILED = fmt.status_badge(RunStatus.FAILED)
+
+
+@pytest.fixture
+def chromium() -> str:
+    path = chromium_path()
+    if path is None:
+        pytest.skip(f"Chromium not found: install Debian's `chromium` package (apt-get install chromium; "
+                    f".ci/run does) or set {CHROMIUM_ENV} to the browser's path")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is not an executable file: fix {CHROMIUM_ENV} or the PATH entry")
+    return path
+
+
+@pytest.fixture
+def dashboard(tmp_path):
+    """The dashboard on a free port with its own data root; stopped, with any worker it left, at the end."""
+    home = tmp_path / "home"
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE),
+           "FINETUNE_STUDIO_FORCE_CPU": "1",
+           "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join([str(tmp_path), str(ROOT / ".test-cache")])}
+    for name in ("DATABASE_URL", "FINETUNE_STUDIO_PASSWORD"):  # the default store, and no password gate
+        env.pop(name, None)
+    server = StreamlitServer(ROOT, env, tmp_path / "server.log")
+    try:
+        server.start(timeout=PAGE_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+        kill_workers_under(home)
+
+
+@pytest.fixture
+def page(chromium):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            context = browser.new_context(viewport=VIEWPORT)
+            tab = context.new_page()
+            tab.set_default_timeout(PAGE_TIMEOUT_S * 1000)
+            yield tab
+        finally:
+            browser.close()
+
+
+def _tails(home: Path, chars: int = 3000) -> str:
+    logs = sorted(home.glob("runs/*/worker.log"))
+    return "\n".join(f"--- {log}\n{log.read_text(errors='replace')[-chars:]}" for log in logs) or "(no worker log)"
+
+
+def test_demo_run_from_the_form_to_history(page, dashboard, tmp_path):  # page first: no browser, no server
+    home = tmp_path / "home"
+
+    def diagnostics() -> str:
+        page.screenshot(path=tmp_path / "failure.png", full_page=True)
+        return (f"url: {page.url}\nscreenshot: {tmp_path / 'failure.png'}\n"
+                f"chart labels: {chart_labels_sample(page)}\n--- page text\n{main_text(page)[-3000:]}\n"
+                f"--- server log\n{dashboard.log_tail()}\n{_tails(home)}")
+
+    # New run: name the run, make it short and cheap, start it.
+    page.goto(dashboard.url)
+    start = page.get_by_role("button", name="Start training")
+    start.wait_for()
+    name = page.get_by_role("textbox", name="Run name", exact=True)
+    name.fill(RUN_NAME)
+    name.press("Tab")  # Streamlit commits a widget's value on blur
+    for label, value in FORM_NUMBERS.items():
+        field = page.get_by_role("spinbutton", name=label, exact=True)
+        field.fill(str(value))
+        field.press("Tab")
+    for label, value in FORM_NUMBERS.items():
+        sync_api.expect(page.get_by_role("spinbutton", name=label, exact=True)).to_have_value(str(value))
+    start.click()
+
+    # Live: the page switches by itself; the loss chart fills with points, then the run completes.
+    wait_until(page, lambda: page.url.endswith("/live"), PAGE_TIMEOUT_S, "the switch to the Live page", diagnostics)
+
+    def not_failed() -> None:
+        if FAILED in main_text(page):
+            raise AssertionError(f"the run failed\n{diagnostics()}")
+
+    def points_shown() -> list[int]:
+        not_failed()
+        return series_steps(page, RAW_LOSS)
+
+    first = wait_until(page, points_shown, RUN_TIMEOUT_S, "points on the loss chart", diagnostics)
+    assert RUN_NAME in main_text(page), diagnostics()
+    shot = tmp_path / "live-view.png"
+    page.screenshot(path=shot)
+    print(f"live view screenshot ({len(first)} loss point(s)): {shot}")
+
+    def completed() -> bool:
+        not_failed()
+        return COMPLETED in main_text(page)
+
+    wait_until(page, completed, RUN_TIMEOUT_S, f"the run to show {COMPLETED!r}", diagnostics)
+    everything = list(range(1, MAX_STEPS + 1))  # logging_steps defaults to 1: one point per step
+    wait_until(page, lambda: series_steps(page, RAW_LOSS) == everything, PAGE_TIMEOUT_S,
+               f"loss points at steps {everything}", diagnostics)
+    assert f"step {MAX_STEPS} / {MAX_STEPS}" in main_text(page), diagnostics()
+
+    # History: the run is listed, completed, with every step done.
+    page.get_by_role("link", name="History").click()
+    wait_until(page, lambda: page.url.endswith("/history"), PAGE_TIMEOUT_S, "the History page", diagnostics)
+
+    def listed_as_completed() -> list[dict[str, str]]:
+        rows = grid_rows(page)
+        if rows and rows[0].get("Status") == COMPLETED:
+            return rows
+        if rows:  # the row turns terminal when the worker exits; History does not refresh by itself
+            page.reload()
+        return []
+
+    rows = wait_until(page, listed_as_completed, HISTORY_TIMEOUT_S, f"History to list the run as {COMPLETED!r}",
+                      lambda: f"rows: {grid_rows(page)}\n{diagnostics()}", poll_ms=1000)
+    assert len(rows) == 1, rows
+    assert rows[0]["Name"] == RUN_NAME and rows[0]["Steps"] == f"{MAX_STEPS} / {MAX_STEPS}", rows
+    picked = page.get_by_role("combobox", name="Run")
+    assert RUN_NAME in picked.input_value(), picked.input_value()
