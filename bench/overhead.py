@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +52,13 @@ class Result:
     losses: list[float]
     final_loss: float | None
     launch_to_done_s: float  # process start to result, for information: includes loading and saving
-    cpu_s: float  # CPU seconds of the child and of this process (the pump) during the run: less sensitive to load than wall time
+    parent_cpu_s: float  # CPU seconds of this process during the run: for (b) the orchestrator, pump and store
+    child_cpu_s: float  # CPU seconds of the training process, loading and saving included
+
+    @property
+    def cpu_s(self) -> float:
+        """Total CPU of the job: less sensitive to load from other processes than wall time."""
+        return self.parent_cpu_s + self.child_cpu_s
 
     @property
     def steps_per_s(self) -> float:
@@ -71,10 +78,15 @@ def steps_per_s(steps: list[int], times: list[float]) -> float:
     return (steps[-1] - steps[0]) / (times[-1] - times[0])
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process (all threads, the pump included) plus its reaped children."""
+def cpu_seconds() -> tuple[float, float]:
+    """CPU time of this process (all threads: the pump, the store, waiting) and of its reaped children."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def cpu_since(start: tuple[float, float]) -> tuple[float, float]:
+    own, children = cpu_seconds()
+    return own - start[0], children - start[1]
 
 
 def bench_config(steps: int) -> TrainConfig:
@@ -106,21 +118,21 @@ def run_bare(cfg: TrainConfig, work: Path, index: int) -> Result:
         raise RuntimeError(f"bare run {index} exited with {code}; log:\n{_tail(out / 'bare.log')}")
     data = json.loads((out / "result.json").read_text())
     return Result("a", data["steps"], data["times"], data["losses"], data["final_loss"], time.time() - started,
-                  cpu_seconds() - cpu)
+                  *cpu_since(cpu))
 
 
 def run_studio(orch: Orchestrator, cfg: TrainConfig, index: int) -> Result:
     started, cpu = time.time(), cpu_seconds()
     run_id = orch.start(replace(cfg, run_name=f"overhead bench {index}"))
     snap = orch.wait(run_id, timeout=RUN_TIMEOUT_S)
-    done, cpu = time.time(), cpu_seconds() - cpu
+    done, cpu = time.time(), cpu_since(cpu)
     if snap.status is not RunStatus.COMPLETED:
         raise RuntimeError(f"studio run {run_id} ended {snap.status.value}: {snap.error}\n{orch.log_tail(run_id)}")
     frame = orch.metrics(run_id)
     train = frame[frame["loss"].notna()].sort_values("step")
     run = orch.get_run(run_id)
     return Result("b", [int(s) for s in train["step"]], [float(t) for t in train["wall_time"]],
-                  [float(v) for v in train["loss"]], run.final_loss, done - started, cpu)
+                  [float(v) for v in train["loss"]], run.final_loss, done - started, *cpu)
 
 
 def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
@@ -161,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: {args.pairs} pairs of {args.steps} steps, {cfg.model_label}, {cfg.method_label}, "
           f"batch {cfg.batch_size}, seq {cfg.max_seq_length}, seed {cfg.random_seed}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, data root {work}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill, too
     orch = Orchestrator(Store())
     ratios: list[float] = []
     pairs: list[tuple[Result, Result]] = []
@@ -176,10 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             equal, diff = compare_losses(a, b)
             print(f"pair {i + 1} ({order[0]} first): steps/s a {a.steps_per_s:.4f} b {b.steps_per_s:.4f} "
                   f"b/a {ratios[-1]:.4f} | median step a {a.median_step_s:.3f}s b {b.median_step_s:.3f}s | "
-                  f"CPU a {a.cpu_s:.1f}s b {b.cpu_s:.1f}s | launch->done a {a.launch_to_done_s:.1f}s "
+                  f"CPU a {a.cpu_s:.1f}s b {b.cpu_s:.1f}s (parent {b.parent_cpu_s:.2f}s) | "
+                  f"launch->done a {a.launch_to_done_s:.1f}s "
                   f"b {b.launch_to_done_s:.1f}s | final loss a {a.final_loss!r} b {b.final_loss!r} "
                   f"equal={equal} max|diff|={diff:.3g}", flush=True)
     finally:
+        # Workers outlive their orchestrator by design: an interrupted bench must cancel its own.
+        active = orch.active_run_id()
+        if active:
+            orch.cancel(active)
+            orch.wait(active, timeout=300)
         orch.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
