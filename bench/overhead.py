@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
     parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
     parser.add_argument("--threads", type=int, default=0,
-                        help="set OMP_NUM_THREADS for both sides (default: leave torch's default; "
-                             "the worker does not set threads itself)")
+                        help="set OMP_NUM_THREADS for both sides (default: torch's own; the worker sets none). "
+                             "On a shared machine use 1: two OpenMP threads stall whenever another process "
+                             "takes a core, which swamps the difference being measured")
     parser.add_argument("--models", default=str(ROOT / ".test-cache" / "models"),
                         help="converted-model cache shared with the tests (FINETUNE_STUDIO_MODELS)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data root")
