@@ -187,6 +187,15 @@ class Store:
         with Session(self.engine) as session:
             return list(session.exec(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.ts, RunEvent.id)))
 
+    def event_counts(self, run_ids: list[str], kind: str) -> dict[str, int]:
+        """How many events of one kind each run has (runs with none are left out)."""
+        if not run_ids:
+            return {}
+        with Session(self.engine) as session:
+            rows = session.exec(select(RunEvent.run_id, func.count()).where(RunEvent.run_id.in_(run_ids))
+                                .where(RunEvent.kind == kind).group_by(RunEvent.run_id)).all()
+        return {run_id: int(count) for run_id, count in rows}
+
     def metrics_frame(self, run_id: str) -> pd.DataFrame:
         with Session(self.engine) as session:
             rows = session.exec(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)).all()

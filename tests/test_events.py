@@ -171,3 +171,24 @@ def test_decoded_progress_keeps_nan_loss_as_news():
     line = ev.encode(ev.ProgressEvent(step=1, total_steps=2, loss=math.nan, ts=1.0))
     assert json.loads(line)["loss"] is None
     assert json.loads(line)["nonfinite"] == {"loss": "nan"}
+
+
+def test_a_line_longer_than_one_read_is_skipped_and_reading_goes_on(tmp_path):
+    path = tmp_path / "events.jsonl"
+    writer = ev.EventWriter(path)
+    writer.emit(ev.WarningEvent(message="short"))
+    writer.emit(ev.WarningEvent(message="y" * 5000))  # longer than max_bytes below
+    writer.emit(ev.HeartbeatEvent(pid=7))
+    writer.close()
+    offset, kinds = 0, []
+    for _ in range(5):
+        new, offset = ev.read_new(path, offset, max_bytes=1000)
+        kinds += [(e.kind, getattr(e, "message", "")[:5]) for e in new]
+    assert kinds == [("warning", "short"), ("heartbeat", "")]
+    assert offset == path.stat().st_size
+
+
+def test_a_long_line_still_being_written_is_read_again_later(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"x" * 3000)  # no newline yet
+    assert ev.read_new(path, 0, max_bytes=1000) == ([], 0)

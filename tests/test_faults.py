@@ -221,9 +221,6 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
     assert store.get_run(run_id).steps_done == 400
 
 
-@pytest.mark.xfail(strict=True, reason="bug: when the worker has exited, Orchestrator._pump_run reads only one more "
-                                       "chunk (read_new's 4 MiB) before deciding, so a completed run whose log backlog "
-                                       "is larger (server down during a long run) is marked failed and the rest is lost")
 def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, spawned, monkeypatch):
     # read_new reads at most 4 MiB per call; a 64 KiB chunk reproduces the same boundary with 2,000 events.
     monkeypatch.setattr(orchestrator.ev, "read_new", functools.partial(ev.read_new, max_bytes=64 * 1024))

@@ -210,13 +210,16 @@ def test_completed_run_stores_metrics_timeline_and_offset(orch, monkeypatch):
 
     assert timeline(orch, run_id, "checkpoint") == [
         f"checkpoint saved at step 4: {paths.run_dir(run_id) / 'checkpoints' / 'checkpoint-4'}"]
-    assert timeline(orch, run_id, "alert") == ["non-finite loss at step 3"]
+    assert timeline(orch, run_id, "alert") == ["Train loss is NaN or inf at step 3."]
     assert timeline(orch, run_id, "status")[-1] == RunStatus.COMPLETED.label
 
     assert snap.status is RunStatus.COMPLETED
     assert snap.step == 5 and snap.eval_loss == pytest.approx(0.75) and snap.finished_at is not None
     assert list(snap.metrics["step"]) == [1, 2, 3, 4, 5]
-    assert snap.warnings == ("non-finite loss at step 3",)
+    assert snap.warnings == ()
+    assert [(a.kind, a.step, a.message) for a in snap.alerts] == [
+        ("nonfinite_loss", 3, "Train loss is NaN or inf at step 3.")]
+    assert orch.alert_counts([run_id]) == {run_id: 1}
     assert orch.snapshot(run_id).status is RunStatus.COMPLETED
     assert orch.active_run_id() is None
 
@@ -366,7 +369,7 @@ def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch
     assert frame["loss"].isna().sum() == 1 and frame.set_index("step").loc[3, "nonfinite"] == "loss"
     assert run.event_offset == (paths.run_dir(run_id) / "events.jsonl").stat().st_size
     # Timeline entries are committed together with the offset, so nothing is replayed twice.
-    assert timeline(second, run_id, "alert") == ["non-finite loss at step 3"]
+    assert timeline(second, run_id, "alert") == ["Train loss is NaN or inf at step 3."]
     assert [m.split(":")[0] for m in timeline(second, run_id, "checkpoint")] == [
         "checkpoint saved at step 4", "checkpoint saved at step 25"]
     assert snap.step == 30 and list(snap.metrics["step"]) == list(range(1, 31))
@@ -453,7 +456,7 @@ def test_adoption_race_with_a_run_that_just_finished(make_orch, monkeypatch):
     monkeypatch.setattr(first.store, "active_runs", lambda: list(stale))
     make_orch()  # its __init__ adopts from the stale row; the per-run lock is free again
     time.sleep(2 * orchestrator.POLL_S + 0.5)
-    assert timeline(first, run_id, "alert") == ["non-finite loss at step 2"]
+    assert timeline(first, run_id, "alert") == ["Train loss is NaN or inf at step 2."]
     assert len(timeline(first, run_id, "checkpoint")) == 1
 
 
@@ -528,3 +531,21 @@ def test_zz_no_ml_stack_in_this_process_after_the_runs_above():
     if ML_IMPORTED_BEFORE:
         pytest.skip(f"another test module imported {ML_IMPORTED_BEFORE} into this process before this one")
     assert [m for m in ML_STACK if m in sys.modules] == []
+
+
+def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, monkeypatch):
+    """The pump stored the offset past 'complete' while the worker was still exiting, then the server died
+    without settling the run: the next server finds the outcome in the log instead of calling it lost."""
+    first = make_orch()
+    run_id = first.start(fake(monkeypatch, steps=3, linger="2"))
+    log = paths.run_dir(run_id) / "events.jsonl"
+    wait_until(lambda: first.snapshot(run_id).status is RunStatus.COMPLETED
+               and first.get_run(run_id).event_offset == log.stat().st_size, what="offset stored past the final event")
+    first._closing.set()  # a killed server: the pump stops and nothing is settled
+    first._thread.join(timeout=5)
+    first._tracked[run_id].lock_fh.close()
+    assert first.get_run(run_id).status != RunStatus.COMPLETED.value
+    second = make_orch()
+    snap = second.wait(run_id, timeout=30, interval=0.1)
+    assert snap.status is RunStatus.COMPLETED, snap.error
+    assert second.get_run(run_id).steps_done == 3

@@ -171,6 +171,42 @@ class EventWriter:
             self._fh.close()
 
 
+def last_terminal_event(path: Path, tail_bytes: int = 256 << 10) -> Event | None:
+    """The log's final complete/error event, if one is among its last lines (None otherwise)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - tail_bytes))
+            tail = fh.read()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(tail.splitlines()):
+        try:
+            event = decode(raw.decode("utf-8"))
+        except (ValueError, TypeError, UnicodeDecodeError):
+            continue  # the first line of the window may be cut in half
+        if event.kind in ("complete", "error"):
+            return event
+        if event.kind not in ("heartbeat", "warning", "status"):
+            return None  # training went on after any earlier outcome line: there is none
+    return None
+
+
+def _next_line(path: Path, line_start: int, block: int) -> int:
+    """The offset just after the newline that ends the line starting at ``line_start``; ``line_start``
+    itself while that line is still being written (it is read again later)."""
+    offset = line_start
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        while chunk := fh.read(block):
+            end = chunk.find(b"\n")
+            if end >= 0:
+                return offset + end + 1
+            offset += len(chunk)
+    return line_start
+
+
 def read_new(path: Path, offset: int, max_bytes: int = 4 << 20) -> tuple[list[Event], int]:
     """Events after byte ``offset``; only whole lines are consumed, so a half-written line waits."""
     try:
@@ -181,6 +217,8 @@ def read_new(path: Path, offset: int, max_bytes: int = 4 << 20) -> tuple[list[Ev
         return [], offset
     end = chunk.rfind(b"\n")
     if end < 0:
+        if len(chunk) == max_bytes:  # one line longer than a whole read: skip it (the raw log keeps it)
+            return [], _next_line(path, offset, max_bytes)
         return [], offset
     events: list[Event] = []
     for raw in chunk[: end + 1].splitlines():

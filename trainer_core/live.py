@@ -43,6 +43,7 @@ class LiveSnapshot:
     log_tail: str = ""
     output_dir: str = ""
     warnings: tuple[str, ...] = ()
+    alerts: tuple = ()  # trainer_core.alerts.Alert, oldest first
     metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
 
     @property
@@ -87,6 +88,11 @@ class LiveRun:
         self._rows: list[dict[str, Any]] = []
         self._index: dict[int, int] = {}
         self._warnings: list[str] = []
+        self._alerts: list[Any] = []
+        # The metrics frame is rebuilt only from the first row that changed since the last snapshot:
+        # a 100k-step run otherwise pays ~200 ms per refresh copying rows that never change.
+        self._frame = pd.DataFrame(columns=METRIC_COLUMNS)
+        self._dirty_from = 0
 
     def update(self, **values: Any) -> None:
         with self._lock:
@@ -101,12 +107,18 @@ class LiveRun:
         with self._lock:
             self._warnings.append(message)
 
+    def add_alert(self, alert: Any) -> None:
+        with self._lock:
+            self._alerts.append(alert)
+
     def add_metric(self, row: dict[str, Any]) -> None:
         """Merge a metric row by step (train and eval rows of one step become one)."""
         with self._lock:
             step = int(row["step"])
             if step in self._index:
-                merge_metric(self._rows[self._index[step]], row)
+                position = self._index[step]
+                merge_metric(self._rows[position], row)
+                self._dirty_from = min(self._dirty_from, position)
             else:
                 self._index[step] = len(self._rows)
                 self._rows.append(dict(row))
@@ -114,16 +126,25 @@ class LiveRun:
     def snapshot(self) -> LiveSnapshot:
         with self._lock:
             state = dict(self._state)
-            rows = [dict(r) for r in self._rows]  # add_metric mutates rows in place; the frame is built unlocked
             warnings = tuple(self._warnings)
-        frame = pd.DataFrame(rows, columns=METRIC_COLUMNS) if rows else pd.DataFrame(columns=METRIC_COLUMNS)
+            alerts = tuple(self._alerts)
+            start = self._dirty_from
+            changed = [dict(r) for r in self._rows[start:]]  # copies: add_metric mutates rows in place
+            kept = self._frame
+            self._dirty_from = len(self._rows)
+            if changed:
+                fresh = pd.DataFrame(changed, columns=METRIC_COLUMNS)
+                kept = pd.concat([kept.iloc[:start], fresh], ignore_index=True) if start else fresh
+                self._frame = kept
         names = {f.name for f in dataclasses.fields(LiveSnapshot)}
-        return LiveSnapshot(**{k: v for k, v in state.items() if k in names}, warnings=warnings, metrics=frame)
+        # Pages only read the frame; a shallow copy keeps one page from reshaping another's view.
+        return LiveSnapshot(**{k: v for k, v in state.items() if k in names}, warnings=warnings, alerts=alerts,
+                            metrics=kept.copy(deep=False))
 
 
 def metric_row(event: ev.ProgressEvent | ev.EvalEvent) -> dict[str, Any]:
     """The metric-table row an event contributes (NaN fields are None, named in ``nonfinite``)."""
-    row = {k: v for k, v in dataclasses.asdict(event).items() if k in METRIC_COLUMNS}
+    row = {k: getattr(event, k) for k in METRIC_COLUMNS if hasattr(event, k)}  # asdict deep-copies: slow
     row["wall_time"] = event.ts
     row["nonfinite"] = ",".join(sorted(event.nonfinite))
     return row

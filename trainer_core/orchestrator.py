@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import secrets as pysecrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ import psutil
 from db.models import Run, RunEvent
 from db.store import MetricBuffer, Store
 from trainer_core import checkpoints, control, datasets, paths, scheduling
+from trainer_core.alerts import AlertMonitor, rows_from_frame
+from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.live import LiveRun, LiveSnapshot, metric_row
@@ -39,6 +42,7 @@ from trainer_core.status import RunStatus
 
 POLL_S = 0.25
 ADOPT_EVERY_S = 2.0
+PUMP_READS_PER_TICK = 4  # chunks of the event log per run and tick, so one busy run cannot starve the others
 QUEUE_EVERY_S = 1.0  # queued runs also start when a run ended in another orchestrator (another server, the CLI)
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
@@ -72,6 +76,7 @@ class _Tracked:
     terminated_at: float | None = None
     best_eval_loss: float | None = None
     flushed_at: float = field(default_factory=time.monotonic)
+    monitor: AlertMonitor = field(default_factory=AlertMonitor)
 
 
 class Orchestrator:
@@ -85,6 +90,7 @@ class Orchestrator:
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
         self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
+        self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
         self._adopt_orphans()
         if start_pump:
@@ -176,6 +182,33 @@ class Orchestrator:
         cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
         return self.start(cfg, parent=old, resumed_from_step=step)
 
+    def resources(self, run_id: str) -> ResourceSample | None:
+        """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
+        run = self.store.get_run(run_id)
+        if run is None or RunStatus(run.status).is_terminal() or not _pid_alive(run.pid, run.pid_started_at):
+            return None
+        return self._sampler.sample(run.pid)
+
+    def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
+        return self.store.event_counts(run_ids, "alert")
+
+    def delete_run(self, run_id: str, delete_files: bool = False) -> None:
+        """Remove a finished run from History and, when asked, its folder (only ever inside the runs root).
+
+        Refused with RunRefused while the run is queued or active."""
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise RunRefused(f"There is no run {run_id}.")
+        if not RunStatus(run.status).is_terminal():
+            raise RunRefused(f"Run '{run.name}' is {RunStatus(run.status).label.lower()}: stop it, or remove it from "
+                             "the queue, before deleting it.")
+        folder = paths.run_dir(run_id)  # refuses ids that would leave the runs root
+        self.store.delete_run(run_id)
+        with self._lock:
+            self._finished.pop(run_id, None)
+        if delete_files and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
+
     def queue(self) -> list[Run]:
         return self.store.queued_runs()
 
@@ -242,6 +275,17 @@ class Orchestrator:
         try:
             return _tail(paths.run_dir(run_id) / "worker.log", lines)
         except paths.UnsafePathError:
+            return ""
+
+    def log_text(self, run_id: str, max_bytes: int = 8 << 20) -> str:
+        """The worker log (its last ``max_bytes`` when longer), for download and filtering."""
+        try:
+            path = paths.run_dir(run_id) / "worker.log"
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - max_bytes))
+                return fh.read().decode("utf-8", errors="replace")
+        except (paths.UnsafePathError, FileNotFoundError):
             return ""
 
     def wait(self, run_id: str, timeout: float | None = None, on_tick: Callable[[LiveSnapshot], None] | None = None,
@@ -413,15 +457,18 @@ class Orchestrator:
 
     def _pump_run(self, t: _Tracked) -> bool:
         """Read new events of one run; True when the run finished in this call."""
-        new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
-        for event in new:
-            _HANDLERS[event.kind](self, t, event)
+        self._drain(t, max_reads=PUMP_READS_PER_TICK)
         exited, exit_desc = self._exited(t)
         if t.terminal is None and exited:
-            # Read whatever the worker wrote just before exiting, then decide.
-            new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
-            for event in new:
-                _HANDLERS[event.kind](self, t, event)
+            # Read everything the worker wrote before exiting, then decide: after a restart the backlog
+            # of a run that finished while nobody pumped it can be many reads long.
+            self._drain(t, max_reads=None)
+            if t.terminal is None:
+                # A server stopped between storing the offset past the final event and settling the run
+                # (the worker was still tearing down): the outcome is already in the log, behind the offset.
+                final = ev.last_terminal_event(t.run_dir / "events.jsonl")
+                if final is not None:
+                    _HANDLERS[final.kind](self, t, final)
             if t.terminal is None:
                 error = f"The worker {exit_desc} before finishing."
                 tail = _tail(t.run_dir / "worker.log", LOG_TAIL_LINES)
@@ -436,6 +483,21 @@ class Orchestrator:
             self._finish(t)
             return True
         return False
+
+    def _drain(self, t: _Tracked, max_reads: int | None) -> None:
+        """Handle the log's new lines, up to ``max_reads`` chunks (None: until it has nothing new), storing
+        full batches between chunks so a long backlog reaches the database as it is read."""
+        reads = 0
+        while max_reads is None or reads < max_reads:
+            before = t.offset
+            new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
+            for event in new:
+                _HANDLERS[event.kind](self, t, event)
+            reads += 1
+            if t.offset == before:
+                return
+            if t.buffer.due():
+                self._flush(t)  # the offset saved with these rows is right after the lines just handled
 
     def _flush(self, t: _Tracked) -> None:
         rows = t.buffer.take()
@@ -506,9 +568,10 @@ class Orchestrator:
             if run is None or RunStatus(run.status).is_terminal():
                 lock_fh.close()
                 continue
-            tracked = _Tracked(run.id, run_dir, _live_from_row(run, self.store), run.event_offset, lock_fh,
-                               pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
-                               stop_requested_at=control.requested_at(run_dir))
+            live, monitor = _rebuild(run, self.store)
+            tracked = _Tracked(run.id, run_dir, live, run.event_offset, lock_fh, pid=run.pid,
+                               pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
+                               stop_requested_at=control.requested_at(run_dir), monitor=monitor)
             if run.pid is None:
                 self._set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
             with self._lock:
@@ -520,20 +583,25 @@ class Orchestrator:
 
     def _snapshot_from_db(self, run_id: str) -> LiveSnapshot | None:
         run = self.store.get_run(run_id)
-        return _live_from_row(run, self.store).snapshot() if run is not None else None
+        return _rebuild(run, self.store)[0].snapshot() if run is not None else None
 
 
-def _live_from_row(run: Run, store: Store) -> LiveRun:
-    """Live state rebuilt from the database: the run's last known progress and all its metrics."""
+def _rebuild(run: Run, store: Store) -> tuple[LiveRun, AlertMonitor]:
+    """Live state rebuilt from the database: the run's last known progress, metrics and alerts, and the
+    alert monitor's state (the rules are deterministic: replaying the stored rows gives back exactly
+    the alerts raised before, without storing them again)."""
     live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
                    dataset=run.dataset, method=run.method, step=run.steps_done, total_steps=run.total_steps,
                    epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
                    started_at=run.started_at, finished_at=run.finished_at, error=run.error,
                    log_tail=run.log_tail, output_dir=run.output_dir)
     _seed_lineage(live, run, store)
-    for row in store.metrics_frame(run.id).to_dict("records"):
-        live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
-    return live
+    monitor = AlertMonitor()
+    for row in rows_from_frame(store.metrics_frame(run.id)):
+        live.add_metric(row)
+        for alert in monitor.observe(row):
+            live.add_alert(alert)
+    return live, monitor
 
 
 # ====================================================================== event handlers
@@ -562,16 +630,22 @@ def _on_progress(orch: Orchestrator, t: _Tracked, e: ev.ProgressEvent) -> None:
                   memory_mb=e.memory_mb, eta_s=e.eta_s)
     t.run_values.update(steps_done=e.step, total_steps=e.total_steps, epoch=e.epoch, last_loss=e.loss,
                         tokens_seen=e.tokens_seen, heartbeat_at=e.ts)
-    if e.nonfinite:
-        message = f"non-finite {', '.join(sorted(e.nonfinite))} at step {e.step}"
-        t.live.add_warning(message)
-        t.timeline.append((e.ts, "alert", message))
+    _check_alerts(t, row, e.ts)
+
+
+def _check_alerts(t: _Tracked, row: dict[str, Any], ts: float) -> None:
+    """Alerts go to the live view and, with the next flush, to the run's timeline in the database."""
+    for alert in t.monitor.observe(row):
+        t.live.add_alert(alert)
+        t.timeline.append((ts, "alert", alert.message))
+        t.urgent = True
 
 
 def _on_eval(orch: Orchestrator, t: _Tracked, e: ev.EvalEvent) -> None:
     row = metric_row(e)
     t.buffer.add(row)
     t.live.add_metric(row)
+    _check_alerts(t, row, e.ts)
     t.live.update(eval_loss=e.eval_loss)
     if e.eval_loss is not None and (t.best_eval_loss is None or e.eval_loss < t.best_eval_loss):
         t.best_eval_loss = e.eval_loss
@@ -652,8 +726,8 @@ def _seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
     """A resumed run's chart continues its parent's: show the parent's metrics up to the resume step."""
     if not run.parent_run_id or run.resumed_from_step is None:
         return
-    for row in lineage_frame(store, run).to_dict("records"):
-        live.add_metric({k: (None if _isnan(v) else v) for k, v in row.items()})
+    for row in rows_from_frame(lineage_frame(store, run)):
+        live.add_metric(row)
 
 
 def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
@@ -724,10 +798,6 @@ def _tail(path: Path, lines: int) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
-
-
-def _isnan(value: Any) -> bool:
-    return isinstance(value, float) and value != value
 
 
 def _json(data: dict) -> str:
