@@ -21,6 +21,7 @@ pg = st.navigation([
     st.Page("pages/live.py", title="Live", icon="📈"),
     st.Page("pages/history.py", title="History", icon="🗂️"),
     st.Page("pages/run.py", title="Run details", icon="🔎"),
+    st.Page("pages/compare.py", title="Compare", icon="⚖️"),
 ])
 entered()
 resume_requested_page()

@@ -1,4 +1,4 @@
-"""History: every run in the database, newest first, with a loss sparkline each."""
+"""History: every run in the database, newest first, with the queue, resume, compare and delete."""
 from __future__ import annotations
 
 import time
@@ -6,6 +6,8 @@ import time
 import pandas as pd
 import streamlit as st
 
+from trainer_core.orchestrator import RunRefused
+from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
@@ -13,18 +15,49 @@ from ui.views import stop_without_runs
 
 require_entrypoint("pages/history.py")
 
+RESUMABLE = (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.CANCELLED)
+COMPARE_MIN, COMPARE_MAX = 2, 6
+
 orch = get_orchestrator()
 st.title("History")
 
 runs = orch.list_runs()
 stop_without_runs(runs)
+by_id = {r.id: r for r in runs}
 
+for message in st.session_state.pop("history_notices", []):
+    st.toast(message)
+
+# ---------------------------------------------------------------------- the queue
+queue = orch.queue()
+if queue:
+    st.subheader(f"Queue ({len(queue)})")
+    st.caption("Queued runs start by themselves, in this order, when the device they need is free.")
+    for position, run in enumerate(queue, start=1):
+        name_col, up_col, down_col, remove_col = st.columns([6, 1, 1, 1], vertical_alignment="center")
+        name_col.markdown(f"**{position}.** {run.name} · {run.model} · {run.method}")
+        if up_col.button("Up", key=f"q_up_{run.id}", icon="⬆️", disabled=position == 1, width="stretch"):
+            orch.move_in_queue(run.id, -1)
+            st.rerun()
+        if down_col.button("Down", key=f"q_down_{run.id}", icon="⬇️", disabled=position == len(queue),
+                           width="stretch"):
+            orch.move_in_queue(run.id, 1)
+            st.rerun()
+        if remove_col.button("Remove", key=f"q_remove_{run.id}", icon="✖️", width="stretch"):
+            orch.remove_from_queue(run.id)
+            st.session_state["history_notices"] = [f"Removed '{run.name}' from the queue."]
+            st.rerun()
+    st.divider()
+
+# ---------------------------------------------------------------------- the table
 sparklines = orch.loss_series([r.id for r in runs])
+alerts = orch.alert_counts([r.id for r in runs])
 now = time.time()
 table = pd.DataFrame([{
     "id": r.id,
     "name": r.name or r.id,
     "status": fmt.status_badge(r.status),
+    "alerts": f"⚠️ {alerts[r.id]}" if alerts.get(r.id) else "",
     "model": r.model,
     "dataset": r.dataset,
     "method": r.method,
@@ -34,17 +67,20 @@ table = pd.DataFrame([{
     "final loss": r.final_loss if r.final_loss is not None else r.last_loss,
     "best eval loss": r.best_eval_loss,
     "loss": sparklines.get(r.id, []),
+    "resumed from": by_id[r.parent_run_id].name if r.parent_run_id in by_id else (r.parent_run_id or ""),
     "output": r.output_dir,
 } for r in runs])
 
 st.dataframe(
     table,
     hide_index=True,
-    column_order=["name", "status", "model", "dataset", "method", "started", "duration", "steps", "final loss",
-                  "best eval loss", "loss", "output"],
+    column_order=["name", "status", "alerts", "model", "dataset", "method", "started", "duration", "steps",
+                  "final loss", "best eval loss", "loss", "resumed from", "output"],
     column_config={
         "name": st.column_config.TextColumn("Name", pinned=True),
         "status": st.column_config.TextColumn("Status"),
+        "alerts": st.column_config.TextColumn("Alerts", help="Training-health alerts (NaN/inf, grad-norm spikes, "
+                                                             "rising eval loss); see the run's timeline"),
         "model": st.column_config.TextColumn("Model"),
         "dataset": st.column_config.TextColumn("Dataset"),
         "method": st.column_config.TextColumn("Method"),
@@ -55,13 +91,83 @@ st.dataframe(
                                                     help="Last train loss (still changing while a run is active)"),
         "best eval loss": st.column_config.NumberColumn("Best eval loss", format="%.4f"),
         "loss": st.column_config.LineChartColumn("Loss", width="medium"),
+        "resumed from": st.column_config.TextColumn("Resumed from"),
         "output": st.column_config.TextColumn("Output folder"),
     },
 )
 
+# ---------------------------------------------------------------------- one run: open, resume, delete
 labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
-pick_col, open_col = st.columns([4, 1], vertical_alignment="bottom")
+pick_col, open_col, resume_col, delete_col = st.columns([4, 1, 1, 1], vertical_alignment="bottom")
 chosen = pick_col.selectbox("Run", list(labels), format_func=labels.get, key="history_pick")
+run = by_id[chosen]
+status = RunStatus(run.status)
 if open_col.button("Open", icon="🔎", type="primary", width="stretch"):
     st.session_state["detail_run_id"] = chosen
     st.switch_page("pages/run.py", query_params={"run": chosen})
+if resume_col.button("Resume", icon="⏯️", width="stretch", disabled=status not in RESUMABLE,
+                     help="Continue from this run's latest checkpoint as a new, linked run "
+                          "(stopped, failed or cancelled runs with a saved checkpoint)."):
+    st.session_state["history_resume"] = chosen
+if delete_col.button("Delete", icon="🗑️", width="stretch", disabled=not status.is_terminal(),
+                     help="Remove the run from History (asks first). Active and queued runs cannot be deleted."):
+    st.session_state["history_delete"] = chosen
+
+if st.session_state.get("history_resume") == chosen:
+    needed = [n for n in run.needs_secrets.split(",") if n]
+    with st.container(border=True):
+        st.markdown(f"**Resume '{run.name}'** from its latest checkpoint?")
+        secrets = {}
+        if "hf_token" in needed:
+            secrets["hf_token"] = st.text_input("HF token (this run used one; it is never stored)", type="password",
+                                                key="history_resume_hf_token")
+        if "wandb_token" in needed:
+            secrets["wandb_token"] = st.text_input("W&B key (this run used one; it is never stored)",
+                                                   type="password", key="history_resume_wandb_token")
+        go_col, no_col, _ = st.columns([1, 1, 4])
+        if go_col.button("Resume now", type="primary", key="history_resume_go"):
+            try:
+                new_id = orch.resume(chosen, secrets={k: v for k, v in secrets.items() if v})
+            except RunRefused as exc:
+                st.error(str(exc), icon="🚫")
+            else:
+                st.session_state.pop("history_resume", None)
+                new = orch.get_run(new_id)
+                if new.status == RunStatus.QUEUED.value:
+                    st.session_state["history_notices"] = [f"'{new.name}' is queued; it starts when the device is free."]
+                    st.rerun()
+                st.session_state["live_run_id"] = new_id
+                st.switch_page("pages/live.py")
+        if no_col.button("Not now", key="history_resume_cancel"):
+            st.session_state.pop("history_resume", None)
+            st.rerun()
+
+if st.session_state.get("history_delete") == chosen:
+    with st.container(border=True):
+        st.warning(f"Delete **{run.name}** from History? Its metrics and timeline are removed from the database.",
+                   icon="⚠️")
+        with_files = st.checkbox(f"Also delete its folder (checkpoints, adapter, logs): `{run.output_dir}`",
+                                 key="history_delete_files")
+        yes_col, no_col, _ = st.columns([1, 1, 4])
+        if yes_col.button("Yes, delete", type="primary", key="history_delete_yes"):
+            try:
+                orch.delete_run(chosen, delete_files=with_files)
+            except RunRefused as exc:
+                st.error(str(exc), icon="🚫")
+            else:
+                st.session_state.pop("history_delete", None)
+                st.session_state.pop("history_pick", None)
+                st.session_state["history_notices"] = [f"Deleted '{run.name}'" + (" and its files." if with_files else ".")]
+                st.rerun()
+        if no_col.button("Keep it", key="history_delete_no"):
+            st.session_state.pop("history_delete", None)
+            st.rerun()
+
+# ---------------------------------------------------------------------- compare
+st.divider()
+compare_col, go_col = st.columns([5, 1], vertical_alignment="bottom")
+picked = compare_col.multiselect(f"Compare runs ({COMPARE_MIN} to {COMPARE_MAX})", list(labels),
+                                 format_func=labels.get, key="history_compare", max_selections=COMPARE_MAX)
+if go_col.button("Compare", icon="⚖️", width="stretch", disabled=len(picked) < COMPARE_MIN):
+    st.session_state["compare_ids"] = picked
+    st.switch_page("pages/compare.py", query_params={"run": picked})

@@ -6,7 +6,7 @@ import streamlit as st
 from trainer_core.status import RunStatus
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
-from ui.views import render_live
+from ui.views import chart_controls, render_live
 
 require_entrypoint("pages/live.py")
 
@@ -24,6 +24,14 @@ def _chosen_run_id() -> str | None:
     return runs[0].id if runs else None
 
 
+def _toast_new_alerts(run_id: str, alerts: tuple) -> None:
+    """Each alert pops up once per browser session; the list on the page keeps them all."""
+    seen = st.session_state.setdefault("live_alerts_seen", {})
+    for alert in alerts[seen.get(run_id, 0):]:
+        st.toast(alert.message, icon="⚠️")
+    seen[run_id] = len(alerts)
+
+
 run_id = _chosen_run_id()
 st.title("Live")
 snapshot = orch.snapshot(run_id) if run_id else None
@@ -37,7 +45,7 @@ if active_id and active_id != run_id:
         st.session_state["live_run_id"] = active_id
         st.rerun()
 
-# Buttons live outside the auto-refreshing fragment: a click reruns the page once, not every second.
+# Buttons and chart controls live outside the auto-refreshing fragment: a click reruns the page once.
 shown_active = not RunStatus(snapshot.status).is_terminal()
 if shown_active:
     stop_col, cancel_col, _ = st.columns([1, 1, 4])
@@ -51,12 +59,18 @@ if shown_active:
         st.toast("Cancelling the run.")
 else:
     st.page_link("pages/run.py", label="Open run details", icon="🔎", query_params={"run": run_id})
+with st.expander("Chart options", icon="⚙️"):
+    options = chart_controls("live")
+st.session_state.setdefault("live_alerts_seen", {}).setdefault(run_id, len(snapshot.alerts))  # old ones: no toast
 
 
 @st.fragment(run_every=REFRESH_S if shown_active else None)
 def live_panel() -> None:
     latest = orch.snapshot(run_id)
-    render_live(latest)
+    if latest is not None:
+        _toast_new_alerts(run_id, latest.alerts)
+    render_live(latest, options, alerts=latest.alerts if latest else (),
+                resources=orch.resources(run_id) if shown_active else None)
     if shown_active and latest is not None and RunStatus(latest.status).is_terminal():
         st.rerun()  # the run just ended: redraw the whole page so Stop/Cancel go away
 

@@ -10,7 +10,8 @@ from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
-from ui.views import render_charts, render_nonfinite, render_outcome, status_markdown, stop_without_runs
+from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
+                      stop_without_runs)
 
 require_entrypoint("pages/run.py")
 
@@ -19,7 +20,6 @@ st.title("Run details")
 
 runs = orch.list_runs()
 stop_without_runs(runs)
-
 
 
 def _remember_choice() -> None:
@@ -60,22 +60,47 @@ cols[5].metric("Started", fmt.ago(started), help=fmt.timestamp(started), border=
 log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
 render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
 
-metrics = orch.metrics(run.id)
+metrics = orch.metrics(run.id, lineage=True)
 render_nonfinite(metrics)
-charts_tab, timeline_tab, config_tab = st.tabs(["Charts", "Timeline", "Config"])
+events = orch.events(run.id)
+alerts = [e for e in events if e.kind == "alert"]
+render_alerts(alerts)
+if run.parent_run_id:
+    parent = orch.get_run(run.parent_run_id)
+    st.caption(f"Resumed from **{parent.name if parent else run.parent_run_id}** at step {run.resumed_from_step}: "
+               "the charts show that run's steps up to the checkpoint, then this run's.")
+
+charts_tab, timeline_tab, log_tab, config_tab = st.tabs(["Charts", "Timeline", "Worker log", "Config"])
 with charts_tab:
-    window = st.slider("Moving average window (logged steps)", 1, 100, 10, key="run_smooth_window")
-    render_charts(metrics, window=window)
-    if not metrics.empty:
-        st.download_button("Download metrics (CSV)", metrics.to_csv(index=False), file_name=f"{run.id}-metrics.csv",
+    with st.expander("Chart options", icon="⚙️"):
+        options = chart_controls("run")
+    render_charts(metrics, options)
+    own = orch.metrics(run.id)
+    if not own.empty:
+        st.download_button("Download metrics (CSV)", own.to_csv(index=False), file_name=f"{run.id}-metrics.csv",
                            mime="text/csv", icon="⬇️")
 with timeline_tab:
-    events = orch.events(run.id)
-    if events:
-        st.dataframe([{"time": fmt.timestamp(e.ts), "kind": e.kind, "message": e.message} for e in events],
-                     hide_index=True, column_config={"message": st.column_config.TextColumn("message", width="large")})
+    kinds = sorted({e.kind for e in events})
+    shown = st.pills("Show", kinds, selection_mode="multi", default=kinds, key="run_timeline_kinds")
+    rows = [{"time": fmt.timestamp(e.ts), "kind": e.kind, "message": e.message} for e in events if e.kind in shown]
+    if rows:
+        st.dataframe(rows, hide_index=True,
+                     column_config={"message": st.column_config.TextColumn("message", width="large")})
     else:
-        st.caption("No events recorded.")
+        st.caption("No events recorded." if not events else "No events of the chosen kinds.")
+with log_tab:
+    log_text = orch.log_text(run.id)
+    if not log_text:
+        st.caption("No worker log (the run never started a worker, or its folder was deleted).")
+    else:
+        needle = st.text_input("Filter lines", key="run_log_filter", placeholder="e.g. warning, error, step",
+                               help="Case-insensitive; shows matching lines from the whole log.")
+        lines = log_text.splitlines()
+        matching = [line for line in lines if needle.lower() in line.lower()] if needle else lines
+        st.caption(f"{len(matching):,} of {len(lines):,} lines" + (" (last 400 shown)" if len(matching) > 400 else ""))
+        st.code("\n".join(matching[-400:]) or "(no matching lines)", language="text")
+        st.download_button("Download worker log", log_text, file_name=f"{run.id}-worker.log", mime="text/plain",
+                           icon="⬇️")
 with config_tab:
     config = orch.run_config(run.id)  # public config: secrets were never stored
     as_yaml = yaml.safe_dump(config, sort_keys=False)
