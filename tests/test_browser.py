@@ -158,5 +158,5 @@ def test_demo_run_from_the_form_to_history(page, dashboard, tmp_path):  # page f
                       lambda: f"rows: {grid_rows(page)}\n{diagnostics()}", poll_ms=1000)
     assert len(rows) == 1, rows
     assert rows[0]["Name"] == RUN_NAME and rows[0]["Steps"] == f"{MAX_STEPS} / {MAX_STEPS}", rows
-    picked = page.get_by_role("combobox", name="Run")
+    picked = page.get_by_role("combobox", name="Run", exact=True)
     assert RUN_NAME in picked.input_value(), picked.input_value()

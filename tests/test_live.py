@@ -134,3 +134,18 @@ def test_elapsed_uses_finish_time_or_now(monkeypatch):
     assert LiveSnapshot(**base).elapsed_s == 0.0
     assert LiveSnapshot(**base, started_at=1000.0).elapsed_s == 50.0
     assert LiveSnapshot(**base, started_at=1000.0, finished_at=1020.5).elapsed_s == 20.5
+
+
+def test_snapshots_extend_the_frame_and_pick_up_merges_into_older_rows():
+    live = LiveRun("r", "n", RunStatus.RUNNING)
+    for step in range(1, 6):
+        live.add_metric({"step": step, "loss": float(step), "nonfinite": ""})
+    assert list(live.snapshot().metrics["step"]) == [1, 2, 3, 4, 5]
+    live.add_metric({"step": 2, "eval_loss": 0.5, "nonfinite": ""})  # an eval row merged into an old step
+    live.add_metric({"step": 6, "loss": 6.0, "nonfinite": ""})
+    frame = live.snapshot().metrics
+    assert list(frame["step"]) == [1, 2, 3, 4, 5, 6]
+    assert frame.loc[frame["step"] == 2, "eval_loss"].tolist() == [0.5]
+    assert frame.loc[frame["step"] == 2, "loss"].tolist() == [2.0]
+    again = live.snapshot().metrics  # nothing changed: same content
+    assert again.equals(frame)

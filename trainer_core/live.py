@@ -93,6 +93,7 @@ class LiveRun:
         # a 100k-step run otherwise pays ~200 ms per refresh copying rows that never change.
         self._frame = pd.DataFrame(columns=METRIC_COLUMNS)
         self._dirty_from = 0
+        self._build_lock = threading.Lock()
 
     def update(self, **values: Any) -> None:
         with self._lock:
@@ -124,22 +125,24 @@ class LiveRun:
                 self._rows.append(dict(row))
 
     def snapshot(self) -> LiveSnapshot:
-        with self._lock:
-            state = dict(self._state)
-            warnings = tuple(self._warnings)
-            alerts = tuple(self._alerts)
-            start = self._dirty_from
-            changed = [dict(r) for r in self._rows[start:]]  # copies: add_metric mutates rows in place
-            kept = self._frame
-            self._dirty_from = len(self._rows)
+        # Snapshots take turns (each extends the cached frame), but the pump's add_metric only waits while
+        # rows are copied: the frame is built outside the state lock.
+        with self._build_lock:
+            with self._lock:
+                state = dict(self._state)
+                warnings = tuple(self._warnings)
+                alerts = tuple(self._alerts)
+                start = self._dirty_from
+                changed = [dict(r) for r in self._rows[start:]]  # copies: add_metric mutates rows in place
+                self._dirty_from = len(self._rows)  # a merge into an older row while we build lowers it again
             if changed:
                 fresh = pd.DataFrame(changed, columns=METRIC_COLUMNS)
-                kept = pd.concat([kept.iloc[:start], fresh], ignore_index=True) if start else fresh
-                self._frame = kept
+                self._frame = pd.concat([self._frame.iloc[:start], fresh], ignore_index=True) if start else fresh
+            frame = self._frame
         names = {f.name for f in dataclasses.fields(LiveSnapshot)}
         # Pages only read the frame; a shallow copy keeps one page from reshaping another's view.
         return LiveSnapshot(**{k: v for k, v in state.items() if k in names}, warnings=warnings, alerts=alerts,
-                            metrics=kept.copy(deep=False))
+                            metrics=frame.copy(deep=False))
 
 
 def metric_row(event: ev.ProgressEvent | ev.EvalEvent) -> dict[str, Any]:
