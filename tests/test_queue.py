@@ -32,7 +32,7 @@ def assert_never_overlapping(orch: Orchestrator, ids: list[str]) -> None:
 # ====================================================================== scheduling rules
 @pytest.mark.parametrize("a,b,expected", [
     ("cpu", "cpu", True), ("gpu0", "gpu1", False), ("gpu0,gpu1", "gpu1", True), ("gpu*", "gpu3", True),
-    ("gpu*", "gpu*", True), ("gpu*", "cpu", False), ("", "gpu0", False)])
+    ("gpu*", "gpu*", True), ("gpu*", "cpu", False), ("", "gpu0", True), ("cpu", "", True)])
 def test_overlap(a, b, expected):
     assert scheduling.overlap(a, b) is expected
     assert scheduling.overlap(b, a) is expected

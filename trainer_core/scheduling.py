@@ -30,6 +30,8 @@ def devices_of(cfg: TrainConfig, cuda: bool | None = None) -> str:
 def overlap(a: str, b: str) -> bool:
     """True when two device strings share a device ("gpu*" shares with any GPU set)."""
     left, right = set(filter(None, a.split(","))), set(filter(None, b.split(",")))
+    if not left or not right:
+        return True  # unknown devices (a run recorded before device sets existed): assume they are shared
     if ALL_GPUS in left | right:
         return any(d.startswith("gpu") for d in left) and any(d.startswith("gpu") for d in right)
     return bool(left & right)
