@@ -293,9 +293,10 @@ class Orchestrator:
         """Block until the run is terminal in the database (used by the CLI and tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            snap = self.snapshot(run_id)
-            if on_tick and snap:
-                on_tick(snap)
+            if on_tick:  # a snapshot of a run pumped elsewhere is rebuilt from the database: only when shown
+                snap = self.snapshot(run_id)
+                if snap:
+                    on_tick(snap)
             run = self.store.get_run(run_id)
             if run is not None and RunStatus(run.status).is_terminal() and not self._is_tracked(run_id):
                 return self.snapshot(run_id)
