@@ -10,7 +10,9 @@ import pytest
 from sqlmodel import SQLModel
 
 from db.store import Store
+from tests.support import MODELS_CACHE, ROOT, build_tiny_model
 from trainer_core import hardware
+from trainer_core.orchestrator import Orchestrator
 
 
 @pytest.fixture
@@ -26,6 +28,30 @@ def home(tmp_path, monkeypatch):
     clear()  # the answer is cached per process; recompute under FORCE_CPU
     yield root
     clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A 2-layer Llama with the bundled tokenizer (built once per checkout, in a subprocess)."""
+    return build_tiny_model()
+
+
+@pytest.fixture
+def studio(tmp_path, monkeypatch):
+    """A real orchestrator (real workers) on a fresh data root, sharing the converted-model cache."""
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
+    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    hardware.cuda_available.cache_clear()
+    orch = Orchestrator()
+    yield orch
+    active = orch.active_run_id()
+    if active:
+        orch.cancel(active)
+        orch.wait(active, timeout=120)
+    orch.close()
 
 
 POSTGRES_URL = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")  # .ci/run sets it after starting a server

@@ -9,6 +9,10 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Shared by every test that trains or previews for real: the bundled GGUF is converted, and the tiny
+# model built, once per checkout.
+MODELS_CACHE = ROOT / ".test-cache" / "models"
+TINY_MODEL = ROOT / ".test-cache" / "tiny-llama"
 
 BUILD_TINY = textwrap.dedent("""
     import sys
@@ -37,7 +41,7 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 60
                           timeout=timeout, cwd=ROOT)
 
 
-def build_tiny_model(target: Path, models_cache: Path) -> Path:
+def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACHE) -> Path:
     """A 2-layer Llama with the bundled SmolLM2 tokenizer: real training, a fraction of a second per step."""
     if (target / "config.json").exists():
         return target

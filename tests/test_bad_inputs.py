@@ -21,7 +21,6 @@ from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainC
 from trainer_core.orchestrator import Orchestrator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
-MODELS_CACHE = ROOT / ".test-cache" / "models"  # shared with test_e2e: the tiny model is built once
 CLI = "from trainer_core.__main__ import main; raise SystemExit(main())"
 
 
@@ -488,7 +487,7 @@ def test_unreachable_hub_id_fails_the_run_with_a_clear_message(home, tmp_path, m
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache: nothing to fall back on
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
-    tiny = build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)
+    tiny = build_tiny_model()
     cfg = TrainConfig.from_dict({"model_name": str(tiny), "max_steps": 2, **values})
     assert cfg.validate() == []  # a well-formed id passes validation; only the worker can find out
     orch = Orchestrator()

@@ -21,7 +21,7 @@ from tests.browser_support import (
     series_steps,
     wait_until,
 )
-from tests.support import ROOT
+from tests.support import MODELS_CACHE, ROOT
 from trainer_core.charts import RAW_LOSS
 from trainer_core.status import RunStatus
 from ui import format as fmt
@@ -30,7 +30,6 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is miss
 
 pytestmark = pytest.mark.slow
 
-MODELS_CACHE = ROOT / ".test-cache" / "models"  # shared with test_e2e: the bundled GGUF is converted once
 RUN_NAME = "browser e2e"
 MAX_STEPS = 6
 # Short rows and small batches, as in test_e2e: the steps stay a few seconds each on 2 CPU cores.

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, build_tiny_model, run_python
-from trainer_core import hardware
+from tests.support import run_python
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
 pytestmark = pytest.mark.slow
 
-MODELS_CACHE = ROOT / ".test-cache" / "models"
 
 # Reads the optimizer the run saved: lr and size of each param group (constant schedule, no warmup, so the
 # saved lr is the configured one), and which parameters the adapter holds.
@@ -29,28 +26,6 @@ with safe_open(sys.argv[2] + "/adapter_model.safetensors", "pt") as f:
     keys = sorted(f.keys())
 print(json.dumps({"groups": groups, "keys": keys}))
 """
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> Path:
-    return build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)
-
-
-@pytest.fixture
-def studio(tmp_path, monkeypatch):
-    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
-    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
-    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    hardware.cuda_available.cache_clear()
-    orch = Orchestrator()
-    yield orch
-    active = orch.active_run_id()
-    if active:
-        orch.cancel(active)
-        orch.wait(active, timeout=120)
-    orch.close()
 
 
 def raw_text_file(folder: Path) -> Path:

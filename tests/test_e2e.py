@@ -10,37 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, build_tiny_model, run_python
-from trainer_core import hardware
+from tests.support import MODELS_CACHE, ROOT, run_python
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
 pytestmark = pytest.mark.slow
 
-MODELS_CACHE = ROOT / ".test-cache" / "models"
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    return build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)
-
-
-@pytest.fixture
-def studio(tmp_path, monkeypatch):
-    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
-    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
-    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    hardware.cuda_available.cache_clear()
-    orch = Orchestrator()
-    yield orch
-    active = orch.active_run_id()
-    if active:
-        orch.cancel(active)
-        orch.wait(active, timeout=120)
-    orch.close()
 
 
 def wait_for_step(orch: Orchestrator, run_id: str, step: int, timeout: float = 180) -> None:

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from db.store import Store
-from tests.support import ROOT, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, build_tiny_model
 from trainer_core import events as ev
 from trainer_core import orchestrator, paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
@@ -29,7 +29,6 @@ from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
-MODELS_CACHE = ROOT / ".test-cache" / "models"
 RUNS = 24
 KILLS = ("before-first-event", "mid-run", "after-complete", "none")
 RESTARTS = (None, "while-running", "while-down")
@@ -246,7 +245,7 @@ def test_real_worker_killed_mid_training(tmp_path, monkeypatch, store):
     monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    tiny = build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)
+    tiny = build_tiny_model()
     orch = Orchestrator(store=store)
     try:
         run_id = orch.start(TrainConfig(model_name=str(tiny), max_steps=400, batch_size=2, max_seq_length=64,

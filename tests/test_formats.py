@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, build_tiny_model, run_python
+from tests.support import MODELS_CACHE, build_tiny_model, run_python
 from trainer_core import datasets
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats"
-MODELS_CACHE = ROOT / ".test-cache" / "models"
 
 # SmolLM2's template adds this system turn when a conversation does not start with one.
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -110,7 +109,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, dict]:
-    build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)  # also converts the bundled model once
+    build_tiny_model()  # also converts the bundled model once
     home = tmp_path_factory.mktemp("home")
     env = {"FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE),
            "FINETUNE_STUDIO_ALLOWED_ROOTS": str(FIXTURES), "FINETUNE_STUDIO_FORCE_CPU": "1"}

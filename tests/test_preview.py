@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, build_tiny_model, run_python
+from tests.support import MODELS_CACHE, build_tiny_model, run_python
 from trainer_core import preview
 from trainer_core.config import TrainConfig
 from trainer_core.preview import PreviewError, build_preview
 
-MODELS_CACHE = ROOT / ".test-cache" / "models"
 BUNDLED_DIR = MODELS_CACHE / "SmolLM2-135M-Instruct"
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 MAX = 64
@@ -45,7 +44,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def models() -> Path:
-    return build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)  # converts the bundled model too
+    return build_tiny_model()  # converts the bundled model too
 
 
 @pytest.fixture

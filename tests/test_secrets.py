@@ -18,13 +18,12 @@ import pytest
 import yaml
 
 from db.store import Store
-from tests.support import ROOT, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT
 from trainer_core import hardware, paths
 from trainer_core.config import SECRET_FIELDS, TrainConfig
 from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
-MODELS_CACHE = ROOT / ".test-cache" / "models"
 HF_SECRET = "hf_SeCrEt_9f8e7d6c5b4a3210"
 WB_SECRET = "wandbkey_0123456789abcdef0123456789abcdef"
 SECRETS = (HF_SECRET, WB_SECRET)
@@ -53,11 +52,6 @@ def files_with_secrets(root: Path) -> dict[str, list[str]]:
             if hits:
                 found[str(path)] = hits
     return found
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> Path:
-    return build_tiny_model(ROOT / ".test-cache" / "tiny-llama", MODELS_CACHE)
 
 
 def _studio_env(mp: pytest.MonkeyPatch, tmp_path: Path) -> None:
