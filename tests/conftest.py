@@ -6,6 +6,7 @@ import signal
 
 import psutil
 import pytest
+import streamlit as st
 
 from sqlmodel import SQLModel
 
@@ -13,6 +14,7 @@ from db.store import Store
 from tests.support import MODELS_CACHE, ROOT, build_tiny_model
 from trainer_core import hardware
 from trainer_core.orchestrator import Orchestrator
+from ui.state import get_orchestrator
 
 
 @pytest.fixture
@@ -28,6 +30,18 @@ def home(tmp_path, monkeypatch):
     clear()  # the answer is cached per process; recompute under FORCE_CPU
     yield root
     clear()
+
+
+@pytest.fixture
+def app_home(home):
+    """``home`` plus fresh Streamlit caches: the orchestrator (st.cache_resource) and cached model facts and
+    samples (st.cache_data) persist across AppTest instances in one process."""
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    yield home
+    get_orchestrator().close()  # stop its pump thread before the data root disappears
+    st.cache_resource.clear()
+    st.cache_data.clear()
 
 
 @pytest.fixture(scope="session")

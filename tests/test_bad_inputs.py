@@ -343,19 +343,6 @@ def test_upload_name_with_path_characters_stays_in_the_datasets_folder(home):
     assert_nothing_left(home, uploads_before={saved.name})
 
 
-@pytest.fixture
-def app_home(home):
-    """The New run page's orchestrator lives in st.cache_resource: fresh per test (as in test_pages)."""
-    import streamlit as st
-
-    from ui.state import get_orchestrator
-
-    st.cache_resource.clear()
-    yield home
-    get_orchestrator().close()
-    st.cache_resource.clear()
-
-
 PAGE_UPLOAD_CASES = [
     # (id, upload name, data, field, phrases)
     ("page-corrupt-jsonl", "rows.jsonl", (FIXTURES / "corrupt.jsonl").read_bytes(), "local_datasets",

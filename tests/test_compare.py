@@ -6,8 +6,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
-import streamlit as st
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
@@ -15,7 +13,6 @@ from db.models import Run
 from db.store import Store
 from trainer_core.status import RunStatus
 from ui.compare import config_diff, run_labels, summary_table
-from ui.state import get_orchestrator
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = str(ROOT / "pages" / "compare.py")
@@ -83,14 +80,6 @@ def test_run_labels_are_unique():
 
 
 # ---------------------------------------------------------------------- the page
-@pytest.fixture
-def compare_home(home):
-    st.cache_resource.clear()
-    yield home
-    get_orchestrator().close()  # stop its pump thread before the data root disappears
-    st.cache_resource.clear()
-
-
 def insert_run(store: Store, run_id: str, name: str, losses: list[float], evals: dict[int, float],
                config: dict, tokens_per_step: int = 100) -> None:
     now = time.time()
@@ -129,7 +118,7 @@ def chart_data(chart) -> pd.DataFrame:
     return dataframe_util.convert_arrow_bytes_to_pandas_df(dataset.data.data)
 
 
-def test_compare_page_draws_charts_table_and_diff(compare_home):
+def test_compare_page_draws_charts_table_and_diff(app_home):
     three_runs()
     at = open_compare(["run-a", "run-b", "run-c"])
     charts = at.get("vega_lite_chart")
@@ -157,7 +146,7 @@ def test_compare_page_draws_charts_table_and_diff(compare_home):
     assert diff.loc["lora_r"].to_dict() == {"alpha": "8", "beta": "8", "gamma": "16"}
 
 
-def test_compare_page_aligns_by_tokens_and_switches_to_ema(compare_home):
+def test_compare_page_aligns_by_tokens_and_switches_to_ema(app_home):
     three_runs()
     at = open_compare(compare_ids=["run-a", "run-c"])
     at.radio(key="cmp_align").set_value("tokens_seen").run()
@@ -170,7 +159,7 @@ def test_compare_page_aligns_by_tokens_and_switches_to_ema(compare_home):
     assert spec["layer"][0]["encoding"]["x"]["field"] == "tokens_seen"
 
 
-def test_compare_page_asks_for_two_to_six_runs(compare_home):
+def test_compare_page_asks_for_two_to_six_runs(app_home):
     three_runs()
     at = open_compare()
     assert any("Pick 2 to 6 runs" in i.value for i in at.info)
@@ -184,6 +173,6 @@ def test_compare_page_asks_for_two_to_six_runs(compare_home):
     assert at.query_params["run"] == ["run-a", "run-b"]
 
 
-def test_compare_page_without_runs_says_so(compare_home):
+def test_compare_page_without_runs_says_so(app_home):
     at = open_compare()
     assert any("No runs yet" in i.value for i in at.info)

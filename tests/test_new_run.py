@@ -6,7 +6,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import streamlit as st
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
@@ -26,16 +25,6 @@ TINY = model_info.ModelInfo(
     hidden_size=576, num_layers=30, num_attention_heads=9, num_kv_heads=3, intermediate_size=1536,
     vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True, has_chat_template=True,
     torch_dtype="bfloat16")
-
-
-@pytest.fixture
-def app_home(home):
-    st.cache_resource.clear()
-    st.cache_data.clear()  # model facts and dataset samples are cached per process
-    yield home
-    get_orchestrator().close()
-    st.cache_resource.clear()
-    st.cache_data.clear()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import streamlit as st
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
@@ -20,15 +19,6 @@ from ui.state import get_orchestrator
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "streamlit_app.py")
 TIMEOUT = 30
-
-
-@pytest.fixture
-def app_home(home):
-    """The shared ``home`` data root, plus fresh Streamlit caches (the orchestrator is one)."""
-    st.cache_resource.clear()
-    yield home
-    get_orchestrator().close()  # stop its pump thread before the data root disappears
-    st.cache_resource.clear()
 
 
 def open_page(page: str, **session) -> AppTest:

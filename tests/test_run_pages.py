@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (app_home is a fixture imported from test_pages)
 """History (queue, resume, delete, compare), Run details (timeline, log filter, downloads) and Live
 (alerts, resources, chart options) through AppTest, against a real store and data root."""
 from __future__ import annotations
@@ -11,7 +10,7 @@ import pytest
 
 from db.models import Run
 from db.store import Store
-from tests.test_pages import app_home, insert_finished_run, open_page  # noqa: F401 (fixture)
+from tests.test_pages import insert_finished_run, open_page
 from trainer_core import paths
 from trainer_core.status import RunStatus
 
