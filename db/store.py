@@ -173,9 +173,10 @@ class Store:
             old = ids.index(run_id)
             new = max(0, min(len(ids) - 1, old + offset))
             ids.insert(new, ids.pop(old))
-            for position, run in enumerate(sorted(queue, key=lambda r: ids.index(r.id)), start=1):
-                run.queue_position = float(position)
-                session.add(run)
+            by_id = {r.id: r for r in queue}
+            for position, queued_id in enumerate(ids, start=1):
+                by_id[queued_id].queue_position = float(position)
+                session.add(by_id[queued_id])
             session.commit()
             return True
 

@@ -112,7 +112,7 @@ def resolve_source(source: str, field_name: str = "local_datasets") -> Path:
     return path
 
 
-def _source_files(path: Path, field_name: str) -> list[Path]:
+def source_files(path: Path, field_name: str) -> list[Path]:
     """A file stays itself; a folder means every supported file directly inside it, by name."""
     if not path.is_dir():
         return [path]
@@ -138,7 +138,7 @@ def read_rows(path: Path, field_name: str = "local_datasets") -> list[dict]:
     """
     path = Path(path)
     if path.is_dir():
-        return [row for file in _source_files(path, field_name) for row in read_rows(file, field_name)]
+        return [row for file in source_files(path, field_name) for row in read_rows(file, field_name)]
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_EXTENSIONS:
         raise DatasetError(field_name, f"{path.name}: unsupported file type '{suffix or '(none)'}'; "
@@ -525,7 +525,7 @@ def _read_sources(sources: list[str], field_name: str) -> tuple[list[_Part], lis
     errors: list[DatasetError] = []
     for source in sources:
         try:
-            files = _source_files(resolve_source(source, field_name), field_name)
+            files = source_files(resolve_source(source, field_name), field_name)
             for file in files:
                 rows = read_rows(file, field_name)
                 stat = file.stat()

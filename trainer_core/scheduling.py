@@ -10,7 +10,6 @@ The data fingerprint lets Resume refuse when the training files changed since th
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from trainer_core import datasets, hardware
 from trainer_core.config import TrainConfig
@@ -56,7 +55,7 @@ def data_fingerprint(cfg: TrainConfig) -> str:
         digest.update(f"hub:{cfg.hf_dataset}|{cfg.subset}|{cfg.train_split}|{cfg.eval_split}".encode())
     for field_name in ("local_datasets", "local_eval_datasets"):
         for source in getattr(cfg, field_name):
-            for path in _files(source, field_name):
+            for path in datasets.source_files(datasets.resolve_source(source, field_name), field_name):
                 digest.update(f"{field_name}:{path.name}:".encode())
                 with open(path, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 20), b""):
@@ -64,10 +63,3 @@ def data_fingerprint(cfg: TrainConfig) -> str:
     digest.update(f"|slice:{cfg.dataset_slice_start}:{cfg.dataset_slice_end}".encode())
     return digest.hexdigest()[:32]
 
-
-def _files(source: str, field_name: str) -> list[Path]:
-    path = datasets.resolve_source(source, field_name)
-    if not path.is_dir():
-        return [path]
-    return sorted(p for p in path.iterdir()
-                  if p.is_file() and p.suffix.lower() in datasets.SUPPORTED_EXTENSIONS and not p.name.startswith("."))
