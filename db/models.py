@@ -15,7 +15,7 @@ class Run(SQLModel, table=True):
     dataset: str = ""
     method: str = ""
     engine: str = ""
-    created_at: float = 0.0
+    created_at: float = Field(default=0.0, index=True)  # History lists newest first
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
     steps_done: int = 0
@@ -37,10 +37,13 @@ class Run(SQLModel, table=True):
     queue_position: Optional[float] = None
     devices: str = ""  # "cpu", "gpu*" (all visible GPUs) or "gpu0,gpu1": runs whose sets overlap never run together
     # Resume: the run this one continues, the step it continues from, and the training data it was started on.
-    parent_run_id: Optional[str] = Field(default=None, max_length=64)
+    parent_run_id: Optional[str] = Field(default=None, max_length=64, index=True)
     resumed_from_step: Optional[int] = None
     data_fingerprint: str = ""
     needs_secrets: str = ""  # names of secret fields the run was started with (their values are never stored)
+    # History's loss sparkline: JSON list of up to 60 train losses, kept current by the pump while the run
+    # is active. NULL (runs recorded before the column existed) is computed from the metrics once.
+    sparkline: Optional[str] = None
 
 
 class Metric(SQLModel, table=True):

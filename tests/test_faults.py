@@ -8,7 +8,6 @@ tests/test_orchestrator.py); a slow variant kills a real worker training the tin
 """
 from __future__ import annotations
 
-import functools
 import os
 import random
 import signal
@@ -221,8 +220,8 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
 
 
 def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, spawned, monkeypatch):
-    # read_new reads at most 4 MiB per call; a 64 KiB chunk reproduces the same boundary with 2,000 events.
-    monkeypatch.setattr(orchestrator.ev, "read_new", functools.partial(ev.read_new, max_bytes=64 * 1024))
+    # The pump reads at most 4 MiB per call; a 64 KiB chunk reproduces the same boundary with 2,000 events.
+    monkeypatch.setattr(ev, "READ_BYTES", 64 * 1024)
     monkeypatch.setenv("FAKE_STEPS", "2000")
     monkeypatch.setenv("FAKE_DELAY", "0")
     first = Orchestrator(store=store)

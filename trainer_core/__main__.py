@@ -157,7 +157,7 @@ def _find(store, ref: str):
     run = store.get_run(ref)
     if run is not None:
         return run
-    matches = [r for r in store.list_runs(limit=100_000) if r.id.startswith(ref) or r.name == ref]
+    matches = store.find_runs(ref)
     if len(matches) == 1:
         return matches[0]
     if not matches:

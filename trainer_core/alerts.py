@@ -19,8 +19,8 @@ count twice. Missing values are None (use ``rows_from_frame`` for DataFrames, wh
 """
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -87,7 +87,9 @@ class AlertMonitor:
         self.eval_patience = eval_patience
         self._last_step: dict[str, int] = {}        # metric -> last step it was read at
         self._in_episode: set[str] = set()          # non-finite kinds alerted and not yet finite again
-        self._grads: deque[float] = deque(maxlen=spike_window)
+        self._grads: deque[float] = deque()        # the last spike_window finite grad norms, oldest first
+        self._sorted_grads: list[float] = []        # the same values in order: the median without a sort per row
+        self.spike_window = spike_window
         self._spiking = False
         self._evals: list[tuple[int, float]] = []   # the current rising streak, starting at its low point
         self._streak_alerted = False
@@ -130,7 +132,7 @@ class AlertMonitor:
             return alert
         spike = None
         if len(self._grads) >= self.min_history:
-            median = statistics.median(self._grads)
+            median = _median(self._sorted_grads)
             if median > 0 and value > self.spike_factor * median:
                 if not self._spiking:
                     spike = Alert(GRAD_SPIKE, step, f"Grad norm {_num(value)} at step {step} is "
@@ -139,6 +141,10 @@ class AlertMonitor:
             else:
                 self._spiking = False
         self._grads.append(value)
+        bisect.insort(self._sorted_grads, value)
+        if len(self._grads) > self.spike_window:
+            oldest = self._grads.popleft()
+            del self._sorted_grads[bisect.bisect_left(self._sorted_grads, oldest)]
         return spike
 
     def _eval_loss(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
@@ -156,6 +162,11 @@ class AlertMonitor:
         start_step, start = self._evals[0]
         return Alert(EVAL_RISING, step, f"Eval loss rose {rises} evaluations in a row: {_num(start)} at step "
                                         f"{start_step} to {_num(value)} at step {step}.")
+
+
+def _median(ordered: list[float]) -> float:
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def replay(rows: Iterable[dict[str, Any]], **settings: Any) -> list[Alert]:

@@ -15,9 +15,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
+
+from trainer_core.status import RunStatus
 
 SCHEMA_VERSION = 1
+LOG_NAME = "events.jsonl"
+READ_BYTES = 4 << 20  # the most the pump reads from one log at a time
 
 
 @dataclass
@@ -120,30 +124,70 @@ def clean_numbers(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
 
 
 def encode(event: Event) -> str:
-    payload = dataclasses.asdict(event)
+    payload = dict(event.__dict__)  # the dataclass fields; asdict() deep-copies and costs ~4x more
     previous = payload.pop("nonfinite")
     cleaned, nonfinite = clean_numbers(payload)
-    cleaned["nonfinite"] = {**previous, **nonfinite}
+    cleaned["nonfinite"] = {**previous, **nonfinite} if nonfinite else previous
     cleaned["kind"] = event.kind
     cleaned["v"] = SCHEMA_VERSION
     return json.dumps(cleaned, allow_nan=False, separators=(",", ":"))
 
 
-class UnknownEvent(ValueError):
+class InvalidEvent(ValueError):
+    """A log line that is not a valid event: says which field is wrong and how."""
+
+
+class UnknownEvent(InvalidEvent):
     pass
 
 
-def decode(line: str) -> Event:
+# JSON types each annotation accepts. Exact type checks: a JSON true is not a step, "3" is not a number.
+_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "dict": (dict,), "None": (type(None),)}
+# Values a status field may take: a status event never ends a run, a complete event always does.
+_ALLOWED = {
+    ("status", "status"): frozenset(s.value for s in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)),
+    ("complete", "status"): frozenset(s.value for s in (RunStatus.COMPLETED, RunStatus.STOPPED,
+                                                        RunStatus.CANCELLED)),
+}
+
+
+def _field_specs(cls: type[Event]) -> tuple[tuple[str, tuple[type, ...], bool, frozenset | None], ...]:
+    """(name, accepted JSON types, required, allowed values) per field, computed once per event kind."""
+    specs = []
+    for f in dataclasses.fields(cls):
+        types = tuple(t for part in str(f.type).split("|") for t in _JSON_TYPES[part.strip()])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, types, required, _ALLOWED.get((cls.kind, f.name))))
+    return tuple(specs)
+
+
+_SPECS = {kind: (cls, _field_specs(cls)) for kind, cls in EVENT_TYPES.items()}
+
+
+def decode(line: str | bytes) -> Event:
+    """One log line as its event; InvalidEvent (a ValueError) names the field that is wrong."""
     data = json.loads(line)
     if not isinstance(data, dict):
         raise UnknownEvent(f"an event is a JSON object, got {type(data).__name__}")
-    kind = data.pop("kind", None)
-    data.pop("v", None)
-    cls = EVENT_TYPES.get(kind)
-    if cls is None:
+    kind = data.get("kind")
+    spec = _SPECS.get(kind) if isinstance(kind, str) else None
+    if spec is None:
         raise UnknownEvent(f"unknown event kind {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+    cls, fields = spec
+    values = {}
+    for name, types, required, allowed in fields:
+        if name not in data:
+            if required:
+                raise InvalidEvent(f"{kind} event without its {name!r} field")
+            continue
+        value = data[name]
+        if type(value) not in types:
+            expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise InvalidEvent(f"{kind} event: {name!r} is {value!r}, expected {expected}")
+        if allowed is not None and value not in allowed:
+            raise InvalidEvent(f"{kind} event: {name!r} is {value!r}, expected one of {', '.join(sorted(allowed))}")
+        values[name] = value
+    return cls(**values)
 
 
 class EventWriter:
@@ -174,16 +218,21 @@ class EventWriter:
 def last_terminal_event(path: Path, tail_bytes: int = 256 << 10) -> Event | None:
     """The log's final complete/error event, if one is among its last lines (None otherwise)."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - tail_bytes))
-            tail = fh.read()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    try:
+        return _last_terminal_event(fd, tail_bytes)
+    finally:
+        os.close(fd)
+
+
+def _last_terminal_event(fd: int, tail_bytes: int) -> Event | None:
+    size = os.fstat(fd).st_size
+    tail = os.pread(fd, tail_bytes, max(0, size - tail_bytes))
     for raw in reversed(tail.splitlines()):
         try:
-            event = decode(raw.decode("utf-8"))
+            event = decode(raw)
         except (ValueError, TypeError, UnicodeDecodeError):
             continue  # the first line of the window may be cut in half
         if event.kind in ("complete", "error"):
@@ -193,39 +242,143 @@ def last_terminal_event(path: Path, tail_bytes: int = 256 << 10) -> Event | None
     return None
 
 
-def _next_line(path: Path, line_start: int, block: int) -> int:
+class LogLine(NamedTuple):
+    """One whole line of the log: the offset just after it, its event, or why it carries none."""
+
+    end: int
+    event: Event | None
+    problem: str = ""  # an invalid line, or what happened to the log file itself
+
+
+def _next_line(fd: int, line_start: int, block: int) -> int:
     """The offset just after the newline that ends the line starting at ``line_start``; ``line_start``
     itself while that line is still being written (it is read again later)."""
     offset = line_start
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        while chunk := fh.read(block):
-            end = chunk.find(b"\n")
-            if end >= 0:
-                return offset + end + 1
-            offset += len(chunk)
+    while chunk := os.pread(fd, block, offset):
+        end = chunk.find(b"\n")
+        if end >= 0:
+            return offset + end + 1
+        offset += len(chunk)
     return line_start
 
 
-def read_new(path: Path, offset: int, max_bytes: int = 4 << 20) -> tuple[list[Event], int]:
-    """Events after byte ``offset``; only whole lines are consumed, so a half-written line waits."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read(max_bytes)
-    except FileNotFoundError:
-        return [], offset
+def read_lines(fd: int, offset: int, max_bytes: int = 4 << 20) -> list[LogLine]:
+    """Whole lines after byte ``offset`` (a half-written line waits), each decoded on its own: an invalid
+    line is reported and skipped, and never costs the lines around it."""
+    chunk = os.pread(fd, max_bytes, offset)
     end = chunk.rfind(b"\n")
     if end < 0:
         if len(chunk) == max_bytes:  # one line longer than a whole read: skip it (the raw log keeps it)
-            return [], _next_line(path, offset, max_bytes)
-        return [], offset
-    events: list[Event] = []
-    for raw in chunk[: end + 1].splitlines():
+            after = _next_line(fd, offset, max_bytes)
+            return [LogLine(after, None, f"skipped a line of {after - offset:,} bytes at byte {offset:,}: "
+                                         "longer than one read")] if after != offset else []
+        return []
+    lines: list[LogLine] = []
+    start = 0
+    while start <= end:
+        stop = chunk.index(b"\n", start)
+        raw = chunk[start:stop]
+        start = stop + 1
         if not raw.strip():
+            lines.append(LogLine(offset + start, None))
             continue
         try:
-            events.append(decode(raw.decode("utf-8")))
-        except (ValueError, TypeError):
-            continue  # a corrupt or future line must not stall the pump; the raw log keeps it
-    return events, offset + end + 1
+            lines.append(LogLine(offset + start, decode(raw)))
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+            shown = raw[:200].decode("utf-8", errors="replace")
+            lines.append(LogLine(offset + start, None,
+                                 f"skipped an invalid line at byte {offset + start - len(raw) - 1:,} of the "
+                                 f"event log ({exc}): {shown}"))
+    return lines
+
+
+def read_new(path: Path, offset: int, max_bytes: int = 4 << 20) -> tuple[list[Event], int]:
+    """Events after byte ``offset``; only whole lines are consumed, and invalid lines are skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return [], offset
+    try:
+        lines = read_lines(fd, offset, max_bytes)
+    finally:
+        os.close(fd)
+    return [line.event for line in lines if line.event is not None], lines[-1].end if lines else offset
+
+
+class LogFollower:
+    """Follows one run's event log through a file descriptor of its own, so a log that is deleted,
+    replaced or truncated while the worker writes is still read to its end (the worker keeps appending
+    to the file it opened). Changes to the file are reported once each, as ``LogLine`` problems."""
+
+    def __init__(self, path: Path, pid: int | None = None):
+        self.path = Path(path)
+        self.pid = pid
+        self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._reported: set[str] = set()
+
+    def read(self, offset: int, max_bytes: int | None = None) -> list[LogLine]:
+        if self._fd is None and not self._open():
+            if offset > 0 and "missing" not in self._reported:
+                self._reported.add("missing")
+                return [LogLine(offset, None, f"{LOG_NAME} is missing and no open copy was found: events after "
+                                              f"byte {offset:,} cannot be read")]
+            return []
+        notes = self._check_path(offset)
+        size = os.fstat(self._fd).st_size
+        if size < offset:
+            return notes + [LogLine(0, None, f"{LOG_NAME} shrank from {offset:,} to {size:,} bytes; reading it "
+                                             "again from its start (stored metrics are merged by step)")]
+        return notes + read_lines(self._fd, offset, max_bytes or READ_BYTES)
+
+    def last_terminal_event(self) -> Event | None:
+        if self._fd is None and not self._open():
+            return None
+        return _last_terminal_event(self._fd, 256 << 10)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self) -> bool:
+        """The worker's own log: through its open descriptor when the path no longer leads to it."""
+        for candidate in [*self._worker_copies(), self.path]:
+            try:
+                fd = os.open(candidate, os.O_RDONLY)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            self._fd, self._identity = fd, (st.st_dev, st.st_ino)
+            return True
+        return False
+
+    def _worker_copies(self) -> list[str]:
+        """/proc paths of the worker's descriptors on this log (Linux; none elsewhere or when not ours)."""
+        if not self.pid:
+            return []
+        fd_dir = f"/proc/{self.pid}/fd"
+        wanted = {str(self.path), f"{self.path} (deleted)"}
+        found = []
+        try:
+            for name in os.listdir(fd_dir):
+                try:
+                    if os.readlink(f"{fd_dir}/{name}") in wanted:
+                        found.append(f"{fd_dir}/{name}")
+                except OSError:
+                    continue
+        except OSError:
+            return []
+        return found
+
+    def _check_path(self, offset: int) -> list[LogLine]:
+        try:
+            st = os.stat(self.path)
+            change = None if (st.st_dev, st.st_ino) == self._identity else "replaced"
+        except FileNotFoundError:
+            change = "deleted"
+        if change is None or change in self._reported:
+            return []
+        self._reported.add(change)
+        return [LogLine(offset, None, f"{LOG_NAME} was {change} while the run was active; still reading the "
+                                      "worker's own log file (the run folder's copy is not the run's log any more)")]

@@ -71,6 +71,16 @@ def merge_metric(into: dict[str, Any], row: dict[str, Any]) -> None:
             into[key] = value
 
 
+def thin(values: list[float], max_points: int) -> list[float]:
+    """``max_points`` evenly spaced samples that include the first and the last value (all when fewer)."""
+    if len(values) <= max_points:
+        return list(values)
+    if max_points <= 1:
+        return [values[-1]]
+    last = len(values) - 1
+    return [values[round(i * last / (max_points - 1))] for i in range(max_points)]
+
+
 def merge_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per step (PostgreSQL refuses to upsert the same key twice in one statement)."""
     merged: dict[int, dict[str, Any]] = {}

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -31,13 +31,14 @@ import pandas as pd
 import psutil
 
 from db.models import Run, RunEvent
-from db.store import MetricBuffer, Store
+from db.store import SPARKLINE_POINTS, MetricBuffer, Store
 from trainer_core import checkpoints, control, datasets, paths, scheduling
-from trainer_core.alerts import AlertMonitor, rows_from_frame
+from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
-from trainer_core.live import LiveRun, LiveSnapshot, metric_row
+from trainer_core.live import LiveRun, LiveSnapshot, metric_row, thin
+from trainer_core.remote_view import RemoteView, lineage_frame, seed_lineage
 from trainer_core.status import RunStatus
 
 POLL_S = 0.25
@@ -49,6 +50,8 @@ KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 60
 IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
+REMOTE_KEEP = 20  # views of runs pumped by other processes, refreshed incrementally from the database
+HISTORY_PAGE = 50
 
 
 class RunRefused(RuntimeError):
@@ -77,6 +80,13 @@ class _Tracked:
     best_eval_loss: float | None = None
     flushed_at: float = field(default_factory=time.monotonic)
     monitor: AlertMonitor = field(default_factory=AlertMonitor)
+    log: ev.LogFollower | None = None  # reads events.jsonl through its own descriptor (see LogFollower)
+    losses: dict = field(default_factory=dict)  # step -> train loss of this run: its History sparkline
+    sparkline_stale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = ev.LogFollower(self.run_dir / ev.LOG_NAME, self.pid)
 
 
 class Orchestrator:
@@ -86,6 +96,7 @@ class Orchestrator:
         self._tracked: dict[str, _Tracked] = {}
         self._finished: dict[str, LiveRun] = {}
         self._finished_order: deque[str] = deque()
+        self._remote: OrderedDict[str, RemoteView] = OrderedDict()
         self._closing = threading.Event()
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
@@ -206,6 +217,7 @@ class Orchestrator:
         self.store.delete_run(run_id)
         with self._lock:
             self._finished.pop(run_id, None)
+            self._remote.pop(run_id, None)
         if delete_files and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
 
@@ -242,28 +254,43 @@ class Orchestrator:
             live = tracked.live if tracked else self._finished.get(run_id)
         if live is not None:
             return live.snapshot()
-        return self._snapshot_from_db(run_id)
+        return self._remote_snapshot(run_id)
 
-    def list_runs(self) -> list[Run]:
-        return self.store.list_runs()
+    def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "") -> list[Run]:
+        """A page of runs, newest first (without their config and log tail: use get_run for those)."""
+        return self.store.list_runs(limit=limit, offset=offset, search=search)
+
+    def count_runs(self, search: str = "") -> int:
+        return self.store.count_runs(search)
 
     def get_run(self, run_id: str) -> Run | None:
         return self.store.get_run(run_id)
 
+    def get_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs with these ids that exist, in the order asked for (any run, however old)."""
+        return self.store.get_runs(run_ids)
+
     def metrics(self, run_id: str, lineage: bool = False) -> pd.DataFrame:
         """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from."""
-        frame = self.store.metrics_frame(run_id)
-        run = self.store.get_run(run_id) if lineage else None
-        if run is None or not run.parent_run_id:
-            return frame
-        earlier = lineage_frame(self.store, run)
-        return pd.concat([earlier, frame], ignore_index=True) if len(earlier) else frame
+        earlier, own = self.metrics_parts(run_id) if lineage else (None, self.store.metrics_frame(run_id))
+        return pd.concat([earlier, own], ignore_index=True) if earlier is not None and len(earlier) else own
+
+    def metrics_parts(self, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(metrics of the runs it resumed from, its own metrics): one read each."""
+        own = self.store.metrics_frame(run_id)
+        run = self.store.get_run(run_id)
+        earlier = lineage_frame(self.store, run) if run is not None and run.parent_run_id else own.iloc[:0]
+        return earlier, own
 
     def events(self, run_id: str) -> list[RunEvent]:
         return self.store.get_events(run_id)
 
     def loss_series(self, run_ids: list[str]) -> dict[str, list[float]]:
         return self.store.loss_series(run_ids)
+
+    def sparklines(self, runs: list[Run]) -> dict[str, list[float]]:
+        """History's loss sparklines, stored with the runs (computed once for runs recorded before)."""
+        return self.store.sparklines(runs)
 
     def run_config(self, run_id: str) -> dict[str, Any]:
         run = self.store.get_run(run_id)
@@ -317,6 +344,7 @@ class Orchestrator:
                 self._finish(item)  # its terminal line is behind the saved offset: settle it now
             else:
                 item.lock_fh.close()
+                item.log.close()
         with self._lock:
             self._tracked.clear()
 
@@ -341,7 +369,7 @@ class Orchestrator:
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
                        total_steps=cfg.max_steps, output_dir=str(run_dir))
-        _seed_lineage(live, run, self.store)
+        seed_lineage(live, run, self.store)
         with self._lock:
             self._tracked[run.id] = _Tracked(run.id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
                                              pid_started_at=pid_started)
@@ -427,10 +455,18 @@ class Orchestrator:
                                           queue_position=None)
                     return
         run_dir = paths.run_dir(run_id)
+        recreated = not run_dir.is_dir()
+        if recreated:
+            # The folder was deleted while the worker runs: it still reads control.json at this path.
+            run_dir.mkdir(parents=True)
+            self.store.add_event(run_id, "warning", f"the run folder {run_dir} was missing: recreated it so the "
+                                                    "worker finds the request")
         control.request(run_dir, action)
         with self._lock:
             tracked = self._tracked.get(run_id)
             if tracked is not None:
+                if recreated:
+                    self._relock(tracked)
                 tracked.stop_requested_at = tracked.stop_requested_at or time.time()
                 tracked.live.update(status=RunStatus.STOPPING,
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
@@ -458,6 +494,8 @@ class Orchestrator:
 
     def _pump_run(self, t: _Tracked) -> bool:
         """Read new events of one run; True when the run finished in this call."""
+        if not (t.run_dir / ".pump.lock").exists():
+            self._relock(t)
         self._drain(t, max_reads=PUMP_READS_PER_TICK)
         exited, exit_desc = self._exited(t)
         if t.terminal is None and exited:
@@ -467,7 +505,7 @@ class Orchestrator:
             if t.terminal is None:
                 # A server stopped between storing the offset past the final event and settling the run
                 # (the worker was still tearing down): the outcome is already in the log, behind the offset.
-                final = ev.last_terminal_event(t.run_dir / "events.jsonl")
+                final = t.log.last_terminal_event()
                 if final is not None:
                     _HANDLERS[final.kind](self, t, final)
             if t.terminal is None:
@@ -486,21 +524,38 @@ class Orchestrator:
         return False
 
     def _drain(self, t: _Tracked, max_reads: int | None) -> None:
-        """Handle the log's new lines, up to ``max_reads`` chunks (None: until it has nothing new), storing
-        full batches between chunks so a long backlog reaches the database as it is read."""
+        """Handle the log's new lines, up to ``max_reads`` chunks (None: until it has nothing new). Each
+        line is handled before the offset moves past it, and a batch that is due (by count or age) is
+        stored between two lines, so a long backlog reaches the database as it is read."""
         reads = 0
         while max_reads is None or reads < max_reads:
-            before = t.offset
-            new, t.offset = ev.read_new(t.run_dir / "events.jsonl", t.offset)
-            for event in new:
-                _HANDLERS[event.kind](self, t, event)
+            lines = t.log.read(t.offset)
             reads += 1
-            if t.offset == before:
+            if not lines:
                 return
-            if t.buffer.due():
-                self._flush(t)  # the offset saved with these rows is right after the lines just handled
+            for line in lines:
+                if line.event is not None:
+                    _HANDLERS[line.event.kind](self, t, line.event)
+                elif line.problem:
+                    _on_log_problem(t, line.problem)
+                t.offset = line.end
+                if t.buffer.due():
+                    self._flush(t)  # the offset saved with these rows is right after the line just handled
+
+    def _relock(self, t: _Tracked) -> None:
+        """The run folder was deleted (and maybe recreated): hold the pump lock in the folder that exists now,
+        so no other orchestrator adopts the run while this one follows it."""
+        if not t.run_dir.is_dir():
+            return
+        fresh = _try_lock(t.run_dir)
+        if fresh is not None:
+            t.lock_fh.close()
+            t.lock_fh = fresh
 
     def _flush(self, t: _Tracked) -> None:
+        if t.sparkline_stale:
+            t.run_values["sparkline"] = json.dumps(thin(list(t.losses.values()), SPARKLINE_POINTS))
+            t.sparkline_stale = False
         rows = t.buffer.take()
         self.store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
         t.timeline, t.run_values, t.urgent = [], {}, False
@@ -518,6 +573,7 @@ class Orchestrator:
             while len(self._finished_order) > LIVE_KEEP:
                 self._finished.pop(self._finished_order.popleft(), None)
         t.lock_fh.close()
+        t.log.close()
 
     def _set_terminal(self, t: _Tracked, status: RunStatus, **values: Any) -> None:
         if t.terminal is None:
@@ -559,6 +615,8 @@ class Orchestrator:
             except paths.UnsafePathError:
                 continue
             if not run_dir.is_dir():
+                if _pid_alive(stale.pid, stale.pid_started_at):
+                    continue  # its folder was deleted; whoever pumps it follows its open log (none: it fails at exit)
                 self.store.finish_run(stale.id, RunStatus.FAILED,
                                       error=f"The run folder {run_dir} is missing, so the run cannot be followed.")
                 continue
@@ -569,40 +627,48 @@ class Orchestrator:
             if run is None or RunStatus(run.status).is_terminal():
                 lock_fh.close()
                 continue
-            live, monitor = _rebuild(run, self.store)
-            tracked = _Tracked(run.id, run_dir, live, run.event_offset, lock_fh, pid=run.pid,
+            view = RemoteView(run, self.store)
+            tracked = _Tracked(run.id, run_dir, view.live, run.event_offset, lock_fh, pid=run.pid,
                                pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
-                               stop_requested_at=control.requested_at(run_dir), monitor=monitor)
+                               stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
+                               losses=view.losses)
             if run.pid is None:
                 self._set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
             with self._lock:
                 self._tracked[run.id] = tracked
+                self._remote.pop(run.id, None)
 
     def _is_tracked(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._tracked
 
-    def _snapshot_from_db(self, run_id: str) -> LiveSnapshot | None:
+    def _remote_snapshot(self, run_id: str) -> LiveSnapshot | None:
+        """A run this process does not pump: its view is built once, then only new rows are read."""
         run = self.store.get_run(run_id)
-        return _rebuild(run, self.store)[0].snapshot() if run is not None else None
+        with self._lock:
+            view = self._remote.get(run_id)
+            if run is None:
+                self._remote.pop(run_id, None)
+                return None
+            if view is not None:
+                self._remote.move_to_end(run_id)
+        if view is None:
+            view = RemoteView(run, self.store)  # outside the lock: the first build reads every row
+            with self._lock:
+                self._remote[run_id] = view
+                while len(self._remote) > REMOTE_KEEP:
+                    self._remote.popitem(last=False)
+        else:
+            view.refresh(run)
+        return view.live.snapshot()
 
 
 def _rebuild(run: Run, store: Store) -> tuple[LiveRun, AlertMonitor]:
     """Live state rebuilt from the database: the run's last known progress, metrics and alerts, and the
     alert monitor's state (the rules are deterministic: replaying the stored rows gives back exactly
     the alerts raised before, without storing them again)."""
-    live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
-                   dataset=run.dataset, method=run.method, step=run.steps_done, total_steps=run.total_steps,
-                   epoch=run.epoch, loss=run.last_loss, eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen,
-                   started_at=run.started_at, finished_at=run.finished_at, error=run.error,
-                   log_tail=run.log_tail, output_dir=run.output_dir)
-    _seed_lineage(live, run, store)
-    monitor = AlertMonitor()
-    for row in rows_from_frame(store.metrics_frame(run.id)):
-        live.add_metric(row)
-        for alert in monitor.observe(row):
-            live.add_alert(alert)
-    return live, monitor
+    view = RemoteView(run, store)
+    return view.live, view.monitor
 
 
 # ====================================================================== event handlers
@@ -631,6 +697,9 @@ def _on_progress(orch: Orchestrator, t: _Tracked, e: ev.ProgressEvent) -> None:
                   memory_mb=e.memory_mb, eta_s=e.eta_s)
     t.run_values.update(steps_done=e.step, total_steps=e.total_steps, epoch=e.epoch, last_loss=e.loss,
                         tokens_seen=e.tokens_seen, heartbeat_at=e.ts)
+    if e.loss is not None:
+        t.losses[e.step] = e.loss
+        t.sparkline_stale = True
     _check_alerts(t, row, e.ts)
 
 
@@ -674,6 +743,13 @@ def _on_error(orch: Orchestrator, t: _Tracked, e: ev.ErrorEvent) -> None:
 
 def _on_heartbeat(orch: Orchestrator, t: _Tracked, e: ev.HeartbeatEvent) -> None:
     t.run_values["heartbeat_at"] = e.ts
+
+
+def _on_log_problem(t: _Tracked, problem: str) -> None:
+    """An invalid line (skipped on its own) or a change to the log file itself: a warning in the timeline."""
+    t.live.add_warning(problem)
+    t.timeline.append((time.time(), "warning", problem))
+    t.urgent = True
 
 
 _HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
@@ -721,30 +797,6 @@ def _secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, 
     given = given or {}
     env = {"hf_token": os.environ.get("HF_TOKEN", ""), "wandb_token": os.environ.get("WANDB_API_KEY", "")}
     return {name: given.get(name) or env.get(name, "") for name in names if name in env}
-
-
-def _seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
-    """A resumed run's chart continues its parent's: show the parent's metrics up to the resume step."""
-    if not run.parent_run_id or run.resumed_from_step is None:
-        return
-    for row in rows_from_frame(lineage_frame(store, run)):
-        live.add_metric(row)
-
-
-def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
-    """Metrics of the runs this one resumed from, each cut at the step the next one continued from."""
-    parts: list[pd.DataFrame] = []
-    seen = {run.id}
-    child = run
-    while child.parent_run_id and child.parent_run_id not in seen and child.resumed_from_step is not None:
-        parent = store.get_run(child.parent_run_id)
-        if parent is None:
-            break
-        frame = store.metrics_frame(parent.id)
-        parts.insert(0, frame[frame["step"] <= child.resumed_from_step])
-        seen.add(parent.id)
-        child = parent
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["step"])
 
 
 def _try_lock(run_dir: Path) -> IO | None:

@@ -1,0 +1,79 @@
+"""Live state of a run from the database: for runs pumped by another process (one started from the CLI,
+or by another server) and for runs adopted after a restart.
+
+A view is built once from the stored rows and then kept current incrementally: each refresh reads the
+run row and only the metric rows from the last step it has seen (that row again, since an eval row of the
+same step may have been merged into it since). The alert monitor sees each row once, so alerts are never
+replayed; the rules are deterministic, so the result equals a full rebuild (tested).
+"""
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+
+from db.models import Run
+from db.store import Store
+from trainer_core.alerts import AlertMonitor, rows_from_frame
+from trainer_core.live import LiveRun
+from trainer_core.status import RunStatus
+
+
+class RemoteView:
+    def __init__(self, run: Run, store: Store):
+        self.run_id = run.id
+        self._store = store
+        self._lock = threading.Lock()  # several sessions may refresh one view at once
+        self.live = LiveRun(run.id, run.name, RunStatus(run.status))
+        self.monitor = AlertMonitor()
+        self.losses: dict[int, float] = {}  # this run's own train losses by step (its sparkline)
+        self._last_step: int | None = None
+        self._complete = False  # the run was terminal before its rows were last read: nothing more comes
+        seed_lineage(self.live, run, store)
+        self.refresh(run)
+
+    def refresh(self, run: Run) -> None:
+        """Bring the view up to ``run`` (a row just read) and the metric rows stored since the last refresh."""
+        with self._lock:
+            self.live.update(status=RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
+                             dataset=run.dataset, method=run.method, step=run.steps_done,
+                             total_steps=run.total_steps, epoch=run.epoch, loss=run.last_loss,
+                             eval_loss=run.best_eval_loss, tokens_seen=run.tokens_seen, started_at=run.started_at,
+                             finished_at=run.finished_at, error=run.error, log_tail=run.log_tail,
+                             output_dir=run.output_dir)
+            if self._complete:
+                return
+            self._complete = RunStatus(run.status).is_terminal()  # its rows were all stored before it ended
+            frame = self._store.metrics_frame(run.id, from_step=self._last_step)
+            for row in rows_from_frame(frame):
+                self.live.add_metric(row)
+                if row["loss"] is not None:
+                    self.losses[row["step"]] = row["loss"]
+                for alert in self.monitor.observe(row):
+                    self.live.add_alert(alert)
+            if len(frame):
+                self._last_step = int(frame["step"].iloc[-1])
+
+
+def seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
+    """A resumed run's chart continues its parent's: show the parent's metrics up to the resume step."""
+    if not run.parent_run_id or run.resumed_from_step is None:
+        return
+    for row in rows_from_frame(lineage_frame(store, run)):
+        live.add_metric(row)
+
+
+def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
+    """Metrics of the runs this one resumed from, each cut at the step the next one continued from."""
+    parts: list[pd.DataFrame] = []
+    seen = {run.id}
+    child = run
+    while child.parent_run_id and child.parent_run_id not in seen and child.resumed_from_step is not None:
+        parent = store.get_run(child.parent_run_id)
+        if parent is None:
+            break
+        frame = store.metrics_frame(parent.id)
+        parts.insert(0, frame[frame["step"] <= child.resumed_from_step])
+        seen.add(parent.id)
+        child = parent
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["step"])
