@@ -157,8 +157,8 @@ class Store:
             return session.get(Run, run_id)
 
     def list_runs(self, limit: int = 500, offset: int = 0, search: str = "") -> list[Run]:
-        """Runs newest first, ``limit`` from ``offset``; ``search`` matches id, name, model, dataset or
-        method (case-insensitive). Rows come without config_json and log_tail (read them with get_run)."""
+        """Runs newest first, ``limit`` from ``offset``; ``search`` is a case-insensitive part of the id, name,
+        model, dataset or method. Rows come without config_json and log_tail (read them with get_run)."""
         query = self._search(select(Run), search).order_by(col(Run.created_at).desc(), col(Run.id).desc())
         query = query.options(defer(Run.config_json, raiseload=True), defer(Run.log_tail, raiseload=True))
         with Session(self.engine) as session:
@@ -185,12 +185,12 @@ class Store:
 
     @staticmethod
     def _search(query, search: str):
-        words = search.split()
-        for word in words:
-            pattern = "%" + _like_escape(word.lower()) + "%"
-            query = query.where(or_(*[func.lower(column).like(pattern, escape="\\")
-                                      for column in (Run.id, Run.name, Run.model, Run.dataset, Run.method)]))
-        return query
+        search = search.strip().lower()
+        if not search:
+            return query
+        pattern = "%" + _like_escape(search) + "%"
+        return query.where(or_(*[func.lower(column).like(pattern, escape="\\")
+                                 for column in (Run.id, Run.name, Run.model, Run.dataset, Run.method)]))
 
     def active_runs(self) -> list[Run]:
         """Runs with a worker (starting, running, stopping): everything not finished and not queued."""

@@ -14,8 +14,12 @@ require_entrypoint("pages/compare.py")
 orch = get_orchestrator()
 st.title("Compare runs")
 
-runs = orch.list_runs()
+RECENT = 100  # offered in the picker; runs named in the link are resolved by id, however old
+
+runs = orch.list_runs(limit=RECENT)
 stop_without_runs(runs)
+asked = list(dict.fromkeys([*st.query_params.get_all("run"), *st.session_state.get("compare_ids", [])]))
+runs += orch.get_runs([i for i in asked if i not in {r.id for r in runs}])
 by_id = {r.id: r for r in runs}
 labels = run_labels(runs)
 

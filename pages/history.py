@@ -1,6 +1,8 @@
-"""History: every run in the database, newest first, with the queue, resume, compare and delete."""
+"""History: every run in the database, newest first, a page at a time and searchable, with the queue,
+resume, compare and delete."""
 from __future__ import annotations
 
+import math
 import time
 
 import pandas as pd
@@ -17,13 +19,13 @@ require_entrypoint("pages/history.py")
 
 RESUMABLE = (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.CANCELLED)
 COMPARE_MIN, COMPARE_MAX = 2, 6
+PAGE_SIZE = 50
 
 orch = get_orchestrator()
 st.title("History")
 
-runs = orch.list_runs()
-stop_without_runs(runs)
-by_id = {r.id: r for r in runs}
+if not orch.count_runs():
+    stop_without_runs([])
 
 for message in st.session_state.pop("history_notices", []):
     st.toast(message)
@@ -50,7 +52,21 @@ if queue:
     st.divider()
 
 # ---------------------------------------------------------------------- the table
-sparklines = orch.loss_series([r.id for r in runs])
+search_col, page_col, count_col = st.columns([4, 1, 2], vertical_alignment="bottom")
+search = search_col.text_input("Search runs", key="history_search", placeholder="name, id, model, dataset or method")
+total = orch.count_runs(search)
+pages = max(1, math.ceil(total / PAGE_SIZE))
+if st.session_state.get("history_page", 1) > pages:  # fewer matches than before: stay on a page that exists
+    st.session_state["history_page"] = pages
+page = page_col.number_input("Page", min_value=1, max_value=pages, step=1, key="history_page")
+first = (page - 1) * PAGE_SIZE
+runs = orch.list_runs(limit=PAGE_SIZE, offset=first, search=search)
+count_col.caption(f"Runs {first + 1:,} to {first + len(runs):,} of {total:,}" if runs else "No run matches.")
+by_id = {r.id: r for r in runs}
+missing_parents = [r.parent_run_id for r in runs if r.parent_run_id and r.parent_run_id not in by_id]
+names = {r.id: r.name for r in [*runs, *orch.get_runs(missing_parents)]}
+
+sparklines = orch.sparklines(runs)
 alerts = orch.alert_counts([r.id for r in runs])
 now = time.time()
 table = pd.DataFrame([{
@@ -67,9 +83,10 @@ table = pd.DataFrame([{
     "final loss": r.final_loss if r.final_loss is not None else r.last_loss,
     "best eval loss": r.best_eval_loss,
     "loss": sparklines.get(r.id, []),
-    "resumed from": by_id[r.parent_run_id].name if r.parent_run_id in by_id else (r.parent_run_id or ""),
+    "resumed from": names.get(r.parent_run_id, r.parent_run_id or ""),
     "output": r.output_dir,
-} for r in runs])
+} for r in runs], columns=["id", "name", "status", "alerts", "model", "dataset", "method", "started", "duration",
+                          "steps", "final loss", "best eval loss", "loss", "resumed from", "output"])
 
 st.dataframe(
     table,
@@ -97,9 +114,16 @@ st.dataframe(
 )
 
 # ---------------------------------------------------------------------- one run: open, resume, delete
-labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
+if not runs:
+    st.stop()
+if st.session_state.get("history_pick") not in by_id:
+    st.session_state.pop("history_pick", None)  # picked on another page of the list
+# Runs picked for Compare on other pages of the list stay picked (and labelled).
+kept = [i for i in st.session_state.get("history_compare", []) if i not in by_id]
+labelled = runs + orch.get_runs(kept)
+labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in labelled}
 pick_col, open_col, resume_col, delete_col = st.columns([4, 1, 1, 1], vertical_alignment="bottom")
-chosen = pick_col.selectbox("Run", list(labels), format_func=labels.get, key="history_pick")
+chosen = pick_col.selectbox("Run", list(by_id), format_func=labels.get, key="history_pick")
 run = by_id[chosen]
 status = RunStatus(run.status)
 if open_col.button("Open", icon="🔎", type="primary", width="stretch"):
@@ -166,7 +190,7 @@ if st.session_state.get("history_delete") == chosen:
 # ---------------------------------------------------------------------- compare
 st.divider()
 compare_col, go_col = st.columns([5, 1], vertical_alignment="bottom")
-picked = compare_col.multiselect(f"Compare runs ({COMPARE_MIN} to {COMPARE_MAX})", list(labels),
+picked = compare_col.multiselect(f"Compare runs ({COMPARE_MIN} to {COMPARE_MAX}, from any page)", list(labels),
                                  format_func=labels.get, key="history_compare", max_selections=COMPARE_MAX)
 if go_col.button("Compare", icon="⚖️", width="stretch", disabled=len(picked) < COMPARE_MIN):
     st.session_state["compare_ids"] = picked

@@ -20,7 +20,7 @@ def _chosen_run_id() -> str | None:
     for candidate in (st.session_state.get("live_run_id"), orch.active_run_id()):
         if candidate and orch.get_run(candidate) is not None:
             return candidate
-    runs = orch.list_runs()
+    runs = orch.list_runs(limit=1)
     return runs[0].id if runs else None
 
 

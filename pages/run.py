@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import streamlit as st
 import yaml
 
@@ -18,7 +19,9 @@ require_entrypoint("pages/run.py")
 orch = get_orchestrator()
 st.title("Run details")
 
-runs = orch.list_runs()
+RECENT = 100  # the picker offers the newest runs; any other run is reached by its id (History, a link)
+
+runs = orch.list_runs(limit=RECENT)
 stop_without_runs(runs)
 
 
@@ -27,10 +30,14 @@ def _remember_choice() -> None:
     st.query_params["run"] = st.session_state["run_pick"]  # the URL names the run: shareable, survives reload
 
 
-ids = [r.id for r in runs]
 wanted = st.query_params.get("run") or st.session_state.get("detail_run_id")
+if wanted and wanted not in {r.id for r in runs}:
+    runs = orch.get_runs([wanted]) + runs  # an older run, resolved by its id
+ids = [r.id for r in runs]
 if wanted in ids:
     st.session_state["run_pick"] = wanted
+elif wanted:
+    st.warning("The run this link names does not exist (it may have been deleted); showing the newest run.")
 labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
 run_id = st.selectbox("Run", ids, format_func=labels.get, key="run_pick", on_change=_remember_choice)
 run = orch.get_run(run_id)
@@ -60,7 +67,8 @@ cols[5].metric("Started", fmt.ago(started), help=fmt.timestamp(started), border=
 log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
 render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
 
-metrics = orch.metrics(run.id, lineage=True)
+earlier, own = orch.metrics_parts(run.id)  # one read each; own alone goes into the CSV download
+metrics = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
 render_nonfinite(metrics)
 events = orch.events(run.id)
 alerts = [e for e in events if e.kind == "alert"]
@@ -75,10 +83,9 @@ with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
     render_charts(metrics, options)
-    own = orch.metrics(run.id)
-    if not own.empty:
-        st.download_button("Download metrics (CSV)", own.to_csv(index=False), file_name=f"{run.id}-metrics.csv",
-                           mime="text/csv", icon="⬇️")
+    if not own.empty:  # the CSV is built when the button is clicked, not on every render
+        st.download_button("Download metrics (CSV)", lambda: own.to_csv(index=False),
+                           file_name=f"{run.id}-metrics.csv", mime="text/csv", icon="⬇️")
 with timeline_tab:
     kinds = sorted({e.kind for e in events})
     shown = st.pills("Show", kinds, selection_mode="multi", default=kinds, key="run_timeline_kinds")

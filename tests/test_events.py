@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -192,3 +193,81 @@ def test_a_long_line_still_being_written_is_read_again_later(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"x" * 3000)  # no newline yet
     assert ev.read_new(path, 0, max_bytes=1000) == ([], 0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"kind":"complete","status":"running"}', "complete event: 'status' is 'running', expected one of cancelled, "
+                                               "completed, stopped"),
+    ('{"kind":"status","status":"failed"}', "status event: 'status' is 'failed', expected one of running, starting, "
+                                            "stopping"),
+    ('{"kind":"progress","step":"x","total_steps":3}', "progress event: 'step' is 'x', expected int"),
+    ('{"kind":"progress","step":true,"total_steps":3}', "progress event: 'step' is True, expected int"),
+    ('{"kind":"progress","step":1,"total_steps":3,"loss":"low"}', "progress event: 'loss' is 'low', expected int or "
+                                                                  "float or null"),
+    ('{"kind":"eval","eval_loss":1.0}', "eval event without its 'step' field"),
+    ('{"kind":"warning","message":["a"]}', "warning event: 'message' is ['a'], expected str"),
+])
+def test_decode_names_the_field_that_is_wrong(line, message):
+    with pytest.raises(ev.InvalidEvent) as info:
+        ev.decode(line)
+    assert str(info.value) == message
+
+
+def test_read_lines_reports_each_invalid_line_with_its_own_offset(tmp_path):
+    path = tmp_path / "events.jsonl"
+    good = ev.encode(ALL_EVENTS[1]) + "\n"
+    bad = '{"kind":"progress","step":"x","total_steps":3}\n'
+    path.write_text(good + bad + good)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lines = ev.read_lines(fd, 0)
+    finally:
+        os.close(fd)
+    assert [line.end for line in lines] == [len(good), len(good) + len(bad), 2 * len(good) + len(bad)]
+    assert [line.event for line in lines] == [ALL_EVENTS[1], None, ALL_EVENTS[1]]
+    assert "at byte " + f"{len(good):,}" in lines[1].problem and "'step' is 'x'" in lines[1].problem
+
+
+def test_follower_keeps_reading_a_deleted_log_and_says_so_once(tmp_path):
+    path = tmp_path / "events.jsonl"
+    writer = ev.EventWriter(path)
+    writer.emit(ALL_EVENTS[1])
+    follower = ev.LogFollower(path)
+    first = follower.read(0)
+    assert [line.event for line in first] == [ALL_EVENTS[1]]
+    path.unlink()
+    writer.emit(ALL_EVENTS[7])  # the writer's descriptor still leads to the unlinked file
+    writer.close()
+    second = follower.read(first[-1].end)
+    assert "events.jsonl was deleted" in second[0].problem and second[0].end == first[-1].end
+    assert [line.event for line in second[1:]] == [ALL_EVENTS[7]]
+    assert follower.read(second[-1].end) == []  # reported once
+    assert follower.last_terminal_event() is None
+    follower.close()
+
+
+def test_follower_restarts_from_the_top_of_a_log_that_shrank(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text(ev.encode(ALL_EVENTS[1]) + "\n" + ev.encode(ALL_EVENTS[7]) + "\n")
+    follower = ev.LogFollower(path)
+    end = follower.read(0)[-1].end
+    with open(path, "r+") as fh:
+        fh.truncate(0)
+    assert follower.read(end) == [ev.LogLine(0, None, f"events.jsonl shrank from {end:,} to 0 bytes; reading it "
+                                                       "again from its start (stored metrics are merged by step)")]
+    follower.close()
+
+
+def test_follower_finds_the_workers_unlinked_log_through_proc(tmp_path):
+    """After a server restart the path may lead nowhere; the worker's open descriptor still leads to its log."""
+    path = tmp_path / "events.jsonl"
+    writer = ev.EventWriter(path)  # this process plays the worker
+    writer.emit(ALL_EVENTS[5])
+    path.unlink()
+    follower = ev.LogFollower(path, pid=os.getpid())
+    lines = follower.read(0)
+    assert "events.jsonl was deleted" in lines[0].problem
+    assert [line.event for line in lines[1:]] == [ALL_EVENTS[5]]
+    assert follower.last_terminal_event() == ALL_EVENTS[5]
+    follower.close()
+    writer.close()
