@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
 from db.models import Metric, Run, RunEvent
 from trainer_core import paths
-from trainer_core.live import merge_metric, merge_rows, thin
+from trainer_core.live import merge_metric, merge_nonfinite, merge_rows, thin
 from trainer_core.status import RunStatus
 
 METRIC_FIELDS = ("epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen", "tokens_per_s",
@@ -64,6 +65,14 @@ class Store:
         # Built once: SQLAlchemy compiles it once and runs it with a list of parameter sets (executemany);
         # a multi-VALUES statement per batch spent most of the pump's time compiling.
         self._upsert_stmt = self._upsert()
+        # Compiled once to the driver's SQL: per-row parameter processing in SQLAlchemy cost more than the
+        # database's own work, so parameter sets go to the driver's executemany as they are.
+        compiled = self._upsert_stmt.compile(dialect=self.engine.dialect)
+        self._upsert_sql = compiled.string
+        columns = ("run_id", "step", *METRIC_FIELDS)
+        self._upsert_constants = {k: v for k, v in compiled.params.items() if k not in columns}
+        # Parameter names in order for positional drivers (SQLite); named drivers take the dict itself.
+        self._upsert_order = operator.itemgetter(*compiled.positiontup) if compiled.positiontup else None
         columns = Metric.__table__.c
         self._frame_stmt = (select(*[columns[c] for c in ("step", *METRIC_FIELDS)])
                             .where(columns.run_id == bindparam("run_id")).order_by(columns.step))
@@ -98,10 +107,13 @@ class Store:
 
         Because rows and offset commit together, a crash replays exactly the lines not yet stored.
         """
-        rows = [self._metric_values(run_id, r) for r in merge_rows(rows)]
+        rows = list(rows)
+        if len({int(r["step"]) for r in rows}) < len(rows):
+            rows = merge_rows(rows)  # one parameter set per step (PostgreSQL refuses the same key twice)
+        rows = [self._upsert_parameters(self._metric_values(run_id, r)) for r in rows]
         with self._write_lock, Session(self.engine) as session:
             if rows:
-                session.connection().execute(self._upsert_stmt, rows)
+                session.connection().exec_driver_sql(self._upsert_sql, rows)
             for ts, kind, message in events:
                 session.add(RunEvent(run_id=run_id, ts=ts, kind=kind, message=message))
             if event_offset is not None or run_values:
@@ -303,8 +315,12 @@ class Store:
         values = {"run_id": run_id, "step": int(row["step"])}
         for name in METRIC_FIELDS:
             values[name] = row.get(name)
-        values["nonfinite"] = values["nonfinite"] or ""  # the column is NOT NULL; "" means "all values finite"
+        values["nonfinite"] = merge_nonfinite("", values["nonfinite"])  # NOT NULL; "" means "all values finite"
         return values
+
+    def _upsert_parameters(self, values: dict[str, Any]) -> dict[str, Any] | tuple:
+        values.update(self._upsert_constants)
+        return self._upsert_order(values) if self._upsert_order else values
 
     def _upsert(self):
         dialect = sqlite if self.is_sqlite else postgresql

@@ -55,10 +55,10 @@ def _nonfinite_names(row: dict[str, Any]) -> set[str]:
     return set(names)  # a dict or list of names, as events carry them
 
 
-def _read(row: dict[str, Any], name: str) -> tuple[bool, float | None]:
+def _read(row: dict[str, Any], name: str, nonfinite: set[str]) -> tuple[bool, float | None]:
     """(present, finite value or None when non-finite) of one metric in a row."""
     value = row.get(name)
-    if name in _nonfinite_names(row):
+    if name in nonfinite:
         return True, None
     if value is None:
         return False, None
@@ -98,8 +98,9 @@ class AlertMonitor:
         """The alerts this row raises (usually none)."""
         step = int(row["step"])
         alerts: list[Alert] = []
+        nonfinite = _nonfinite_names(row) if row.get("nonfinite") else set()
         for name, check in (("loss", self._loss), ("grad_norm", self._grad_norm), ("eval_loss", self._eval_loss)):
-            present, value = _read(row, name)
+            present, value = _read(row, name, nonfinite)
             if not present or step <= self._last_step.get(name, -math.inf):
                 continue
             self._last_step[name] = step
@@ -112,22 +113,21 @@ class AlertMonitor:
         """Observe every row in order and return all alerts raised."""
         return [alert for row in rows for alert in self.observe(row)]
 
-    def _nonfinite(self, kind: str, step: int, value: float | None, text: str) -> Alert | None:
+    def _nonfinite(self, kind: str, step: int, value: float | None, row: dict[str, Any], name: str,
+                   label: str) -> Alert | None:
         if value is not None:
             self._in_episode.discard(kind)
             return None
         if kind in self._in_episode:
             return None
         self._in_episode.add(kind)
-        return Alert(kind, step, text)
+        return Alert(kind, step, f"{label} is {_describe(row, name)} at step {step}.")  # text only when raised
 
     def _loss(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
-        return self._nonfinite(NONFINITE_LOSS, step, value,
-                               f"Train loss is {_describe(row, 'loss')} at step {step}.")
+        return self._nonfinite(NONFINITE_LOSS, step, value, row, "loss", "Train loss")
 
     def _grad_norm(self, step: int, value: float | None, row: dict[str, Any]) -> Alert | None:
-        alert = self._nonfinite(NONFINITE_GRAD_NORM, step, value,
-                                f"Grad norm is {_describe(row, 'grad_norm')} at step {step}.")
+        alert = self._nonfinite(NONFINITE_GRAD_NORM, step, value, row, "grad_norm", "Grad norm")
         if value is None:
             return alert
         spike = None

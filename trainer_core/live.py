@@ -58,6 +58,10 @@ class LiveSnapshot:
 
 
 def merge_nonfinite(old: str, new: str) -> str:
+    if not new or new == old:
+        return old or ""
+    if not old and "," not in new:
+        return new  # the common cases, without building sets
     names = set(filter(None, (old or "").split(","))) | set(filter(None, (new or "").split(",")))
     return ",".join(sorted(names))
 
@@ -155,9 +159,14 @@ class LiveRun:
                             metrics=frame.copy(deep=False))
 
 
+_ROW_FIELDS = {cls: [k for k in METRIC_COLUMNS if k in {f.name for f in dataclasses.fields(cls)}]
+               for cls in (ev.ProgressEvent, ev.EvalEvent)}
+
+
 def metric_row(event: ev.ProgressEvent | ev.EvalEvent) -> dict[str, Any]:
     """The metric-table row an event contributes (NaN fields are None, named in ``nonfinite``)."""
-    row = {k: getattr(event, k) for k in METRIC_COLUMNS if hasattr(event, k)}  # asdict deep-copies: slow
+    values = event.__dict__  # the dataclass fields (asdict deep-copies: slow)
+    row = {k: values[k] for k in _ROW_FIELDS[type(event)]}
     row["wall_time"] = event.ts
     row["nonfinite"] = ",".join(sorted(event.nonfinite))
     return row
