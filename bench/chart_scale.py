@@ -117,7 +117,7 @@ class RemoteRun:
             store.append_metrics(self.run_id, rows[start:start + 20_000])
         self.next_row = dict(rows[-1], eval_loss=None)
         run_dir = paths.run_dir(self.run_id)
-        run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True, exist_ok=True)  # the same ids on each backend
         self.lock = orchestrator._try_lock(run_dir)  # the other process's pump lock: nobody here adopts it
 
     def advance(self) -> None:

@@ -13,6 +13,8 @@ Lost and duplicate counts come from the database afterwards (steps 1..N expected
 stored loss is compared with the one in the log.
 
     .venv/bin/python bench/event_pipeline.py [--events 100000] [--linger] [--delay S] [--viewers K]
+
+Goal (issue 14): >= 20,000 events/s end to end, p99 delay < 1 s, 0 lost, 0 duplicated.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.status import RunStatus
 
 FAKE_WORKER = ROOT / "tests" / "fake_worker.py"
+GOAL_RATE, GOAL_P99_MS = 20_000, 1_000
 
 
 def use_fake_worker() -> None:
@@ -169,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key:<32} {value:,.1f}" if isinstance(value, float) else f"  {key:<32} {value}")
         failed |= bool(result["lost"] or result["duplicate rows"] or result["loss mismatches"]
                        or not result["final status"].startswith(RunStatus.COMPLETED.value))
+        met = {"rate": result["events/s end to end"] >= GOAL_RATE, "p99": result["delay p99 ms"] < GOAL_P99_MS,
+               "nothing lost": not (result["lost"] or result["duplicate rows"] or result["loss mismatches"])}
+        print(f"  goal >= {GOAL_RATE:,} events/s, p99 < {GOAL_P99_MS:,} ms, 0 lost: "
+              + ", ".join(f"{name} {'met' if ok else 'NOT met'}" for name, ok in met.items())
+              + f" (the worker alone emitted {args.events / result['emit span s']:,.0f} events/s)")
     return 1 if failed else 0
 
 

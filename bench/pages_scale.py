@@ -13,6 +13,7 @@ the medians printed with their goal.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import statistics
@@ -24,13 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import streamlit.logger
 from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
 import ui.state
 from db.models import Run
-from db.store import Store
+from db.store import METRIC_FIELDS, Store
 from trainer_core.orchestrator import Orchestrator
 from trainer_core.status import RunStatus
 
@@ -58,12 +58,29 @@ def fill(store: Store, runs: int, steps: int, prefix: str, seed: int = 0) -> lis
             if step % 50 == 0:
                 row["eval_loss"] = row["loss"] + 0.05
             rows.append(row)
-        for start in range(0, len(rows), 20_000):
-            store.append_metrics(run_id, rows[start:start + 20_000])
+        write_metrics(store, run_id, rows)
         store.finish_run(run_id, RunStatus.COMPLETED, steps_done=steps, final_loss=rows[-1]["loss"],
                          finished_at=created + 0.5 * steps)
         ids.append(run_id)
     return ids
+
+
+def write_metrics(store: Store, run_id: str, rows: list[dict]) -> None:
+    """Test data in: the store's own upsert on SQLite, COPY on PostgreSQL (the same rows, 10x faster to fill)."""
+    if store.is_sqlite:
+        for start in range(0, len(rows), 20_000):
+            store.append_metrics(run_id, rows[start:start + 20_000])
+        return
+    columns = ("step", *METRIC_FIELDS)
+    raw = store.engine.raw_connection()
+    try:
+        with raw.cursor() as cursor:
+            with cursor.copy(f"COPY metric (run_id, {', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row((run_id, *[row.get(c, "" if c == "nonfinite" else None) for c in columns]))
+        raw.commit()
+    finally:
+        raw.close()
 
 
 def make_store(backend: str, name: str, home: Path) -> Store:
@@ -106,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     args = parser.parse_args(argv)
-    streamlit.logger.set_log_level("error")  # bare-mode warnings from the filling code
+    # AppTest's session state is written from this thread: Streamlit warns "missing ScriptRunContext" each time.
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").disabled = True
     home = Path(tempfile.mkdtemp(prefix="pages-bench-"))
     os.environ.update(FINETUNE_STUDIO_HOME=str(home / "home"), FINETUNE_STUDIO_FORCE_CPU="1")
     os.environ.pop("FINETUNE_STUDIO_PASSWORD", None)
