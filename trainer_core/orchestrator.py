@@ -18,6 +18,7 @@ import os
 import secrets as pysecrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +50,9 @@ KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 60
 IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
+# Secrets of queued runs, in this process's memory only (shared by every orchestrator of the process, so a
+# hot reload's second orchestrator can still launch them). The run row names the holding process.
+_HELD_SECRETS: dict[str, dict[str, str]] = {}
 
 
 class RunRefused(RuntimeError):
@@ -89,7 +93,7 @@ class Orchestrator:
         self._closing = threading.Event()
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
-        self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
+        self._secrets = _HELD_SECRETS  # secrets of queued runs, in memory only
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
         self._adopt_orphans()
@@ -127,7 +131,8 @@ class Orchestrator:
                       created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
                       config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
                       queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
-                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step)
+                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
+                      steps_done=resumed_from_step or 0)
             lock_fh = None
             if run_id in now_free:
                 run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
@@ -135,6 +140,7 @@ class Orchestrator:
                 lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             elif cfg.secrets():
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
+                run.secrets_holder = process_token()  # so other processes leave this run to us
             self.store.create_run(run)
             if parent is not None:
                 self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
@@ -340,7 +346,7 @@ class Orchestrator:
         self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
-                       total_steps=cfg.max_steps, output_dir=str(run_dir))
+                       total_steps=cfg.max_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         _seed_lineage(live, run, self.store)
         with self._lock:
             self._tracked[run.id] = _Tracked(run.id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
@@ -369,13 +375,16 @@ class Orchestrator:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
             return False
         needed = [name for name in run.needs_secrets.split(",") if name]
+        if needed and run.id not in self._secrets and run.secrets_holder not in ("", process_token()) \
+                and _holder_alive(run.secrets_holder):
+            return False  # its secrets live in another process's memory: only that process can launch it
         cfg = dataclasses.replace(cfg, **_secret_values(needed, self._secrets.get(run.id)))
         missing = [name for name in needed if not getattr(cfg, name)]
         if missing:
             self.store.finish_run(run.id, RunStatus.FAILED, error=(
-                f"This run was queued with {', '.join(missing)}, which is never written to disk, and the dashboard "
-                "restarted before it started. Start it again and enter the secret, or set HF_TOKEN / WANDB_API_KEY "
-                "in the dashboard's environment."))
+                f"This run was queued with {', '.join(missing)}, which is never written to disk; "
+                f"{_holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the secret, "
+                "or set HF_TOKEN / WANDB_API_KEY in the environment of the dashboard or CLI."))
             return False
         errors = cfg.validate()  # files may have changed or gone while it waited
         if errors:
@@ -509,8 +518,8 @@ class Orchestrator:
     def _finish(self, t: _Tracked) -> None:
         status, values = t.terminal
         self.store.finish_run(t.run_id, status, **values)
-        t.live.update(status=status, finished_at=time.time(), **{k: v for k, v in values.items()
-                                                                  if k in ("error", "log_tail", "output_dir")})
+        t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
+                      **{k: v for k, v in values.items() if k in ("error", "log_tail", "output_dir")})
         with self._lock:
             self._tracked.pop(t.run_id, None)
             self._finished[t.run_id] = t.live
@@ -522,7 +531,8 @@ class Orchestrator:
     def _set_terminal(self, t: _Tracked, status: RunStatus, **values: Any) -> None:
         if t.terminal is None:
             t.terminal = (status, values)
-            t.live.update(status=status, **{k: v for k, v in values.items() if k in ("error", "log_tail")})
+            t.live.update(status=status, phase=values.get("phase", ""),  # "saving" is over once the run ended
+                          **{k: v for k, v in values.items() if k in ("error", "log_tail")})
 
     def _exited(self, t: _Tracked) -> tuple[bool, str]:
         if t.proc is not None:
@@ -542,7 +552,7 @@ class Orchestrator:
         if waited > STOP_TIMEOUT_S and t.terminated_at is None:
             t.terminated_at = time.time()
             _signal_group(t.pid, signal.SIGTERM)
-            t.timeline.append((time.time(), "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM"))
+            self.store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
         elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
             _signal_group(t.pid, signal.SIGKILL)
 
@@ -612,7 +622,10 @@ def _on_status(orch: Orchestrator, t: _Tracked, e: ev.StatusEvent) -> None:
         status = RunStatus.STOPPING  # a stop was requested; don't flip back to running in the UI
     t.live.update(status=status, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
     t.run_values.update(status=status.value, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
-    t.timeline.append((e.ts, "status", f"{status.label}: {e.phase}" if e.phase else status.label))
+    # The timeline records what the worker said, not how it was shown: the same log always gives the same
+    # timeline, however late the pump read it (db rebuild relies on that).
+    reported = RunStatus(e.status).label
+    t.timeline.append((e.ts, "status", f"{reported}: {e.phase}" if e.phase else reported))
     t.urgent = True
 
 
@@ -755,6 +768,37 @@ def _try_lock(run_dir: Path) -> IO | None:
         fh.close()
         return None
     return fh
+
+
+def process_token() -> str:
+    """This process, as other processes can recognise it: host, pid and start time (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def _parse_token(token: str) -> tuple[str, int, float] | None:
+    host, _, rest = token.rpartition(":")
+    host, _, pid = host.rpartition(":")
+    try:
+        return host, int(pid), float(rest)
+    except ValueError:
+        return None
+
+
+def _holder_alive(token: str) -> bool:
+    """Whether the process named by ``token`` still runs. One on another host cannot be checked: it is
+    assumed alive (the run waits for it, or for someone to remove it from the queue)."""
+    parsed = _parse_token(token)
+    if parsed is None:
+        return False
+    host, pid, started = parsed
+    return host != socket.gethostname() or _pid_alive(pid, started)
+
+
+def _holder_gone(token: str) -> str:
+    parsed = _parse_token(token)
+    if parsed is None:
+        return "the process that queued it (unknown: queued by an older version) has ended"
+    return f"the process that queued it and held the secret in memory (pid {parsed[1]} on {parsed[0]}) has exited"
 
 
 def _pid_alive(pid: int | None, started_at: float | None) -> bool:
