@@ -295,6 +295,18 @@ def test_stop_then_cancel_requests_are_durable_and_cancel_wins(orch, monkeypatch
     assert orch.get_run(run_id).status == RunStatus.FAILED.value
 
 
+def test_a_finished_run_no_longer_shows_its_last_phase(orch, monkeypatch):
+    """The fake's last status before it ends on Stop is "stopping / saving"; once stopped, that is stale."""
+    run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.02))
+    wait_for_step(orch, run_id, 2)
+    orch.stop(run_id)
+    snap = orch.wait(run_id, timeout=30, interval=0.05)
+    assert "stopping/saving" in [f"{e.message}".lower().replace(": ", "/") for e in orch.events(run_id)
+                                 if e.kind == "status"]
+    assert (snap.status, snap.phase) == (RunStatus.STOPPED, "")
+    assert orch.get_run(run_id).phase == ""
+
+
 @pytest.mark.parametrize("action, status", [("stop", RunStatus.STOPPED), ("cancel", RunStatus.CANCELLED)])
 def test_worker_honouring_control_ends_stopped_or_cancelled(orch, monkeypatch, action, status):
     run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.05, checkpoints=""))

@@ -4,14 +4,20 @@ orchestrator, pump, store, control and OS locks; only the training is fake)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from db.models import Run
-from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
+from tests.support import run_python
+from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
 from trainer_core import hardware, orchestrator, paths, scheduling
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator, RunRefused
@@ -148,6 +154,83 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
         assert db_file.is_file()
         for path in (db_file, db_file.with_name(db_file.name + "-wal")):
             assert not path.exists() or token.encode() not in path.read_bytes(), path
+
+
+# Another process (the CLI) that looks at the queue once: it must leave a run whose secret it lacks alone.
+OTHER_PROCESS = r"""
+import sys
+from db.store import Store
+from trainer_core.orchestrator import Orchestrator
+orch = Orchestrator(store=Store(sys.argv[1]), start_pump=False)
+print("launched:", orch.launch_queued())
+run = orch.get_run(sys.argv[2])
+print("status:", run.status, "error:", run.error)
+orch.close()
+"""
+
+
+def settle(orch: Orchestrator, run_id: str) -> RunStatus:
+    """Pump by hand until the run has ended (for orchestrators made with start_pump=False)."""
+    wait_until(lambda: orch.pump_once() or RunStatus(orch.get_run(run_id).status).is_terminal(), timeout=60,
+               what=f"{run_id} to end")
+    return RunStatus(orch.get_run(run_id).status)
+
+
+def test_only_the_orchestrator_holding_a_queued_runs_secret_launches_it(home, store, fake_worker, monkeypatch):
+    dashboard = Orchestrator(store=store, start_pump=False)
+    try:
+        busy = _orphan(store, pid=os.getpid(), pid_started_at=psutil.Process().create_time())
+        token = "hf_typed_into_the_dashboard_123"
+        queued = dashboard.start(dataclasses.replace(fake(monkeypatch, steps=1), hf_token=token))
+        assert dashboard.get_run(queued).status == RunStatus.QUEUED.value
+        store.finish_run(busy, RunStatus.COMPLETED)  # the device is free: whoever looks first may launch
+        result = run_python(OTHER_PROCESS, store.url, queued, env={"FINETUNE_STUDIO_HOME": str(home)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "launched: []" in result.stdout and "status: queued error: \n" in result.stdout, result.stdout
+        assert dashboard.launch_queued() == [queued]
+        assert settle(dashboard, queued) is RunStatus.COMPLETED
+        assert "HF_TOKEN set: True" in dashboard.log_tail(queued)
+    finally:
+        dashboard.close()
+
+
+def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(home, store, fake_worker, monkeypatch):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    run_id = "20260101-000000-5ec12e"
+    paths.run_dir(run_id).mkdir(parents=True)
+    (paths.run_dir(run_id) / "config.yaml").write_text(fake(monkeypatch, steps=1).to_yaml())
+    store.create_run(Run(id=run_id, name="queued elsewhere", status=RunStatus.QUEUED.value, devices="cpu",
+                         queue_position=1.0, created_at=time.time(), needs_secrets="hf_token",
+                         secrets_holder=f"{socket.gethostname()}:{gone.pid}:{started:.2f}:0a1b2c3d"))
+    orch = Orchestrator(store=store, start_pump=False)
+    try:
+        assert orch.launch_queued() == []
+        run = store.get_run(run_id)
+        assert run.status == RunStatus.FAILED.value
+        assert run.error == (
+            "This run was queued with hf_token, which is never written to disk; the process that queued it and "
+            f"held the secret in memory (pid {gone.pid} on {socket.gethostname()}) has exited before its turn "
+            "came. Start it again and enter the secret, or set HF_TOKEN / WANDB_API_KEY in the environment of "
+            "the dashboard or CLI.")
+    finally:
+        orch.close()
+
+
+def test_a_resumed_run_shows_the_step_it_resumes_from_before_its_first_log_line(home, store, fake_worker, monkeypatch):
+    orch = Orchestrator(store=store, start_pump=False)  # nothing is pumped: what start() itself shows
+    try:
+        parent = _orphan(store, status=RunStatus.RUNNING.value)
+        store.finish_run(parent, RunStatus.STOPPED)
+        run_id = orch.start(fake(monkeypatch, steps=8), parent=store.get_run(parent), resumed_from_step=4)
+        snap = orch.snapshot(run_id)
+        assert (snap.step, snap.total_steps) == (4, 8)
+        assert store.get_run(run_id).steps_done == 4
+        orch.cancel(run_id)
+        settle(orch, run_id)
+    finally:
+        orch.close()
 
 
 def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch):

@@ -50,9 +50,7 @@ KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 60
 IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
-# Secrets of queued runs, in this process's memory only (shared by every orchestrator of the process, so a
-# hot reload's second orchestrator can still launch them). The run row names the holding process.
-_HELD_SECRETS: dict[str, dict[str, str]] = {}
+_OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
 
 
 class RunRefused(RuntimeError):
@@ -93,7 +91,11 @@ class Orchestrator:
         self._closing = threading.Event()
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
-        self._secrets = _HELD_SECRETS  # secrets of queued runs, in memory only
+        self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
+        # Names this orchestrator in the rows of runs whose secrets only it holds: other orchestrators (the
+        # CLI, another server, a hot reload's second one) leave those runs to it while it is open.
+        self.holder = f"{process_token()}:{pysecrets.token_hex(4)}"
+        _OPEN_HOLDERS.add(self.holder)
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
         self._adopt_orphans()
@@ -140,7 +142,7 @@ class Orchestrator:
                 lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             elif cfg.secrets():
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
-                run.secrets_holder = process_token()  # so other processes leave this run to us
+                run.secrets_holder = self.holder  # so other orchestrators leave this run to us
             self.store.create_run(run)
             if parent is not None:
                 self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
@@ -312,6 +314,7 @@ class Orchestrator:
 
     def close(self) -> None:
         """Stop pumping (workers keep running; another orchestrator can adopt them)."""
+        _OPEN_HOLDERS.discard(self.holder)  # queued runs whose secrets it held can no longer start
         self._closing.set()
         if self._thread:
             self._thread.join(timeout=5)
@@ -375,9 +378,9 @@ class Orchestrator:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
             return False
         needed = [name for name in run.needs_secrets.split(",") if name]
-        if needed and run.id not in self._secrets and run.secrets_holder not in ("", process_token()) \
+        if needed and run.id not in self._secrets and run.secrets_holder not in ("", self.holder) \
                 and _holder_alive(run.secrets_holder):
-            return False  # its secrets live in another process's memory: only that process can launch it
+            return False  # its secrets live in another orchestrator's memory: only that one can launch it
         cfg = dataclasses.replace(cfg, **_secret_values(needed, self._secrets.get(run.id)))
         missing = [name for name in needed if not getattr(cfg, name)]
         if missing:
@@ -775,29 +778,38 @@ def process_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
 
 
-def _parse_token(token: str) -> tuple[str, int, float] | None:
-    host, _, rest = token.rpartition(":")
-    host, _, pid = host.rpartition(":")
+def _parse_holder(token: str) -> tuple[str, int, float] | None:
+    """(host, pid, process start time) of an orchestrator's holder token "host:pid:start:instance"."""
+    parts = token.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
     try:
-        return host, int(pid), float(rest)
+        return parts[0], int(parts[1]), float(parts[2])
     except ValueError:
         return None
 
 
 def _holder_alive(token: str) -> bool:
-    """Whether the process named by ``token`` still runs. One on another host cannot be checked: it is
+    """Whether the orchestrator named by ``token`` may still launch its run: one of this process that is not
+    closed, or one in another process that still runs. A process on another host cannot be checked: it is
     assumed alive (the run waits for it, or for someone to remove it from the queue)."""
-    parsed = _parse_token(token)
+    parsed = _parse_holder(token)
     if parsed is None:
         return False
     host, pid, started = parsed
-    return host != socket.gethostname() or _pid_alive(pid, started)
+    if host != socket.gethostname():
+        return True
+    if pid == os.getpid():
+        return token in _OPEN_HOLDERS
+    return _pid_alive(pid, started)
 
 
 def _holder_gone(token: str) -> str:
-    parsed = _parse_token(token)
+    parsed = _parse_holder(token)
     if parsed is None:
-        return "the process that queued it (unknown: queued by an older version) has ended"
+        return "the dashboard or CLI that queued it is gone"
+    if parsed[1] == os.getpid():
+        return "the orchestrator that queued it and held the secret in memory was closed"
     return f"the process that queued it and held the secret in memory (pid {parsed[1]} on {parsed[0]}) has exited"
 
 
