@@ -17,6 +17,7 @@ from db.store import Store
 from tests.support import ROOT, build_tiny_model, run_python
 from tests.test_pages import open_page, submit, texts
 from trainer_core import datasets, paths
+from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
 from trainer_core.orchestrator import Orchestrator
 
@@ -389,6 +390,76 @@ def test_new_run_page_refuses_paths_and_names_together(app_home, tmp_path, outsi
     assert all(OUTSIDE in e for e in errors if e.startswith(("**local_datasets**", "**model_name**")))
     assert all("no slashes" in e for e in errors if e.startswith("**run_name**"))
     assert_nothing_left(app_home)
+
+
+# Paths no file system can hold: the OS would raise OSError (name too long) or ValueError (NUL) instead of
+# saying what to fix, which crashed New run (the Start button disappeared) and the CLI.
+UNUSABLE_PATHS = {"300-characters": ("./" + "a" * 300, "names are limited to 255"),
+                  "nul-byte": ("data\x00.jsonl", "contains a NUL character"),
+                  "5000-bytes": ("/" + "/".join(["d" * 200] * 25), "paths are limited to 4,095")}
+PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint")
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_new_run_page_reports_an_unusable_path_in_every_path_field(app_home, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    at = open_page("pages/new_run.py")
+    at.radio(key="nr_model_source").set_value("local")
+    at.text_input(key="nr_model_text").input(bad)
+    at.radio(key="nr_dataset_source").set_value("local")
+    at.text_input(key="nr_local_datasets").input(bad)
+    at.text_input(key="nr_local_eval_datasets").input(bad)
+    at.text_input(key="nr_resume_from_checkpoint").input(bad)
+    submit(at)
+    errors = texts(at, "error")
+    for field in PATH_FIELDS:
+        assert any(e.startswith(f"**{field}**") and phrase in e for e in errors), (field, errors)
+    assert [b for b in at.button if b.label == "Start training"]  # the form is still there to fix
+    assert_nothing_left(app_home)
+
+
+@pytest.mark.parametrize("field", PATH_FIELDS)
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_cli_reports_an_unusable_path_as_a_field_error(home, tmp_path, capsys, field, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    config = tmp_path / "run.yaml"
+    value = [bad] if field in ("local_datasets", "local_eval_datasets") else bad
+    config.write_text(yaml.safe_dump({field: value}))
+    for command in ("validate", "run"):
+        assert cli_main([command, "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        mine = [line for line in err.splitlines() if line.startswith(f"error: {field}: ")]
+        assert len(mine) == 1 and phrase in mine[0], err
+    assert_nothing_left(home)
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_cli_reports_an_unusable_config_path(home, capsys, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    assert cli_main(["validate", "--config", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config: ") and phrase in err, err
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".json", "[" * 100_000 + "]" * 100_000),
+    (".jsonl", '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+    (".csv", 'messages\n"' + "[" * 100_000 + "]" * 100_000 + '"\n'),
+])
+def test_deeply_nested_json_is_a_field_error(home, tmp_path, suffix, text):
+    data = tmp_path / f"deep{suffix}"
+    data.write_text(text)
+    errors = problems({"local_datasets": [str(data)]})
+    if suffix == ".csv":  # a cell too deep to be read as turns is not a chat column: nothing to detect
+        assert_reported(errors, "format_type", "could not tell the format")
+    else:
+        assert_reported(errors, "local_datasets", "nests lists or objects too deeply to read")
+
+
+def test_cli_set_with_a_value_that_is_not_yaml(home, capsys):
+    assert cli_main(["validate", "--config", "/dev/null", "--set", "lora_r=[[[" ]) == 2
+    assert "error: lora_r: --set value '[[[' is not a YAML value" in capsys.readouterr().err
 
 
 def test_orchestrator_start_refuses_bad_config_without_a_trace(home, tmp_path, outside):

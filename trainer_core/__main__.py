@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
+from trainer_core import paths
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
@@ -30,12 +31,19 @@ EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunSt
 
 
 def load_config(path: str, overrides: list[str]) -> TrainConfig:
+    problem = paths.path_problem(path)
+    if problem:
+        raise ConfigError([FieldError("config", problem)])
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([FieldError("config", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([FieldError("config", f"{path} is not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError([FieldError("config", f"{path} nests values too deeply to read: fix the file")]) from None
     if not isinstance(data, dict):
         raise ConfigError([FieldError("config", f"{path} must hold a mapping of field: value")])
     leaked = [name for name in SECRET_FIELDS if data.get(name)]
@@ -49,7 +57,11 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
         if key.strip() in SECRET_FIELDS:  # argv is visible to every user of the machine (ps, /proc)
             raise ConfigError([FieldError(key.strip(), "secrets do not belong on the command line; set HF_TOKEN / "
                                                        "WANDB_API_KEY in the environment")])
-        data[key.strip()] = yaml.safe_load(value)
+        try:
+            data[key.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError):
+            raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
+                                                       "text that contains [ { : or #")]) from None
     cfg = TrainConfig.from_dict(data)
     cfg.hf_token = os.environ.get("HF_TOKEN", "")
     cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
@@ -67,15 +79,20 @@ def progress_line(snap: LiveSnapshot, width: int = 30) -> str:
 def cmd_run(args) -> int:
     from trainer_core.orchestrator import Orchestrator, RunRefused
 
+    orch = None
     try:
         cfg = load_config(args.config, args.set or [])
         orch = Orchestrator()
         run_id = orch.start(cfg)
     except ConfigError as exc:
+        if orch is not None:
+            orch.close()  # its pump thread must not outlive the refusal
         for error in exc.errors:
             print(f"error: {error.field}: {error.message}", file=sys.stderr)
         return 2
     except RunRefused as exc:
+        if orch is not None:
+            orch.close()
         print(f"refused: {exc}", file=sys.stderr)
         return 2
     row = orch.get_run(run_id)

