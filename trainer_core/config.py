@@ -398,8 +398,10 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
         return
     if cfg.hf_dataset:
         hub_id = cfg.hf_dataset.strip()
-        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/") or len(hub_id) > HUB_ID_MAX:
-            bad("hf_dataset", f"a hub dataset id looks like org/name (at most {HUB_ID_MAX} characters)")
+        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/"):
+            bad("hf_dataset", "a hub dataset id looks like org/name")
+        elif len(hub_id) > HUB_ID_MAX:
+            bad("hf_dataset", f"a hub dataset id is at most {HUB_ID_MAX} characters (org/name); got {len(hub_id):,}")
         elif Path(hub_id).expanduser().exists():
             # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
             bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "
