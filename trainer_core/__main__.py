@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import paths
+from trainer_core import paths, resource_check
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
@@ -144,6 +144,9 @@ def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config, args.set or [])
         cfg.check()
+        memory = resource_check.memory_problems(cfg)  # what `run` would refuse, too
+        if memory:
+            raise ConfigError(memory)
     except ConfigError as exc:
         for error in exc.errors:
             print(f"error: {error.field}: {error.message}", file=sys.stderr)

@@ -38,6 +38,11 @@ SECRET_FIELDS = ("hf_token", "wandb_token")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
 HUB_ID_MAX = 200  # the hub allows 96 characters for the owner and for the name
+# Longest accepted free text per field: a prompt is a paragraph, names are names. Anything longer is a paste
+# gone wrong, and would be copied into every training row (system_prompt) or every page that shows the run.
+TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval_split": 200, "wandb_project": 128,
+               "tensorboard_dir": 200}
+MAPPING_VALUE_MAX = 200
 
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, **kw: Any) -> Any:
@@ -114,6 +119,8 @@ class TrainConfig:
     logging_steps: int = _f(1, "Log metrics every N steps.", "advanced")
     save_steps: int = _f(0, "Save a checkpoint every N steps (0: only at the end or on Stop).", "advanced")
     resume_from_checkpoint: str = _f("", "A checkpoint folder under the runs folder to resume from.", "advanced")
+    allow_memory_overcommit: bool = _f(False, "Start even when the memory estimate is more than twice the device's "
+                                       "memory (the estimate is rough; for those who know better).", "advanced")
     # --- LoRA ---
     use_lora: bool = _f(True, "Train LoRA adapters instead of all weights (implied by lora/qlora, off for full).", "lora")
     lora_r: int = _f(16, "LoRA rank.", "lora")
@@ -311,6 +318,11 @@ class TrainConfig:
                 bad(name, f"{what} training is not supported yet; turn this off")
         if self.finetune_vision_layers:
             bad("finetune_vision_layers", "vision models are not supported yet; turn this off")
+        for name, limit in TEXT_LIMITS.items():
+            if len(getattr(self, name)) > limit:
+                bad(name, f"is {len(getattr(self, name)):,} characters long; the limit is {limit:,}: shorten it")
+        if any(len(k) > MAPPING_VALUE_MAX or len(v) > MAPPING_VALUE_MAX for k, v in self.custom_format_mapping.items()):
+            bad("custom_format_mapping", f"role and column names are at most {MAPPING_VALUE_MAX} characters each")
         _check_dataset(self, bad, check_files)
         if self.enable_wandb and not hardware.has_module("wandb"):
             bad("enable_wandb", "wandb is not installed: pip install wandb, or turn W&B off")
@@ -448,10 +460,18 @@ def _coerce(f: dataclasses.Field, raw: Any) -> Any:
             if not math.isfinite(raw) or raw != int(raw):
                 raise ValueError(f"expected a whole number, got {raw!r}")
             return int(raw)
+        text = str(raw).strip()
         try:
-            return int(str(raw).strip())
+            return int(text)
+        except ValueError:
+            pass
+        try:  # "1.0e9": YAML 1.1 reads an exponent without a sign as text; accept it when it is whole
+            number = float(text)
         except ValueError:
             raise ValueError(f"expected a whole number, got {raw!r}") from None
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError(f"expected a whole number, got {raw!r}")
+        return int(number)
     if kind == "float":
         if isinstance(raw, bool):
             raise ValueError(f"expected a number, got {raw!r}")

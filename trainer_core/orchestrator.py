@@ -33,7 +33,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import MetricBuffer, Store
-from trainer_core import checkpoints, control, datasets, paths, scheduling
+from trainer_core import checkpoints, control, datasets, paths, resource_check, scheduling
 from trainer_core.alerts import AlertMonitor, rows_from_frame
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
@@ -105,13 +105,14 @@ class Orchestrator:
 
     # ================================================================== public API
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
-        return cfg.validate()
+        """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
+        return cfg.validate() or resource_check.memory_problems(cfg)
 
     def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
         Queued runs start by themselves (also after a server restart) when the runs before them end."""
-        errors = cfg.validate()
+        errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
