@@ -466,8 +466,9 @@ def test_adoption_race_with_a_run_that_just_finished(make_orch, monkeypatch):
     stale = [first.get_run(run_id)]  # what another server's active_runs() query saw before the run ended
     first.wait(run_id, timeout=30, interval=0.1)
     monkeypatch.setattr(first.store, "active_runs", lambda: list(stale))
-    make_orch()  # its __init__ adopts from the stale row; the per-run lock is free again
-    time.sleep(2 * orchestrator.POLL_S + 0.5)
+    second = make_orch()  # its __init__ adopts from the stale row; the per-run lock is free again
+    for _ in range(3):  # ticks driven here, not slept through: whatever it would do, it has done
+        second.pump_once()
     assert timeline(first, run_id, "alert") == ["Train loss is NaN or inf at step 2."]
     assert len(timeline(first, run_id, "checkpoint")) == 1
 

@@ -4,6 +4,7 @@ or deleted database is a message with the way out (CLI and pages), never a trace
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -112,18 +113,22 @@ def test_rebuild_refuses_while_another_process_follows_a_run(make_orch, store, m
 
 def test_a_run_still_training_is_rebuilt_active_and_adopted_again(make_orch, store, monkeypatch):
     first = make_orch()
-    run_id = first.start(fake(monkeypatch, steps=60, delay=0.05))
+    run_id = first.start(fake(monkeypatch, steps=2000, delay=0.05))  # ~100 s: it outlives the rebuild
     wait_for_step(first, run_id, 3)
     first.close()  # the server goes away; the worker keeps training
     wipe(store)
 
     report = rebuild.rebuild(store.url)
     assert report.active == [run_id]
+    rebuilt = Store(store.url).get_run(run_id)
+    assert rebuilt.status == RunStatus.RUNNING.value and rebuilt.steps_done >= 3
 
-    second = make_orch()  # the next server adopts it from where the rebuilt log offset is
-    assert second.wait(run_id, timeout=60, interval=0.05).status is RunStatus.COMPLETED
-    frame = second.metrics(run_id)
-    assert frame["step"].tolist() == list(range(1, 61))
+    second = make_orch()  # the next server adopts it from the rebuilt log offset
+    wait_for_step(second, run_id, rebuilt.steps_done + 2)
+    second.cancel(run_id)
+    snap = second.wait(run_id, timeout=60, interval=0.05)
+    assert snap.status is RunStatus.CANCELLED
+    assert second.metrics(run_id)["step"].tolist() == list(range(1, second.get_run(run_id).steps_done + 1))
 
 
 def test_a_folder_without_a_journal_is_rebuilt_from_config_and_events(make_orch, store, monkeypatch):
@@ -154,6 +159,12 @@ def test_the_postgres_rebuild_refuses_a_database_that_holds_runs(make_orch, stor
 
 
 # ====================================================================== broken databases: CLI
+def settle_folder(run_dir: Path) -> None:
+    """Date a run folder's config a minute back: older than a start in progress (rebuild.CREATING_S)."""
+    config = run_dir / "config.yaml"
+    past = config.stat().st_mtime - 60
+    os.utime(config, (past, past))
+
 def corrupt_database(home: Path) -> Path:
     db_file = home / "studio.db"
     home.mkdir(parents=True, exist_ok=True)
@@ -202,6 +213,9 @@ def test_cli_notices_run_folders_the_database_does_not_know(make_orch, store, mo
     orch.close()
     wipe(store)
     assert cli.main(["runs"]) == 0
+    assert "not in the database" not in capsys.readouterr().err  # seconds old: it may be a start in progress
+    settle_folder(paths.run_dir(run_id))
+    assert cli.main(["runs"]) == 0
     err = capsys.readouterr().err
     assert f"1 run folder(s) are not in the database ({run_id})" in err and "db rebuild" in err
 
@@ -235,6 +249,7 @@ def test_pages_notice_a_deleted_database_and_offer_the_rebuild(app_home):
         {"kind": "progress", "step": 2, "total_steps": 2, "loss": 1.25, "ts": 1767268803.0},
         {"kind": "complete", "status": "completed", "steps": 2, "final_loss": 1.25, "ts": 1767268804.0},
     ]) + "\n")
+    settle_folder(run_dir)
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert not at.exception, at.exception
     assert any("1 run folder(s) are not in the database" in w.value for w in at.warning)

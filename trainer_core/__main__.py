@@ -39,7 +39,8 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
     except FileNotFoundError:
         raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([FieldError("config", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")]) from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError([FieldError("config", f"cannot read {path}: {reason}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([FieldError("config", f"{path} is not valid YAML: {exc}")]) from None
     except RecursionError:

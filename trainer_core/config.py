@@ -330,9 +330,11 @@ class TrainConfig:
             bad("wandb_project", "name a W&B project")
         if self.enable_tensorboard and not hardware.has_module("tensorboard"):
             bad("enable_tensorboard", "tensorboard is not installed: pip install tensorboard, or turn it off")
-        if self.enable_tensorboard and paths.path_problem(self.tensorboard_dir):
-            bad("tensorboard_dir", paths.path_problem(self.tensorboard_dir))
-        elif self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute() or ".." in Path(self.tensorboard_dir).parts):
+        tb_problem = paths.path_problem(self.tensorboard_dir)
+        if self.enable_tensorboard and tb_problem:
+            bad("tensorboard_dir", tb_problem)
+        elif self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute()
+                                          or ".." in Path(self.tensorboard_dir).parts):
             bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
         if self.resume_from_checkpoint:
             _check_checkpoint(self.resume_from_checkpoint, bad)

@@ -33,6 +33,7 @@ from trainer_core.live import LiveRun
 from trainer_core.status import RunStatus
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
+CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)
 
 
 class RebuildRefused(RuntimeError):
@@ -72,8 +73,8 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
 def unknown_run_folders(store: Store) -> list[str]:
     """Run folders (with a config.yaml) the database does not know and that were not deleted from History:
     a database that was deleted (SQLite recreates it empty) or replaced. Empty when all is well."""
-    folders = [p for p in paths.runs_dir().iterdir() if p.is_dir() and (p / "config.yaml").is_file()
-               and paths.RUN_ID_RE.fullmatch(p.name)]
+    settled = time.time() - CREATING_S
+    folders = [p for p in _run_folders() if (p / "config.yaml").stat().st_mtime < settled]
     if not folders:
         return []
     with Session(store.engine) as session:
@@ -102,20 +103,29 @@ def rebuild(url: str | None = None) -> RebuildReport:
             # start_pump=False and an empty database: the orchestrator adopts nothing and launches nothing;
             # it is here for its event handlers and its flush, the pump's own write path.
             orch = orch_mod.Orchestrator(store=store, start_pump=False)
-            for run_dir, lock_fh in held:
-                try:
-                    outcome = _rebuild_run(orch, store, run_dir, lock_fh)
-                except (ConfigError, OSError, ValueError, TypeError, KeyError) as exc:
-                    report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
-                    continue
-                if outcome == "deleted":
-                    continue
-                report.runs.append(run_dir.name)
-                if outcome == "active":
-                    report.active.append(run_dir.name)
+            try:
+                _rebuild_all(orch, store, held, report)
+            finally:
+                orch.close()
         finally:
             store.engine.dispose()
     return report
+
+
+def _rebuild_all(orch: orch_mod.Orchestrator, store: Store, held: list[tuple[Path, IO]],
+                 report: RebuildReport) -> None:
+    for run_dir, lock_fh in held:
+        try:
+            outcome = _rebuild_run(orch, store, run_dir, lock_fh)
+        except (ConfigError, OSError, ValueError, TypeError, KeyError) as exc:
+            # one unreadable folder must not cost the others their rebuild; the report names it
+            report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
+            continue
+        if outcome == "deleted":
+            continue
+        report.runs.append(run_dir.name)
+        if outcome == "active":
+            report.active.append(run_dir.name)
 
 
 def _rebuild_run(orch: orch_mod.Orchestrator, store: Store, run_dir: Path, lock_fh: IO) -> str:
@@ -181,6 +191,12 @@ def _resumed_from(cfg: TrainConfig) -> tuple[str | None, int | None]:
     return parent, int(step) if step.isdigit() else None
 
 
+def _run_folders() -> list[Path]:
+    """Folders under runs/ that hold a run (a config.yaml), by name (oldest run first)."""
+    return sorted(p for p in paths.runs_dir().iterdir()
+                  if paths.RUN_ID_RE.fullmatch(p.name) and (p / "config.yaml").is_file())
+
+
 # ====================================================================== safety
 @contextlib.contextmanager
 def _start_lock() -> Iterator[None]:
@@ -193,8 +209,7 @@ def _pump_locks() -> Iterator[list[tuple[Path, IO]]]:
     """The pump lock of every run folder, held for the whole rebuild; refused if anyone else holds one."""
     held: list[tuple[Path, IO]] = []
     try:
-        for run_dir in sorted(p for p in paths.runs_dir().iterdir()
-                              if p.is_dir() and (p / "config.yaml").is_file() and paths.RUN_ID_RE.fullmatch(p.name)):
+        for run_dir in _run_folders():
             lock_fh = orch_mod._try_lock(run_dir)
             if lock_fh is None:
                 raise RebuildRefused(
