@@ -5,25 +5,26 @@ validates afterwards.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from db.store import Store
-from tests.support import ROOT, build_tiny_model, run_python
+from tests.support import ROOT, build_tiny_model
 from tests.test_pages import open_page, submit, texts
-from trainer_core import datasets, paths
+from trainer_core import datasets, hardware, paths
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
 from trainer_core.orchestrator import Orchestrator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
-CLI = "from trainer_core.__main__ import main; raise SystemExit(main())"
 
 
 # ====================================================================== helpers
@@ -596,12 +597,26 @@ def test_orchestrator_start_refuses_bad_config_without_a_trace(home, tmp_path, o
 
 
 # ====================================================================== the headless CLI
-def _cli(tmp_path: Path, command: str, config: dict | str, *extra: str, env: dict | None = None):
+def _cli(tmp_path: Path, command: str, config: dict | str, *extra: str, env: dict | None = None) -> SimpleNamespace:
+    """The CLI's main() in this process (a subprocess per case cost ~7 s on this machine: the imports), with
+    its own environment, exit code and output, like a separate run of ``python -m trainer_core``."""
     path = tmp_path / "run.yaml"
     path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
     base = {"FINETUNE_STUDIO_HOME": str(tmp_path / "home"), "FINETUNE_STUDIO_FORCE_CPU": "1",
             "FINETUNE_STUDIO_ALLOWED_ROOTS": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    return run_python(CLI, command, "--config", str(path), *extra, env={**base, **(env or {})}, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {**base, **(env or {})}.items():
+            mp.setenv(name, value)
+        for name in ("HF_TOKEN", "WANDB_API_KEY", "DATABASE_URL", "FINETUNE_STUDIO_MODELS"):
+            mp.delenv(name, raising=False)
+        hardware.cuda_available.cache_clear()  # cached per process: recompute under FORCE_CPU
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli_main([command, "--config", str(path), *extra])
+        finally:
+            hardware.cuda_available.cache_clear()
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 CLI_CASES = [

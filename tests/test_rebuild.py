@@ -100,15 +100,35 @@ def test_rebuild_keeps_the_old_database_file_aside(home, store):
     assert db_file.exists()  # a fresh, healthy database took its place
 
 
+def test_rebuild_refuses_while_a_dashboard_or_cli_is_running(make_orch, store, monkeypatch):
+    orch = make_orch()  # pumping, even with nothing to follow: it may write to the database at any moment
+    run_id = orch.start(fake(monkeypatch, steps=2))
+    orch.wait(run_id, timeout=60, interval=0.05)
+    with pytest.raises(rebuild.RebuildRefused, match="A dashboard or CLI is running on this data folder"):
+        rebuild.rebuild(store.url)
+    assert store.get_run(run_id).status == RunStatus.COMPLETED.value  # nothing was moved or changed
+    if store.is_sqlite:
+        assert not list(Path(store.url[len("sqlite:///"):]).parent.glob("*.moved-aside-*"))
+    orch.close()
+    assert rebuild.rebuild(store.url if store.is_sqlite else _empty(store)).runs == [run_id]
+
+
 def test_rebuild_refuses_while_another_process_follows_a_run(make_orch, store, monkeypatch):
     orch = make_orch()
     run_id = orch.start(fake(monkeypatch, steps=2000, delay=0.02))
     wait_for_step(orch, run_id, 1)
+    orch._presence.close()  # as if the presence lock were gone: the run's pump lock still protects it
     with pytest.raises(rebuild.RebuildRefused, match=run_id):
         rebuild.rebuild(store.url)
     assert store.get_run(run_id) is not None  # nothing was moved or changed
     orch.cancel(run_id)
     orch.wait(run_id, timeout=60, interval=0.05)
+
+
+def _empty(store: Store) -> str:
+    """A PostgreSQL database emptied for the rebuild (on SQLite the file is moved aside instead)."""
+    wipe(store)
+    return store.url
 
 
 def test_a_run_still_training_is_rebuilt_active_and_adopted_again(make_orch, store, monkeypatch):

@@ -51,6 +51,7 @@ LOG_TAIL_LINES = 60
 IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
 _OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
+PRESENCE_LOCK = ".orchestrators.lock"  # shared by every pumping orchestrator; `db rebuild` needs it exclusively
 
 
 class RunRefused(RuntimeError):
@@ -98,6 +99,9 @@ class Orchestrator:
         _OPEN_HOLDERS.add(self.holder)
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
+        # A pumping orchestrator writes to the database at any time: while one runs (a dashboard, the CLI),
+        # `db rebuild` must not move the database away under it. Waits while a rebuild runs.
+        self._presence = hold_presence() if start_pump else None
         self._adopt_orphans()
         if start_pump:
             self._thread = threading.Thread(target=self._pump_forever, name="studio-pump", daemon=True)
@@ -329,6 +333,9 @@ class Orchestrator:
                 item.lock_fh.close()
         with self._lock:
             self._tracked.clear()
+        if self._presence is not None:
+            self._presence.close()  # releases the shared lock
+            self._presence = None
 
     # ================================================================== spawning
     def _start_lock(self):
@@ -762,6 +769,13 @@ def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
         seen.add(parent.id)
         child = parent
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["step"])
+
+
+def hold_presence() -> IO:
+    """A shared lock on the data root's presence file, held while an orchestrator pumps."""
+    fh = open(paths.data_root() / PRESENCE_LOCK, "a")
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
 
 
 def _try_lock(run_dir: Path) -> IO | None:

@@ -16,6 +16,7 @@ Run folders from before the journal existed are rebuilt from config.yaml and eve
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import time
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ def rebuild(url: str | None = None) -> RebuildReport:
     already holds runs. Call it with no orchestrator running in this process (close it first)."""
     url = url or default_url()
     report = RebuildReport()
-    with _start_lock(), _pump_locks() as held:
+    with _no_orchestrators(), _start_lock(), _pump_locks() as held:
         report.moved_aside = _set_aside(url)
         store = Store(url, journal=False)
         try:
@@ -198,6 +199,21 @@ def _run_folders() -> list[Path]:
 
 
 # ====================================================================== safety
+@contextlib.contextmanager
+def _no_orchestrators() -> Iterator[None]:
+    """Exclusive use of the presence lock: no dashboard or CLI pumps into the database meanwhile (they hold it
+    shared while they run, and a new one waits until the rebuild is done)."""
+    with open(paths.data_root() / orch_mod.PRESENCE_LOCK, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RebuildRefused(
+                "A dashboard or CLI is running on this data folder and writing to the database. Stop it (workers "
+                "keep training; it follows them again when it comes back) and rebuild again; nothing was "
+                "changed.") from None
+        yield  # closing the file releases the lock
+
+
 @contextlib.contextmanager
 def _start_lock() -> Iterator[None]:
     with orch_mod._FileLock(paths.data_root() / ".start.lock"):  # nobody launches a queued run meanwhile
