@@ -366,12 +366,19 @@ def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch
     wait_for_step(first, run_id, 6)
     first.close()  # the server goes away; the worker keeps training
 
-    second = make_orch()  # the restarted server
-    assert second.active_run_id() == run_id
-    adopted = second.snapshot(run_id)
-    assert adopted is not None and not adopted.status.is_terminal()
-    assert len(adopted.metrics) >= 6  # what the first server stored is shown again at once
-    snap = second.wait(run_id, timeout=30, interval=0.1)
+    # The restarted server, pumped by hand: what it shows right after adopting cannot be overtaken by its own
+    # pump thread settling the run (the worker may be done by now on a busy machine).
+    second = Orchestrator(store=first.store, start_pump=False)
+    try:
+        assert second.active_run_id() == run_id
+        adopted = second.snapshot(run_id)
+        assert adopted is not None and not adopted.status.is_terminal()
+        assert len(adopted.metrics) >= 6  # what the first server stored is shown again at once
+        wait_until(lambda: second.pump_once() or second.get_run(run_id).status == "completed", timeout=60,
+                   what="the adopted run to complete")
+        snap = second.wait(run_id, timeout=30, interval=0.1)
+    finally:
+        second.close()
 
     run = second.get_run(run_id)
     assert snap.status is RunStatus.COMPLETED and run.status == RunStatus.COMPLETED.value, run.error
@@ -398,12 +405,13 @@ def test_adoption_keeps_the_best_eval_loss_from_before_the_restart(make_orch, mo
     assert second.get_run(run_id).best_eval_loss == pytest.approx(0.5)
 
 
-def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, monkeypatch):
-    first = make_orch()
+def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, store, monkeypatch):
+    first = Orchestrator(store=store, start_pump=False)  # pumped by hand: the moment below is ours to choose
     run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     # The pump has read the complete event, but the worker has not exited yet (it tears down for 3 s).
-    wait_until(lambda: first.snapshot(run_id).status is RunStatus.COMPLETED
-               and first.get_run(run_id).status == RunStatus.RUNNING.value, what="complete event read, not settled")
+    wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,
+               what="the complete event read")
+    assert first.get_run(run_id).status == RunStatus.RUNNING.value  # not settled while the worker is alive
     first.close()
     second = make_orch()
     second.wait(run_id, timeout=30, interval=0.1)
@@ -546,17 +554,16 @@ def test_zz_no_ml_stack_in_this_process_after_the_runs_above():
     assert [m for m in ML_STACK if m in sys.modules] == []
 
 
-def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, monkeypatch):
+def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, store, monkeypatch):
     """The pump stored the offset past 'complete' while the worker was still exiting, then the server died
     without settling the run: the next server finds the outcome in the log instead of calling it lost."""
-    first = make_orch()
-    run_id = first.start(fake(monkeypatch, steps=3, linger="2"))
+    first = Orchestrator(store=store, start_pump=False)  # pumped by hand, then "killed"
+    run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     log = paths.run_dir(run_id) / "events.jsonl"
-    wait_until(lambda: first.snapshot(run_id).status is RunStatus.COMPLETED
-               and first.get_run(run_id).event_offset == log.stat().st_size, what="offset stored past the final event")
-    first._closing.set()  # a killed server: the pump stops and nothing is settled
-    first._thread.join(timeout=5)
-    first._tracked[run_id].lock_fh.close()
+    wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,
+               what="the complete event read")
+    assert first.get_run(run_id).event_offset == log.stat().st_size  # stored with the terminal flush
+    first._tracked[run_id].lock_fh.close()  # a killed server: nothing is settled, the OS drops its lock
     assert first.get_run(run_id).status != RunStatus.COMPLETED.value
     second = make_orch()
     snap = second.wait(run_id, timeout=30, interval=0.1)

@@ -61,14 +61,17 @@ def test_devices_of_a_config():
 # ====================================================================== queue
 def test_start_while_busy_queues_and_the_queue_drains_in_order(make_orch, monkeypatch):
     first = make_orch()
-    running = first.start(fake(monkeypatch, steps=40, delay=0.05))
+    # long enough that it cannot end while the others are started, however busy the machine; stopped below
+    running = first.start(fake(monkeypatch, steps=2000, delay=0.05))
     queued = [first.start(fake(monkeypatch, steps=2)) for _ in range(2)]
     second = make_orch()  # a hot reload's second orchestrator queues behind the same run
     queued.append(second.start(fake(monkeypatch, steps=2)))
     assert statuses(first, queued) == ["queued"] * 3
     assert [r.id for r in first.queue()] == queued
     assert first.active_run_id() == running
-    for run_id in [running, *queued]:
+    first.stop(running)
+    assert first.wait(running, timeout=60, interval=0.1).status is RunStatus.STOPPED
+    for run_id in queued:
         assert first.wait(run_id, timeout=60, interval=0.1).status is RunStatus.COMPLETED
     assert_never_overlapping(first, [running, *queued])
     starts = [first.get_run(i).started_at for i in queued]
@@ -98,7 +101,9 @@ def test_queued_runs_can_be_reordered_and_removed(orch, monkeypatch):
 def test_simultaneous_starts_from_threads_and_two_orchestrators_start_one_run(make_orch, monkeypatch):
     """Eight Start presses at the same instant, from two orchestrators: the OS lock lets one run start."""
     orchs = [make_orch(), make_orch()]
-    cfg = fake(monkeypatch, steps=3, delay=0.05)
+    # the one run that starts must not end while the other presses are still waiting for the start lock on a
+    # busy machine: it trains "forever" (FAKE_* is read when a worker is spawned) and is stopped below
+    cfg = fake(monkeypatch, steps=2000, delay=0.05)
     barrier = threading.Barrier(8)
     ids: list[str] = []
     errors: list[BaseException] = []
@@ -117,8 +122,13 @@ def test_simultaneous_starts_from_threads_and_two_orchestrators_start_one_run(ma
         t.join(timeout=60)
     assert errors == [] and len(ids) == 8
     assert sorted(statuses(orchs[0], ids)).count("queued") == 7
+    [started] = [run_id for run_id in ids if orchs[0].get_run(run_id).status != "queued"]
+    fake(monkeypatch, steps=3, delay=0.05)  # the queued ones, spawned later, are short
+    orchs[0].stop(started)
+    assert orchs[0].wait(started, timeout=90, interval=0.1).status is RunStatus.STOPPED
     for run_id in ids:
-        assert orchs[0].wait(run_id, timeout=90, interval=0.1).status is RunStatus.COMPLETED
+        assert orchs[0].wait(run_id, timeout=90, interval=0.1).status in (RunStatus.COMPLETED, RunStatus.STOPPED)
+    assert [orchs[0].get_run(i).status for i in ids].count("completed") == 7
     assert_never_overlapping(orchs[0], ids)
 
 
