@@ -194,6 +194,9 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
     still-running worker and ends up with exactly what the log holds."""
     monkeypatch.setenv("FAKE_STEPS", "400")
     monkeypatch.setenv("FAKE_DELAY", "0.005")
+    go = home.parent / "go"
+    monkeypatch.setenv("FAKE_PAUSE_AT", "20")  # the worker waits at step 20 until the server is dead
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(go))
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(FAKE_WORKER)], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
     store = Store()
@@ -205,6 +208,7 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
         server.kill()  # the worker is in its own session: it keeps training
         server.wait(timeout=10)
         assert not RunStatus(store.get_run(run_id).status).is_terminal()
+        go.touch()
         second = Orchestrator(store=store)
         try:
             second.wait(run_id, timeout=60, interval=0.05)
