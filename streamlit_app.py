@@ -2,32 +2,65 @@
 from __future__ import annotations
 
 import streamlit as st
+from sqlalchemy.exc import SQLAlchemyError
 
+from trainer_core import rebuild
 from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.auth import require_password
 from ui.entry import entered, resume_requested_page
-from ui.state import get_orchestrator
+from ui.state import orchestrator_or_problem
 
 SIDEBAR_REFRESH_S = 2.0
+SETTINGS = "pages/settings.py"
 
 st.set_page_config(page_title="Finetune Studio", page_icon="🧪", layout="wide")
-# The gate comes first: no page, sidebar or run data is drawn for a stranger. A page URL opened before
-# signing in goes through here too (ui.entry.require_entrypoint checks the gate as well).
+# Built before the gate (it draws nothing): the first request after a server start, even a sign-in page,
+# starts the pump and the queue, instead of the first one that gets past the password.
+orch, db_problem = orchestrator_or_problem()
+# The gate comes first among everything drawn: no page, sidebar or run data is shown to a stranger. A page
+# URL opened before signing in goes through here too (ui.entry.require_entrypoint checks the gate as well).
 require_password()
 
-pg = st.navigation([
-    st.Page("pages/new_run.py", title="New run", icon="🚀", default=True),
-    st.Page("pages/live.py", title="Live", icon="📈"),
-    st.Page("pages/history.py", title="History", icon="🗂️"),
-    st.Page("pages/run.py", title="Run details", icon="🔎"),
-    st.Page("pages/compare.py", title="Compare", icon="⚖️"),
-])
+settings_page = st.Page(SETTINGS, title="Settings", icon="🛠️")
+if db_problem:  # only the way out works without a database
+    pg = st.navigation([settings_page])
+else:
+    pg = st.navigation([
+        st.Page("pages/new_run.py", title="New run", icon="🚀", default=True),
+        st.Page("pages/live.py", title="Live", icon="📈"),
+        st.Page("pages/history.py", title="History", icon="🗂️"),
+        st.Page("pages/run.py", title="Run details", icon="🔎"),
+        st.Page("pages/compare.py", title="Compare", icon="⚖️"),
+        settings_page,
+    ])
 entered()
 resume_requested_page()
 
-orch = get_orchestrator()
-watching = orch.active_run_id() is not None
+if db_problem:
+    st.error(db_problem, icon="🗄️")
+    pg.run()
+    st.stop()
+
+
+def _database_check() -> str | None:
+    """A problem with the database found on this page run, as a message; None when it looks right."""
+    try:
+        unknown = rebuild.unknown_run_folders(orch.store)
+    except SQLAlchemyError as exc:
+        return rebuild.describe_error(exc, orch.store.url)
+    if not unknown:
+        return None
+    shown = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+    return (f"{len(unknown)} run folder(s) are not in the database ({shown}): it was probably deleted or replaced. "
+            "Rebuild it from the run folders on the Settings page (the current file is kept).")
+
+
+problem = _database_check()
+if problem:
+    st.warning(problem, icon="🗄️")
+    st.page_link(SETTINGS, label="Open Settings to rebuild the database", icon="🛠️")
+watching = not problem and orch.active_run_id() is not None
 
 
 @st.fragment(run_every=SIDEBAR_REFRESH_S if watching else None)
@@ -44,8 +77,13 @@ def active_run_panel() -> None:
     st.page_link("pages/live.py", label="Open live view", icon="📈")
 
 
-with st.sidebar:
-    st.markdown("#### Active run")
-    active_run_panel()
+if not problem:
+    with st.sidebar:
+        st.markdown("#### Active run")
+        active_run_panel()
 
-pg.run()
+try:
+    pg.run()
+except SQLAlchemyError as exc:  # the database broke while the server ran: say so, offer the way out
+    st.error(rebuild.describe_error(exc, orch.store.url), icon="🗄️")
+    st.page_link(SETTINGS, label="Open Settings to rebuild the database", icon="🛠️")

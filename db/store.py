@@ -22,7 +22,7 @@ from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
 from db.models import Metric, Run, RunEvent
-from trainer_core import paths
+from trainer_core import journal, paths
 from trainer_core.live import merge_metric, merge_nonfinite, merge_rows, thin
 from trainer_core.status import RunStatus
 
@@ -51,8 +51,11 @@ def _enable_wal(dbapi_conn, _record) -> None:
 
 
 class Store:
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, journal: bool = True):
         self.url = url or default_url()
+        # Writes not derived from events.jsonl also go to the run folder's journal, so `db rebuild` can
+        # restore them; the rebuild itself writes with journal=False (it replays those very records).
+        self.journal = journal
         self.is_sqlite = self.url.startswith("sqlite")
         connect_args = {"check_same_thread": False, "timeout": 30} if self.is_sqlite else {}
         self.engine = create_engine(self.url, connect_args=connect_args, pool_pre_ping=not self.is_sqlite)
@@ -82,6 +85,7 @@ class Store:
 
     # ------------------------------------------------------------------ writes
     def create_run(self, run: Run) -> Run:
+        self._journal(run.id, "create", row=run.model_dump())
         with self._write_lock, Session(self.engine) as session:
             session.add(run)
             session.add(RunEvent(run_id=run.id, ts=run.created_at or time.time(), kind="status",
@@ -96,6 +100,7 @@ class Store:
             run = session.get(Run, run_id)
             if run is None or RunStatus(run.status).is_terminal():
                 return
+            self._journal(run_id, "update", values=values)
             for key, value in values.items():
                 setattr(run, key, value)
             session.add(run)
@@ -128,8 +133,10 @@ class Store:
             session.commit()
 
     def add_event(self, run_id: str, kind: str, message: str, ts: float | None = None) -> None:
+        ts = ts or time.time()
+        self._journal(run_id, "event", ts=ts, kind=kind, message=message)
         with self._write_lock, Session(self.engine) as session:
-            session.add(RunEvent(run_id=run_id, ts=ts or time.time(), kind=kind, message=message))
+            session.add(RunEvent(run_id=run_id, ts=ts, kind=kind, message=message))
             session.commit()
 
     def finish_run(self, run_id: str, status: RunStatus, **values: Any) -> bool:
@@ -142,6 +149,8 @@ class Store:
                 return False
             run.status = status.value
             run.finished_at = values.pop("finished_at", None) or time.time()
+            values.setdefault("phase", "")  # "saving" or "training" is stale once the run has ended
+            self._journal(run_id, "finish", status=status.value, values={**values, "finished_at": run.finished_at})
             for key, value in values.items():
                 setattr(run, key, value)
             session.add(run)
@@ -157,6 +166,7 @@ class Store:
                 return False
             if not RunStatus(run.status).is_terminal():
                 raise ValueError(f"run {run_id} is {run.status}; stop or cancel it before deleting")
+            self._journal(run_id, "delete")  # a rebuild must not bring back a run deleted with its folder kept
             session.exec(delete(Metric).where(Metric.run_id == run_id))
             session.exec(delete(RunEvent).where(RunEvent.run_id == run_id))
             session.delete(run)
@@ -309,6 +319,10 @@ class Store:
         return {rid: thin(values, max_points) for rid, values in series.items()}
 
     # ------------------------------------------------------------------ internals
+    def _journal(self, run_id: str, op: str, **data: Any) -> None:
+        if self.journal:
+            journal.append(run_id, op, **data)
+
     @staticmethod
     def _metric_values(run_id: str, row: dict[str, Any]) -> dict[str, Any]:
         """One parameter set of the upsert: every column present (missing values None, merged by COALESCE)."""

@@ -71,7 +71,8 @@ PLAIN_FIELDS = (
     "dataset_slice_start", "dataset_slice_end", "system_prompt", "num_epochs", "max_steps", "learning_rate",
     "embedding_learning_rate", "batch_size", "gradient_accumulation_steps", "warmup_steps", "warmup_ratio",
     "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
-    "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "use_lora", "lora_r",
+    "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
+    "use_lora", "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
 )
@@ -201,7 +202,7 @@ def saved_upload(upload) -> tuple[list[str], list[FieldError]]:
     known = st.session_state.setdefault(UPLOADS, {})
     if upload.file_id not in known:
         try:
-            known[upload.file_id] = str(save_upload(upload.name, upload.getvalue()))
+            known[upload.file_id] = str(save_upload(upload.name, upload))  # streamed: getvalue() would copy it
         except DatasetError as exc:
             return [], [FieldError(exc.field, exc.message)]
     return [known[upload.file_id]], []
@@ -724,6 +725,8 @@ with st.expander("Advanced training"):
     adv[2].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
     adv[3].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
     st.text_input("Resume from checkpoint", key=K + "resume_from_checkpoint", help=H("resume_from_checkpoint"))
+    st.checkbox("Start even when the memory estimate is far above this device's memory",
+                key=K + "allow_memory_overcommit", help=H("allow_memory_overcommit"))
 
 with st.expander("LoRA"):
     lora = st.columns(4)

@@ -10,6 +10,8 @@ Behaviour comes from the environment (``_spawn`` passes it on):
   ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
 * ``FAKE_START_DELAY`` seconds before the first event (0), ``FAKE_LINGER`` seconds after the last (0)
 * ``FAKE_SEED``: losses are drawn from ``random.Random(seed + run folder name)``, so each run differs
+* ``FAKE_PAUSE_AT`` step and ``FAKE_PAUSE_UNTIL`` file: after that step, wait until the file exists (a test
+  acts mid-run without racing the worker)
 
 Losses are random floats on purpose: a test comparing the event log with the database then catches a
 value written to the wrong step.
@@ -36,6 +38,7 @@ def main(run_dir: Path) -> int:
     delay = env_float("FAKE_DELAY", 0.02)
     eval_every = int(env_float("FAKE_EVAL_EVERY", 5))
     heartbeat_every = int(env_float("FAKE_HEARTBEAT_EVERY", 7))
+    pause_at, pause_until = int(env_float("FAKE_PAUSE_AT", 0)), os.environ.get("FAKE_PAUSE_UNTIL", "")
     rng = random.Random(f"{os.environ.get('FAKE_SEED', '0')}:{run_dir.name}")
     terminated = []
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))  # like the real worker: SIGTERM = cancel
@@ -62,6 +65,9 @@ def main(run_dir: Path) -> int:
             out.emit(ev.HeartbeatEvent(pid=os.getpid()))
         done = step
         time.sleep(delay)
+        if step == pause_at:  # a test holds the run here until it has done what must happen mid-run
+            while not Path(pause_until).exists():
+                time.sleep(0.01)
     out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done, final_loss=last_loss))
     out.close()
     time.sleep(env_float("FAKE_LINGER", 0))  # the real worker takes a while to tear down after its last event

@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
+import time
+
+import psutil
 
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from db.models import Run
+from db.store import Store
+from tests.test_orchestrator import wait_until
 from tests.test_pages import APP, TIMEOUT
+from trainer_core import paths
+from trainer_core.status import RunStatus
 from ui import auth
 from ui.state import get_orchestrator
 
@@ -40,6 +50,23 @@ def test_gate_blocks_every_page(gated):
         at.switch_page(page).run()
         assert [t.label for t in at.text_input] == ["Password"], page
         assert [t.value for t in at.title] == ["Finetune Studio"], page
+
+
+def test_the_orchestrator_starts_with_the_first_request_even_before_anyone_signs_in(gated, home):
+    """After a server restart the first request, a sign-in page included, adopts runs left behind and moves
+    the queue: a run whose worker died while the server was down is settled without anyone signing in."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    run_id = "20260101-000000-0a0a0a"
+    paths.run_dir(run_id).mkdir(parents=True)
+    store = Store()
+    store.create_run(Run(id=run_id, name="left behind", status=RunStatus.RUNNING.value, pid=gone.pid,
+                         pid_started_at=started, created_at=time.time()))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert [t.label for t in at.text_input] == ["Password"]  # still at the gate
+    wait_until(lambda: store.get_run(run_id).status == RunStatus.FAILED.value, what="the orphan to be settled")
+    assert "disappeared" in store.get_run(run_id).error
 
 
 def test_right_password_opens_the_app_and_a_wrong_one_does_not(gated):

@@ -5,23 +5,26 @@ validates afterwards.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from db.store import Store
-from tests.support import ROOT, build_tiny_model, run_python
+from tests.support import ROOT, build_tiny_model
 from tests.test_pages import open_page, submit, texts
-from trainer_core import datasets, paths
+from trainer_core import datasets, hardware, paths
+from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
 from trainer_core.orchestrator import Orchestrator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
-CLI = "from trainer_core.__main__ import main; raise SystemExit(main())"
 
 
 # ====================================================================== helpers
@@ -336,6 +339,38 @@ def test_bad_upload_is_refused_and_nothing_is_stored(home, name, data, max_bytes
     assert_nothing_left(home)
 
 
+class ChunkCountingUpload(io.RawIOBase):
+    """An upload that can only be read piece by piece (no getvalue), recording how much each read asked for."""
+
+    def __init__(self, data: bytes):
+        self._inner = io.BytesIO(data)
+        self.reads: list[int] = []
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._inner.seek(offset, whence)
+
+    def read(self, size: int = -1) -> bytes:
+        self.reads.append(size)
+        return self._inner.read(size)
+
+
+def test_an_upload_is_streamed_to_disk_in_chunks(home):
+    data = b'{"text": "row"}\n' * 300_000  # 4.8 MB
+    upload = ChunkCountingUpload(data)
+    saved = datasets.save_upload("rows.jsonl", upload)
+    assert saved.read_bytes() == data
+    assert upload.reads and all(0 < size <= datasets.UPLOAD_CHUNK for size in upload.reads)
+    assert len(upload.reads) >= len(data) // datasets.UPLOAD_CHUNK
+    assert datasets.save_upload("rows.jsonl", data) == saved  # the same content, given as bytes: the same file
+    assert_nothing_left(home, uploads_before={saved.name})
+
+
 def test_upload_name_with_path_characters_stays_in_the_datasets_folder(home):
     saved = datasets.save_upload("../../../etc/evil\x00name.jsonl", b'{"text": "a"}\n')
     assert saved.parent == paths.datasets_dir()
@@ -391,6 +426,165 @@ def test_new_run_page_refuses_paths_and_names_together(app_home, tmp_path, outsi
     assert_nothing_left(app_home)
 
 
+# Paths no file system can hold: the OS would raise OSError (name too long) or ValueError (NUL) instead of
+# saying what to fix, which crashed New run (the Start button disappeared) and the CLI.
+UNUSABLE_PATHS = {"300-characters": ("./" + "a" * 300, "names are limited to 255"),
+                  "nul-byte": ("data\x00.jsonl", "contains a NUL character"),
+                  "5000-bytes": ("/" + "/".join(["d" * 200] * 25), "paths are limited to 4,095")}
+PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint")
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_new_run_page_reports_an_unusable_path_in_every_path_field(app_home, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    at = open_page("pages/new_run.py")
+    at.radio(key="nr_model_source").set_value("local")
+    at.text_input(key="nr_model_text").input(bad)
+    at.radio(key="nr_dataset_source").set_value("local")
+    at.text_input(key="nr_local_datasets").input(bad)
+    at.text_input(key="nr_local_eval_datasets").input(bad)
+    at.text_input(key="nr_resume_from_checkpoint").input(bad)
+    submit(at)
+    errors = texts(at, "error")
+    for field in PATH_FIELDS:
+        assert any(e.startswith(f"**{field}**") and phrase in e for e in errors), (field, errors)
+    assert [b for b in at.button if b.label == "Start training"]  # the form is still there to fix
+    assert_nothing_left(app_home)
+
+
+@pytest.mark.parametrize("field", PATH_FIELDS)
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_cli_reports_an_unusable_path_as_a_field_error(home, tmp_path, capsys, field, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    config = tmp_path / "run.yaml"
+    value = [bad] if field in ("local_datasets", "local_eval_datasets") else bad
+    config.write_text(yaml.safe_dump({field: value}))
+    for command in ("validate", "run"):
+        assert cli_main([command, "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        mine = [line for line in err.splitlines() if line.startswith(f"error: {field}: ")]
+        assert len(mine) == 1 and phrase in mine[0], err
+    assert_nothing_left(home)
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_PATHS)
+def test_cli_reports_an_unusable_config_path(home, capsys, kind):
+    bad, phrase = UNUSABLE_PATHS[kind]
+    assert cli_main(["validate", "--config", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config: ") and phrase in err, err
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".json", "[" * 100_000 + "]" * 100_000),
+    (".jsonl", '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+    (".csv", 'messages\n"' + "[" * 100_000 + "]" * 100_000 + '"\n'),
+])
+def test_deeply_nested_json_is_a_field_error(home, tmp_path, suffix, text):
+    data = tmp_path / f"deep{suffix}"
+    data.write_text(text)
+    errors = problems({"local_datasets": [str(data)]})
+    if suffix == ".csv":  # a cell too deep to be read as turns is not a chat column: nothing to detect
+        assert_reported(errors, "format_type", "could not tell the format")
+    else:
+        assert_reported(errors, "local_datasets", "nests lists or objects too deeply to read")
+
+
+def test_cli_set_with_a_value_that_is_not_yaml(home, capsys):
+    assert cli_main(["validate", "--config", "/dev/null", "--set", "lora_r=[[[" ]) == 2
+    assert "error: lora_r: --set value '[[[' is not a YAML value" in capsys.readouterr().err
+
+
+# ====================================================================== resource sanity
+HUGE = {"max_seq_length": 131072, "batch_size": 4096}
+
+
+def test_settings_far_beyond_the_device_memory_are_refused_with_the_estimate_and_the_fix(home):
+    orch = Orchestrator(start_pump=False)
+    try:
+        with pytest.raises(ConfigError) as raised:
+            orch.start(TrainConfig(**HUGE))
+        assert orch.validate(TrainConfig(**HUGE, allow_memory_overcommit=True)) == []
+        assert orch.validate(TrainConfig()) == []  # the defaults fit anywhere
+    finally:
+        orch.close()
+    [error] = raised.value.errors
+    assert error.field == "memory"
+    for phrase in ("Will not fit: needs about", "To make room:", "lower max_seq_length to 65536",
+                   "in total, so the run is refused", "set allow_memory_overcommit to start anyway"):
+        assert phrase in error.message, error.message
+    assert_nothing_left(home)
+
+
+def test_new_run_page_refuses_settings_far_beyond_the_device_memory(app_home):
+    at = open_page("pages/new_run.py")
+    at.number_input(key="nr_max_seq_length").set_value(HUGE["max_seq_length"])
+    at.number_input(key="nr_batch_size").set_value(HUGE["batch_size"])
+    submit(at)
+    errors = texts(at, "error")
+    assert any(e.startswith("**memory**") and "allow_memory_overcommit" in e for e in errors), errors
+    assert_nothing_left(app_home)
+
+
+def test_cli_refuses_settings_far_beyond_the_device_memory_unless_overridden(home, capsys):
+    sets = [arg for key, value in HUGE.items() for arg in ("--set", f"{key}={value}")]
+    for command in ("validate", "run"):
+        assert cli_main([command, "--config", "/dev/null", *sets]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: memory: Will not fit") and "allow_memory_overcommit" in err, err
+    assert cli_main(["validate", "--config", "/dev/null", *sets, "--set", "allow_memory_overcommit=true"]) == 0
+    assert_nothing_left(home)
+
+
+@pytest.mark.parametrize("message, oom", [
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("[enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+     "1099511627776 bytes. Error code 12 (Cannot allocate memory)", True),
+    ("DefaultCPUAllocator: not enough memory: you tried to allocate 68719476736 bytes.", True),
+    ("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x8)", False),
+])
+def test_a_cpu_allocation_failure_gets_the_out_of_memory_hint(message, oom):
+    from trainer_core import worker  # stdlib and our own modules only: the ML stack loads inside Worker.run
+
+    assert worker._is_oom(RuntimeError(message)) is oom
+    assert worker._is_oom(MemoryError()) is True
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("max_steps: 1.0e9\n", "error: max_steps: must be >= 0 and <= 10000000, got 1000000000"),
+    ("max_steps: 2.5e0\n", "error: max_steps: expected a whole number, got '2.5e0'"),
+])
+def test_cli_reads_integral_exponent_numbers_and_names_the_rest(home, tmp_path, capsys, text, expected):
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    assert cli_main(["validate", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.strip() == expected
+    config.write_text("max_steps: 1.2e3\n")
+    assert cli_main(["validate", "--config", str(config)]) == 0
+    assert TrainConfig.from_yaml("max_steps: 1.2e3").max_steps == 1200
+
+
+@pytest.mark.parametrize("values, field, phrase", [
+    ({"system_prompt": "x" * 20_001}, "system_prompt", "is 20,001 characters long; the limit is 20,000"),
+    ({"subset": "s" * 201}, "subset", "the limit is 200"),
+    ({"train_split": "t" * 201}, "train_split", "the limit is 200"),
+    ({"wandb_project": "w" * 129}, "wandb_project", "the limit is 128"),
+    ({"custom_format_mapping": {"instruction": "q" * 201}}, "custom_format_mapping", "at most 200 characters"),
+])
+def test_free_text_fields_have_length_limits(home, values, field, phrase):
+    assert_reported(problems(values), field, phrase)
+
+
+def test_new_run_page_reports_an_overlong_system_prompt(app_home):
+    at = open_page("pages/new_run.py")
+    at.text_area(key="nr_system_prompt").input("be brief. " * 2_500)
+    submit(at)
+    errors = texts(at, "error")
+    assert any(e.startswith("**system_prompt**") and "the limit is 20,000" in e for e in errors), errors
+    assert_nothing_left(app_home)
+
+
 def test_orchestrator_start_refuses_bad_config_without_a_trace(home, tmp_path, outside):
     orch = Orchestrator(start_pump=False)
     try:
@@ -403,12 +597,26 @@ def test_orchestrator_start_refuses_bad_config_without_a_trace(home, tmp_path, o
 
 
 # ====================================================================== the headless CLI
-def _cli(tmp_path: Path, command: str, config: dict | str, *extra: str, env: dict | None = None):
+def _cli(tmp_path: Path, command: str, config: dict | str, *extra: str, env: dict | None = None) -> SimpleNamespace:
+    """The CLI's main() in this process (a subprocess per case cost ~7 s on this machine: the imports), with
+    its own environment, exit code and output, like a separate run of ``python -m trainer_core``."""
     path = tmp_path / "run.yaml"
     path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
     base = {"FINETUNE_STUDIO_HOME": str(tmp_path / "home"), "FINETUNE_STUDIO_FORCE_CPU": "1",
             "FINETUNE_STUDIO_ALLOWED_ROOTS": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    return run_python(CLI, command, "--config", str(path), *extra, env={**base, **(env or {})}, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {**base, **(env or {})}.items():
+            mp.setenv(name, value)
+        for name in ("HF_TOKEN", "WANDB_API_KEY", "DATABASE_URL", "FINETUNE_STUDIO_MODELS"):
+            mp.delenv(name, raising=False)
+        hardware.cuda_available.cache_clear()  # cached per process: recompute under FORCE_CPU
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli_main([command, "--config", str(path), *extra])
+        finally:
+            hardware.cuda_available.cache_clear()
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 CLI_CASES = [

@@ -217,10 +217,26 @@ def test_system_prompt_is_prepended_unless_the_conversation_has_one():
 def test_dropped_chat_rows_are_counted_by_reason():
     data = datasets.normalize_rows(fixture("dropped.jsonl"), "auto")
     assert len(data.rows) == 2
-    assert data.dropped == {"empty conversation": 1, "no assistant turn": 1, "unsupported role 'tool'": 1,
+    assert data.dropped == {"empty conversation": 1, "no assistant turn": 1, datasets.UNSUPPORTED_ROLE: 1,
                             "malformed turn": 1, "missing messages": 1}
+    assert data.drop_examples == {datasets.UNSUPPORTED_ROLE: ["'tool'"]}
     assert data.summary().endswith("dropped 5 (empty conversation: 1, malformed turn: 1, missing messages: 1, "
-                                   "no assistant turn: 1, unsupported role 'tool': 1)")
+                                   "no assistant turn: 1, unsupported role (map it in custom_format_mapping, e.g. "
+                                   "{bot: assistant}): 1)")
+
+
+def test_thousands_of_rows_with_unknown_roles_make_one_warning_with_counts_and_examples():
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": f"bot{i}", "content": "yo"}]}
+            for i in range(3000)]
+    rows += [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 10
+    rows += [{"messages": [{"role": "user", "content": "hi"}]}] * 2
+    data = datasets.normalize_rows(rows, "auto")
+    assert data.dropped == {datasets.UNSUPPORTED_ROLE: 3000, "no assistant turn": 2}
+    assert data.drop_examples == {datasets.UNSUPPORTED_ROLE: ["'bot0'", "'bot1'", "'bot2'"]}
+    assert data.drop_warning() == (
+        "Dropped 3,002 of 3,012 training rows: unsupported role (map it in custom_format_mapping, e.g. "
+        "{bot: assistant}): 3,000 (e.g. 'bot0', 'bot1', 'bot2'); no assistant turn: 2")
+    assert datasets.normalize_rows(rows[3000:3010], "auto").drop_warning() is None
 
 
 def test_dropped_alpaca_rows_are_counted_by_reason():

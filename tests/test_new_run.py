@@ -434,7 +434,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
                       gradient_checkpointing=True, logging_steps=3, save_steps=20, use_lora=False, lora_r=4,
                       lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "my_proj"], use_rslora=True,
                       finetune_attention_modules=False, finetune_mlp_modules=False, gpu_ids=[1],
-                      enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2")
+                      enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2", allow_memory_overcommit=True)
     untouched = {name for name in TrainConfig.field_names() if getattr(cfg, name) == getattr(TrainConfig(), name)}
     assert untouched == UNTOUCHED  # every other field is set away from its default here
     presets.save_preset("everything", cfg)
@@ -446,6 +446,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
 
 
 # ---------------------------------------------------------------------- the real preview (tokenizer in a subprocess)
+@pytest.mark.slow  # the real preview: a transformers subprocess
 def test_preview_of_the_bundled_demo_with_the_real_tokenizer(app_home, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
     at = open_page()

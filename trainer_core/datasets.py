@@ -16,11 +16,12 @@ import math
 import os
 import random
 import re
+import secrets
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,6 +71,19 @@ class NormalizedData:
     reason: str
     rows: list[dict]
     dropped: dict[str, int] = field(default_factory=dict)
+    drop_examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> a few distinct examples
+
+    def drop_warning(self, what: str = "training rows") -> str | None:
+        """All drops in ONE message (reason, count, a few examples): thousands of rows with made-up roles
+        must not become thousands of warnings."""
+        if not self.dropped:
+            return None
+        total = sum(self.dropped.values())
+        parts = []
+        for reason, count in sorted(self.dropped.items(), key=lambda item: (-item[1], item[0])):
+            examples = self.drop_examples.get(reason, [])
+            parts.append(f"{reason}: {count:,}" + (f" (e.g. {', '.join(examples)})" if examples else ""))
+        return f"Dropped {total:,} of {total + len(self.rows):,} {what}: " + "; ".join(parts)
 
     @property
     def is_chat(self) -> bool:
@@ -99,6 +113,9 @@ def resolve_source(source: str, field_name: str = "local_datasets") -> Path:
             raise DatasetError(field_name, f"the bundled demo dataset is missing from this install ({path}): "
                                            "reinstall Finetune Studio or run scripts/make_demo_dataset.py")
         return path
+    problem = paths.path_problem(source)
+    if problem:
+        raise DatasetError(field_name, problem)
     candidate = Path(source).expanduser()
     if not candidate.is_absolute() and not candidate.exists() and (paths.datasets_dir() / candidate).exists():
         candidate = paths.datasets_dir() / candidate  # a bare name refers to an uploaded file
@@ -183,6 +200,10 @@ def _parse(path: Path, suffix: str, field_name: str) -> list[dict]:
     return _parse_csv(text, path.name, field_name)
 
 
+_TOO_DEEP = ("nests lists or objects too deeply to read (hundreds of levels, such as [[[...]]]); a row is an "
+             "object of text fields or a list of chat turns: fix the file")
+
+
 def _parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
     rows = []
     # split on \n only: str.splitlines would also split on U+2028 inside unescaped JSON strings
@@ -194,6 +215,8 @@ def _parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise DatasetError(field_name, f"{name}: line {number} is not valid JSON: {exc.msg} (column {exc.colno}). "
                                            "Fix or remove that line.") from None
+        except RecursionError:
+            raise DatasetError(field_name, f"{name}: line {number} {_TOO_DEEP}") from None
         if not isinstance(row, dict):
             raise DatasetError(field_name, f"{name}: line {number} is not a JSON object (got {type(row).__name__}); "
                                            "each line must be one row such as {\"text\": \"...\"}")
@@ -206,6 +229,8 @@ def _parse_json(text: str, name: str, field_name: str) -> list[dict]:
         return []
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DatasetError(field_name, f"{name} {_TOO_DEEP}") from None
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # several objects one after another: a JSONL file named .json
             return _parse_jsonl(text, name, field_name)
@@ -341,7 +366,7 @@ def _as_turn_list(value: Any) -> list | None:
     if isinstance(value, str) and value.lstrip().startswith("["):  # chat turns stored as JSON text (CSV)
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python parses
             return None
     return value if isinstance(value, list) else None
 
@@ -392,17 +417,23 @@ def _normalize(rows: list[dict], format_type: str, mapping: dict[str, str] | Non
     system = system_prompt.strip()
     out: list[dict] = []
     dropped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
     for row in rows:
         value, problem = convert(row, m)
         if problem:
-            dropped[problem] += 1
+            why, example = problem if isinstance(problem, tuple) else (problem, None)
+            dropped[why] += 1
+            shown = examples.setdefault(why, [])
+            if example is not None and len(shown) < MAX_DROP_EXAMPLES and example not in shown:
+                shown.append(example)
         elif fmt == "text":
             out.append({"text": value})
         else:
             if system and value[0]["role"] != "system":
                 value.insert(0, {"role": "system", "content": system})
             out.append({"messages": value})
-    return NormalizedData(format=fmt, reason=reason, rows=out, dropped=dict(dropped))
+    return NormalizedData(format=fmt, reason=reason, rows=out, dropped=dict(dropped),
+                          drop_examples={k: v for k, v in examples.items() if v})
 
 
 def _require_columns(rows: list[dict], fmt: str, m: _Mapping, columns: list[str]) -> None:
@@ -463,7 +494,7 @@ def _alpaca(row: dict, m: _Mapping) -> tuple[Any, str | None]:
 
 
 def _chat(column: str):
-    def convert(row: dict, m: _Mapping) -> tuple[Any, str | None]:
+    def convert(row: dict, m: _Mapping) -> tuple[Any, str | tuple[str, str] | None]:
         raw = row.get(m.col(column))
         if raw is None:
             return None, f"missing {column}"
@@ -481,8 +512,8 @@ def _chat(column: str):
             if role_key is None or content_key is None or not isinstance(turn[role_key], str):
                 return None, "malformed turn"
             role = m.roles.get(turn[role_key].strip().lower())
-            if role is None:
-                return None, f"unsupported role '{turn[role_key]}'"
+            if role is None:  # one reason for every unknown role; the role itself is kept as an example
+                return None, (UNSUPPORTED_ROLE, repr(turn[role_key][:40]))
             content, problem = _text_value(turn[content_key])
             if problem == "not text":
                 return None, "malformed turn"
@@ -504,6 +535,9 @@ def _text(row: dict, m: _Mapping) -> tuple[Any, str | None]:
     text, problem = _text_value(row.get(m.col("text")))
     return (None, _field_problem("text", problem)) if problem else (text, None)
 
+
+UNSUPPORTED_ROLE = "unsupported role (map it in custom_format_mapping, e.g. {bot: assistant})"
+MAX_DROP_EXAMPLES = 3
 
 _CONVERTERS = {"alpaca": _alpaca, "chatml": _chat("messages"), "sharegpt": _chat("conversations"), "text": _text}
 
@@ -579,10 +613,16 @@ def _merge(parts: list[_Part], results: list[NormalizedData], field_name: str) -
     reasons = list(dict.fromkeys(r.reason for r in results))
     reason = reasons[0] if len(reasons) == 1 else "; ".join(f"{label}: {r.reason}" for label, r in zip(labels, results))
     dropped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
     for r in results:
         dropped.update(r.dropped)
+        for key, shown in r.drop_examples.items():
+            kept = examples.setdefault(key, [])
+            kept.extend(e for e in shown if e not in kept)
+            del kept[MAX_DROP_EXAMPLES:]
     merged = NormalizedData(format="+".join(dict.fromkeys(r.format for r in results)), reason=reason,
-                            rows=[row for r in results for row in r.rows], dropped=dict(dropped))
+                            rows=[row for r in results for row in r.rows], dropped=dict(dropped),
+                            drop_examples=examples)
     if not merged.rows:
         problem = _no_usable_rows(field_name, sum(len(rows) for _, rows in parts), merged.dropped)
         raise DatasetError(field_name, f"{_labels(parts)}: {problem.message}")
@@ -673,8 +713,13 @@ def _check_parts(parts: list[_Part], cfg: TrainConfig, field_name: str, apply_sl
 
 
 # ---------------------------------------------------------------------- uploads
-def save_upload(filename: str, data: bytes, max_bytes: int = 200 * 2**20) -> Path:
-    """Store an uploaded file under the datasets folder with a safe, content-addressed name."""
+UPLOAD_CHUNK = 1 << 20  # bytes copied at a time: an upload is never held twice in the server's memory
+
+
+def save_upload(filename: str, data: bytes | BinaryIO, max_bytes: int = 200 * 2**20) -> Path:
+    """Store an uploaded file under the datasets folder with a safe, content-addressed name.
+
+    ``data`` is the upload itself (a file object, read in chunks while it is hashed and written) or bytes."""
     name = re.split(r"[\\/]", str(filename))[-1].strip()
     stem, dot, ext = name.rpartition(".")
     if not dot:
@@ -683,21 +728,36 @@ def save_upload(filename: str, data: bytes, max_bytes: int = 200 * 2**20) -> Pat
     if suffix not in SUPPORTED_EXTENSIONS:
         raise DatasetError("local_datasets", f"{name or 'the file'}: unsupported file type '{suffix or '(none)'}'; "
                                              f"upload one of {', '.join(SUPPORTED_EXTENSIONS)}")
-    if len(data) > max_bytes:
-        raise DatasetError("local_datasets", f"{name} is {len(data) / 2**20:.1f} MiB; uploads are limited to "
-                                             f"{max_bytes / 2**20:.0f} MiB. Put larger files under the data root "
-                                             "and enter their path instead.")
-    if not data:
-        raise DatasetError("local_datasets", f"{name} is empty")
+    stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    if stream.seekable():
+        total = stream.seek(0, os.SEEK_END)
+        stream.seek(0)
+        if total > max_bytes:
+            raise DatasetError("local_datasets", f"{name} is {total / 2**20:.1f} MiB; uploads are limited to "
+                                                 f"{max_bytes / 2**20:.0f} MiB. Put larger files under the data root "
+                                                 "and enter their path instead.")
     safe_stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:60] or "dataset"
-    digest = hashlib.sha256(data).hexdigest()[:10]
-    target = paths.datasets_dir() / f"{safe_stem}-{digest}{suffix}"
-    if target.is_file() and target.stat().st_size == len(data):
-        return target  # the same content was uploaded before
-    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-    partial.write_bytes(data)
-    os.replace(partial, target)  # readers never see a half-written file
-    return target
+    partial = paths.datasets_dir() / f".{safe_stem}{suffix}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(partial, "wb") as out:
+            while chunk := stream.read(UPLOAD_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise DatasetError("local_datasets", f"{name} is over {max_bytes / 2**20:.0f} MiB; uploads are "
+                                                         f"limited to {max_bytes / 2**20:.0f} MiB. Put larger files "
+                                                         "under the data root and enter their path instead.")
+                digest.update(chunk)
+                out.write(chunk)
+        if size == 0:
+            raise DatasetError("local_datasets", f"{name} is empty")
+        target = paths.datasets_dir() / f"{safe_stem}-{digest.hexdigest()[:10]}{suffix}"
+        if target.is_file() and target.stat().st_size == size:
+            return target  # the same content was uploaded before
+        os.replace(partial, target)  # readers never see a half-written file
+        return target
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------- hub (worker only)

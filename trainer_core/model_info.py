@@ -94,7 +94,7 @@ def _stamp(name: str) -> Any:
         gguf_path = hardware.bundled_gguf_path()
         converted = paths.models_dir() / BUNDLED_FOLDER / CONVERTED_MARKER
         return (_mtime(gguf_path), _mtime(converted))
-    if looks_like_path(name):
+    if looks_like_path(name) and paths.path_problem(name) is None:
         folder = Path(name).expanduser()
         return tuple(_mtime(folder / f) for f in ("config.json", "tokenizer_config.json", "chat_template.jinja"))
     return None  # hub: a downloaded config never changes under the same name in the cache we read first

@@ -18,6 +18,7 @@ import os
 import secrets as pysecrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import checkpoints, control, datasets, paths, scheduling
+from trainer_core import checkpoints, control, datasets, paths, resource_check, scheduling
 from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
@@ -52,6 +53,8 @@ IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
 REMOTE_KEEP = 20  # views of runs pumped by other processes, refreshed incrementally from the database
 HISTORY_PAGE = 50
+_OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
+PRESENCE_LOCK = ".orchestrators.lock"  # shared by every pumping orchestrator; `db rebuild` needs it exclusively
 
 
 class RunRefused(RuntimeError):
@@ -101,8 +104,15 @@ class Orchestrator:
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
         self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
+        # Names this orchestrator in the rows of runs whose secrets only it holds: other orchestrators (the
+        # CLI, another server, a hot reload's second one) leave those runs to it while it is open.
+        self.holder = f"{process_token()}:{pysecrets.token_hex(4)}"
+        _OPEN_HOLDERS.add(self.holder)
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
+        # A pumping orchestrator writes to the database at any time: while one runs (a dashboard, the CLI),
+        # `db rebuild` must not move the database away under it. Waits while a rebuild runs.
+        self._presence = hold_presence() if start_pump else None
         self._adopt_orphans()
         if start_pump:
             self._thread = threading.Thread(target=self._pump_forever, name="studio-pump", daemon=True)
@@ -110,13 +120,14 @@ class Orchestrator:
 
     # ================================================================== public API
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
-        return cfg.validate()
+        """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
+        return cfg.validate() or resource_check.memory_problems(cfg)
 
     def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
         Queued runs start by themselves (also after a server restart) when the runs before them end."""
-        errors = cfg.validate()
+        errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
@@ -138,7 +149,8 @@ class Orchestrator:
                       created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
                       config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
                       queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
-                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step)
+                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
+                      steps_done=resumed_from_step or 0)
             lock_fh = None
             if run_id in now_free:
                 run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
@@ -146,6 +158,7 @@ class Orchestrator:
                 lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             elif cfg.secrets():
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
+                run.secrets_holder = self.holder  # so other orchestrators leave this run to us
             self.store.create_run(run)
             if parent is not None:
                 self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
@@ -333,6 +346,7 @@ class Orchestrator:
 
     def close(self) -> None:
         """Stop pumping (workers keep running; another orchestrator can adopt them)."""
+        _OPEN_HOLDERS.discard(self.holder)  # queued runs whose secrets it held can no longer start
         self._closing.set()
         if self._thread:
             self._thread.join(timeout=5)
@@ -347,6 +361,9 @@ class Orchestrator:
                 item.log.close()
         with self._lock:
             self._tracked.clear()
+        if self._presence is not None:
+            self._presence.close()  # releases the shared lock
+            self._presence = None
 
     # ================================================================== spawning
     def _start_lock(self):
@@ -368,7 +385,7 @@ class Orchestrator:
         self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
-                       total_steps=cfg.max_steps, output_dir=str(run_dir))
+                       total_steps=cfg.max_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         seed_lineage(live, run, self.store)
         with self._lock:
             self._tracked[run.id] = _Tracked(run.id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
@@ -397,13 +414,16 @@ class Orchestrator:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
             return False
         needed = [name for name in run.needs_secrets.split(",") if name]
+        if needed and run.id not in self._secrets and run.secrets_holder not in ("", self.holder) \
+                and _holder_alive(run.secrets_holder):
+            return False  # its secrets live in another orchestrator's memory: only that one can launch it
         cfg = dataclasses.replace(cfg, **_secret_values(needed, self._secrets.get(run.id)))
         missing = [name for name in needed if not getattr(cfg, name)]
         if missing:
             self.store.finish_run(run.id, RunStatus.FAILED, error=(
-                f"This run was queued with {', '.join(missing)}, which is never written to disk, and the dashboard "
-                "restarted before it started. Start it again and enter the secret, or set HF_TOKEN / WANDB_API_KEY "
-                "in the dashboard's environment."))
+                f"This run was queued with {', '.join(missing)}, which is never written to disk; "
+                f"{_holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the secret, "
+                "or set HF_TOKEN / WANDB_API_KEY in the environment of the dashboard or CLI."))
             return False
         errors = cfg.validate()  # files may have changed or gone while it waited
         if errors:
@@ -564,8 +584,8 @@ class Orchestrator:
     def _finish(self, t: _Tracked) -> None:
         status, values = t.terminal
         self.store.finish_run(t.run_id, status, **values)
-        t.live.update(status=status, finished_at=time.time(), **{k: v for k, v in values.items()
-                                                                  if k in ("error", "log_tail", "output_dir")})
+        t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
+                      **{k: v for k, v in values.items() if k in ("error", "log_tail", "output_dir")})
         with self._lock:
             self._tracked.pop(t.run_id, None)
             self._finished[t.run_id] = t.live
@@ -578,7 +598,8 @@ class Orchestrator:
     def _set_terminal(self, t: _Tracked, status: RunStatus, **values: Any) -> None:
         if t.terminal is None:
             t.terminal = (status, values)
-            t.live.update(status=status, **{k: v for k, v in values.items() if k in ("error", "log_tail")})
+            t.live.update(status=status, phase=values.get("phase", ""),  # "saving" is over once the run ended
+                          **{k: v for k, v in values.items() if k in ("error", "log_tail")})
 
     def _exited(self, t: _Tracked) -> tuple[bool, str]:
         if t.proc is not None:
@@ -598,7 +619,7 @@ class Orchestrator:
         if waited > STOP_TIMEOUT_S and t.terminated_at is None:
             t.terminated_at = time.time()
             _signal_group(t.pid, signal.SIGTERM)
-            t.timeline.append((time.time(), "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM"))
+            self.store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
         elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
             _signal_group(t.pid, signal.SIGKILL)
 
@@ -678,7 +699,10 @@ def _on_status(orch: Orchestrator, t: _Tracked, e: ev.StatusEvent) -> None:
         status = RunStatus.STOPPING  # a stop was requested; don't flip back to running in the UI
     t.live.update(status=status, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
     t.run_values.update(status=status.value, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
-    t.timeline.append((e.ts, "status", f"{status.label}: {e.phase}" if e.phase else status.label))
+    # The timeline records what the worker said, not how it was shown: the same log always gives the same
+    # timeline, however late the pump read it (db rebuild relies on that).
+    reported = RunStatus(e.status).label
+    t.timeline.append((e.ts, "status", f"{reported}: {e.phase}" if e.phase else reported))
     t.urgent = True
 
 
@@ -799,6 +823,13 @@ def _secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, 
     return {name: given.get(name) or env.get(name, "") for name in names if name in env}
 
 
+def hold_presence() -> IO:
+    """A shared lock on the data root's presence file, held while an orchestrator pumps."""
+    fh = open(paths.data_root() / PRESENCE_LOCK, "a")
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
+
+
 def _try_lock(run_dir: Path) -> IO | None:
     fh = open(run_dir / ".pump.lock", "w")
     try:
@@ -807,6 +838,46 @@ def _try_lock(run_dir: Path) -> IO | None:
         fh.close()
         return None
     return fh
+
+
+def process_token() -> str:
+    """This process, as other processes can recognise it: host, pid and start time (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def _parse_holder(token: str) -> tuple[str, int, float] | None:
+    """(host, pid, process start time) of an orchestrator's holder token "host:pid:start:instance"."""
+    parts = token.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        return parts[0], int(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+
+
+def _holder_alive(token: str) -> bool:
+    """Whether the orchestrator named by ``token`` may still launch its run: one of this process that is not
+    closed, or one in another process that still runs. A process on another host cannot be checked: it is
+    assumed alive (the run waits for it, or for someone to remove it from the queue)."""
+    parsed = _parse_holder(token)
+    if parsed is None:
+        return False
+    host, pid, started = parsed
+    if host != socket.gethostname():
+        return True
+    if pid == os.getpid():
+        return token in _OPEN_HOLDERS
+    return _pid_alive(pid, started)
+
+
+def _holder_gone(token: str) -> str:
+    parsed = _parse_holder(token)
+    if parsed is None:
+        return "the dashboard or CLI that queued it is gone"
+    if parsed[1] == os.getpid():
+        return "the orchestrator that queued it and held the secret in memory was closed"
+    return f"the process that queued it and held the secret in memory (pid {parsed[1]} on {parsed[0]}) has exited"
 
 
 def _pid_alive(pid: int | None, started_at: float | None) -> bool:

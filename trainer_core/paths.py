@@ -16,8 +16,35 @@ from pathlib import Path
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
+NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS, Windows)
+PATH_MAX = 4096  # bytes in a whole path (Linux)
+
+
 class UnsafePathError(ValueError):
     """A user-supplied path points outside the roots it is allowed in."""
+
+
+class BadPathError(UnsafePathError):
+    """A user-supplied path no file system can hold (a NUL byte, a name or path that is too long)."""
+
+
+def path_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a path at all, or None. Checked before any OS call, which would otherwise
+    raise ValueError (NUL) or OSError (name too long) instead of saying what to fix."""
+    shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
+    if "\x00" in text:
+        return f"{shown} contains a NUL character (\\x00), which no path may contain: remove it"
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        return f"{shown} contains characters that cannot be part of a file name: retype the path"
+    if len(encoded) >= PATH_MAX:
+        return f"the path is {len(encoded):,} bytes long; paths are limited to {PATH_MAX - 1:,}: check it"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (f"{shown} has a file or folder name of {len(longest):,} bytes; names are limited to {NAME_MAX}: "
+                "check the path")
+    return None
 
 
 def data_root() -> Path:
@@ -53,6 +80,9 @@ def run_dir(run_id: str) -> Path:
 
 def resolve_inside(path: str | os.PathLike, roots: list[Path]) -> Path:
     """Resolve ``path`` (symlinks included) and require it to sit under one of ``roots``."""
+    problem = path_problem(os.fspath(path))
+    if problem:
+        raise BadPathError(problem)
     resolved = Path(path).expanduser().resolve()
     for root in roots:
         root = root.resolve()

@@ -118,8 +118,9 @@ class Worker:
     def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
         data = datasets.load_for_training(cfg)  # the preview picks rows through the same function
         self.log(f"Dataset: {len(data.train.rows)} rows, format {data.train.format} ({data.train.reason})")
-        for reason, count in data.train.dropped.items():
-            self.warn(f"{count} training rows dropped: {reason}")
+        dropped = data.train.drop_warning()
+        if dropped:
+            self.warn(dropped)  # one warning, however many rows and reasons
         return data.rows, data.eval_rows
 
     # ------------------------------------------------------------------ reporting
@@ -219,7 +220,11 @@ class OutputRedactor:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA says "out of memory"; torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory" (or
+    # "not enough memory"): the same fix applies, so the same hint.
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text
+            or "defaultcpuallocator" in text or "can't allocate memory" in text)
 
 
 def make_callback(worker: Worker):

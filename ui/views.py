@@ -237,7 +237,8 @@ def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = No
     st.markdown(f"### {snapshot.name or snapshot.run_id}")
     details = " · ".join(p for p in (snapshot.model, snapshot.dataset, snapshot.method,
                                      f"engine: {snapshot.engine}" if snapshot.engine else "") if p)
-    st.markdown(status_markdown(status, snapshot.phase) + (f"  \n{details}" if details else ""))
+    phase = "" if status.is_terminal() else snapshot.phase  # rows finished by older versions kept "saving"
+    st.markdown(status_markdown(status, phase) + (f"  \n{details}" if details else ""))
     label = f"step {snapshot.step:,} / {snapshot.total_steps:,}" if snapshot.total_steps else f"step {snapshot.step:,}"
     st.progress(snapshot.progress, text=label)
     render_alerts(alerts)

@@ -1,0 +1,45 @@
+"""Settings and maintenance: where the data lives, and rebuilding the database from the run folders."""
+from __future__ import annotations
+
+import streamlit as st
+
+from db.store import default_url
+from trainer_core import paths, rebuild
+from ui.entry import require_entrypoint
+from ui.state import orchestrator_or_problem, rebuild_database
+
+require_entrypoint("pages/settings.py")
+
+st.title("Settings")
+st.subheader("Data")
+st.markdown(f"Data folder: `{paths.data_root()}`  \nDatabase: `{rebuild.database_label(default_url())}`")
+
+st.subheader("Database")
+st.markdown(
+    "The database is a cache. Every run folder keeps its config (`config.yaml`), what the worker reported "
+    "(`events.jsonl`) and what the dashboard decided (`journal.jsonl`), so runs, statuses, metrics, timelines "
+    "and alerts can all be rebuilt from them. Rebuilding moves the current database file aside (it is kept, "
+    "never deleted) and builds a new one; runs still training are followed again afterwards.")
+
+orch, problem = orchestrator_or_problem()
+if problem is None:
+    unknown = rebuild.unknown_run_folders(orch.store)
+    if unknown:
+        st.warning(f"{len(unknown)} run folder(s) are missing from the database: rebuild it to bring them back.",
+                   icon="🗄️")
+    else:
+        st.success("The database knows every run folder.", icon="✅")
+
+result = st.session_state.pop("settings_rebuild_result", None)
+if result is not None:
+    kind, message = result
+    (st.success if kind == "ok" else st.error)(message)
+
+if st.button("Rebuild the database from the run folders", icon="🛠️", type="primary" if problem else "secondary"):
+    with st.spinner("Rebuilding from the run folders..."):
+        try:
+            report = rebuild_database()
+            st.session_state["settings_rebuild_result"] = ("ok", report.summary())
+        except rebuild.RebuildRefused as exc:
+            st.session_state["settings_rebuild_result"] = ("error", str(exc))
+    st.rerun()  # the entry point builds a fresh orchestrator on the rebuilt database

@@ -1,0 +1,35 @@
+"""Resource sanity before a start: settings whose memory estimate clearly exceeds the device are refused.
+
+"Clearly" means more than ``CLEARLY_OVER`` times the device's *total* memory (GPU memory, or system RAM
+on a CPU host): the estimate is rough and free memory changes, so anything closer only gets the form's
+warning. ``allow_memory_overcommit`` lets a user who knows better start anyway. The estimate itself is
+trainer_core.memory's; this module only decides whether to refuse, and says what to lower.
+"""
+from __future__ import annotations
+
+import math
+
+from trainer_core import hardware, memory, model_info
+from trainer_core.config import FieldError, TrainConfig
+
+CLEARLY_OVER = 2.0
+FIELD = "memory"  # not one field: the estimate depends on several; the message names the ones to change
+
+
+def memory_problems(cfg: TrainConfig) -> list[FieldError]:
+    """[] when the run may start; else one error with the estimate, the device and what to lower."""
+    if cfg.allow_memory_overcommit:
+        return []
+    try:
+        info = model_info.inspect_model(cfg.model_name, token=cfg.hf_token or None)
+    except model_info.ModelInfoError:
+        return []  # nothing to estimate from (an unreachable hub id): the run reports what happens
+    device = "cuda" if hardware.cuda_available() else "cpu"
+    est = memory.estimate_memory(info, cfg, device)
+    dev = memory.device_memory(cfg)
+    if not math.isfinite(dev.total_gb) or est.total_gb <= CLEARLY_OVER * dev.total_gb:
+        return []
+    _, verdict = memory.fit_message(est, dev, cfg, info)  # the estimate and what to lower, as the form shows it
+    return [FieldError(FIELD, f"{verdict} That is more than {CLEARLY_OVER:g} times the {dev.total_gb:,.1f} GB "
+                              f"{dev.label} has in total, so the run is refused. If you know better, set "
+                              "allow_memory_overcommit to start anyway.")]
