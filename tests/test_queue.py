@@ -150,8 +150,7 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
             assert not path.exists() or token.encode() not in path.read_bytes(), path
 
 
-def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch):
-    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch, fake_gpu_host):
     g0 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[0]))
     g1 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[1]))
     both = orch.start(dataclasses.replace(fake(monkeypatch, steps=1), gpu_ids=[0, 1]))
