@@ -214,9 +214,7 @@ class Worker:
         if self.distributed:
             # The launcher reports the rank that failed first (a rank whose peer died fails too, later):
             # leave it this rank's account, with the time it failed.
-            from trainer_core.launch import rank_error_path  # worker-only: imports torch
-
-            path = rank_error_path(self.run_dir, self.rank)
+            path = parallel.rank_error_path(self.run_dir, self.rank)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"message": message, "exc_type": type(exc).__name__, "ts": time.time()}))
             return
