@@ -187,7 +187,7 @@ class Orchestrator:
         run = self.store.get_run(run_id)
         if run is None or RunStatus(run.status).is_terminal() or not _pid_alive(run.pid, run.pid_started_at):
             return None
-        return self._sampler.sample(run.pid)
+        return self._sampler.sample(run.pid, scheduling.gpu_indices(run.devices))
 
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")

@@ -27,6 +27,12 @@ def devices_of(cfg: TrainConfig, cuda: bool | None = None) -> str:
     return ALL_GPUS
 
 
+def gpu_indices(devices: str) -> list[int] | None:
+    """The GPU indices a device string names ("gpu0,gpu2" -> [0, 2]); None for every GPU ("gpu*", unknown)."""
+    names = [d for d in devices.split(",") if d.startswith("gpu") and d[3:].isdigit()]
+    return [int(d[3:]) for d in names] if names else None
+
+
 def overlap(a: str, b: str) -> bool:
     """True when two device strings share a device ("gpu*" shares with any GPU set)."""
     left, right = set(filter(None, a.split(","))), set(filter(None, b.split(",")))
