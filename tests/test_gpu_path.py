@@ -347,3 +347,22 @@ def test_eta_leaves_out_the_first_steps_warm_up():
     assert result.returncode == 0, result.stderr[-3000:]
     # timed from step 1 on: 1 s per step; the 90 s of the first step would have said 30 s per step
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [None, 8.0, 7.0]
+
+
+WATCH = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    os.environ.update(RANK="1", WORLD_SIZE="2")
+    from trainer_core import worker
+    w = worker.Worker(Path(sys.argv[1]))
+    worker.HEARTBEAT_S = 0.01
+    w._watch_launcher(os.getppid() + 1)  # as if re-parented: the launcher that started this rank is gone
+    print("still here")
+""")
+
+
+def test_a_rank_leaves_when_its_launcher_is_gone(tmp_path):
+    result = run_python(WATCH, str(tmp_path))
+    assert result.returncode == 1
+    # the child's parent is this test process: it watched for pid os.getpid() + 1 and found itself re-parented
+    assert result.stdout.strip() == f"rank 1: the launcher (pid {os.getpid() + 1}) is gone; exiting"

@@ -101,6 +101,32 @@ def test_a_killed_rank_fails_the_run_with_its_rank_reason_and_log(studio, tiny_m
     assert not psutil.pid_exists(ranks[0]) or psutil.Process(ranks[0]).status() == psutil.STATUS_ZOMBIE
 
 
+def test_cancel_reaches_every_rank_and_saves_nothing(studio, tiny_model):
+    run_id = studio.start(tiny_two_process(tiny_model, max_steps=400))
+    wait_for(lambda: (studio.snapshot(run_id).step or 0) >= 1, what="the first step")
+    studio.cancel(run_id)
+    snap = studio.wait(run_id, timeout=180)
+    assert snap.status is RunStatus.CANCELLED, (snap.error, studio.log_tail(run_id))
+    run_dir = paths.run_dir(run_id)
+    assert not list((run_dir / "checkpoints").glob("*checkpoint-*")) and not (run_dir / "adapter").exists()
+    log = studio.log_text(run_id)
+    assert "[default0]:finished: cancelled" in log and "[default1]:finished: cancelled" in log
+
+
+def test_ranks_leave_when_the_launcher_is_killed(studio, tiny_model):
+    run_id = studio.start(tiny_two_process(tiny_model, max_steps=400))
+    wait_for(lambda: (studio.snapshot(run_id).step or 0) >= 1, what="the first step")
+    launcher = studio.get_run(run_id).pid
+    ranks = rank_pids(launcher)
+    psutil.Process(launcher).send_signal(signal.SIGKILL)  # what the OOM killer does: no chance to stop its ranks
+    snap = studio.wait(run_id, timeout=120)
+    assert snap.status is RunStatus.FAILED and "was killed by SIGKILL" in snap.error
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                             for pid in ranks.values()), timeout=60, what="the orphaned ranks to exit")
+    # (a rank leaves either when its next collective or store call fails, or when its launcher watch sees it
+    # re-parented, whichever comes first: the watch covers ranks that make no such call, e.g. during a save)
+
+
 def test_the_cli_trains_the_bundled_model_on_two_processes(tmp_path):
     config = tmp_path / "two.yaml"
     config.write_text(yaml.safe_dump({"model_name": BUNDLED_MODEL, "num_processes": 2, "max_steps": 3,

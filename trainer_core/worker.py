@@ -101,6 +101,9 @@ class Worker:
         redactor = OutputRedactor(self.secrets) if self.secrets else None
         if self.rank == 0:
             threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        if self.distributed:
+            threading.Thread(target=self._watch_launcher, args=(os.getppid(),), daemon=True,
+                             name="launcher-watch").start()
         try:
             cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
             self.early_stopping_patience = cfg.early_stopping_patience
@@ -248,6 +251,14 @@ class Worker:
             return
         check_torch_sees_gpus(hardware.gpu_count(), torch.cuda.is_available(), torch.__version__,
                               torch.version.cuda, hardware.driver_version())
+
+    def _watch_launcher(self, launcher_pid: int) -> None:
+        """torchrun starts each rank in a session of its own, so a launcher killed outright (the OOM killer)
+        would leave its ranks training, holding GPUs, for a run already marked failed: leave with it."""
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            if os.getppid() != launcher_pid:  # re-parented: the launcher is gone
+                self.log(f"rank {self.rank}: the launcher (pid {launcher_pid}) is gone; exiting")
+                os._exit(1)
 
     def _heartbeat(self) -> None:
         pid = os.getpid()
