@@ -386,7 +386,7 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     fit_col.caption(f"{processes} data-parallel process(es): global batch {parallel.global_batch(cfg, processes):,} "
                     f"rows per step (batch {cfg.batch_size} × accumulation {cfg.gradient_accumulation_steps} × "
                     f"{processes})")
-    level, text = memory.fit_message(est, dev, cfg, info)
+    level, text = memory.fit_message(est, dev, cfg, info, engine=engine)
     if level == "ok":
         fit_col.success(text, icon="✅")
     elif level == "tight":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_core import hardware, presets
+from trainer_core import presets
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.presets import PresetError
 

@@ -12,7 +12,7 @@ import pytest
 
 from db.models import Run
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware, orchestrator, paths, scheduling
+from trainer_core import orchestrator, paths, scheduling
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator, RunRefused
 from trainer_core.status import RunStatus

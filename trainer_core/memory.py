@@ -214,7 +214,7 @@ def _gpu_memory(index: int) -> DeviceMemory:
 
 # ---------------------------------------------------------------------- verdict
 def fit_message(est: MemoryEstimate, dev: DeviceMemory, cfg: TrainConfig,
-                info: ModelInfo | None = None) -> tuple[str, str]:
+                info: ModelInfo | None = None, engine: str = TRANSFORMERS) -> tuple[str, str]:
     """(level, text): "ok", "tight" or "too_big", and what to change when it is not ok.
 
     With ``info`` the suggestions carry the estimate each change would give.
@@ -225,14 +225,14 @@ def fit_message(est: MemoryEstimate, dev: DeviceMemory, cfg: TrainConfig,
     have = f"{dev.free_gb:.1f} GB free on {dev.label}"
     if est.total_gb <= TIGHT_RATIO * dev.free_gb:
         return "ok", f"Fits: needs {need} of {have}."
-    changes = _suggestions(cfg, dev.device, info)
+    changes = _suggestions(cfg, dev.device, info, engine)
     advice = (" To make room: " + "; ".join(changes) + ".") if changes else ""
     if est.total_gb <= dev.free_gb:
         return "tight", f"Tight: needs {need} of {have}; longer rows or other programs may push it over.{advice}"
     return "too_big", f"Will not fit: needs {need} but only {have}.{advice}"
 
 
-def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None) -> list[str]:
+def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None, engine: str = TRANSFORMERS) -> list[str]:
     """Changes that lower memory, biggest saving first when the model is known."""
     options: list[tuple[str, TrainConfig]] = []
     full = not cfg.effective_use_lora
@@ -257,5 +257,5 @@ def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None) -> list[
         options.append(("use the adamw_8bit optimizer", dataclasses.replace(cfg, optim="adamw_8bit")))
     if info is None:
         return [text for text, _ in options]
-    priced = [(estimate_memory(info, changed, device).total_gb, text) for text, changed in options]
+    priced = [(estimate_memory(info, changed, device, engine=engine).total_gb, text) for text, changed in options]
     return [f"{text} (about {total:.1f} GB)" for total, text in sorted(priced)]
