@@ -155,7 +155,8 @@ def describe(r: dict) -> str:
         return f"{r['case']}: skipped: {r['skipped']}"
     if "failed" in r:
         return f"{r['case']}: FAILED ({r['failed']})\n    " + "\n    ".join(r.get("log_tail", []))
-    return (f"{r['case']}: engine {r['engine']}, weights {r['weight_dtype']}, compute {r['compute_dtype']}, "
+    return (f"{r['case']}: engine {r['engine']}, trained weights {r['weight_dtype']}, frozen base "
+            f"{r.get('base_dtype', '-')}, compute {r['compute_dtype']}, "
             f"eos {r['eos_token']!r} ({r['eos_token_id']}), pad {r['pad_token']!r}"
             f"{'' if r.get('eos_matches_gguf', True) else ' -- EOS DIFFERS FROM THE GGUF'}; "
             f"{r['trainable_params']:,} trainable; loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}; "
@@ -249,10 +250,12 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     device = "cuda" if torch.cuda.is_available() else "cpu"
     estimate = memory.estimate_memory(model_info.inspect_model(model_ref), cfg, device, engine=engine_name)
     weights = next(p for p in trainer.model.parameters() if p.requires_grad)
+    frozen = next((p for p in trainer.model.parameters() if not p.requires_grad), None)
     result = {
         "case": f"{engine_name}-{method}", "engine": engine_name, "device": device,
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "",
         "torch_cuda": torch.version.cuda, "weight_dtype": str(weights.dtype),
+        "base_dtype": str(frozen.dtype) if frozen is not None else "-",  # a 4-bit base shows as torch.uint8
         "compute_dtype": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "fp32",
         "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id, "pad_token": tokenizer.pad_token,
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),

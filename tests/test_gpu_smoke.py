@@ -49,4 +49,6 @@ def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(case["files"])
     assert summary["goals"] == ["goals: need a GPU (Unsloth speed and memory, estimate accuracy); CPU figures "
                                 "are for the test"]
-    assert "transformers-lora: engine transformers, weights torch.float32" in result.stdout
+    assert case["base_dtype"] == "torch.float32"  # CPU: the frozen base in fp32 too
+    assert "transformers-lora: engine transformers, trained weights torch.float32, frozen base torch.float32, " \
+        "compute fp32" in result.stdout
