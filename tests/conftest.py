@@ -44,6 +44,16 @@ def app_home(home):
     st.cache_data.clear()
 
 
+@pytest.fixture
+def fake_gpu_host(monkeypatch):
+    """Pretend this host has two CUDA GPUs and the gpu extra's bitsandbytes (validation and scheduling only:
+    nothing here touches a GPU)."""
+    real = hardware.has_module
+    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 2)
+    monkeypatch.setattr(hardware, "has_module", lambda name: name == "bitsandbytes" or real(name))
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """A 2-layer Llama with the bundled tokenizer (built once per checkout, in a subprocess)."""

@@ -20,8 +20,8 @@ def errors(check_files: bool = False, **values) -> list[FieldError]:
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
-    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+def fake_cuda(fake_gpu_host):
+    """A CUDA host with two GPUs and bitsandbytes installed."""
 
 
 @pytest.fixture

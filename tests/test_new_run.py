@@ -433,7 +433,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
                       optim="sgd", random_seed=11, packing=True, train_on_completions=True,
                       gradient_checkpointing=True, logging_steps=3, save_steps=20, use_lora=False, lora_r=4,
                       lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "my_proj"], use_rslora=True,
-                      finetune_attention_modules=False, finetune_mlp_modules=False, gpu_ids=[1],
+                      finetune_attention_modules=False, finetune_mlp_modules=False, gpu_ids=[1], num_processes=1,
                       enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2", allow_memory_overcommit=True)
     untouched = {name for name in TrainConfig.field_names() if getattr(cfg, name) == getattr(TrainConfig(), name)}
     assert untouched == UNTOUCHED  # every other field is set away from its default here

@@ -96,13 +96,15 @@ finish("completed", steps)
 # ====================================================================== fixtures and helpers
 @pytest.fixture
 def fake_worker(monkeypatch):
-    """Run the orchestrator's real ``_spawn`` but swap ``-m trainer_core.worker`` for the fake script.
+    """Run the orchestrator's real ``_spawn`` but swap ``-m trainer_core.worker`` (or, for a run on several
+    GPUs, the torchrun launcher ``-m trainer_core.launch``) for the fake script.
 
     Only the orchestrator module sees the patched ``subprocess``; yields the Popen objects started."""
     spawned: list[subprocess.Popen] = []
 
     def popen(args, **kwargs):
-        assert list(args[1:3]) == ["-m", "trainer_core.worker"], f"unexpected worker command {args}"
+        assert list(args[1:2]) == ["-m"] and args[2] in ("trainer_core.worker", "trainer_core.launch"), \
+            f"unexpected worker command {args}"
         proc = subprocess.Popen([args[0], "-c", FAKE_WORKER, *args[3:]], **kwargs)
         spawned.append(proc)
         return proc

@@ -18,7 +18,7 @@ import pytest
 from db.models import Run
 from tests.support import run_python
 from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware, paths, scheduling
+from trainer_core import hardware, orchestrator, paths, scheduling
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator, RunRefused
 from trainer_core.status import RunStatus
@@ -243,8 +243,7 @@ def test_a_resumed_run_shows_the_step_it_resumes_from_before_its_first_log_line(
         orch.close()
 
 
-def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch):
-    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+def test_disjoint_gpu_sets_train_together_and_overlapping_ones_wait(orch, monkeypatch, fake_gpu_host):
     g0 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[0]))
     g1 = orch.start(dataclasses.replace(fake(monkeypatch, steps=200, delay=0.05), gpu_ids=[1]))
     both = orch.start(dataclasses.replace(fake(monkeypatch, steps=1), gpu_ids=[0, 1]))

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from trainer_core import resources
+from trainer_core import resources, scheduling
 from trainer_core.resources import GpuSample, ResourceSample, ResourceSampler
 
 HOLD_MB = 80
@@ -106,6 +106,44 @@ def test_gpus_come_from_nvml(monkeypatch):
         resources._nvml_init.cache_clear()
 
 
+def test_one_unsupported_reading_hides_only_that_number(monkeypatch):
+    """A MIG slice (or a virtual GPU) has no utilisation reading; its memory and the other GPU still show."""
+    nvml = fake_nvml()
+
+    def utilization(handle):
+        if handle == 1:
+            raise FakeNvmlError("Not Supported")
+        return SimpleNamespace(gpu=87)
+
+    nvml.nvmlDeviceGetUtilizationRates = utilization
+    monkeypatch.setattr(resources, "pynvml", nvml)
+    resources._nvml_init.cache_clear()
+    try:
+        assert resources.gpu_samples() == (GpuSample(0, "NVIDIA H100", 87.0, 40 * 1024.0, 80 * 1024.0),
+                                           GpuSample(1, "NVIDIA L4", None, 512.0, 24 * 1024.0))
+    finally:
+        resources._nvml_init.cache_clear()
+
+
+def test_only_the_runs_gpus_with_the_memory_its_processes_hold(monkeypatch):
+    nvml = fake_nvml()
+    me = os.getpid()
+    procs = {0: [SimpleNamespace(pid=me, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=1, usedGpuMemory=2**30)],
+             1: [SimpleNamespace(pid=me, usedGpuMemory=2**29)]}
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: procs[handle]
+    monkeypatch.setattr(resources, "pynvml", nvml)
+    resources._nvml_init.cache_clear()
+    try:
+        sample = ResourceSampler().sample(me, gpu_indices=[1])
+        # GPU 0 belongs to another run: not shown; on GPU 1 this process tree holds 512 MB of the 512 MB used
+        assert sample.gpus == (GpuSample(1, "NVIDIA L4", 0.0, 512.0, 24 * 1024.0, run_memory_mb=512.0),)
+        assert [g.run_memory_mb for g in ResourceSampler().sample(me).gpus] == [3 * 1024.0, 512.0]
+        assert scheduling.gpu_indices("gpu0,gpu2") == [0, 2]
+        assert scheduling.gpu_indices("gpu*") is None and scheduling.gpu_indices("cpu") is None
+    finally:
+        resources._nvml_init.cache_clear()
+
+
 def test_nvml_without_a_driver_means_no_gpus(monkeypatch):
     monkeypatch.setattr(resources, "pynvml", fake_nvml(init_fails=True))
     resources._nvml_init.cache_clear()
@@ -136,3 +174,8 @@ def test_render_resources_with_and_without_gpus():
     assert tiles(with_gpu) == {"Worker CPU": "100%", "Worker RAM": "512 MB", "GPU 0 util": "87%",
                                "GPU 0 memory": "40.00 GB / 80.00 GB"}
     assert tiles(None) == {"caption": "Resource usage: the worker process is not running."}
+    mig = GpuSample(3, "NVIDIA A100 MIG 1g.10gb", None, 2048.0, 10 * 1024.0, run_memory_mb=1536.0)
+    at = AppTest.from_function(_render_resources, args=(ResourceSample(1.0, 1.0, (mig,), 0.0),),
+                               default_timeout=30).run()
+    assert {m.label: m.value for m in at.metric}["GPU 3 util"] == "n/a"
+    assert [m.proto.delta for m in at.metric if m.label == "GPU 3 memory"] == ["this run: 1.50 GB"]

@@ -81,6 +81,8 @@ class TrainConfig:
     trust_remote_code: bool = _f(False, "Run code shipped with a hub model. Off unless you trust its author.", "model")
     hf_token: str = _f("", "Hugging Face token for gated models/datasets. Never stored.", "model", secret=True)
     gpu_ids: list = _f([], "GPU indices to use (empty: all visible). Ignored on CPU.", "model")
+    num_processes: int = _f(0, "Data-parallel processes (torchrun): 0 means one per GPU of the run's GPUs, or 1 on CPU. "
+                            "On CPU 2 or more runs the same launcher with the gloo backend.", "model")
     # --- dataset ---
     hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
     local_datasets: list = _f([BUNDLED_DATASET], "Local dataset files (.jsonl/.json/.csv/.parquet) or the bundled demo.", "dataset")
@@ -128,7 +130,8 @@ class TrainConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout.", "lora")
     target_modules: list = _f(list(DEFAULT_TARGET_MODULES), "Module names to adapt (empty: from the attention/MLP switches).", "lora")
     use_rslora: bool = _f(False, "Rank-stabilised LoRA scaling.", "lora")
-    use_loftq: bool = _f(False, "LoftQ initialisation (CUDA + Unsloth only).", "lora")
+    use_loftq: bool = _f(False, "LoftQ initialisation of the adapters from a 16-bit base (CUDA and bitsandbytes; "
+                         "not with 4-bit loading).", "lora")
     finetune_vision_layers: bool = _f(False, "Adapt vision layers (vision models only).", "lora")
     finetune_language_layers: bool = _f(True, "Adapt language layers.", "lora")
     finetune_attention_modules: bool = _f(True, "Adapt attention projections.", "lora")
@@ -258,6 +261,13 @@ class TrainConfig:
         if self.effective_4bit and not hardware.cuda_available():
             bad("training_type" if self.training_type == "qlora" else "load_in_4bit",
                 "4-bit loading (QLoRA) needs an NVIDIA GPU with CUDA, and none was found. Choose LoRA instead.")
+        elif self.effective_4bit and not hardware.has_module("bitsandbytes"):
+            bad("training_type" if self.training_type == "qlora" else "load_in_4bit",
+                "4-bit loading needs bitsandbytes, which is not installed: install the gpu extra "
+                "(pip install -e '.[gpu]'), or choose LoRA")
+        if self.load_in_4bit and self.training_type == "full":
+            bad("load_in_4bit", "full fine-tuning trains every weight and cannot train 4-bit weights: turn 4-bit "
+                "loading off, or choose QLoRA")
         _check_range(self, bad, "max_seq_length", 16, 131072)
         _check_range(self, bad, "learning_rate", 0.0, 1.0, low_open=True,
                      fix="set a positive learning rate such as 2e-4")
@@ -292,6 +302,9 @@ class TrainConfig:
             bad("optim", f"choose one of {', '.join(OPTIMIZERS)}")
         elif "8bit" in self.optim and not hardware.cuda_available():
             bad("optim", "8-bit optimizers need CUDA (bitsandbytes); choose adamw_torch on this machine")
+        elif "8bit" in self.optim and not hardware.has_module("bitsandbytes"):
+            bad("optim", "8-bit optimizers need bitsandbytes, which is not installed: install the gpu extra "
+                "(pip install -e '.[gpu]'), or choose adamw_torch")
         if self.format_type not in FORMAT_TYPES:
             bad("format_type", f"choose one of {', '.join(FORMAT_TYPES)}")
         if self.training_type == "cpt" and self.format_type not in ("auto", "text"):
@@ -311,8 +324,12 @@ class TrainConfig:
                 bad("target_modules", "module names are plain identifiers such as q_proj")
         if self.use_loftq and not hardware.cuda_available():
             bad("use_loftq", "LoftQ needs CUDA; turn it off on this machine")
-        if not all(isinstance(g, int) and g >= 0 for g in self.gpu_ids):
-            bad("gpu_ids", "GPU ids are non-negative integers such as 0 or 1")
+        elif self.use_loftq and self.effective_4bit:
+            bad("use_loftq", "LoftQ quantizes a 16-bit base itself and cannot start from a 4-bit one: turn LoftQ "
+                "off, or turn 4-bit loading off (training_type lora)")
+        elif self.use_loftq and not hardware.has_module("bitsandbytes"):
+            bad("use_loftq", "LoftQ needs bitsandbytes, which is not installed: install the gpu extra, or turn it off")
+        _check_devices(self, bad)
         for name, what in (("is_dataset_image", "image"), ("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
             if getattr(self, name):
                 bad(name, f"{what} training is not supported yet; turn this off")
@@ -365,6 +382,33 @@ def _check_range(cfg: TrainConfig, bad, name: str, low: float, high: float, *, l
         hi = f"< {high}" if high_open else f"<= {high}"
         # the field's own fix text speaks about values that are too low; too high always names the bound
         bad(name, f"{fix} (got {value})" if fix and too_low else f"must be {lo} and {hi}, got {value}")
+
+
+def _check_devices(cfg: TrainConfig, bad) -> None:
+    """gpu_ids against the GPUs this host has; num_processes against the run's GPUs (or CPU cores)."""
+    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in cfg.gpu_ids):
+        bad("gpu_ids", "GPU ids are non-negative integers such as 0 or 1")
+        return
+    if len(set(cfg.gpu_ids)) != len(cfg.gpu_ids):
+        bad("gpu_ids", "list each GPU once")
+    cuda = hardware.cuda_available()
+    count = hardware.gpu_count() if cuda else 0
+    if cuda and any(g >= count for g in cfg.gpu_ids):
+        bad("gpu_ids", f"this host has {count} GPU(s), numbered 0 to {count - 1} (nvidia-smi order): "
+            f"remove {', '.join(str(g) for g in cfg.gpu_ids if g >= count)}")
+    if not _finite(cfg.num_processes) or cfg.num_processes < 0:
+        bad("num_processes", f"use 0 (automatic) or a positive number of processes, got {cfg.num_processes!r}")
+        return
+    if cuda:
+        gpus = len(cfg.gpu_ids) or count
+        if cfg.num_processes > gpus:
+            bad("num_processes", f"{cfg.num_processes} processes need as many GPUs, but the run has {gpus}: list "
+                "more gpu_ids, or lower num_processes (0: one per GPU)")
+        elif cfg.gpu_ids and 0 < cfg.num_processes < gpus:
+            bad("num_processes", f"gpu_ids lists {gpus} GPUs but num_processes is {cfg.num_processes}: list only the "
+                "GPUs the run should use (each process trains on one), or set num_processes to 0")
+    elif cfg.num_processes > 64:
+        bad("num_processes", "at most 64 processes on CPU (each one holds a full copy of the model)")
 
 
 def _check_model(cfg: TrainConfig, bad) -> None:

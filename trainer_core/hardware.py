@@ -36,6 +36,23 @@ def gpu_count() -> int:
     return len(list(Path("/dev").glob("nvidia[0-9]*")))
 
 
+def driver_version() -> str:
+    """The NVIDIA driver version NVML reports ("" without NVML or a driver)."""
+    if not has_module("pynvml"):
+        return ""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML missing or driver broken: the version is simply unknown
+        return ""
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
 def unsloth_usable() -> bool:
     """The Unsloth engine needs CUDA and the ``gpu`` extra."""
     return cuda_available() and has_module("unsloth")

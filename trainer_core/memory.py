@@ -1,8 +1,17 @@
 """How much memory a run will need, from the model's shape and the config, and whether it fits.
 
 An estimate, not a measurement: it counts the big tensors (weights, trainable copies, gradients,
-optimizer state, saved activations, logits) for the engine we run (transformers + peft + trl) and adds
-a runtime overhead. Units are GB = 10^9 bytes. Dashboard-safe: no torch here; the GPU is read with
+optimizer state, saved activations, logits) for the engine that will run and adds a runtime overhead.
+Units are GB = 10^9 bytes. Assumptions per engine (bench/gpu_smoke.py prints the estimate next to the
+measured peak so they can be calibrated on a GPU):
+
+* transformers + peft + trl: QLoRA's ``prepare_model_for_kbit_training`` upcasts every weight that is not
+  4-bit (embeddings, lm_head, norms) to fp32; the loss materialises the logits and an fp32 copy of them.
+* Unsloth: its gradient checkpointing offloads each layer's saved input to CPU RAM, its fused RMSNorm /
+  RoPE / SwiGLU kernels keep about half of what eager PyTorch saves per layer, and its chunked
+  cross-entropy holds a quarter of the batch's bf16 logits at a time and no fp32 copy.
+* Full fine-tuning on a GPU keeps fp32 master weights, gradients and optimizer moments, and autocast holds
+  a 16-bit working copy of the weights during the step. Dashboard-safe: no torch here; the GPU is read with
 NVML (``pynvml`` from nvidia-ml-py, optional) and system RAM with psutil.
 """
 from __future__ import annotations
@@ -27,6 +36,9 @@ CPU_OVERHEAD_GB = 1.0  # Python, torch and tokenizer libraries resident in the w
 FRAGMENTATION = 0.10  # allocator slack on top of the counted tensors
 TIGHT_RATIO = 0.85  # above this share of free memory a run is "tight"
 EMBEDDING_MODULES = ("embed_tokens", "lm_head")  # saved in full for continued pretraining (the engine's list)
+TRANSFORMERS, UNSLOTH = "transformers", "unsloth"  # engine names (trainer_core.engines)
+UNSLOTH_LAYER_SHARE = 0.5  # share of eager PyTorch's saved activations per layer that Unsloth's kernels keep
+UNSLOTH_LOSS_CHUNKS = 4  # its chunked cross-entropy holds 1/4 of the logits at a time
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,8 @@ def _optimizer_bytes(optim: str, param_bytes: float) -> float:
     return 2.0 * param_bytes  # AdamW: exp_avg and exp_avg_sq in the parameter's dtype
 
 
-def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu: bool, seq: int) -> float:
+def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu: bool, seq: int,
+                      engine: str = TRANSFORMERS) -> float:
     """Tensors autograd keeps for the backward pass, for batches padded to ``seq`` tokens."""
     tokens = cfg.batch_size * seq
     h = info.hidden_size
@@ -105,23 +118,31 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
     # CPU attention (SDPA math path) keeps the softmax probabilities: heads x seq x seq per row; GPU
     # kernels (flash / memory-efficient) do not materialise them.
     attention = cfg.batch_size * info.num_attention_heads * seq ** 2 * act_bytes if on_cpu else 0
+    if engine == UNSLOTH:
+        layer_bytes *= UNSLOTH_LAYER_SHARE
     if cfg.gradient_checkpointing:  # layer inputs only, plus one layer recomputed during backward
-        layers = info.num_layers * h * tokens * act_bytes + layer_bytes + attention
+        inputs = 0 if engine == UNSLOTH else info.num_layers * h * tokens * act_bytes  # Unsloth: in CPU RAM
+        layers = inputs + layer_bytes + attention
     else:
         layers = info.num_layers * (layer_bytes + attention)
-    logits = tokens * info.vocab_size * (act_bytes + 4)  # logits, and their fp32 copy for the cross-entropy
+    if engine == UNSLOTH:
+        logits = tokens * info.vocab_size * act_bytes / UNSLOTH_LOSS_CHUNKS
+    else:
+        logits = tokens * info.vocab_size * (act_bytes + 4)  # logits, and their fp32 copy for the cross-entropy
     return layers + logits
 
 
 def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
-                    longest_row: int | None = None) -> MemoryEstimate:
-    """Peak memory of a training step for ``cfg`` on ``device`` ("cuda": bf16 compute; "cpu": fp32).
+                    longest_row: int | None = None, engine: str = TRANSFORMERS) -> MemoryEstimate:
+    """Peak memory of a training step for ``cfg`` on ``device`` ("cuda": bf16 compute; "cpu": fp32) with
+    ``engine`` ("transformers" or "unsloth"; Unsloth only runs on CUDA).
 
     Batches are padded to their longest row, so without packing the peak comes from the longest row:
     pass ``longest_row`` (e.g. ``max(preview.lengths)``) to size activations from the data instead of
     assuming every row fills max_seq_length.
     """
     on_cpu = device == "cpu"
+    engine = TRANSFORMERS if on_cpu else engine
     seq = cfg.max_seq_length
     if longest_row and not cfg.packing:  # packed rows are always max_seq_length long
         seq = min(longest_row, cfg.max_seq_length)
@@ -129,8 +150,11 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
     params = info.num_parameters
     embeddings = info.vocab_size * info.hidden_size * (1 if info.tie_word_embeddings else 2)
     if cfg.effective_4bit:
-        # linear layers in NF4; embeddings, lm_head and norms stay in the 16-bit compute dtype
-        weights = (params - embeddings) * NF4_BYTES + embeddings * 2
+        # linear layers in NF4; embeddings and lm_head stay 16-bit (Unsloth) or are upcast to fp32 by
+        # prepare_model_for_kbit_training (transformers)
+        weights = (params - embeddings) * NF4_BYTES + embeddings * (2 if engine == UNSLOTH else 4)
+    elif not cfg.effective_use_lora and not on_cpu:
+        weights = params * (4 + dtype_bytes)  # fp32 master weights + autocast's 16-bit working copy
     else:
         weights = params * dtype_bytes
 
@@ -142,13 +166,13 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
         adapter = lora * LORA_BYTES + saved * saved_bytes
         gradients = adapter
         optimizer = lora * _optimizer_bytes(cfg.optim, LORA_BYTES) + saved * _optimizer_bytes(cfg.optim, saved_bytes)
-    else:
+    else:  # full fine-tuning: gradients and moments follow the fp32 master weights
         trainable = params
         adapter = 0.0
-        gradients = params * dtype_bytes
-        optimizer = params * _optimizer_bytes(cfg.optim, dtype_bytes)
+        gradients = params * 4
+        optimizer = params * _optimizer_bytes(cfg.optim, 4)
 
-    activations = _activation_bytes(info, cfg, dtype_bytes, on_cpu, seq)
+    activations = _activation_bytes(info, cfg, dtype_bytes, on_cpu, seq, engine)
     counted = weights + adapter + gradients + optimizer + activations
     overhead = (CPU_OVERHEAD_GB if on_cpu else CUDA_OVERHEAD_GB) * GB + FRAGMENTATION * counted
     return MemoryEstimate(
@@ -190,7 +214,7 @@ def _gpu_memory(index: int) -> DeviceMemory:
 
 # ---------------------------------------------------------------------- verdict
 def fit_message(est: MemoryEstimate, dev: DeviceMemory, cfg: TrainConfig,
-                info: ModelInfo | None = None) -> tuple[str, str]:
+                info: ModelInfo | None = None, engine: str = TRANSFORMERS) -> tuple[str, str]:
     """(level, text): "ok", "tight" or "too_big", and what to change when it is not ok.
 
     With ``info`` the suggestions carry the estimate each change would give.
@@ -201,14 +225,14 @@ def fit_message(est: MemoryEstimate, dev: DeviceMemory, cfg: TrainConfig,
     have = f"{dev.free_gb:.1f} GB free on {dev.label}"
     if est.total_gb <= TIGHT_RATIO * dev.free_gb:
         return "ok", f"Fits: needs {need} of {have}."
-    changes = _suggestions(cfg, dev.device, info)
+    changes = _suggestions(cfg, dev.device, info, engine)
     advice = (" To make room: " + "; ".join(changes) + ".") if changes else ""
     if est.total_gb <= dev.free_gb:
         return "tight", f"Tight: needs {need} of {have}; longer rows or other programs may push it over.{advice}"
     return "too_big", f"Will not fit: needs {need} but only {have}.{advice}"
 
 
-def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None) -> list[str]:
+def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None, engine: str = TRANSFORMERS) -> list[str]:
     """Changes that lower memory, biggest saving first when the model is known."""
     options: list[tuple[str, TrainConfig]] = []
     full = not cfg.effective_use_lora
@@ -233,5 +257,5 @@ def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None) -> list[
         options.append(("use the adamw_8bit optimizer", dataclasses.replace(cfg, optim="adamw_8bit")))
     if info is None:
         return [text for text, _ in options]
-    priced = [(estimate_memory(info, changed, device).total_gb, text) for text, changed in options]
+    priced = [(estimate_memory(info, changed, device, engine=engine).total_gb, text) for text, changed in options]
     return [f"{text} (about {total:.1f} GB)" for total, text in sorted(priced)]

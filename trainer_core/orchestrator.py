@@ -33,7 +33,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import checkpoints, control, datasets, paths, resource_check, scheduling
+from trainer_core import checkpoints, control, datasets, parallel, paths, resource_check, scheduling
 from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
@@ -211,7 +211,7 @@ class Orchestrator:
         run = self.store.get_run(run_id)
         if run is None or RunStatus(run.status).is_terminal() or not _pid_alive(run.pid, run.pid_started_at):
             return None
-        return self._sampler.sample(run.pid)
+        return self._sampler.sample(run.pid, scheduling.gpu_indices(run.devices))
 
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")
@@ -452,12 +452,17 @@ class Orchestrator:
             env["HF_TOKEN"] = cfg.hf_token
         if cfg.wandb_token:
             env["WANDB_API_KEY"] = cfg.wandb_token
-        if cfg.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpu_ids)
+        processes = parallel.process_count(cfg)
+        env.update(parallel.worker_env(cfg, processes))
+        # The worker runs in its run folder (below), so the roots it allows are pinned to ours, cwd included.
+        env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
+        # Unsloth compiles patched modules into its cwd by default: keep them in the run folder, never in the
+        # repository and never shared by two runs that train at once.
+        env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
         with open(run_dir / "worker.log", "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "trainer_core.worker", str(run_dir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                parallel.worker_command(run_dir, processes),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=run_dir,
                 start_new_session=True,  # own session: Ctrl-C or a restart of the server does not reach it
                 close_fds=True)
 
@@ -895,10 +900,25 @@ def _pid_alive(pid: int | None, started_at: float | None) -> bool:
 def _signal_group(pid: int | None, sig: signal.Signals) -> None:
     if not pid:
         return
+    # torchrun starts each rank in a session of its own: a SIGTERM reaches them through the launcher, which
+    # stops its ranks; a SIGKILL leaves it no chance, so the ranks are killed by pid as well.
+    ranks = _descendants(pid) if sig == signal.SIGKILL else []
     try:
         os.killpg(pid, sig)  # the worker leads its own session/process group
     except (ProcessLookupError, PermissionError):
         pass
+    for proc in ranks:
+        try:
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
 
 
 def _describe_exit(code: int) -> str:

@@ -10,7 +10,6 @@ The config goes to the child on stdin without secrets; the HF token through its 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core import datasets, paths
+from trainer_core import datasets, parallel, paths
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig, looks_like_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +59,8 @@ class Preview:
     trained_tokens: int  # of which count towards the loss
     steps_per_epoch: int
     eval_rows: int
+    processes: int = 1  # data-parallel processes the launcher will start
+    global_batch: int = 0  # rows per optimizer update: batch_size x gradient_accumulation_steps x processes
 
 
 class PreviewError(ValueError):
@@ -172,6 +173,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     ids_list = tokenized["input_ids"]
     masks = tokenized["completion_mask"] if "completion_mask" in tokenized.column_names else [None] * len(ids_list)
     counts = _count(cfg, ids_list, masks, token_cache)
+    processes = parallel.process_count(cfg)
     if counts["fully_masked"]:
         dropped[TRUNCATION_DROP] = counts["fully_masked"]
     shown = tuple(_render(tokenizer, index, ids_list[index], masks[index], cfg.max_seq_length, cfg.packing)
@@ -181,8 +183,9 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         rows=shown, lengths=tuple(len(ids) for ids in ids_list), max_seq_length=cfg.max_seq_length,
         truncated=counts["truncated"], dropped=dropped, total_rows=counts["examples"],
         total_tokens=counts["tokens"], trained_tokens=counts["trained"],
-        steps_per_epoch=steps_per_epoch(counts["examples"], cfg.batch_size, cfg.gradient_accumulation_steps),
-        eval_rows=len(eval_rows))
+        steps_per_epoch=steps_per_epoch(counts["examples"], cfg.batch_size, cfg.gradient_accumulation_steps,
+                                        processes),
+        eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes))
 
 
 def _count(cfg: TrainConfig, ids_list: list[list[int]], masks: list, token_cache) -> dict[str, int]:
@@ -207,10 +210,10 @@ def _count(cfg: TrainConfig, ids_list: list[list[int]], masks: list, token_cache
             "fully_masked": fully_masked}
 
 
-def steps_per_epoch(examples: int, batch_size: int, accumulation: int) -> int:
-    """transformers' Trainer: batches per epoch (the last one partial), then one update per ``accumulation``."""
-    batches = math.ceil(examples / batch_size)
-    return max(math.ceil(batches / accumulation), 1) if examples else 0
+def steps_per_epoch(examples: int, batch_size: int, accumulation: int, processes: int = 1) -> int:
+    """transformers' Trainer: batches per epoch (the last one partial) dealt to the processes, then one
+    update per ``accumulation`` batches of a process."""
+    return parallel.steps_per_epoch(examples, batch_size, accumulation, processes)
 
 
 def _render(tokenizer, index: int, ids: list[int], mask: list[int] | None, limit: int, packing: bool) -> RenderedRow:

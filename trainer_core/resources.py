@@ -5,6 +5,7 @@ NVML comes from the optional ``nvidia-ml-py`` package (``pip install nvidia-ml-p
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -20,11 +21,12 @@ except ImportError:  # optional: GPU numbers are left out
 
 @dataclass(frozen=True)
 class GpuSample:
-    index: int
+    index: int  # NVML index (nvidia-smi order; workers get CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA agrees)
     name: str
-    utilization_pct: float
-    memory_used_mb: float
+    utilization_pct: float | None  # None where NVML cannot read it (MIG slices, some virtual GPUs)
+    memory_used_mb: float  # device-wide, every process; NaN when unreadable
     memory_total_mb: float
+    run_memory_mb: float | None = None  # what the run's own processes hold on it; None when NVML cannot tell
 
 
 @dataclass(frozen=True)
@@ -49,22 +51,47 @@ def _nvml_ready() -> bool:
     return pynvml is not None and _nvml_init()
 
 
-def gpu_samples() -> tuple[GpuSample, ...]:
-    """Utilisation and memory of every GPU NVML sees (empty without NVML)."""
+def _read(call, *args, default=None):
+    """One NVML reading; ``default`` when this GPU does not support it (MIG, vGPU) or it failed."""
+    try:
+        return call(*args)
+    except pynvml.NVMLError:
+        return default
+
+
+def gpu_samples(indices: list[int] | None = None, pids: frozenset[int] = frozenset()) -> tuple[GpuSample, ...]:
+    """Utilisation and memory of the GPUs ``indices`` (None: every GPU NVML sees), and how much of it the
+    processes ``pids`` hold. Each reading is taken on its own, so one unsupported reading (a MIG slice has no
+    utilisation) hides only that number, not the GPU."""
     if not _nvml_ready():
         return ()
+    count = _read(pynvml.nvmlDeviceGetCount, default=0)
     out = []
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            out.append(GpuSample(index, name.decode() if isinstance(name, bytes) else str(name), float(util.gpu),
-                                 memory.used / 2**20, memory.total / 2**20))
-    except pynvml.NVMLError:  # a GPU fell off the bus mid-sample: report what we have
-        pass
+    for index in (range(count) if indices is None else [i for i in indices if i < count]):
+        handle = _read(pynvml.nvmlDeviceGetHandleByIndex, index)
+        if handle is None:
+            continue  # fell off the bus: leave it out
+        name = _read(pynvml.nvmlDeviceGetName, handle, default=f"GPU {index}")
+        util = _read(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        memory = _read(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        out.append(GpuSample(index, name.decode() if isinstance(name, bytes) else str(name),
+                             float(util.gpu) if util is not None else None,
+                             memory.used / 2**20 if memory is not None else math.nan,
+                             memory.total / 2**20 if memory is not None else math.nan,
+                             _run_memory_mb(handle, pids)))
     return tuple(out)
+
+
+def _run_memory_mb(handle, pids: frozenset[int]) -> float | None:
+    """GPU memory held by ``pids`` (a run's worker and its ranks) on one GPU; None when NVML cannot list
+    processes (it cannot inside most containers without the host's pid namespace)."""
+    if not pids:
+        return None
+    procs = _read(pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    if procs is None:
+        return None
+    used = [p.usedGpuMemory for p in procs if p.pid in pids and p.usedGpuMemory is not None]
+    return sum(used) / 2**20 if used else 0.0
 
 
 class ResourceSampler:
@@ -78,8 +105,10 @@ class ResourceSampler:
         self._lock = threading.Lock()
         self._trees: dict[int, dict[int, psutil.Process]] = {}  # worker pid -> {pid: primed process}
 
-    def sample(self, pid: int | None) -> ResourceSample | None:
-        """The usage of ``pid`` and its children now, or None when there is no such live process."""
+    def sample(self, pid: int | None, gpu_indices: list[int] | None = None) -> ResourceSample | None:
+        """The usage of ``pid`` and its children now, or None when there is no such live process.
+
+        ``gpu_indices``: the run's GPUs (None: every GPU, for a run that may use any)."""
         if pid is None or pid <= 0:
             return None
         with self._lock:
@@ -88,7 +117,9 @@ class ResourceSampler:
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 self._trees.pop(pid, None)
                 return None
-        return ResourceSample(cpu_percent=cpu, rss_mb=rss / 2**20, gpus=gpu_samples(), ts=time.time())
+            pids = frozenset(self._trees.get(pid, {}))
+        return ResourceSample(cpu_percent=cpu, rss_mb=rss / 2**20, gpus=gpu_samples(gpu_indices, pids),
+                              ts=time.time())
 
     def _tree_usage(self, pid: int) -> tuple[float, float]:
         """CPU percent and RSS bytes of ``pid`` plus its children (dataloader workers, launchers)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from trainer_core import datasets, hardware
+from trainer_core import datasets, hardware, parallel
 from trainer_core.config import TrainConfig
 
 ALL_GPUS = "gpu*"
@@ -21,9 +21,16 @@ def devices_of(cfg: TrainConfig, cuda: bool | None = None) -> str:
     cuda = hardware.cuda_available() if cuda is None else cuda
     if not cuda:
         return "cpu"
-    if cfg.gpu_ids:
-        return ",".join(f"gpu{g}" for g in sorted(set(cfg.gpu_ids)))
+    gpus = parallel.run_gpus(cfg, cuda)
+    if gpus:
+        return ",".join(f"gpu{g}" for g in gpus)
     return ALL_GPUS
+
+
+def gpu_indices(devices: str) -> list[int] | None:
+    """The GPU indices a device string names ("gpu0,gpu2" -> [0, 2]); None for every GPU ("gpu*", unknown)."""
+    names = [d for d in devices.split(",") if d.startswith("gpu") and d[3:].isdigit()]
+    return [int(d[3:]) for d in names] if names else None
 
 
 def overlap(a: str, b: str) -> bool:

@@ -9,6 +9,7 @@ Lifecycle, top to bottom: load config -> load model -> load data -> build traine
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core import checkpoints, control, datasets, paths
+from trainer_core import checkpoints, control, datasets, hardware, parallel, paths
 from trainer_core import events as ev
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.engines import choose_engine
@@ -46,34 +47,79 @@ class Cancelled(Exception):
     """Raised between phases when a cancel arrives before training started."""
 
 
+class GpuUnusableError(RuntimeError):
+    """The run was given GPUs that torch cannot use (a driver too old for the torch build, or none at all)."""
+
+
+def check_torch_sees_gpus(nvml_gpus: int, torch_cuda: bool, torch_version: str, torch_cuda_version: str | None,
+                          driver: str) -> None:
+    """Fail fast, naming both versions, when NVML sees GPUs but torch cannot use them: Unsloth would crash
+    and the transformers engine would quietly train on the CPU."""
+    if nvml_gpus and not torch_cuda:
+        build = f"CUDA {torch_cuda_version}" if torch_cuda_version else "a CPU-only build"
+        raise GpuUnusableError(
+            f"This host has {nvml_gpus} NVIDIA GPU(s) (driver {driver or 'unknown'}), but torch {torch_version} "
+            f"({build}) cannot use them. Install a torch build whose CUDA version the driver supports (nvidia-smi "
+            "shows the highest CUDA version it supports; see README 'On a GPU host'), or set "
+            "FINETUNE_STUDIO_FORCE_CPU=1 to train on the CPU.")
+
+
+class NoEvents:
+    """The event sink of ranks other than 0: only rank 0 reports (one metrics row per step, not one per rank)."""
+
+    def emit(self, event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Worker:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self.events = ev.EventWriter(run_dir / "events.jsonl")
+        # Set by torchrun when the run trains on several processes; absent (0 of 1) otherwise.
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.events = ev.EventWriter(run_dir / "events.jsonl") if self.rank == 0 else NoEvents()
         self.secrets = [s for s in (os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY")) if s]
         self.sigterm = threading.Event()
         self._stop_heartbeat = threading.Event()
         self.engine_name = ""
         self.early_stopping_patience = 0
+        self.agreed_action: control.Action | None = None  # what every rank agreed on at the last step
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
+        if not self.distributed:
+            # One process: SIGTERM means cancel. Under torchrun SIGTERM is the launcher stopping this rank
+            # because another one died; the default action (exit) is right, and the launcher reports.
+            signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
         redactor = OutputRedactor(self.secrets) if self.secrets else None
-        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        if self.rank == 0:
+            threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        if self.distributed:
+            threading.Thread(target=self._watch_launcher, args=(os.getppid(),), daemon=True,
+                             name="launcher-watch").start()
         try:
             cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
             self.early_stopping_patience = cfg.early_stopping_patience
-            self.engine_name = choose_engine()
+            self.engine_name = choose_engine(self.world_size)
             self.status(RunStatus.STARTING, "loading model")
             # Import the engine only now: unsloth must be imported before transformers when it is used.
             engine = importlib.import_module(f"trainer_core.engines.{self.engine_name}_engine")
             from trainer_core import model_files  # imports transformers; after the engine on purpose
 
+            self.check_gpus()
             model_ref = model_files.resolve_model(cfg, log=self.log)
             self.check_cancel()
             try:
-                model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
+                sharded = self.shard_model(cfg, model_ref)
+                model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
+                                                     sharded=sharded)
             except OSError as exc:  # transformers' way to say "not found / cannot connect / no access"
                 raise ModelLoadError(_model_load_message(cfg, exc)) from exc
             self.check_cancel()
@@ -87,19 +133,24 @@ class Worker:
             output_dir = self.run_dir / "checkpoints"
             callback = make_callback(self)
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
-                                           [callback])
+                                           [callback], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")
             trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint or None)
+            callback.log_peak_memory()
 
-            action = self.requested()
+            # Ranks must agree (a rank that saves while another leaves deadlocks): under torchrun the
+            # decision is the one all ranks took together at the last step.
+            action = self.agreed_action if self.distributed else self.requested()
             if action is control.Action.CANCEL:
-                checkpoints.remove_partial_checkpoints(output_dir, self.run_dir)
+                if self.rank == 0:
+                    checkpoints.remove_partial_checkpoints(output_dir, self.run_dir)
                 self.complete(RunStatus.CANCELLED, trainer)
                 return 0
             self.status(RunStatus.STOPPING if action else RunStatus.RUNNING, "saving")
             final_dir = self.run_dir / ("adapter" if cfg.effective_use_lora else "model")
-            trainer.save_model(str(final_dir))
-            tokenizer.save_pretrained(str(final_dir))
+            trainer.save_model(str(final_dir))  # every rank calls it (FSDP gathers); only rank 0 writes
+            if self.rank == 0:
+                tokenizer.save_pretrained(str(final_dir))
             self.complete(RunStatus.STOPPED if action else RunStatus.COMPLETED, trainer, final_dir)
             return 0
         except Cancelled:
@@ -114,6 +165,24 @@ class Worker:
             self.events.close()
             if redactor is not None:
                 redactor.close()
+
+    def shard_model(self, cfg: TrainConfig, model_ref: str) -> bool:
+        """FSDP instead of DDP when the memory estimate says one GPU cannot hold a data-parallel copy."""
+        if not self.distributed or not hardware.cuda_available():
+            return False
+        from trainer_core import memory, model_info
+
+        try:
+            need = memory.estimate_memory(model_info.inspect_model(model_ref), cfg, "cuda",
+                                          engine=self.engine_name).total_gb
+        except model_info.ModelInfoError as exc:
+            self.warn(f"No memory estimate for {cfg.model_name} ({exc}); training data-parallel (DDP) without sharding.")
+            return False
+        free = memory.device_memory(cfg).free_gb
+        sharded = parallel.use_fsdp(cfg, self.world_size, need, free)
+        self.log(f"{self.world_size} processes, {'FSDP (sharded)' if sharded else 'DDP'}: the estimate is "
+                 f"{need:.1f} GB per copy, {free:.1f} GB free on one GPU")
+        return sharded
 
     def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
         data = datasets.load_for_training(cfg)  # the preview picks rows through the same function
@@ -146,6 +215,13 @@ class Worker:
         tb = "".join(traceback.format_exception(exc))
         message, tb = self.redact(message), self.redact(tb)
         print(tb, file=sys.stderr, flush=True)
+        if self.distributed:
+            # The launcher reports the rank that failed first (a rank whose peer died fails too, later):
+            # leave it this rank's account, with the time it failed.
+            path = parallel.rank_error_path(self.run_dir, self.rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"message": message, "exc_type": type(exc).__name__, "ts": time.time()}))
+            return
         self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
 
     def log(self, message: str) -> None:
@@ -163,8 +239,27 @@ class Worker:
         return control.read(self.run_dir)
 
     def check_cancel(self) -> None:
-        if self.requested() is not None:  # stop before training has nothing to save: treat as cancel
+        # Under torchrun a rank leaving on its own would leave the others waiting in a collective: there,
+        # Stop/Cancel take effect at the first step, decided by all ranks together (make_callback).
+        if not self.distributed and self.requested() is not None:  # stop before training: nothing to save
             raise Cancelled()
+
+    def check_gpus(self) -> None:
+        """The GPUs NVML sees must be usable by torch (worker-only: imports torch)."""
+        import torch
+
+        if not hardware.cuda_available():
+            return
+        check_torch_sees_gpus(hardware.gpu_count(), torch.cuda.is_available(), torch.__version__,
+                              torch.version.cuda, hardware.driver_version())
+
+    def _watch_launcher(self, launcher_pid: int) -> None:
+        """torchrun starts each rank in a session of its own, so a launcher killed outright (the OOM killer)
+        would leave its ranks training, holding GPUs, for a run already marked failed: leave with it."""
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            if os.getppid() != launcher_pid:  # re-parented: the launcher is gone
+                self.log(f"rank {self.rank}: the launcher (pid {launcher_pid}) is gone; exiting")
+                os._exit(1)
 
     def _heartbeat(self) -> None:
         pid = os.getpid()
@@ -236,6 +331,7 @@ def make_callback(worker: Worker):
             self.started = time.time()
             self.last = (self.started, 0)
             self.first_step = 0
+            self.timed_from: tuple[float, int] | None = None  # (time, step) of the first logged step
             self.peak_mb = 0.0
             self.stopping = False
             self.best_eval: float | None = None
@@ -248,6 +344,9 @@ def make_callback(worker: Worker):
 
         def on_step_end(self, args, state, control_, **kwargs):
             action = worker.requested()
+            if worker.distributed:
+                action = agree(action, args.device)  # every rank, every step: all stop at the same step
+                worker.agreed_action = action
             if action is None or self.stopping:
                 return
             self.stopping = True
@@ -268,8 +367,13 @@ def make_callback(worker: Worker):
             self.last = (now, tokens)
             elapsed = now - self.started
             step, total = state.global_step, state.max_steps
-            done = step - self.first_step
-            eta = elapsed / done * (total - step) if done > 0 else None
+            # The ETA is timed from the first logged step on: the first step also pays for compilation,
+            # CUDA kernel autotuning and allocator warm-up, which later steps never repeat.
+            if self.timed_from is None:
+                self.timed_from = (now, step)
+            since, from_step = self.timed_from
+            done = step - from_step
+            eta = (now - since) / done * (total - step) if done > 0 else None
             worker.events.emit(ev.ProgressEvent(
                 step=step, total_steps=total, epoch=logs.get("epoch", state.epoch), loss=logs.get("loss"),
                 learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
@@ -296,16 +400,39 @@ def make_callback(worker: Worker):
             worker.events.emit(ev.CheckpointEvent(step=state.global_step, path=str(path)))
 
         def memory_mb(self) -> float:
+            """Peak memory so far: on a GPU what the caching allocator reserved (what an OOM is about, and
+            what nvidia-smi shows), not only what live tensors hold; on a CPU the process's resident set."""
             import torch
 
             if torch.cuda.is_available():
-                current = torch.cuda.max_memory_allocated() / 2**20
+                current = torch.cuda.max_memory_reserved() / 2**20
             else:
                 current = psutil.Process().memory_info().rss / 2**20
             self.peak_mb = max(self.peak_mb, current)
             return self.peak_mb
 
+        def log_peak_memory(self) -> None:
+            import torch
+
+            if torch.cuda.is_available():
+                worker.log(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB allocated, "
+                           f"{torch.cuda.max_memory_reserved() / 2**20:.0f} MiB reserved")
+
     return StudioCallback()
+
+
+def agree(action: control.Action | None, device) -> control.Action | None:
+    """The strongest request any rank saw (cancel > stop > none), the same on every rank.
+
+    Each rank reads control.json itself and may see a request one step before another: a tiny all-reduce
+    per step makes them stop together (on GPUs the tensor lives on the rank's GPU, as NCCL needs)."""
+    import torch
+    import torch.distributed as dist
+
+    codes = [None, control.Action.STOP, control.Action.CANCEL]
+    flag = torch.tensor([codes.index(action)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return codes[int(flag.item())]
 
 
 def main(argv: list[str]) -> int:

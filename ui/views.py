@@ -207,11 +207,17 @@ def render_resources(sample: ResourceSample | None) -> None:
     if not gpus:
         cols[2].metric("GPU", "no GPU", border=True, help="No NVIDIA GPU is visible (or nvidia-ml-py is missing).")
         return
-    for i, gpu in enumerate(gpus):
-        cols[2 + 2 * i].metric(f"GPU {gpu.index} util", f"{gpu.utilization_pct:.0f}%", help=gpu.name, border=True)
+    for i, gpu in enumerate(gpus):  # the run's GPUs only
+        util = f"{gpu.utilization_pct:.0f}%" if gpu.utilization_pct is not None else "n/a"
+        cols[2 + 2 * i].metric(f"GPU {gpu.index} util", util, border=True,
+                               help=gpu.name if gpu.utilization_pct is not None else
+                               f"{gpu.name}: NVML reports no utilisation for this device (MIG slice or virtual GPU)")
+        run_part = f"this run: {fmt.memory(gpu.run_memory_mb)}" if gpu.run_memory_mb is not None else None
         cols[3 + 2 * i].metric(f"GPU {gpu.index} memory",
                                f"{fmt.memory(gpu.memory_used_mb)} / {fmt.memory(gpu.memory_total_mb)}",
-                               help=gpu.name, border=True)
+                               delta=run_part, delta_color="off", border=True,
+                               help=f"{gpu.name}: memory used by every process on the device"
+                                    + (f"; {run_part} (its worker processes)" if run_part else ""))
 
 
 def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str) -> None:

