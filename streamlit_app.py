@@ -6,7 +6,7 @@ import streamlit as st
 from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.auth import require_password
-from ui.entry import entered, resume_requested_page
+from ui.entry import entered, remember_requested_page, resume_requested_page
 from ui.state import get_orchestrator
 
 SIDEBAR_REFRESH_S = 2.0
@@ -14,6 +14,7 @@ SIDEBAR_REFRESH_S = 2.0
 st.set_page_config(page_title="Finetune Studio", page_icon="🧪", layout="wide")
 # The gate comes first: no page, sidebar or run data is drawn for a stranger. A page URL opened before
 # signing in goes through here too (ui.entry.require_entrypoint checks the gate as well).
+remember_requested_page()
 require_password()
 
 pg = st.navigation([

@@ -32,7 +32,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import MetricBuffer, Store
-from trainer_core import checkpoints, control, datasets, paths, scheduling
+from trainer_core import access, checkpoints, control, datasets, paths, scheduling
 from trainer_core.alerts import AlertMonitor, rows_from_frame
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
@@ -101,10 +101,13 @@ class Orchestrator:
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
         return cfg.validate()
 
-    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None) -> str:
+    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None,
+              actor: access.Actor | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
-        Queued runs start by themselves (also after a server restart) when the runs before them end."""
+        Queued runs start by themselves (also after a server restart) when the runs before them end.
+        ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
+        _authorize(actor, access.Action.START, "")
         errors = cfg.validate()
         if errors:
             raise ConfigError(errors)
@@ -127,7 +130,8 @@ class Orchestrator:
                       created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
                       config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
                       queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
-                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step)
+                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
+                      owner=actor.name if actor else "")
             lock_fh = None
             if run_id in now_free:
                 run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
@@ -137,18 +141,20 @@ class Orchestrator:
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
             self.store.create_run(run)
             if parent is not None:
-                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
+                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}"
+                                     + _by(actor))
             if lock_fh is not None:
                 self._launch(run, cfg, lock_fh)
         return run_id
 
-    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> str:
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None, actor: access.Actor | None = None) -> str:
         """Start a new run that continues ``run_id`` from its latest completed checkpoint.
 
         Raises RunRefused with the reason when there is nothing usable to resume from."""
         old = self.store.get_run(run_id)
         if old is None:
             raise RunRefused(f"There is no run {run_id}.")
+        _authorize(actor, access.Action.RESUME, old.owner)
         status = RunStatus(old.status)
         if not status.is_terminal():
             raise RunRefused(f"Run '{old.name}' is still {status.label.lower()}; resume it once it has ended.")
@@ -180,7 +186,7 @@ class Orchestrator:
         step = int(checkpoint.name.rsplit("-", 1)[1])
         base = (old.name or old.id)[:60].rstrip()
         cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
-        return self.start(cfg, parent=old, resumed_from_step=step)
+        return self.start(cfg, parent=old, resumed_from_step=step, actor=actor)
 
     def resources(self, run_id: str) -> ResourceSample | None:
         """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
@@ -192,13 +198,14 @@ class Orchestrator:
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")
 
-    def delete_run(self, run_id: str, delete_files: bool = False) -> None:
+    def delete_run(self, run_id: str, delete_files: bool = False, actor: access.Actor | None = None) -> None:
         """Remove a finished run from History and, when asked, its folder (only ever inside the runs root).
 
         Refused with RunRefused while the run is queued or active."""
         run = self.store.get_run(run_id)
         if run is None:
             raise RunRefused(f"There is no run {run_id}.")
+        _authorize(actor, access.Action.DELETE, run.owner)
         if not RunStatus(run.status).is_terminal():
             raise RunRefused(f"Run '{run.name}' is {RunStatus(run.status).label.lower()}: stop it, or remove it from "
                              "the queue, before deleting it.")
@@ -212,21 +219,23 @@ class Orchestrator:
     def queue(self) -> list[Run]:
         return self.store.queued_runs()
 
-    def move_in_queue(self, run_id: str, offset: int) -> bool:
+    def move_in_queue(self, run_id: str, offset: int, actor: access.Actor | None = None) -> bool:
+        run = self.store.get_run(run_id)
+        _authorize(actor, access.Action.REORDER, run.owner if run else "")
         with self._start_lock():
             return self.store.move_in_queue(run_id, offset)
 
-    def remove_from_queue(self, run_id: str) -> None:
+    def remove_from_queue(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Take a queued run out of the queue (it stays in History as cancelled)."""
-        self._request(run_id, control.Action.CANCEL)
+        self._request(run_id, control.Action.CANCEL, actor, access.Action.REORDER)
 
-    def stop(self, run_id: str) -> None:
+    def stop(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Stop & save: the worker ends at the next step and saves a checkpoint and the adapter."""
-        self._request(run_id, control.Action.STOP)
+        self._request(run_id, control.Action.STOP, actor, access.Action.STOP)
 
-    def cancel(self, run_id: str) -> None:
+    def cancel(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Cancel: the worker ends at the next step without saving."""
-        self._request(run_id, control.Action.CANCEL)
+        self._request(run_id, control.Action.CANCEL, actor, access.Action.CANCEL)
 
     def active_run_id(self) -> str | None:
         with self._lock:
@@ -395,7 +404,7 @@ class Orchestrator:
         return True
 
     def _spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
+        env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
@@ -414,10 +423,12 @@ class Orchestrator:
                 close_fds=True)
 
     # ================================================================== control
-    def _request(self, run_id: str, action: control.Action) -> None:
+    def _request(self, run_id: str, action: control.Action, actor: access.Actor | None = None,
+                 permission: access.Action = access.Action.STOP) -> None:
         run = self.store.get_run(run_id)
         if run is None or RunStatus(run.status).is_terminal():
             return
+        _authorize(actor, permission, run.owner)
         if run.status == RunStatus.QUEUED.value:
             with self._start_lock():  # the queue may be launching it right now: decide under its lock
                 run = self.store.get_run(run_id)
@@ -425,6 +436,7 @@ class Orchestrator:
                     self._secrets.pop(run_id, None)
                     self.store.finish_run(run_id, RunStatus.CANCELLED, phase="removed from the queue",
                                           queue_position=None)
+                    self.store.add_event(run_id, "control", "removed from the queue" + _by(actor))
                     return
         run_dir = paths.run_dir(run_id)
         control.request(run_dir, action)
@@ -436,7 +448,7 @@ class Orchestrator:
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
         self.store.update_run(run_id, status=RunStatus.STOPPING.value,
                               phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
-        self.store.add_event(run_id, "control", f"{action.value} requested")
+        self.store.add_event(run_id, "control", f"{action.value} requested" + _by(actor))
 
     # ================================================================== pump
     def _pump_forever(self) -> None:
@@ -683,6 +695,19 @@ _HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
 
 
 # ====================================================================== helpers
+def _authorize(actor: access.Actor | None, action: access.Action, owner: str) -> None:
+    """No actor: a caller inside this process that already decided (tests, the queue itself)."""
+    if actor is not None:
+        try:
+            access.check(actor, action, owner)
+        except access.NotAllowed as exc:
+            raise RunRefused(f"Not allowed: {exc}") from None
+
+
+def _by(actor: access.Actor | None) -> str:
+    return f" by {actor.name}" if actor else ""
+
+
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Pin relative dataset/model paths to absolute ones, so the worker and a later resume read the
     same files whatever directory they run in."""
