@@ -8,6 +8,7 @@ from ui import format as fmt
 from ui.auth import require_password
 from ui.entry import entered, remember_requested_page, resume_requested_page
 from ui.state import get_orchestrator
+from ui.text import safe
 
 SIDEBAR_REFRESH_S = 2.0
 
@@ -38,8 +39,8 @@ def active_run_panel() -> None:
     if run is None:
         st.caption("No run is training.")
         return
-    st.markdown(f"**{run.name or run.id}**  \n{fmt.status_badge(RunStatus(run.status))}"
-                + (f" · {run.phase}" if run.phase else ""))
+    st.markdown(f"**{safe(run.name or run.id, limit=80)}**  \n{fmt.status_badge(RunStatus(run.status))}"
+                + (f" · {safe(run.phase, limit=80)}" if run.phase else ""))
     if run.total_steps:
         st.progress(min(1.0, run.steps_done / run.total_steps), text=f"step {run.steps_done} / {run.total_steps}")
     st.page_link("pages/live.py", label="Open live view", icon="📈")
