@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 PORT ?= 8501
+SHARE_PORT ?= 8443
 
-.PHONY: install run test test-fast clean-venv
+.PHONY: install run share test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +21,10 @@ install: $(VENV)/.installed-$(EXTRAS)
 
 run: install
 	$(VENV)/bin/streamlit run streamlit_app.py --server.port $(PORT)
+
+# The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (README: Sharing the URL)
+share: install
+	$(PY) -m gateway --port $(SHARE_PORT)
 
 test: install
 	$(PY) -m pytest -q

@@ -5,7 +5,7 @@ import streamlit as st
 
 from trainer_core.status import RunStatus
 from ui import format as fmt
-from ui.auth import require_password
+from ui.auth import current_actor, require_password, shared_mode
 from ui.entry import entered, remember_requested_page, resume_requested_page
 from ui.state import get_orchestrator
 from ui.text import safe
@@ -24,6 +24,7 @@ pg = st.navigation([
     st.Page("pages/history.py", title="History", icon="🗂️"),
     st.Page("pages/run.py", title="Run details", icon="🔎"),
     st.Page("pages/compare.py", title="Compare", icon="⚖️"),
+    st.Page("pages/account.py", title="Account", icon="👤"),
 ])
 entered()
 resume_requested_page()
@@ -49,5 +50,8 @@ def active_run_panel() -> None:
 with st.sidebar:
     st.markdown("#### Active run")
     active_run_panel()
+    if shared_mode():
+        me = current_actor()
+        st.caption(f"Signed in as **{safe(me.name, limit=60)}** ({me.role.value}) · [Sign out](/auth/logout)")
 
 pg.run()

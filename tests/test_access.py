@@ -172,3 +172,144 @@ def test_builtin_loader_names_are_refused_as_hub_datasets(hub_id):
     errors = [str(e) for e in TrainConfig(hf_dataset=hub_id, local_datasets=[]).validate() if e.field == "hf_dataset"]
     assert errors == [f"hf_dataset: '{hub_id}' is a builtin loader of the datasets library, not a hub dataset: clear "
                       "hf_dataset and put your file or folder in local_datasets instead"]
+
+
+# ====================================================================== the CLI's identity
+def test_cli_acts_as_the_token_user_or_the_local_os_user(home, monkeypatch, tmp_path, capsys):
+    import getpass
+
+    from db.store import Store
+    from trainer_core.__main__ import cli_actor, main
+
+    store = Store()
+    users.ensure_user(store, "val", Role.VIEWER)
+    token = users.create_token(store, "val")
+    monkeypatch.delenv("FINETUNE_STUDIO_TOKEN", raising=False)
+    assert cli_actor(store) == Actor(getpass.getuser(), Role.ADMIN)
+    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", token)
+    assert cli_actor(store) == Actor("val", Role.VIEWER)
+
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\n")
+    assert main(["run", "--config", str(config)]) == 2  # a viewer's token: refused before anything starts
+    assert "refused: Not allowed: val is a viewer and cannot start runs" in capsys.readouterr().err
+    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", token[:-2] + "xx")
+    assert main(["run", "--config", str(config)]) == 2
+    assert "refused: the API token is unknown or was revoked" in capsys.readouterr().err
+    assert store.list_runs() == []
+    store.engine.dispose()
+
+
+# ====================================================================== pages as a signed-in user
+def _as_user(monkeypatch, name: str) -> None:
+    """Shared mode, as if nginx had set X-Studio-User (AppTest has no proxy in front)."""
+    from ui import auth
+
+    monkeypatch.setenv(auth.SHARED_ENV, "1")
+    monkeypatch.setattr(auth, "proxy_user", lambda: name)
+
+
+def _app(page: str | None = None, **query):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_pages import APP, TIMEOUT
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    if page:
+        at.switch_page(page)
+        for key, value in query.items():
+            at.query_params[key] = value
+        at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _seed_runs(store) -> None:
+    import os
+    import time
+
+    import psutil
+
+    from db.models import Run
+    from trainer_core import paths
+
+    now = time.time()
+    store.create_run(Run(id="20250101-000000-bobbob", name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
+                         created_at=now, pid=os.getpid(), pid_started_at=psutil.Process().create_time(), devices="cpu"))
+    store.create_run(Run(id="20250101-000000-oldold", name="bob's old run", owner="bob",
+                         status=RunStatus.STOPPED.value, created_at=now - 60, finished_at=now - 30))
+    store.create_run(Run(id="20250101-000000-annann", name="ann's run", owner="ann",
+                         status=RunStatus.STOPPED.value, created_at=now - 90, finished_at=now - 80))
+    for run_id in ("20250101-000000-bobbob", "20250101-000000-oldold", "20250101-000000-annann"):
+        paths.run_dir(run_id).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.fixture
+def shared_store(app_home):
+    from ui.state import get_orchestrator
+
+    store = get_orchestrator().store
+    users.ensure_user(store, "val", Role.VIEWER)
+    users.ensure_user(store, "ann", Role.OPERATOR)
+    users.ensure_user(store, "ada", Role.ADMIN)
+    _seed_runs(store)
+    return store
+
+
+def test_a_viewer_sees_every_run_but_every_action_is_disabled(shared_store, monkeypatch):
+    _as_user(monkeypatch, "val")
+    at = _app("pages/live.py")
+    assert [t.value for t in at.title] == ["Live"]
+    stop = next(b for b in at.button if b.label == "Stop & save")
+    assert stop.disabled and "only bob or an admin can: you are viewer" in stop.help
+    sidebar = [c.value for c in _app().sidebar.caption]
+    assert "Signed in as **val** (viewer) · [Sign out](/auth/logout)" in sidebar, sidebar
+    at = _app("pages/new_run.py")
+    assert next(b for b in at.button if b.label == "Start training").disabled
+    at = _app("pages/history.py")
+    at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
+    assert next(b for b in at.button if b.label == "Delete").disabled
+    assert next(b for b in at.button if b.label == "Resume").disabled
+
+
+def test_an_operator_acts_on_own_runs_only_and_history_filters_by_owner(shared_store, monkeypatch):
+    _as_user(monkeypatch, "ann")
+    at = _app("pages/live.py")
+    assert next(b for b in at.button if b.label == "Stop & save").disabled  # bob's run
+    at = _app("pages/history.py")
+    at.selectbox(key="history_pick").set_value("20250101-000000-oldold").run()
+    assert next(b for b in at.button if b.label == "Delete").disabled
+    at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
+    assert not next(b for b in at.button if b.label == "Delete").disabled
+    at.multiselect(key="history_owners").set_value(["ann"]).run()
+    assert [o.split(" · ")[0] for o in at.selectbox(key="history_pick").options] == ["ann's run"]
+
+
+def test_an_admin_stops_someone_elses_run_and_the_timeline_says_who(shared_store, monkeypatch):
+    _as_user(monkeypatch, "ada")
+    at = _app("pages/live.py")
+    next(b for b in at.button if b.label == "Stop & save").click().run()
+    assert not at.exception, at.exception
+    events = [e.message for e in shared_store.get_events("20250101-000000-bobbob") if e.kind == "control"]
+    assert events == ["stop requested by ada"]
+
+
+def test_account_page_tokens_are_shown_once_and_admins_manage_roles(shared_store, monkeypatch):
+    _as_user(monkeypatch, "ann")
+    at = _app("pages/account.py")
+    assert "Users" not in [s.value for s in at.subheader]
+    at.text_input(key="account_token_label").input("laptop")
+    next(b for b in at.button if b.label == "Create token").click().run()
+    [shown] = [c.value for c in at.code]
+    assert users.user_for_token(shared_store, shown) == Actor("ann", Role.OPERATOR)
+    at.run()
+    assert [c.value for c in at.code] == []  # shown once
+    next(b for b in at.button if b.label == "Revoke").click().run()
+    assert users.tokens_of(shared_store, "ann") == []
+
+    _as_user(monkeypatch, "ada")
+    at = _app("pages/account.py")
+    assert "Users" in [s.value for s in at.subheader]
+    at.selectbox(key="role_val").set_value("operator").run()
+    assert users.actor_for(shared_store, "val") == Actor("val", Role.OPERATOR)
+    assert at.selectbox(key="role_ada").disabled  # not your own
