@@ -77,6 +77,9 @@ http {{
         default 1;
     }}
     map $request_method $signin_post_key {{ POST $binary_remote_addr; default ""; }}
+    # Only a page load is sent to the sign-in page; everything else gets a bare 401 from nginx itself,
+    # without proxying, so the body of a stranger's upload is never read into a buffer.
+    map "$request_method:$http_accept" $page_load {{ "~^(GET|HEAD):.*text/html" 1; default 0; }}
     limit_req_zone $signin_post_key zone=signin:1m rate={SIGNIN_RATE};
 
     upstream streamlit {{ server 127.0.0.1:{layout.streamlit_port}; }}
@@ -97,6 +100,7 @@ http {{
             proxy_set_header Content-Length "";
         }}
         location @signin {{  # a request that failed the check: page loads go to the sign-in page
+            if ($page_load = 0) {{ return 401; }}
             rewrite ^ /auth/start? break;
             proxy_method GET;
             proxy_pass http://signin;
