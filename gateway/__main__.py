@@ -76,7 +76,11 @@ class Share:
                                   "--server.address", "127.0.0.1", "--server.port", str(self.streamlit_port),
                                   "--server.headless", "true", "--browser.gatherUsageStats", "false",
                                   "--server.enableXsrfProtection", "true",
-                                  "--server.maxUploadSize", str(nginx.UPLOAD_LIMIT_MB)], streamlit_env)
+                                  "--server.maxUploadSize", str(nginx.UPLOAD_LIMIT_MB),
+                                  # Streamlit would read secrets.toml (the password) and copy its keys into its
+                                  # environment; the dashboard needs none of it in shared mode
+                                  "--secrets.files", str(self.run_dir / "no-secrets-for-streamlit.toml")],
+                    streamlit_env)
         self._wait_http(f"http://127.0.0.1:{self.streamlit_port}/_stcore/health", "streamlit", timeout)
         self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         self._spawn("nginx", nginx_cmd, public)

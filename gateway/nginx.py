@@ -65,7 +65,9 @@ error_log {run / 'nginx-error.log'} warn;
 events {{ worker_connections 1024; }}
 
 http {{
-    access_log {run / 'nginx-access.log'};
+    # No query strings in the log: the OIDC callback's one-time code and state stay out of it.
+    log_format studio '$remote_addr [$time_local] "$request_method $uri $server_protocol" $status $body_bytes_sent';
+    access_log {run / 'nginx-access.log'} studio;
 {temp}
     server_tokens off;
 

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer_core import access
 from trainer_core.access import Role
 
 PASSWORD_ENV = "FINETUNE_STUDIO_PASSWORD"
@@ -33,15 +34,10 @@ class SettingsError(ValueError):
     """Authentication is misconfigured: nothing may start. The message names the setting and the fix."""
 
 
-def secrets_files(cwd: Path | None = None) -> list[Path]:
-    """The files Streamlit reads for ``st.secrets``, later ones winning."""
-    return [Path.home() / ".streamlit" / "secrets.toml", (cwd or Path.cwd()) / ".streamlit" / "secrets.toml"]
-
-
 def read_secrets(files: list[Path] | None = None) -> dict:
     """Merge the secrets files that exist. A file that cannot be read or parsed raises SettingsError."""
     merged: dict = {}
-    for path in files if files is not None else secrets_files():
+    for path in files if files is not None else access.secrets_files():
         if not path.exists():
             continue
         try:

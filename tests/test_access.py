@@ -6,6 +6,7 @@ import pytest
 from db import users
 from gateway import settings
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
+from trainer_core import access
 from trainer_core.access import Action, Actor, Role, allowed, check, child_env, NotAllowed
 from trainer_core.config import TrainConfig, builtin_loader_names
 from trainer_core.orchestrator import RunRefused
@@ -47,10 +48,15 @@ def test_refusals_say_why():
         check(ANN, Action.DELETE, "bob")
 
 
-def test_child_env_drops_every_secret():
+def test_child_env_drops_every_secret(monkeypatch, tmp_path):
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text('studio_password = "p"\nmy_db_password = "d"\n[oidc]\nclient_secret = "c"\n')
+    monkeypatch.setattr(access, "secrets_files", lambda: [tmp_path / "missing.toml", secrets])
     env = {"PATH": "/bin", "FINETUNE_STUDIO_PASSWORD": "p", "FINETUNE_STUDIO_OIDC_CLIENT_SECRET": "c",
            "FINETUNE_STUDIO_SESSION_KEY": "k", "FINETUNE_STUDIO_TOKEN": "t", "HF_TOKEN": "h", "WANDB_API_KEY": "w",
-           "FINETUNE_STUDIO_HOME": "/data"}
+           "FINETUNE_STUDIO_HOME": "/data",
+           # Streamlit copies the root-level keys of secrets.toml into its own environment at start
+           "studio_password": "p", "my_db_password": "d"}
     assert child_env(env) == {"PATH": "/bin", "FINETUNE_STUDIO_HOME": "/data"}
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from tests.test_pages import APP, TIMEOUT
-from gateway import settings
+from trainer_core import access
 from ui import auth
 from ui.state import get_orchestrator
 
@@ -61,7 +61,7 @@ def test_right_password_opens_the_app_and_a_wrong_one_does_not(gated):
 def test_password_from_the_secrets_file_wins(monkeypatch, tmp_path):
     secrets = tmp_path / "secrets.toml"
     secrets.write_text('studio_password = "from-secrets"\n')
-    monkeypatch.setattr(settings, "secrets_files", lambda: [tmp_path / "missing.toml", secrets])
+    monkeypatch.setattr(access, "secrets_files", lambda: [tmp_path / "missing.toml", secrets])
     monkeypatch.setenv(auth.ENV_VAR, "from-env")
     assert auth.configured_password() == "from-secrets"
 
@@ -70,7 +70,7 @@ def test_a_malformed_secrets_file_closes_every_page(home, monkeypatch, tmp_path)
     """Streamlit's own st.secrets treated a parse error like a missing file: the password became empty."""
     secrets = tmp_path / "secrets.toml"
     secrets.write_text('studio_password = "no closing quote\n')
-    monkeypatch.setattr(settings, "secrets_files", lambda: [secrets])
+    monkeypatch.setattr(access, "secrets_files", lambda: [secrets])
     monkeypatch.delenv(auth.ENV_VAR, raising=False)
     st.cache_resource.clear()
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()

@@ -30,7 +30,9 @@ WB_SECRET = "wandbkey_0123456789abcdef0123456789abcdef"
 SERVER_SECRETS = {"FINETUNE_STUDIO_PASSWORD": "pw-Server-Only-5e4d3c2b1a",
                   "FINETUNE_STUDIO_OIDC_CLIENT_SECRET": "oidc-ClientSecret-a1b2c3d4e5f6",
                   "FINETUNE_STUDIO_SESSION_KEY": "sessionkey-Zz9Yy8Xx7Ww6Vv5",
-                  "FINETUNE_STUDIO_TOKEN": "fts_tokenid_ApiTokenSecret1234567890"}
+                  "FINETUNE_STUDIO_TOKEN": "fts_tokenid_ApiTokenSecret1234567890",
+                  # what Streamlit puts in its own environment when secrets.toml holds the password
+                  "studio_password": "pw-FromSecretsToml-0f1e2d3c"}
 SECRETS = (HF_SECRET, WB_SECRET, *SERVER_SECRETS.values())
 
 

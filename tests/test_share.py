@@ -195,6 +195,18 @@ def test_sign_in_only_redirects_to_this_site(password_share):
         assert response.status == 303 and response.getheader("Location") == expected, target
 
 
+def test_the_dashboard_process_holds_no_secret(password_share):
+    streamlit = password_share.procs["streamlit"]
+    environ = Path(f"/proc/{streamlit.pid}/environ").read_bytes()
+    assert PASSWORD.encode() not in environ and b"FINETUNE_STUDIO_PASSWORD" not in environ
+    assert b"FINETUNE_STUDIO_SHARED=1" in environ.split(b"\0")
+    cmdline = Path(f"/proc/{streamlit.pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[cmdline.index(b"--server.address") + 1] == b"127.0.0.1"  # behind nginx only
+    assert b"--secrets.files" in cmdline  # never reads secrets.toml (it would copy the password into its environment)
+    for log in password_share.run_dir.glob("*.log"):
+        assert PASSWORD not in log.read_text(errors="replace"), log
+
+
 # ====================================================================== the browser through the proxy
 @pytest.fixture
 def browser(password_share):

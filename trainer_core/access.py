@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import enum
 import getpass
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 
@@ -70,10 +72,28 @@ def check(actor: Actor, action: Action, owner: str = "") -> None:
 # and an API token the CLI was given. Workers and the preview child never need them (and remote code
 # loaded with trust_remote_code could read them), so child environments are built without them.
 SERVER_SECRET_ENV = ("FINETUNE_STUDIO_PASSWORD", "FINETUNE_STUDIO_OIDC_CLIENT_SECRET", "FINETUNE_STUDIO_SESSION_KEY",
-                     "FINETUNE_STUDIO_TOKEN")
+                     "FINETUNE_STUDIO_TOKEN", "studio_password")
 RUN_SECRET_ENV = ("HF_TOKEN", "WANDB_API_KEY")  # passed to a child only when its run was given them
+
+
+def secrets_files(cwd: Path | None = None) -> list[Path]:
+    """The files Streamlit reads for ``st.secrets``, later ones winning."""
+    return [Path.home() / ".streamlit" / "secrets.toml", (cwd or Path.cwd()) / ".streamlit" / "secrets.toml"]
+
+
+def secrets_file_keys() -> set[str]:
+    """Root-level keys of the secrets files: Streamlit copies each one into its own os.environ at start
+    (``studio_password`` included), from where a plain copy of the environment would hand it to a worker."""
+    keys: set[str] = set()
+    for path in secrets_files():
+        try:
+            keys |= {k for k, v in tomllib.loads(path.read_text(encoding="utf-8")).items() if not isinstance(v, dict)}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # missing: nothing promoted; unparsable: Streamlit promotes nothing either
+    return keys
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``environ`` without any secret; callers add the run's own secrets explicitly."""
-    return {k: v for k, v in environ.items() if k not in SERVER_SECRET_ENV + RUN_SECRET_ENV}
+    dropped = set(SERVER_SECRET_ENV + RUN_SECRET_ENV) | secrets_file_keys()
+    return {k: v for k, v in environ.items() if k not in dropped}
