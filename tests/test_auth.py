@@ -93,3 +93,21 @@ def test_shared_mode_without_the_proxy_header_draws_nothing(home, monkeypatch):
         "did not come through it."]
     assert not at.title and not at.text_input and not at.sidebar.markdown  # no password form either
     st.cache_resource.clear()
+
+
+def test_wrong_passwords_are_limited_for_the_whole_server(gated, monkeypatch):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock["now"])
+    for attempt in range(auth._Attempts.MAX_FAILURES):
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()  # a new session each time
+        at.text_input(key="_studio_password_input").input(f"guess {attempt}")
+        at.button[0].click().run()
+        assert [e.value for e in at.error] == ["Wrong password."]
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.text_input(key="_studio_password_input").input("correct horse battery")  # even the right one waits
+    at.button[0].click().run()
+    assert [e.value for e in at.error] == ["Too many wrong passwords: try again in 60 s."]
+    clock["now"] += auth._Attempts.WINDOW_S + 1
+    at.text_input(key="_studio_password_input").input("correct horse battery")
+    at.button[0].click().run()
+    assert not at.error and "Password" not in [t.label for t in at.text_input]

@@ -7,14 +7,19 @@ Without the header the app refuses to draw anything (fail closed).
 
 Local mode (``make run``): the OS user, as admin. An optional password from ``.streamlit/secrets.toml``
 (``studio_password``) or ``FINETUNE_STUDIO_PASSWORD`` is asked first, compared in constant time (on
-digests, so the length does not leak either); a secrets file that does not parse stops every page with
-the file and line instead of turning the password off.
+digests, so the length does not leak either) and limited to 5 wrong tries a minute for the whole server;
+a secrets file that does not parse stops every page with the file and line instead of turning the
+password off.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import threading
+import time
+from collections import deque
 from urllib.parse import unquote
 
 import streamlit as st
@@ -45,6 +50,35 @@ def password_matches(given: str, expected: str) -> bool:
     """Constant-time comparison of two passwords (digests first: equal lengths, no early exit)."""
     digest = lambda text: hashlib.sha256(text.encode("utf-8")).digest()  # noqa: E731
     return hmac.compare_digest(digest(given), digest(expected))
+
+
+class _Attempts:
+    """Wrong passwords of the whole server (every session): after MAX_FAILURES within WINDOW_S seconds,
+    every attempt is refused until the oldest of them ages out. Opening new sessions does not reset it."""
+
+    MAX_FAILURES = 5
+    WINDOW_S = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: deque[float] = deque()
+
+    def wait_s(self, now: float) -> float:
+        with self._lock:
+            while self._failures and now - self._failures[0] > self.WINDOW_S:
+                self._failures.popleft()
+            if len(self._failures) < self.MAX_FAILURES:
+                return 0.0
+            return self.WINDOW_S - (now - self._failures[0])
+
+    def failed(self, now: float) -> None:
+        with self._lock:
+            self._failures.append(now)
+
+
+@st.cache_resource(show_spinner=False)
+def _attempts() -> _Attempts:
+    return _Attempts()
 
 
 def proxy_user() -> str:
@@ -89,9 +123,15 @@ def require_password() -> None:
                               help=f"Set by the host in .streamlit/secrets.toml ({SECRET_KEY}) or {ENV_VAR}.")
         submitted = st.form_submit_button("Sign in", type="primary")
     if submitted:
+        attempts, now = _attempts(), time.monotonic()
+        wait = attempts.wait_s(now)
+        if wait > 0:  # checked before the password, so guesses during the pause learn nothing
+            st.error(f"Too many wrong passwords: try again in {math.ceil(wait)} s.")
+            st.stop()
         if password_matches(given, expected):
             st.session_state[_SIGNED_IN] = True
             st.session_state.pop("_studio_password_input", None)
             st.rerun()
+        attempts.failed(now)
         st.error("Wrong password.")
     st.stop()
