@@ -53,7 +53,8 @@ shown_active = not RunStatus(snapshot.status).is_terminal()
 if shown_active:
     stop_col, cancel_col, _ = st.columns([1, 1, 4])
     stopping = snapshot.status is RunStatus.STOPPING
-    actor, owner = current_actor(), orch.get_run(run_id).owner
+    row = orch.get_run(run_id)
+    actor, owner = current_actor(), row.owner if row else ""
     may_stop = allowed(actor, Action.STOP, owner)
     not_yours = "" if may_stop else f" (only {owner or 'an admin'} or an admin can: you are {actor.role.value})"
     try:
