@@ -154,14 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     except settings.SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+
+    def interrupt(*_):
+        raise KeyboardInterrupt  # SIGTERM like Ctrl-C (also when started with SIGINT ignored, e.g. in background)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         share.start()
         mode = "OIDC via " + share.settings.issuer if share.settings.mode == "oidc" else "shared password"
         print(f"Finetune Studio is shared at {share.scheme}://{args.host}:{args.port} (sign-in: {mode}). "
               f"Logs: {share.run_dir}. Ctrl-C stops it; running trainings continue.", flush=True)
-        while not stop["now"]:
+        while True:
             ended = share.first_exited()
             if ended:
                 print(f"{ended} exited; stopping the others. Its log:\n{share.log_tail(ended)}", file=sys.stderr)
@@ -173,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         share.stop()
     return 0
 

@@ -319,3 +319,14 @@ def test_account_page_tokens_are_shown_once_and_admins_manage_roles(shared_store
     at.selectbox(key="role_val").set_value("operator").run()
     assert users.actor_for(shared_store, "val") == Actor("val", Role.OPERATOR)
     assert at.selectbox(key="role_ada").disabled  # not your own
+
+
+def test_make_share_without_authentication_starts_nothing(home, monkeypatch, tmp_path, capsys):
+    from gateway.__main__ import main as share_main
+
+    for name in ("FINETUNE_STUDIO_PASSWORD", *settings.OIDC_ENV.values()):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(access, "secrets_files", lambda: [tmp_path / "none.toml"])
+    assert share_main(["--port", "1"]) == 2
+    assert "shared mode never starts without authentication" in capsys.readouterr().err
+    assert not (home / "share" / "nginx.conf").exists()  # nothing was written, nothing was started
