@@ -6,7 +6,7 @@ import pytest
 from db import users
 from gateway import settings
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import access
+from trainer_core import access, paths
 from trainer_core.access import Action, Actor, Role, allowed, check, child_env, NotAllowed
 from trainer_core.config import TrainConfig, builtin_loader_names
 from trainer_core.orchestrator import RunRefused
@@ -64,6 +64,7 @@ def test_child_env_drops_every_secret(monkeypatch, tmp_path):
 def test_owner_is_recorded_and_operators_cannot_stop_or_delete_others_runs(orch, monkeypatch):
     run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.05), actor=BOB)
     assert orch.get_run(run_id).owner == "bob"
+    assert (paths.run_dir(run_id) / "owner.txt").read_text() == "bob\n"  # rebuildable from the run folder
     with pytest.raises(RunRefused, match="Not allowed: this run belongs to bob"):
         orch.stop(run_id, actor=ANN)
     with pytest.raises(RunRefused, match="val is a viewer"):

@@ -114,6 +114,7 @@ def test_safe_cuts_long_text_and_code_keeps_backticks_literal():
 PAYLOAD_RUN = "20250101-000000-aaaaaa"
 OTHER_RUN = "20250101-000001-bbbbbb"
 BUSY_RUN = "20251231-000000-cccccc"
+QUEUED_RUN = "20251231-000001-dddddd"
 
 
 @pytest.fixture
@@ -123,7 +124,7 @@ def hostile(app_home):
     store = Store()
     now = time.time()
     text = dict(model=PAYLOADS["links"], dataset=PAYLOADS["markup"] + " [" + PAYLOADS["emoji"] + "]",
-                method=PAYLOADS["html"], owner=PAYLOADS["emoji"], output_dir=PAYLOADS["links"])
+                method=PAYLOADS["html"], owner=PAYLOADS["emoji"], output_dir=PAYLOADS["links"], devices="cpu")
     store.create_run(Run(id=PAYLOAD_RUN, name=PAYLOADS["image"], status=RunStatus.FAILED.value, created_at=now - 30,
                          started_at=now - 30, finished_at=now - 20, error=PAYLOADS["lines"] + "\n" + PAYLOADS["html"],
                          **text))
@@ -131,8 +132,10 @@ def hostile(app_home):
                          parent_run_id=PAYLOAD_RUN, resumed_from_step=3, **text))
     store.create_run(Run(id=BUSY_RUN, name=PAYLOADS["emoji"], status=RunStatus.RUNNING.value, created_at=now,
                          phase=PAYLOADS["image"], pid=os.getpid(), pid_started_at=psutil.Process().create_time(),
-                         devices="cpu", **text))
-    for run_id in (PAYLOAD_RUN, OTHER_RUN, BUSY_RUN):
+                         **text))
+    store.create_run(Run(id=QUEUED_RUN, name=PAYLOADS["markup"], status=RunStatus.QUEUED.value, created_at=now,
+                         queue_position=1.0, **text))  # waits behind the busy run (same device)
+    for run_id in (PAYLOAD_RUN, OTHER_RUN, BUSY_RUN, QUEUED_RUN):
         paths.run_dir(run_id).mkdir(parents=True, exist_ok=True)
         store.add_event(run_id, "alert", PAYLOADS["image"] + " " + PAYLOADS["emoji"])
         store.add_event(run_id, "warning", PAYLOADS["html"])
@@ -153,6 +156,7 @@ def test_sidebar_history_and_compare_show_payloads_as_text(hostile):
     assert_nothing_interpreted(at, [PAYLOADS["emoji"]], "sidebar")
 
     at.switch_page("pages/history.py").run()
+    assert_nothing_interpreted(at, [PAYLOADS["markup"], PAYLOADS["links"], PAYLOADS["html"]], "History (queue)")
     at.selectbox(key="history_pick").set_value(PAYLOAD_RUN).run()
     next(b for b in at.button if b.label == "Delete").click().run()
     assert_nothing_interpreted(at, [PAYLOADS["image"], PAYLOADS["links"]], "History (delete dialog)")

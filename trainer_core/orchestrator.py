@@ -121,6 +121,8 @@ class Orchestrator:
             run_dir = paths.run_dir(run_id)
             run_dir.mkdir(parents=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
+            if actor is not None:  # the database is a cache of the run folder: who started it lives there too
+                (run_dir / "owner.txt").write_text(actor.name + "\n")
             name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
             queue = [(r.id, r.devices) for r in self.store.queued_runs()]
             now_free = scheduling.startable(queue + [(run_id, devices)],
