@@ -344,3 +344,56 @@ def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
     store.engine.dispose()
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "home" / "share").glob("*.log"))
     assert "mock-client-secret" not in logs
+
+
+# ====================================================================== TLS when given a certificate
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "studio.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_with_a_certificate_it_serves_https_only_and_cookies_are_secure(tmp_path):
+    import ssl
+
+    nginx_or_skip()
+    cert, key = self_signed(tmp_path)
+    env = share_env(tmp_path / "home", FINETUNE_STUDIO_PASSWORD=PASSWORD, FINETUNE_STUDIO_TLS_CERT=str(cert),
+                    FINETUNE_STUDIO_TLS_KEY=str(key))
+    share = Share(free_port(), host="127.0.0.1", env=env)
+    try:
+        share.start(timeout=TIMEOUT_S)
+        assert share.url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        context.check_hostname = False  # the certificate names studio.test; the chain is what is checked here
+        conn = http.client.HTTPSConnection("127.0.0.1", share.port, timeout=20, context=context)
+        body = urlencode({"name": "val", "password": PASSWORD, "next": "/history"}).encode()
+        conn.request("POST", "/auth/login", body=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 303 and response.getheader("Location") == "/history"
+        cookie = response.getheader("Set-Cookie")
+        assert "; Secure" in cookie and "HttpOnly" in cookie
+        assert response.getheader("Strict-Transport-Security") == "max-age=31536000"
+        conn.close()
+        plain = http.client.HTTPConnection("127.0.0.1", share.port, timeout=20)  # plain HTTP on the TLS port
+        plain.request("GET", "/")
+        assert plain.getresponse().status == 400  # nginx: "plain HTTP request was sent to HTTPS port"
+        plain.close()
+    finally:
+        share.stop()
