@@ -61,7 +61,7 @@ def test_child_env_drops_every_secret(monkeypatch, tmp_path):
 
 
 # ====================================================================== ownership through the orchestrator
-def test_owner_is_recorded_and_operators_cannot_stop_or_delete_others_runs(orch, monkeypatch):
+def test_owner_is_recorded_and_operators_cannot_stop_or_delete_others_runs(orch, monkeypatch, capsys):
     run_id = orch.start(fake(monkeypatch, steps=1000, delay=0.05), actor=BOB)
     assert orch.get_run(run_id).owner == "bob"
     assert (paths.run_dir(run_id) / "owner.txt").read_text() == "bob\n"  # rebuildable from the run folder
@@ -81,6 +81,7 @@ def test_owner_is_recorded_and_operators_cannot_stop_or_delete_others_runs(orch,
         orch.delete_run(run_id, actor=ANN)
     orch.delete_run(run_id, actor=BOB)
     assert orch.get_run(run_id) is None
+    assert f"[finetune-studio] run {run_id} ('fake train') deleted by bob\n" in capsys.readouterr().err
 
 
 def test_queue_actions_record_who_did_them(orch, monkeypatch):

@@ -213,6 +213,9 @@ class Orchestrator:
                              "the queue, before deleting it.")
         folder = paths.run_dir(run_id)  # refuses ids that would leave the runs root
         self.store.delete_run(run_id)
+        if actor is not None:  # its timeline goes with it: the server log keeps who deleted it
+            print(f"[finetune-studio] run {run_id} ({run.name!r}) deleted by {actor.name}"
+                  + (" with its folder" if delete_files else ""), file=sys.stderr, flush=True)
         with self._lock:
             self._finished.pop(run_id, None)
         if delete_files and folder.is_dir() and not folder.is_symlink():
