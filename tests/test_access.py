@@ -1,16 +1,29 @@
 """Roles, run ownership, API tokens and the fail-closed authentication settings."""
 from __future__ import annotations
 
+import getpass
+import os
+import time
+
+import psutil
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from db import users
+from db.models import Run
+from db.store import Store
 from gateway import settings
+from gateway.__main__ import main as share_main
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
+from tests.test_pages import APP, TIMEOUT
 from trainer_core import access, paths
-from trainer_core.access import Action, Actor, Role, allowed, check, child_env, NotAllowed
+from trainer_core.__main__ import cli_actor, main
+from trainer_core.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
 from trainer_core.config import TrainConfig, builtin_loader_names
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
+from ui import auth
+from ui.state import get_orchestrator
 
 ANN = Actor("ann", Role.OPERATOR)
 BOB = Actor("bob", Role.OPERATOR)
@@ -184,11 +197,6 @@ def test_builtin_loader_names_are_refused_as_hub_datasets(hub_id):
 
 # ====================================================================== the CLI's identity
 def test_cli_acts_as_the_token_user_or_the_local_os_user(home, monkeypatch, tmp_path, capsys):
-    import getpass
-
-    from db.store import Store
-    from trainer_core.__main__ import cli_actor, main
-
     store = Store()
     users.ensure_user(store, "val", Role.VIEWER)
     token = users.create_token(store, "val")
@@ -211,17 +219,11 @@ def test_cli_acts_as_the_token_user_or_the_local_os_user(home, monkeypatch, tmp_
 # ====================================================================== pages as a signed-in user
 def _as_user(monkeypatch, name: str) -> None:
     """Shared mode, as if nginx had set X-Studio-User (AppTest has no proxy in front)."""
-    from ui import auth
-
     monkeypatch.setenv(auth.SHARED_ENV, "1")
     monkeypatch.setattr(auth, "proxy_user", lambda: name)
 
 
 def _app(page: str | None = None, **query):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.test_pages import APP, TIMEOUT
-
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     if page:
         at.switch_page(page)
@@ -233,14 +235,6 @@ def _app(page: str | None = None, **query):
 
 
 def _seed_runs(store) -> None:
-    import os
-    import time
-
-    import psutil
-
-    from db.models import Run
-    from trainer_core import paths
-
     now = time.time()
     store.create_run(Run(id="20250101-000000-bobbob", name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
                          created_at=now, pid=os.getpid(), pid_started_at=psutil.Process().create_time(), devices="cpu"))
@@ -254,8 +248,6 @@ def _seed_runs(store) -> None:
 
 @pytest.fixture
 def shared_store(app_home):
-    from ui.state import get_orchestrator
-
     store = get_orchestrator().store
     users.ensure_user(store, "val", Role.VIEWER)
     users.ensure_user(store, "ann", Role.OPERATOR)
@@ -324,8 +316,6 @@ def test_account_page_tokens_are_shown_once_and_admins_manage_roles(shared_store
 
 
 def test_make_share_without_authentication_starts_nothing(home, monkeypatch, tmp_path, capsys):
-    from gateway.__main__ import main as share_main
-
     for name in ("FINETUNE_STUDIO_PASSWORD", *settings.OIDC_ENV.values()):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(access, "secrets_files", lambda: [tmp_path / "none.toml"])

@@ -9,10 +9,12 @@ OIDC mode, against the oidc-provider-mock package: the round trip lands on the d
 """
 from __future__ import annotations
 
+import datetime
 import http.client
 import itertools
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -22,6 +24,11 @@ from urllib.parse import urlencode
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from oidc_provider_mock import run_server_in_thread
 
 from db import users
 from db.models import Run
@@ -314,8 +321,6 @@ def test_a_signed_in_viewer_cannot_stop_someone_elses_run_nor_pretend_to_be_some
 def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
     nginx_or_skip()
     executable = chromium_or_skip()
-    from oidc_provider_mock import run_server_in_thread
-
     with run_server_in_thread() as provider:
         issuer = f"http://localhost:{provider.server_port}"
         env = share_env(tmp_path / "home", FINETUNE_STUDIO_OIDC_ISSUER=issuer, FINETUNE_STUDIO_OIDC_CLIENT_ID="studio",
@@ -348,13 +353,6 @@ def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
 
 # ====================================================================== TLS when given a certificate
 def self_signed(folder: Path) -> tuple[Path, Path]:
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "studio.test")])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -369,8 +367,6 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 def test_with_a_certificate_it_serves_https_only_and_cookies_are_secure(tmp_path):
-    import ssl
-
     nginx_or_skip()
     cert, key = self_signed(tmp_path)
     env = share_env(tmp_path / "home", FINETUNE_STUDIO_PASSWORD=PASSWORD, FINETUNE_STUDIO_TLS_CERT=str(cert),

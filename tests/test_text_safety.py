@@ -24,6 +24,7 @@ from tests.test_new_run import fake_preview, fakes, open_page as open_new_run, u
 from tests.test_pages import APP, TIMEOUT
 from trainer_core import paths
 from trainer_core.status import RunStatus
+from ui.state import get_orchestrator
 from ui.text import ZWSP, code, safe
 
 PAYLOADS = {
@@ -190,8 +191,6 @@ def test_run_details_and_live_show_payloads_as_text(hostile):
 
 def test_live_warnings_show_as_text(hostile):
     """Warnings reach a snapshot only while the pump follows a run, so render_live gets one directly."""
-    from ui.state import get_orchestrator
-
     snapshot = dataclasses.replace(get_orchestrator().snapshot(PAYLOAD_RUN), warnings=tuple(PAYLOADS.values()))
 
     def page(snapshot):
