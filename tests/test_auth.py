@@ -95,6 +95,14 @@ def test_shared_mode_without_the_proxy_header_draws_nothing(home, monkeypatch):
     st.cache_resource.clear()
 
 
+def test_comparison_is_constant_time_and_exact():
+    assert auth.password_matches("s3cret", "s3cret")
+    assert not auth.password_matches("s3cre", "s3cret")
+    assert not auth.password_matches("", "s3cret")
+    assert not auth.password_matches("S3CRET", "s3cret")
+    assert "compare_digest" in inspect.getsource(auth.password_matches)
+
+
 def test_wrong_passwords_are_limited_for_the_whole_server(gated, monkeypatch):
     clock = {"now": 1000.0}
     monkeypatch.setattr(auth.time, "monotonic", lambda: clock["now"])

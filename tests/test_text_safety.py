@@ -18,7 +18,7 @@ import pytest
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
-from db.models import Run, RunEvent
+from db.models import Run
 from db.store import Store
 from tests.test_new_run import fake_preview, fakes, open_page as open_new_run, use_local_file  # noqa: F401 (fixture)
 from tests.test_pages import APP, TIMEOUT
