@@ -16,8 +16,9 @@ TORCH_SPEC := $(GPU_TORCH_SPEC)
 EXTRAS := dev,gpu
 endif
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+SHARE_PORT ?= 8443
 
-.PHONY: install run test test-fast clean-venv
+.PHONY: install run share test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,6 +31,10 @@ install: $(VENV)/.installed-$(EXTRAS)
 
 run: install
 	$(VENV)/bin/streamlit run streamlit_app.py --server.port $(PORT)
+
+# The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (README: Sharing the URL)
+share: install
+	$(PY) -m gateway --port $(SHARE_PORT)
 
 test: install
 	$(PY) -m pytest -q

@@ -7,9 +7,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from trainer_core import rebuild
 from trainer_core.status import RunStatus
 from ui import format as fmt
-from ui.auth import require_password
-from ui.entry import entered, resume_requested_page
+from ui.auth import current_actor, require_password, shared_mode
+from ui.entry import entered, remember_requested_page, resume_requested_page
 from ui.state import orchestrator_or_problem
+from ui.text import safe
 
 SIDEBAR_REFRESH_S = 2.0
 SETTINGS = "pages/settings.py"
@@ -19,7 +20,8 @@ st.set_page_config(page_title="Finetune Studio", page_icon="🧪", layout="wide"
 # starts the pump and the queue, instead of the first one that gets past the password.
 orch, db_problem = orchestrator_or_problem()
 # The gate comes first among everything drawn: no page, sidebar or run data is shown to a stranger. A page
-# URL opened before signing in goes through here too (ui.entry.require_entrypoint checks the gate as well).
+# URL opened before signing in is remembered, so signing in lands on it with its query (a deep link).
+remember_requested_page()
 require_password()
 
 settings_page = st.Page(SETTINGS, title="Settings", icon="🛠️")
@@ -32,6 +34,7 @@ else:
         st.Page("pages/history.py", title="History", icon="🗂️"),
         st.Page("pages/run.py", title="Run details", icon="🔎"),
         st.Page("pages/compare.py", title="Compare", icon="⚖️"),
+        st.Page("pages/account.py", title="Account", icon="👤"),
         settings_page,
     ])
 entered()
@@ -70,17 +73,20 @@ def active_run_panel() -> None:
     if run is None:
         st.caption("No run is training.")
         return
-    st.markdown(f"**{run.name or run.id}**  \n{fmt.status_badge(RunStatus(run.status))}"
-                + (f" · {run.phase}" if run.phase else ""))
+    st.markdown(f"**{safe(run.name or run.id, limit=80)}**  \n{fmt.status_badge(RunStatus(run.status))}"
+                + (f" · {safe(run.phase, limit=80)}" if run.phase else ""))
     if run.total_steps:
         st.progress(min(1.0, run.steps_done / run.total_steps), text=f"step {run.steps_done} / {run.total_steps}")
     st.page_link("pages/live.py", label="Open live view", icon="📈")
 
 
-if not problem:
-    with st.sidebar:
+with st.sidebar:
+    if not problem:
         st.markdown("#### Active run")
         active_run_panel()
+    if shared_mode():
+        me = current_actor()
+        st.caption(f"Signed in as **{safe(me.name, limit=60)}** ({me.role.value}) · [Sign out](/auth/logout)")
 
 try:
     pg.run()

@@ -45,6 +45,7 @@ class Run(SQLModel, table=True):
     # is active. NULL (runs recorded before the column existed) is computed from the metrics once.
     sparkline: Optional[str] = None
     secrets_holder: str = ""  # "host:pid:start time" of the process holding a queued run's secrets in memory
+    owner: str = Field(default="", index=True)  # the user who started it (shared mode: the signed-in name)
 
 
 class Metric(SQLModel, table=True):
@@ -71,3 +72,23 @@ class RunEvent(SQLModel, table=True):
     ts: float = 0.0
     kind: str = ""
     message: str = ""
+
+
+class User(SQLModel, table=True):
+    """A person who signed in (shared mode) or was added by an admin. Roles: viewer, operator, admin."""
+
+    name: str = Field(primary_key=True, max_length=200)
+    role: str = "viewer"
+    created_at: float = 0.0
+    last_seen_at: Optional[float] = None
+
+
+class ApiToken(SQLModel, table=True):
+    """A CLI token: only an argon2 hash of it is stored; the token itself is shown once when created."""
+
+    id: str = Field(primary_key=True, max_length=32)  # the public part of the token (fts_<id>_<secret>)
+    user: str = Field(foreign_key="user.name", index=True, max_length=200)
+    label: str = ""
+    token_hash: str = ""
+    created_at: float = 0.0
+    last_used_at: Optional[float] = None

@@ -178,17 +178,24 @@ class Store:
         with Session(self.engine) as session:
             return session.get(Run, run_id)
 
-    def list_runs(self, limit: int = 500, offset: int = 0, search: str = "") -> list[Run]:
+    def list_runs(self, limit: int = 500, offset: int = 0, search: str = "",
+                  owners: list[str] | None = None) -> list[Run]:
         """Runs newest first, ``limit`` from ``offset``; ``search`` is a case-insensitive part of the id, name,
-        model, dataset or method. Rows come without config_json and log_tail (read them with get_run)."""
-        query = self._search(select(Run), search).order_by(col(Run.created_at).desc(), col(Run.id).desc())
+        model, dataset or method; ``owners``, when given, keeps the runs these users started. Rows come
+        without config_json and log_tail (read them with get_run)."""
+        query = self._search(select(Run), search, owners).order_by(col(Run.created_at).desc(), col(Run.id).desc())
         query = query.options(defer(Run.config_json, raiseload=True), defer(Run.log_tail, raiseload=True))
         with Session(self.engine) as session:
             return list(session.exec(query.offset(offset).limit(limit)))
 
-    def count_runs(self, search: str = "") -> int:
+    def count_runs(self, search: str = "", owners: list[str] | None = None) -> int:
         with Session(self.engine) as session:
-            return int(session.exec(self._search(select(func.count()).select_from(Run), search)).one())
+            return int(session.exec(self._search(select(func.count()).select_from(Run), search, owners)).one())
+
+    def run_owners(self) -> list[str]:
+        """Everyone who started a run, sorted (History's owner filter)."""
+        with Session(self.engine) as session:
+            return sorted(session.exec(select(Run.owner).where(Run.owner != "").distinct()).all())
 
     def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs with these ids that exist, in the order asked for."""
@@ -206,7 +213,9 @@ class Store:
                                      .order_by(col(Run.created_at).desc()).limit(limit)))
 
     @staticmethod
-    def _search(query, search: str):
+    def _search(query, search: str, owners: list[str] | None = None):
+        if owners:
+            query = query.where(col(Run.owner).in_(owners))
         search = search.strip().lower()
         if not search:
             return query

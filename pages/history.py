@@ -8,11 +8,14 @@ import time
 import pandas as pd
 import streamlit as st
 
+from trainer_core.access import Action, allowed
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
 from ui import format as fmt
+from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.text import code, safe
 from ui.views import stop_without_runs
 
 require_entrypoint("pages/history.py")
@@ -22,6 +25,7 @@ COMPARE_MIN, COMPARE_MAX = 2, 6
 PAGE_SIZE = 50
 
 orch = get_orchestrator()
+actor = current_actor()
 st.title("History")
 
 if not orch.count_runs():
@@ -37,30 +41,35 @@ if queue:
     st.caption("Queued runs start by themselves, in this order, when the device they need is free.")
     for position, run in enumerate(queue, start=1):
         name_col, up_col, down_col, remove_col = st.columns([6, 1, 1, 1], vertical_alignment="center")
-        name_col.markdown(f"**{position}.** {run.name} · {run.model} · {run.method}")
-        if up_col.button("Up", key=f"q_up_{run.id}", icon="⬆️", disabled=position == 1, width="stretch"):
-            orch.move_in_queue(run.id, -1)
+        name_col.markdown(f"**{position}.** {safe(run.name)} · {safe(run.model)} · {safe(run.method)}"
+                          + (f" · {safe(run.owner)}" if run.owner else ""))
+        mine = allowed(actor, Action.REORDER, run.owner)
+        if up_col.button("Up", key=f"q_up_{run.id}", icon="⬆️", disabled=position == 1 or not mine, width="stretch"):
+            orch.move_in_queue(run.id, -1, actor=actor)
             st.rerun()
-        if down_col.button("Down", key=f"q_down_{run.id}", icon="⬇️", disabled=position == len(queue),
+        if down_col.button("Down", key=f"q_down_{run.id}", icon="⬇️", disabled=position == len(queue) or not mine,
                            width="stretch"):
-            orch.move_in_queue(run.id, 1)
+            orch.move_in_queue(run.id, 1, actor=actor)
             st.rerun()
-        if remove_col.button("Remove", key=f"q_remove_{run.id}", icon="✖️", width="stretch"):
-            orch.remove_from_queue(run.id)
-            st.session_state["history_notices"] = [f"Removed '{run.name}' from the queue."]
+        if remove_col.button("Remove", key=f"q_remove_{run.id}", icon="✖️", width="stretch", disabled=not mine):
+            orch.remove_from_queue(run.id, actor=actor)
+            st.session_state["history_notices"] = [f"Removed '{safe(run.name)}' from the queue."]
             st.rerun()
     st.divider()
 
 # ---------------------------------------------------------------------- the table
-search_col, page_col, count_col = st.columns([4, 1, 2], vertical_alignment="bottom")
+search_col, owner_col, page_col, count_col = st.columns([3, 2, 1, 2], vertical_alignment="bottom")
 search = search_col.text_input("Search runs", key="history_search", placeholder="name, id, model, dataset or method")
-total = orch.count_runs(search)
+owners = orch.run_owners()
+shown_owners = owner_col.multiselect("Started by", owners, key="history_owners", placeholder="Everyone",
+                                     help="Show only the runs these people started.") if owners else []
+total = orch.count_runs(search, shown_owners)
 pages = max(1, math.ceil(total / PAGE_SIZE))
 if st.session_state.get("history_page", 1) > pages:  # fewer matches than before: stay on a page that exists
     st.session_state["history_page"] = pages
 page = page_col.number_input("Page", min_value=1, max_value=pages, step=1, key="history_page")
 first = (page - 1) * PAGE_SIZE
-runs = orch.list_runs(limit=PAGE_SIZE, offset=first, search=search)
+runs = orch.list_runs(limit=PAGE_SIZE, offset=first, search=search, owners=shown_owners)
 count_col.caption(f"Runs {first + 1:,} to {first + len(runs):,} of {total:,}" if runs else "No run matches.")
 by_id = {r.id: r for r in runs}
 missing_parents = [r.parent_run_id for r in runs if r.parent_run_id and r.parent_run_id not in by_id]
@@ -72,6 +81,7 @@ now = time.time()
 table = pd.DataFrame([{
     "id": r.id,
     "name": r.name or r.id,
+    "owner": r.owner,
     "status": fmt.status_badge(r.status),
     "alerts": f"⚠️ {alerts[r.id]}" if alerts.get(r.id) else "",
     "model": r.model,
@@ -85,16 +95,17 @@ table = pd.DataFrame([{
     "loss": sparklines.get(r.id, []),
     "resumed from": names.get(r.parent_run_id, r.parent_run_id or ""),
     "output": r.output_dir,
-} for r in runs], columns=["id", "name", "status", "alerts", "model", "dataset", "method", "started", "duration",
+} for r in runs], columns=["id", "name", "owner", "status", "alerts", "model", "dataset", "method", "started", "duration",
                           "steps", "final loss", "best eval loss", "loss", "resumed from", "output"])
 
 st.dataframe(
     table,
     hide_index=True,
-    column_order=["name", "status", "alerts", "model", "dataset", "method", "started", "duration", "steps",
+    column_order=["name", "owner", "status", "alerts", "model", "dataset", "method", "started", "duration", "steps",
                   "final loss", "best eval loss", "loss", "resumed from", "output"],
     column_config={
         "name": st.column_config.TextColumn("Name", pinned=True),
+        "owner": st.column_config.TextColumn("Started by"),
         "status": st.column_config.TextColumn("Status"),
         "alerts": st.column_config.TextColumn("Alerts", help="Training-health alerts (NaN/inf, grad-norm spikes, "
                                                              "rising eval loss); see the run's timeline"),
@@ -129,18 +140,20 @@ status = RunStatus(run.status)
 if open_col.button("Open", icon="🔎", type="primary", width="stretch"):
     st.session_state["detail_run_id"] = chosen
     st.switch_page("pages/run.py", query_params={"run": chosen})
-if resume_col.button("Resume", icon="⏯️", width="stretch", disabled=status not in RESUMABLE,
+if resume_col.button("Resume", icon="⏯️", width="stretch",
+                     disabled=status not in RESUMABLE or not allowed(actor, Action.RESUME, run.owner),
                      help="Continue from this run's latest checkpoint as a new, linked run "
                           "(stopped, failed or cancelled runs with a saved checkpoint)."):
     st.session_state["history_resume"] = chosen
-if delete_col.button("Delete", icon="🗑️", width="stretch", disabled=not status.is_terminal(),
+if delete_col.button("Delete", icon="🗑️", width="stretch",
+                     disabled=not status.is_terminal() or not allowed(actor, Action.DELETE, run.owner),
                      help="Remove the run from History (asks first). Active and queued runs cannot be deleted."):
     st.session_state["history_delete"] = chosen
 
 if st.session_state.get("history_resume") == chosen:
     needed = [n for n in run.needs_secrets.split(",") if n]
     with st.container(border=True):
-        st.markdown(f"**Resume '{run.name}'** from its latest checkpoint?")
+        st.markdown(f"**Resume '{safe(run.name)}'** from its latest checkpoint?")
         secrets = {}
         if "hf_token" in needed:
             secrets["hf_token"] = st.text_input("HF token (this run used one; it is never stored)", type="password",
@@ -151,14 +164,14 @@ if st.session_state.get("history_resume") == chosen:
         go_col, no_col, _ = st.columns([1, 1, 4])
         if go_col.button("Resume now", type="primary", key="history_resume_go"):
             try:
-                new_id = orch.resume(chosen, secrets={k: v for k, v in secrets.items() if v})
+                new_id = orch.resume(chosen, secrets={k: v for k, v in secrets.items() if v}, actor=actor)
             except RunRefused as exc:
-                st.error(str(exc), icon="🚫")
+                st.error(safe(exc), icon="🚫")
             else:
                 st.session_state.pop("history_resume", None)
                 new = orch.get_run(new_id)
                 if new.status == RunStatus.QUEUED.value:
-                    st.session_state["history_notices"] = [f"'{new.name}' is queued; it starts when the device is free."]
+                    st.session_state["history_notices"] = [f"'{safe(new.name)}' is queued; it starts when the device is free."]
                     st.rerun()
                 st.session_state["live_run_id"] = new_id
                 st.switch_page("pages/live.py")
@@ -168,20 +181,20 @@ if st.session_state.get("history_resume") == chosen:
 
 if st.session_state.get("history_delete") == chosen:
     with st.container(border=True):
-        st.warning(f"Delete **{run.name}** from History? Its metrics and timeline are removed from the database.",
+        st.warning(f"Delete **{safe(run.name)}** from History? Its metrics and timeline are removed from the database.",
                    icon="⚠️")
-        with_files = st.checkbox(f"Also delete its folder (checkpoints, adapter, logs): `{run.output_dir}`",
+        with_files = st.checkbox(f"Also delete its folder (checkpoints, adapter, logs): {code(run.output_dir)}",
                                  key="history_delete_files")
         yes_col, no_col, _ = st.columns([1, 1, 4])
         if yes_col.button("Yes, delete", type="primary", key="history_delete_yes"):
             try:
-                orch.delete_run(chosen, delete_files=with_files)
+                orch.delete_run(chosen, delete_files=with_files, actor=actor)
             except RunRefused as exc:
-                st.error(str(exc), icon="🚫")
+                st.error(safe(exc), icon="🚫")
             else:
                 st.session_state.pop("history_delete", None)
                 st.session_state.pop("history_pick", None)
-                st.session_state["history_notices"] = [f"Deleted '{run.name}'" + (" and its files." if with_files else ".")]
+                st.session_state["history_notices"] = [f"Deleted '{safe(run.name)}'" + (" and its files." if with_files else ".")]
                 st.rerun()
         if no_col.button("Keep it", key="history_delete_no"):
             st.session_state.pop("history_delete", None)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from trainer_core.access import Action, allowed
+from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
+from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.views import chart_controls, render_live
@@ -50,13 +53,21 @@ shown_active = not RunStatus(snapshot.status).is_terminal()
 if shown_active:
     stop_col, cancel_col, _ = st.columns([1, 1, 4])
     stopping = snapshot.status is RunStatus.STOPPING
-    if stop_col.button("Stop & save", icon="💾", disabled=stopping,
-                       help="End at the next step and save a checkpoint and the adapter."):
-        orch.stop(run_id)
-        st.toast("Stopping: the run saves at the next step.")
-    if cancel_col.button("Cancel", icon="✖️", help="End at the next step without saving anything."):
-        orch.cancel(run_id)
-        st.toast("Cancelling the run.")
+    row = orch.get_run(run_id)
+    actor, owner = current_actor(), row.owner if row else ""
+    may_stop = allowed(actor, Action.STOP, owner)
+    not_yours = "" if may_stop else f" (only {owner or 'an admin'} or an admin can: you are {actor.role.value})"
+    try:
+        if stop_col.button("Stop & save", icon="💾", disabled=stopping or not may_stop,
+                           help="End at the next step and save a checkpoint and the adapter." + not_yours):
+            orch.stop(run_id, actor=actor)
+            st.toast("Stopping: the run saves at the next step.")
+        if cancel_col.button("Cancel", icon="✖️", disabled=not may_stop,
+                             help="End at the next step without saving anything." + not_yours):
+            orch.cancel(run_id, actor=actor)
+            st.toast("Cancelling the run.")
+    except RunRefused as exc:  # the role changed since the page was drawn
+        st.error(str(exc), icon="🚫")
 else:
     st.page_link("pages/run.py", label="Open run details", icon="🔎", query_params={"run": run_id})
 with st.expander("Chart options", icon="⚙️"):

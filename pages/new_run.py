@@ -35,12 +35,15 @@ from trainer_core.config import (
     TrainConfig,
     looks_like_path,
 )
+from trainer_core.access import Action, allowed
 from trainer_core.datasets import DatasetError, save_upload
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
 from ui import format as fmt
+from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.text import code, safe
 
 require_entrypoint("pages/new_run.py")
 
@@ -283,7 +286,7 @@ def remote_code_errors(state) -> list[FieldError]:
 def show_errors(errors: list[FieldError], headline: str = "The run was not started") -> None:
     st.error(f"{headline}: {len(errors)} problem(s) to fix.", icon="🚫")
     for error in errors:
-        st.error(f"**{error.field}**: {error.message}")
+        st.error(f"**{safe(error.field)}**: {safe(error.message)}")
 
 
 # ---------------------------------------------------------------------- presets
@@ -296,11 +299,11 @@ def presets_panel() -> None:
             choice = st.selectbox("Preset", list(by_name), key=K + "preset_choice",
                                   format_func=lambda n: f"{n} (built-in)" if by_name[n].builtin else n)
             if choice:
-                st.caption(by_name[choice].description or "No description.")
+                st.caption(safe(by_name[choice].description) or "No description.")
             st.button("Load preset", key=K + "load_preset", on_click=apply_preset, icon="📂")
             message = st.session_state.pop(K + "preset_message", None)
             if message and message[0] == "success":
-                st.success(message[1])
+                st.success(safe(message[1]))
             elif message:
                 show_errors(message[1], "The preset was not loaded")
         with save_col:
@@ -311,7 +314,7 @@ def presets_panel() -> None:
                 save_current(name, description, overwrite)
             saved = st.session_state.pop(K + "save_message", None)
             if saved:
-                st.success(saved)
+                st.success(safe(saved))
 
 
 def save_current(name: str, description: str, overwrite: bool) -> None:
@@ -344,7 +347,7 @@ def model_panel(name: str) -> model_info.ModelInfo | None:
         return None
     info, problem = inspect_cached(name, st.session_state.get(K + "hf_token", "").strip() or None)
     if info is None:
-        st.warning(f"**model_name**: {problem}", icon="🔎")
+        st.warning(f"**model_name**: {safe(problem)}", icon="🔎")
         return None
     cols = st.columns(4)
     cols[0].metric("Architecture", info.architecture, help=f"model_type: {info.model_type}")
@@ -354,7 +357,8 @@ def model_panel(name: str) -> model_info.ModelInfo | None:
     context = f"{info.max_position_embeddings:,}" if info.max_position_embeddings else "—"
     cols[3].metric("Context", context, help="max_position_embeddings")
     st.caption(f"{info.num_layers} layers · hidden {info.hidden_size} · {info.num_attention_heads} heads "
-               f"({info.num_kv_heads} KV) · vocab {info.vocab_size:,} · {info.torch_dtype} · read from {info.source}")
+               f"({info.num_kv_heads} KV) · vocab {info.vocab_size:,} · {safe(info.torch_dtype)} · read from "
+               f"{safe(info.source)}")
     if info.max_position_embeddings and st.session_state[K + "max_seq_length"] > info.max_position_embeddings:
         st.warning(f"**max_seq_length** is above the model's context of {context} tokens: lower it.")
     return info
@@ -455,7 +459,7 @@ def mapping_panel() -> None:
     state = st.session_state
     rows, problem, label = dataset_sample()
     if problem:
-        st.error(f"**local_datasets**: {problem}")
+        st.error(f"**local_datasets**: {safe(problem)}")
         return
     if not rows:
         st.caption("Column pickers appear once a local file is chosen or uploaded. For hub datasets, map columns "
@@ -469,14 +473,14 @@ def mapping_panel() -> None:
         guess, reason = detected.format, detected.reason
     except DatasetError as exc:
         guess, reason = None, exc.message
-    st.caption(f"Columns of {label}: " + ", ".join(f"`{c}`" for c in columns))
+    st.caption(f"Columns of {safe(label)}: " + ", ".join(code(c, limit=200) for c in columns))
     if format_type != "auto":
         map_as = format_type
     elif guess:
         map_as = guess
-        st.caption(f"Auto-detected format: **{guess}** ({reason}).")
+        st.caption(f"Auto-detected format: **{safe(guess)}** ({safe(reason)}).")
     else:
-        st.warning(f"**format_type**: {reason}", icon="🧭")
+        st.warning(f"**format_type**: {safe(reason)}", icon="🧭")
         map_as = st.radio("Map the columns as", list(ROLE_SLOTS), horizontal=True, key=K + "map_as_choice")
     state[MAP_AS] = map_as
     slots = ROLE_SLOTS[map_as]
@@ -510,7 +514,7 @@ def role_pickers(rows: list[dict], map_as: str) -> None:
     if not unknown and not chosen:
         return  # every speaker name is a known one: nothing to ask
     if unknown:
-        st.caption("Speaker names the format does not know: " + ", ".join(f"`{n}`" for n in unknown)
+        st.caption("Speaker names the format does not know: " + ", ".join(code(n, limit=200) for n in unknown)
                    + ". Say which is which:")
     cols = st.columns(len(ROLE_NAMES))
     for col, role in zip(cols, ROLE_NAMES):
@@ -586,7 +590,7 @@ def preview_panel(cfg: TrainConfig | None, errors: list[FieldError]) -> None:
 
 
 def render_preview(p: preview.Preview) -> None:
-    st.markdown(f"**Format: {p.format}** ({p.format_reason}) · tokenizer: `{p.tokenizer}`")
+    st.markdown(f"**Format: {safe(p.format)}** ({safe(p.format_reason)}) · tokenizer: {code(p.tokenizer)}")
     tiles = st.columns(6)
     tiles[0].metric("Training rows", f"{p.total_rows:,}")
     tiles[1].metric("Total tokens", fmt.compact(p.total_tokens), help=f"{p.total_tokens:,}")
@@ -597,7 +601,7 @@ def render_preview(p: preview.Preview) -> None:
                     help=f"global batch {p.global_batch:,} rows per step ({p.processes} process(es)); "
                          f"{p.eval_rows:,} rows held out for eval")
     if p.dropped:
-        st.warning("Dropped rows: " + "; ".join(f"{reason}: {count}" for reason, count in sorted(p.dropped.items())))
+        st.warning("Dropped rows: " + "; ".join(f"{safe(reason)}: {count}" for reason, count in sorted(p.dropped.items())))
     if p.truncated:
         st.warning(f"{p.truncated} row(s) are longer than max_seq_length={p.max_seq_length} and will be cut: raise "
                    "max_seq_length or accept the cut.")
@@ -625,16 +629,16 @@ def start_run() -> None:
         show_errors(errors)
         return
     try:
-        run_id = orch.start(cfg)
+        run_id = orch.start(cfg, actor=current_actor())
     except ConfigError as exc:
         show_errors(exc.errors)
         return
     except RunRefused as exc:
-        st.warning(str(exc), icon="⏳")
+        st.warning(safe(exc), icon="⏳")
         return
     run = orch.get_run(run_id)
     if run is not None and run.status == RunStatus.QUEUED.value:
-        st.success(f"Queued '{run.name}': it starts when the current run ends; see History to reorder the queue.",
+        st.success(f"Queued '{safe(run.name)}': it starts when the current run ends; see History to reorder the queue.",
                    icon="⏳")
         return
     st.session_state["live_run_id"] = run_id
@@ -771,5 +775,7 @@ remember_state()
 if config is not None:
     st.download_button("Download as YAML", config.to_yaml(), file_name="run.yaml", mime="application/x-yaml",
                        help="The same file runs headless: python -m trainer_core run --config run.yaml")
-if st.button("Start training", type="primary", icon="🚀", key=K + "start"):
+may_start = allowed(current_actor(), Action.START)
+if st.button("Start training", type="primary", icon="🚀", key=K + "start", disabled=not may_start,
+             help=None if may_start else "Viewers watch runs; an admin can make you an operator."):
     start_run()

@@ -11,6 +11,7 @@ from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
                       stop_without_runs)
 
@@ -42,13 +43,15 @@ labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.times
 run_id = st.selectbox("Run", ids, format_func=labels.get, key="run_pick", on_change=_remember_choice)
 run = orch.get_run(run_id)
 if run is None:
-    st.warning(f"Run {run_id} no longer exists.")
+    st.warning(f"Run {safe(run_id)} no longer exists.")
     st.stop()
 status = RunStatus(run.status)
 
-st.markdown(f"### {run.name or run.id}")
+st.markdown(f"### {safe(run.name or run.id)}")
 st.markdown(status_markdown(status, "" if status.is_terminal() else run.phase)
-            + f"  \n{run.model} · {run.dataset} · {run.method}" + (f" · engine: {run.engine}" if run.engine else ""))
+            + f"  \n{safe(run.model)} · {safe(run.dataset)} · {safe(run.method)}"
+            + (f" · engine: {safe(run.engine)}" if run.engine else "")
+            + (f" · started by {safe(run.owner)}" if run.owner else ""))
 if not status.is_terminal():
     if st.button("Watch live", icon="🏃"):
         st.session_state["live_run_id"] = run.id
@@ -75,7 +78,7 @@ alerts = [e for e in events if e.kind == "alert"]
 render_alerts(alerts)
 if run.parent_run_id:
     parent = orch.get_run(run.parent_run_id)
-    st.caption(f"Resumed from **{parent.name if parent else run.parent_run_id}** at step {run.resumed_from_step}: "
+    st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")
 
 charts_tab, timeline_tab, log_tab, config_tab = st.tabs(["Charts", "Timeline", "Worker log", "Config"])
@@ -116,4 +119,4 @@ with config_tab:
     yaml_col.download_button("Download YAML", as_yaml, file_name=f"{run.id}.yaml", mime="application/x-yaml", icon="⬇️")
     json_col.download_button("Download JSON", json.dumps(config, indent=2), file_name=f"{run.id}.json",
                              mime="application/json", icon="⬇️")
-    st.caption(f"Output folder: `{run.output_dir}`" if run.output_dir else "No output folder.")
+    st.caption(f"Output folder: {code(run.output_dir)}" if run.output_dir else "No output folder.")

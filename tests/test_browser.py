@@ -169,26 +169,27 @@ def test_demo_run_from_the_form_to_history(page, dashboard, tmp_path):  # page f
 
 
 def test_password_gate_holds_for_a_page_url_and_lets_the_right_password_in(page, tmp_path, chromium):
-    """A fresh server, a bookmarked page URL first: the gate shows, refuses a wrong password, lets the
-    right one through to the page that was asked for, and a second browser session is gated again."""
+    """A fresh server, a bookmarked deep link first: the gate shows, refuses a wrong password, lets the
+    right one through to the page and query that were asked for, and a second browser session is gated again."""
     env = {**os.environ, "FINETUNE_STUDIO_HOME": str(tmp_path / "home"), "FINETUNE_STUDIO_FORCE_CPU": "1",
            "FINETUNE_STUDIO_PASSWORD": "open sesame 42"}
     env.pop("DATABASE_URL", None)
     server = StreamlitServer(ROOT, env, tmp_path / "server.log")
     try:
         server.start(timeout=PAGE_TIMEOUT_S)
-        page.goto(f"{server.url}/history")
+        page.goto(f"{server.url}/compare?run=run-a&run=run-b")  # a shared deep link, query included
         password = page.get_by_label("Password", exact=True)
         password.wait_for(timeout=PAGE_TIMEOUT_S * 1000)
-        assert page.get_by_role("heading", name="History").count() == 0
+        assert page.get_by_role("heading", name="Compare runs").count() == 0
         password.fill("open sesame")
         page.get_by_role("button", name="Sign in").click()
         page.get_by_text("Wrong password.").wait_for(timeout=PAGE_TIMEOUT_S * 1000)
-        assert page.get_by_role("heading", name="History").count() == 0
+        assert page.get_by_role("heading", name="Compare runs").count() == 0
         page.get_by_label("Password", exact=True).fill("open sesame 42")
         page.get_by_role("button", name="Sign in").click()
-        page.get_by_role("heading", name="History").wait_for(timeout=PAGE_TIMEOUT_S * 1000)
+        page.get_by_role("heading", name="Compare runs").wait_for(timeout=PAGE_TIMEOUT_S * 1000)
         assert page.get_by_label("Password", exact=True).count() == 0
+        page.wait_for_url(f"{server.url}/compare?run=run-a&run=run-b", timeout=PAGE_TIMEOUT_S * 1000)
         other = page.context.browser.new_page()  # another visitor: a new session
         other.goto(f"{server.url}/run")
         other.get_by_label("Password", exact=True).wait_for(timeout=PAGE_TIMEOUT_S * 1000)

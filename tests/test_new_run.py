@@ -380,7 +380,7 @@ def test_early_stopping_needs_an_eval_set(fakes):
 def test_a_queued_run_stays_on_the_page(fakes, monkeypatch):
     orch = get_orchestrator()
     started = []
-    monkeypatch.setattr(orch, "start", lambda cfg: started.append(cfg) or "run-q")
+    monkeypatch.setattr(orch, "start", lambda cfg, actor=None: started.append(cfg) or "run-q")
     monkeypatch.setattr(orch, "get_run", lambda run_id: SimpleNamespace(id=run_id, status="queued", name="my run"))
     at = open_page()
     at.text_input(key="nr_hf_token").input("hf_tok")
@@ -394,7 +394,7 @@ def test_a_queued_run_stays_on_the_page(fakes, monkeypatch):
 
 def test_a_started_run_switches_to_live(fakes, monkeypatch):
     orch = get_orchestrator()
-    monkeypatch.setattr(orch, "start", lambda cfg: "run-s")
+    monkeypatch.setattr(orch, "start", lambda cfg, actor=None: "run-s")
     monkeypatch.setattr(orch, "get_run", lambda run_id: SimpleNamespace(id=run_id, status="starting", name="x"))
     at = open_page()
     click(at, "Start training")
@@ -402,7 +402,7 @@ def test_a_started_run_switches_to_live(fakes, monkeypatch):
 
 
 def test_a_refused_run_is_a_warning(fakes, monkeypatch):
-    def refuse(cfg):
+    def refuse(cfg, actor=None):
         raise RunRefused("no usable checkpoint to resume from")
 
     monkeypatch.setattr(get_orchestrator(), "start", refuse)

@@ -152,11 +152,15 @@ def test_token_goes_by_environment_never_stdin(monkeypatch):
             {"field": "model_name", "message": "bad token hf_secret123"}]}), stderr="")
 
     monkeypatch.setattr(preview.subprocess, "run", fake_run)
+    for name in ("FINETUNE_STUDIO_PASSWORD", "FINETUNE_STUDIO_OIDC_CLIENT_SECRET", "FINETUNE_STUDIO_SESSION_KEY"):
+        monkeypatch.setenv(name, "server-secret-" + name)  # the server's own secrets
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-of-the-server")
     preview._cache.clear()
     with pytest.raises(PreviewError) as err:
         build_preview(TrainConfig(hf_token="hf_secret123"))
     assert "hf_secret123" not in seen["input"] and "hf_secret123" not in " ".join(seen["argv"])
     assert seen["env"]["HF_TOKEN"] == "hf_secret123"
+    assert [v for v in seen["env"].values() if "server-secret-" in v or v == "wandb-of-the-server"] == []
     assert "hf_secret123" not in str(err.value) and "***" in str(err.value)
 
 

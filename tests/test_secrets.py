@@ -26,7 +26,14 @@ from trainer_core.status import RunStatus
 
 HF_SECRET = "hf_SeCrEt_9f8e7d6c5b4a3210"
 WB_SECRET = "wandbkey_0123456789abcdef0123456789abcdef"
-SECRETS = (HF_SECRET, WB_SECRET)
+# The server's own secrets: set in the server's environment by every test here; no child may see them.
+SERVER_SECRETS = {"FINETUNE_STUDIO_PASSWORD": "pw-Server-Only-5e4d3c2b1a",
+                  "FINETUNE_STUDIO_OIDC_CLIENT_SECRET": "oidc-ClientSecret-a1b2c3d4e5f6",
+                  "FINETUNE_STUDIO_SESSION_KEY": "sessionkey-Zz9Yy8Xx7Ww6Vv5",
+                  "FINETUNE_STUDIO_TOKEN": "fts_tokenid_ApiTokenSecret1234567890",
+                  # what Streamlit puts in its own environment when secrets.toml holds the password
+                  "studio_password": "pw-FromSecretsToml-0f1e2d3c"}
+SECRETS = (HF_SECRET, WB_SECRET, *SERVER_SECRETS.values())
 
 
 def needles() -> list[bytes]:
@@ -63,6 +70,8 @@ def _studio_env(mp: pytest.MonkeyPatch, tmp_path: Path) -> None:
     mp.delenv("DATABASE_URL", raising=False)
     mp.delenv("HF_TOKEN", raising=False)  # the server's own secrets are not the run's
     mp.delenv("WANDB_API_KEY", raising=False)
+    for name, value in SERVER_SECRETS.items():
+        mp.setenv(name, value)
     hardware.cuda_available.cache_clear()
 
 
@@ -142,6 +151,9 @@ def test_form_path_keeps_secrets_out_of_argv_database_files_and_logs(studio_env,
         # The environment is the documented channel: both secrets are there, under their own names only.
         assert f"HF_TOKEN={HF_SECRET}".encode() in environ.split(b"\0")
         assert f"WANDB_API_KEY={WB_SECRET}".encode() in environ.split(b"\0")
+        # ... and nothing of the server's: not the password, OIDC client secret, session key or API token.
+        assert [name for name in SERVER_SECRETS if name.encode() in environ] == []
+        assert leaks_in(environ.replace(HF_SECRET.encode(), b"").replace(WB_SECRET.encode(), b"")) == []
 
         run = orch.get_run(run_id)
         exported = {"run_config": json.dumps(orch.run_config(run_id)), "config_json": run.config_json,
@@ -210,6 +222,7 @@ def test_cli_path_takes_secrets_from_the_environment_only(studio_env, tmp_path, 
     config.write_text(yaml.safe_dump({"run_name": "cli secrets", "model_name": str(tiny_model), "max_steps": 3,
                                       "batch_size": 2, "max_seq_length": 64, "save_steps": 2, "warmup_steps": 0}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_TOKEN": HF_SECRET, "WANDB_API_KEY": WB_SECRET}
+    env.pop("FINETUNE_STUDIO_TOKEN")  # a token of a user who does not exist would be refused (exit 2)
     cli = subprocess.Popen([sys.executable, "-m", "trainer_core", "run", "--config", str(config)], cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -229,6 +242,7 @@ def test_cli_path_takes_secrets_from_the_environment_only(studio_env, tmp_path, 
     assert leaks_in(" ".join(argv)) == [] and leaks_in(" ".join(psutil.Process().cmdline())) == []
     assert f"HF_TOKEN={HF_SECRET}".encode() in environ.split(b"\0")
     assert f"WANDB_API_KEY={WB_SECRET}".encode() in environ.split(b"\0")
+    assert [name for name in SERVER_SECRETS if name.encode() in environ] == []
     assert leaks_in(out + err) == []
     runs = Store().list_runs()
     assert [r.name for r in runs] == ["cli secrets"]

@@ -6,6 +6,9 @@
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
+Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
+that token's user and role; without it, as the local OS user with every right (whoever can run this
+command can read the data root anyway).
 Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled,
 4 the database cannot be used (the message says how to rebuild it).
 """
@@ -23,10 +26,12 @@ import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
 from trainer_core import paths, resource_check
+from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
 
+TOKEN_ENV = "FINETUNE_STUDIO_TOKEN"
 EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
 
 
@@ -77,24 +82,34 @@ def progress_line(snap: LiveSnapshot, width: int = 30) -> str:
     return f"[{bar}] {snap.step}/{snap.total_steps or '?'} {loss} {snap.status.label}: {snap.phase} {eta}".rstrip()
 
 
+def cli_actor(store) -> Actor:
+    """The user this command acts as: the API token's (FINETUNE_STUDIO_TOKEN), else the local OS user."""
+    from db import users
+
+    token = os.environ.get(TOKEN_ENV, "")
+    return users.user_for_token(store, token) if token else Actor.local()
+
+
 def cmd_run(args) -> int:
+    from db.users import UnknownToken
     from trainer_core.orchestrator import Orchestrator, RunRefused
 
     orch = None
     try:
         cfg = load_config(args.config, args.set or [])
         orch = Orchestrator()
-        run_id = orch.start(cfg)
+        actor = cli_actor(orch.store)
+        run_id = orch.start(cfg, actor=actor)
     except ConfigError as exc:
         if orch is not None:
             orch.close()  # its pump thread must not outlive the refusal
         for error in exc.errors:
             print(f"error: {error.field}: {error.message}", file=sys.stderr)
         return 2
-    except RunRefused as exc:
+    except (RunRefused, UnknownToken) as exc:
         if orch is not None:
             orch.close()
-        print(f"refused: {exc}", file=sys.stderr)
+        print(f"refused: {exc} ({TOKEN_ENV})" if isinstance(exc, UnknownToken) else f"refused: {exc}", file=sys.stderr)
         return 2
     row = orch.get_run(run_id)
     if row.status == RunStatus.QUEUED.value:
@@ -102,17 +117,17 @@ def cmd_run(args) -> int:
         print(f"run {run_id} queued behind {len(ahead)} run(s); it starts when its device is free "
               f"(Ctrl-C removes it from the queue)")
     else:
-        print(f"run {run_id} started; folder {row.output_dir}")
+        print(f"run {run_id} started by {actor.name}; folder {row.output_dir}")
     interrupts = {"n": 0}
 
     def on_sigint(*_):
         interrupts["n"] += 1
         if interrupts["n"] == 1:
             print("\nstopping and saving (Ctrl-C again to cancel without saving)", file=sys.stderr)
-            orch.stop(run_id)
+            orch.stop(run_id, actor=actor)
         else:
             print("\ncancelling", file=sys.stderr)
-            orch.cancel(run_id)
+            orch.cancel(run_id, actor=actor)
 
     signal.signal(signal.SIGINT, on_sigint)
     tty = sys.stdout.isatty()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -439,6 +441,22 @@ def _check_model(cfg: TrainConfig, bad) -> None:
         bad("model_name", "not a hub id (org/name) nor an existing folder")
 
 
+# The loaders `datasets` ships (json, csv, text, parquet, arrow, pandas, imagefolder, webdataset, ...),
+# listed from its packaged_modules folder without importing it (the dashboard never imports it).
+# The fallback covers an install without `datasets`, where the worker could not load anything anyway.
+_FALLBACK_LOADERS = frozenset({"arrow", "audiofolder", "csv", "imagefolder", "json", "pandas", "parquet", "sql",
+                               "text", "videofolder", "webdataset", "xml", "hdf5", "cache", "generator"})
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_loader_names() -> frozenset[str]:
+    spec = importlib.util.find_spec("datasets")
+    folder = Path(spec.origin).parent / "packaged_modules" if spec and spec.origin else None
+    found = {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("_")} if folder and \
+        folder.is_dir() else set()
+    return frozenset(found) | _FALLBACK_LOADERS
+
+
 def looks_like_path(name: str) -> bool:
     if name.startswith(("/", "./", "../", "~")):
         return True
@@ -460,6 +478,10 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
             bad("hf_dataset", "a hub dataset id looks like org/name")
         elif len(hub_id) > HUB_ID_MAX:
             bad("hf_dataset", f"a hub dataset id is at most {HUB_ID_MAX} characters (org/name); got {len(hub_id):,}")
+        elif hub_id.lower() in builtin_loader_names():
+            # load_dataset("json") etc. reads files from the working folder, bypassing the allowed roots
+            bad("hf_dataset", f"'{hub_id}' is a builtin loader of the datasets library, not a hub dataset: clear "
+                "hf_dataset and put your file or folder in local_datasets instead")
         elif Path(hub_id).expanduser().exists():
             # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
             bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "

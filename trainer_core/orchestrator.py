@@ -33,7 +33,7 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import checkpoints, control, datasets, parallel, paths, resource_check, scheduling
+from trainer_core import access, checkpoints, control, datasets, parallel, paths, resource_check, scheduling
 from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
@@ -123,10 +123,13 @@ class Orchestrator:
         """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
         return cfg.validate() or resource_check.memory_problems(cfg)
 
-    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None) -> str:
+    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None,
+              actor: access.Actor | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
-        Queued runs start by themselves (also after a server restart) when the runs before them end."""
+        Queued runs start by themselves (also after a server restart) when the runs before them end.
+        ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
+        _authorize(actor, access.Action.START, "")
         errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
@@ -140,6 +143,8 @@ class Orchestrator:
             run_dir = paths.run_dir(run_id)
             run_dir.mkdir(parents=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
+            if actor is not None:  # the database is a cache of the run folder: who started it lives there too
+                (run_dir / "owner.txt").write_text(actor.name + "\n")
             name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
             queue = [(r.id, r.devices) for r in self.store.queued_runs()]
             now_free = scheduling.startable(queue + [(run_id, devices)],
@@ -150,7 +155,7 @@ class Orchestrator:
                       config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
                       queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
                       parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
-                      steps_done=resumed_from_step or 0)
+                      steps_done=resumed_from_step or 0, owner=actor.name if actor else "")
             lock_fh = None
             if run_id in now_free:
                 run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
@@ -161,18 +166,20 @@ class Orchestrator:
                 run.secrets_holder = self.holder  # so other orchestrators leave this run to us
             self.store.create_run(run)
             if parent is not None:
-                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}")
+                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}"
+                                     + _by(actor))
             if lock_fh is not None:
                 self._launch(run, cfg, lock_fh)
         return run_id
 
-    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> str:
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None, actor: access.Actor | None = None) -> str:
         """Start a new run that continues ``run_id`` from its latest completed checkpoint.
 
         Raises RunRefused with the reason when there is nothing usable to resume from."""
         old = self.store.get_run(run_id)
         if old is None:
             raise RunRefused(f"There is no run {run_id}.")
+        _authorize(actor, access.Action.RESUME, old.owner)
         status = RunStatus(old.status)
         if not status.is_terminal():
             raise RunRefused(f"Run '{old.name}' is still {status.label.lower()}; resume it once it has ended.")
@@ -204,7 +211,7 @@ class Orchestrator:
         step = int(checkpoint.name.rsplit("-", 1)[1])
         base = (old.name or old.id)[:60].rstrip()
         cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
-        return self.start(cfg, parent=old, resumed_from_step=step)
+        return self.start(cfg, parent=old, resumed_from_step=step, actor=actor)
 
     def resources(self, run_id: str) -> ResourceSample | None:
         """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
@@ -216,18 +223,22 @@ class Orchestrator:
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")
 
-    def delete_run(self, run_id: str, delete_files: bool = False) -> None:
+    def delete_run(self, run_id: str, delete_files: bool = False, actor: access.Actor | None = None) -> None:
         """Remove a finished run from History and, when asked, its folder (only ever inside the runs root).
 
         Refused with RunRefused while the run is queued or active."""
         run = self.store.get_run(run_id)
         if run is None:
             raise RunRefused(f"There is no run {run_id}.")
+        _authorize(actor, access.Action.DELETE, run.owner)
         if not RunStatus(run.status).is_terminal():
             raise RunRefused(f"Run '{run.name}' is {RunStatus(run.status).label.lower()}: stop it, or remove it from "
                              "the queue, before deleting it.")
         folder = paths.run_dir(run_id)  # refuses ids that would leave the runs root
         self.store.delete_run(run_id)
+        if actor is not None:  # its timeline goes with it: the server log keeps who deleted it
+            print(f"[finetune-studio] run {run_id} ({run.name!r}) deleted by {actor.name}"
+                  + (" with its folder" if delete_files else ""), file=sys.stderr, flush=True)
         with self._lock:
             self._finished.pop(run_id, None)
             self._remote.pop(run_id, None)
@@ -237,21 +248,23 @@ class Orchestrator:
     def queue(self) -> list[Run]:
         return self.store.queued_runs()
 
-    def move_in_queue(self, run_id: str, offset: int) -> bool:
+    def move_in_queue(self, run_id: str, offset: int, actor: access.Actor | None = None) -> bool:
+        run = self.store.get_run(run_id)
+        _authorize(actor, access.Action.REORDER, run.owner if run else "")
         with self._start_lock():
             return self.store.move_in_queue(run_id, offset)
 
-    def remove_from_queue(self, run_id: str) -> None:
+    def remove_from_queue(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Take a queued run out of the queue (it stays in History as cancelled)."""
-        self._request(run_id, control.Action.CANCEL)
+        self._request(run_id, control.Action.CANCEL, actor, access.Action.REORDER)
 
-    def stop(self, run_id: str) -> None:
+    def stop(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Stop & save: the worker ends at the next step and saves a checkpoint and the adapter."""
-        self._request(run_id, control.Action.STOP)
+        self._request(run_id, control.Action.STOP, actor, access.Action.STOP)
 
-    def cancel(self, run_id: str) -> None:
+    def cancel(self, run_id: str, actor: access.Actor | None = None) -> None:
         """Cancel: the worker ends at the next step without saving."""
-        self._request(run_id, control.Action.CANCEL)
+        self._request(run_id, control.Action.CANCEL, actor, access.Action.CANCEL)
 
     def active_run_id(self) -> str | None:
         with self._lock:
@@ -269,12 +282,16 @@ class Orchestrator:
             return live.snapshot()
         return self._remote_snapshot(run_id)
 
-    def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "") -> list[Run]:
+    def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "",
+                  owners: list[str] | None = None) -> list[Run]:
         """A page of runs, newest first (without their config and log tail: use get_run for those)."""
-        return self.store.list_runs(limit=limit, offset=offset, search=search)
+        return self.store.list_runs(limit=limit, offset=offset, search=search, owners=owners)
 
-    def count_runs(self, search: str = "") -> int:
-        return self.store.count_runs(search)
+    def count_runs(self, search: str = "", owners: list[str] | None = None) -> int:
+        return self.store.count_runs(search, owners)
+
+    def run_owners(self) -> list[str]:
+        return self.store.run_owners()
 
     def get_run(self, run_id: str) -> Run | None:
         return self.store.get_run(run_id)
@@ -443,7 +460,7 @@ class Orchestrator:
         return True
 
     def _spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
+        env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
@@ -467,10 +484,12 @@ class Orchestrator:
                 close_fds=True)
 
     # ================================================================== control
-    def _request(self, run_id: str, action: control.Action) -> None:
+    def _request(self, run_id: str, action: control.Action, actor: access.Actor | None = None,
+                 permission: access.Action = access.Action.STOP) -> None:
         run = self.store.get_run(run_id)
         if run is None or RunStatus(run.status).is_terminal():
             return
+        _authorize(actor, permission, run.owner)
         if run.status == RunStatus.QUEUED.value:
             with self._start_lock():  # the queue may be launching it right now: decide under its lock
                 run = self.store.get_run(run_id)
@@ -478,6 +497,7 @@ class Orchestrator:
                     self._secrets.pop(run_id, None)
                     self.store.finish_run(run_id, RunStatus.CANCELLED, phase="removed from the queue",
                                           queue_position=None)
+                    self.store.add_event(run_id, "control", "removed from the queue" + _by(actor))
                     return
         run_dir = paths.run_dir(run_id)
         recreated = not run_dir.is_dir()
@@ -497,7 +517,7 @@ class Orchestrator:
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
         self.store.update_run(run_id, status=RunStatus.STOPPING.value,
                               phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
-        self.store.add_event(run_id, "control", f"{action.value} requested")
+        self.store.add_event(run_id, "control", f"{action.value} requested" + _by(actor))
 
     # ================================================================== pump
     def _pump_forever(self) -> None:
@@ -788,6 +808,19 @@ _HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
 
 
 # ====================================================================== helpers
+def _authorize(actor: access.Actor | None, action: access.Action, owner: str) -> None:
+    """No actor: a caller inside this process that already decided (tests, the queue itself)."""
+    if actor is not None:
+        try:
+            access.check(actor, action, owner)
+        except access.NotAllowed as exc:
+            raise RunRefused(f"Not allowed: {exc}") from None
+
+
+def _by(actor: access.Actor | None) -> str:
+    return f" by {actor.name}" if actor else ""
+
+
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Pin relative dataset/model paths to absolute ones, so the worker and a later resume read the
     same files whatever directory they run in."""

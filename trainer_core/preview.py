@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core import datasets, parallel, paths
+from trainer_core import access, datasets, parallel, paths
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig, looks_like_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,9 +116,8 @@ def _stamps(cfg: TrainConfig) -> list:
 
 
 def _run_child(cfg: TrainConfig, rows_shown: int, timeout_s: float) -> Preview:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = {**access.child_env(os.environ), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("HF_TOKEN", None)
     if cfg.hf_token:
         env["HF_TOKEN"] = cfg.hf_token  # secrets travel by environment only, never on stdin or argv
     request = json.dumps({"config": cfg.to_public_dict(), "rows_shown": rows_shown})

@@ -18,6 +18,7 @@ from trainer_core.live import LiveSnapshot
 from trainer_core.resources import ResourceSample
 from trainer_core.status import RunStatus
 from ui import format as fmt
+from ui.text import code, safe
 
 BADGE_COLOURS = {
     RunStatus.QUEUED: "gray",
@@ -62,7 +63,7 @@ def status_markdown(status: RunStatus | str, phase: str = "") -> str:
     except ValueError:
         colour = "gray"
     text = f":{colour}-badge[{fmt.status_badge(status)}]"
-    return f"{text} {phase}" if phase else text
+    return f"{text} {safe(phase)}" if phase else text
 
 
 def _spark(values: pd.Series) -> list[float] | None:
@@ -175,7 +176,7 @@ def alert_badge(count: int) -> str:
 
 
 def _alert_line(alert: Any) -> str:
-    return f"**{ALERT_LABELS.get(alert.kind, alert.kind)}** · {alert.message}"  # the message names the step
+    return f"**{safe(ALERT_LABELS.get(alert.kind, alert.kind))}** · {safe(alert.message)}"  # the message names the step
 
 
 def render_alerts(alerts: Iterable[Any]) -> None:
@@ -223,12 +224,12 @@ def render_resources(sample: ResourceSample | None) -> None:
 def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str) -> None:
     """What happened at the end: the error and log when failed, the output folder when saved."""
     if status is RunStatus.FAILED:
-        st.error(error or "The run failed without an error message; see the worker log.", icon="❌")
+        st.error(safe(error) if error else "The run failed without an error message; see the worker log.", icon="❌")
         if log_tail:
             with st.expander("Worker log (last lines)", expanded=True):
                 st.code(log_tail, language="text")
     elif status in (RunStatus.COMPLETED, RunStatus.STOPPED):
-        st.success(f"Saved to `{output_dir}`" if output_dir else "Finished.", icon=status.icon)
+        st.success(f"Saved to {code(output_dir)}" if output_dir else "Finished.", icon=status.icon)
     elif status is RunStatus.CANCELLED:
         st.info("Cancelled: nothing was saved from this run.", icon=status.icon)
 
@@ -240,9 +241,9 @@ def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = No
         st.info(NO_RUNS)
         return
     status = RunStatus(snapshot.status)
-    st.markdown(f"### {snapshot.name or snapshot.run_id}")
-    details = " · ".join(p for p in (snapshot.model, snapshot.dataset, snapshot.method,
-                                     f"engine: {snapshot.engine}" if snapshot.engine else "") if p)
+    st.markdown(f"### {safe(snapshot.name or snapshot.run_id)}")
+    details = " · ".join(safe(p) for p in (snapshot.model, snapshot.dataset, snapshot.method,
+                                           f"engine: {snapshot.engine}" if snapshot.engine else "") if p)
     phase = "" if status.is_terminal() else snapshot.phase  # rows finished by older versions kept "saving"
     st.markdown(status_markdown(status, phase) + (f"  \n{details}" if details else ""))
     label = f"step {snapshot.step:,} / {snapshot.total_steps:,}" if snapshot.total_steps else f"step {snapshot.step:,}"
@@ -252,7 +253,7 @@ def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = No
     if resources is not None:
         render_resources(resources)
     for message in snapshot.warnings:
-        st.warning(message, icon="⚠️")
+        st.warning(safe(message), icon="⚠️")
     render_nonfinite(snapshot.metrics)
     render_outcome(status, snapshot.error, snapshot.log_tail, snapshot.output_dir)
     render_charts(snapshot.metrics, options)

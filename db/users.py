@@ -1,0 +1,109 @@
+"""Users and API tokens, on the store's database.
+
+A token is ``fts_<id>_<secret>``: the id finds the row, and only an argon2 hash of the whole token is
+stored (argon2-cffi, with its default parameters), so a copy of the database gives no usable token.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlmodel import Session, delete, select
+
+from db.models import ApiToken, User
+from db.store import Store
+from trainer_core.access import Actor, Role
+
+TOKEN_PREFIX = "fts_"
+_hasher = PasswordHasher()
+
+
+class UnknownToken(PermissionError):
+    """The token is malformed, revoked or wrong."""
+
+
+def get_user(store: Store, name: str) -> User | None:
+    with Session(store.engine) as session:
+        return session.get(User, name)
+
+
+def list_users(store: Store) -> list[User]:
+    with Session(store.engine) as session:
+        return list(session.exec(select(User).order_by(User.name)))
+
+
+def ensure_user(store: Store, name: str, role: Role) -> User:
+    """The user ``name``, created with ``role`` if new (an existing user keeps the role an admin gave it)."""
+    now = time.time()
+    with store._write_lock, Session(store.engine) as session:
+        user = session.get(User, name)
+        if user is None:
+            user = User(name=name, role=Role(role).value, created_at=now)
+        user.last_seen_at = now
+        session.add(user)
+        session.commit()
+        session.refresh(user)
+        return user
+
+
+def set_role(store: Store, name: str, role: Role) -> None:
+    with store._write_lock, Session(store.engine) as session:
+        user = session.get(User, name)
+        if user is None:
+            raise KeyError(f"there is no user {name!r}")
+        user.role = Role(role).value
+        session.add(user)
+        session.commit()
+
+
+def actor_for(store: Store, name: str) -> Actor:
+    """The acting user as the database knows it; someone not (yet) in the table is a viewer."""
+    user = get_user(store, name)
+    return Actor(name, Role(user.role) if user else Role.VIEWER)
+
+
+def create_token(store: Store, user: str, label: str = "") -> str:
+    """A new token for ``user``; the return value is the only time the token exists in clear."""
+    token_id = secrets.token_hex(6)
+    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    with store._write_lock, Session(store.engine) as session:
+        session.add(ApiToken(id=token_id, user=user, label=label[:100], token_hash=_hasher.hash(token),
+                             created_at=time.time()))
+        session.commit()
+    return token
+
+
+def tokens_of(store: Store, user: str) -> list[ApiToken]:
+    with Session(store.engine) as session:
+        return list(session.exec(select(ApiToken).where(ApiToken.user == user).order_by(ApiToken.created_at)))
+
+
+def revoke_token(store: Store, user: str, token_id: str) -> bool:
+    with store._write_lock, Session(store.engine) as session:
+        result = session.exec(delete(ApiToken).where(ApiToken.id == token_id, ApiToken.user == user))
+        session.commit()
+        return bool(result.rowcount)
+
+
+def user_for_token(store: Store, token: str) -> Actor:
+    """The actor a token stands for. Raises UnknownToken without saying which part was wrong."""
+    parts = token.strip().removeprefix(TOKEN_PREFIX).split("_", 1)
+    if not token.startswith(TOKEN_PREFIX) or len(parts) != 2:
+        raise UnknownToken("this is not a Finetune Studio API token (they start with fts_)")
+    with Session(store.engine) as session:
+        row = session.get(ApiToken, parts[0])
+    try:
+        if row is None:
+            raise VerificationError
+        _hasher.verify(row.token_hash, token.strip())
+    except (VerificationError, InvalidHashError):
+        raise UnknownToken("the API token is unknown or was revoked; create a new one on the Account page") from None
+    with store._write_lock, Session(store.engine) as session:
+        stored = session.get(ApiToken, row.id)
+        if stored is not None:
+            stored.last_used_at = time.time()
+            session.add(stored)
+            session.commit()
+    return actor_for(store, row.user)

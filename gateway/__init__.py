@@ -1,0 +1,1 @@
+"""Shared mode: nginx in front of everything, a small sign-in service behind its ``auth_request``."""

@@ -1,0 +1,134 @@
+"""The nginx configuration of the shared mode (nginx from the distribution: auth_request, limit_req,
+map and TLS are all built in).
+
+Every location except the sign-in pages goes through ``auth_request /auth/check``; nginx then sets
+``X-Studio-User`` from the sign-in service's answer, replacing whatever the browser sent. Requests
+whose Origin is another site are refused (403) before anything else, and a WebSocket upgrade must
+carry an Origin at all. Uploads are capped at the dashboard's own limit; sign-in posts are rate limited
+per client address.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+UPLOAD_LIMIT_MB = 200  # the same as server.maxUploadSize in .streamlit/config.toml
+SIGNIN_RATE = "10r/m"  # per client address; a burst of 5 is let through at once
+SIGNIN_BURST = 5
+
+
+@dataclass
+class Layout:
+    listen_host: str
+    listen_port: int
+    streamlit_port: int
+    signin_port: int
+    run_dir: Path  # pid, logs, temp files
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+_PROXY_HEADERS = """
+            proxy_http_version 1.1;
+            proxy_set_header Host $http_host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-Proto $scheme;"""
+
+_TO_STREAMLIT = """
+            auth_request /auth/check;
+            auth_request_set $studio_user $upstream_http_x_studio_user;
+            error_page 401 = @signin;
+            proxy_pass http://streamlit;""" + _PROXY_HEADERS + """
+            proxy_set_header X-Studio-User $studio_user;  # replaces any value the client sent
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_read_timeout 1d;
+            proxy_buffering off;"""
+
+
+def render(layout: Layout) -> str:
+    run = layout.run_dir
+    tls = bool(layout.tls_cert)
+    listen = f"listen {layout.listen_host}:{layout.listen_port}{' ssl' if tls else ''};"
+    tls_lines = (f"""
+        ssl_certificate {layout.tls_cert};
+        ssl_certificate_key {layout.tls_key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        add_header Strict-Transport-Security "max-age=31536000" always;""" if tls else "")
+    temp = "\n".join(f"    {kind}_temp_path {run / 'tmp' / kind};" for kind in
+                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return f"""# Written by `python -m gateway` (make share) at each start; edits are lost.
+daemon off;
+worker_processes 1;
+pid {run / 'nginx.pid'};
+error_log {run / 'nginx-error.log'} warn;
+events {{ worker_connections 1024; }}
+
+http {{
+    # No query strings in the log: the OIDC callback's one-time code and state stay out of it.
+    log_format studio '$remote_addr [$time_local] "$request_method $uri $server_protocol" $status $body_bytes_sent';
+    access_log {run / 'nginx-access.log'} studio;
+{temp}
+    server_tokens off;
+
+    map $http_upgrade $connection_upgrade {{ default upgrade; "" close; }}
+    # 1 when the request carries an Origin that is not this site (scheme://host:port as the browser saw it)
+    map "$http_origin|$scheme://$http_host" $foreign_origin {{
+        "~^\\|" 0;
+        "~^(?<origin>[^|]+)\\|\\k<origin>$" 0;
+        default 1;
+    }}
+    map $request_method $signin_post_key {{ POST $binary_remote_addr; default ""; }}
+    # Only a page load is sent to the sign-in page; everything else gets a bare 401 from nginx itself,
+    # without proxying, so the body of a stranger's upload is never read into a buffer.
+    map "$request_method:$http_accept" $page_load {{ "~^(GET|HEAD):.*text/html" 1; default 0; }}
+    limit_req_zone $signin_post_key zone=signin:1m rate={SIGNIN_RATE};
+
+    upstream streamlit {{ server 127.0.0.1:{layout.streamlit_port}; }}
+    upstream signin {{ server 127.0.0.1:{layout.signin_port}; }}
+
+    server {{
+        {listen}{tls_lines}
+        client_max_body_size {UPLOAD_LIMIT_MB}m;
+        add_header X-Content-Type-Options nosniff always;
+        add_header Referrer-Policy same-origin always;
+
+        if ($foreign_origin) {{ return 403; }}  # another site's page: no WebSocket, no upload, no sign-in post
+
+        location = /auth/check {{
+            internal;
+            proxy_pass http://signin;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+        }}
+        location @signin {{  # a request that failed the check: page loads go to the sign-in page
+            if ($page_load = 0) {{ return 401; }}
+            rewrite ^ /auth/start? break;
+            proxy_method GET;
+            proxy_pass http://signin;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+        }}
+        location = /auth/start {{ internal; proxy_pass http://signin; }}
+        location = /auth/login {{
+            limit_req zone=signin burst={SIGNIN_BURST} nodelay;
+            limit_req_status 429;
+            client_max_body_size 16k;
+            proxy_pass http://signin;{_PROXY_HEADERS}
+        }}
+        location /auth/ {{
+            client_max_body_size 16k;
+            proxy_pass http://signin;{_PROXY_HEADERS}
+        }}
+        location = /_stcore/stream {{
+            if ($http_origin = "") {{ return 403; }}  # browsers always send Origin on a WebSocket upgrade
+{_TO_STREAMLIT}
+        }}
+        location / {{
+{_TO_STREAMLIT}
+        }}
+    }}
+}}
+"""
