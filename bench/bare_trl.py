@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core import datasets
 from trainer_core.config import TrainConfig
+from trainer_core.data.loading import load_local
 from trainer_core.engines import choose_engine
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
                 self.steps.append(state.global_step)
 
     model, tokenizer = engine.load_model(cfg, model_files.resolve_model(cfg), None)
-    rows = datasets.load_local(cfg.local_datasets, cfg).rows
+    rows = load_local(cfg.local_datasets, cfg).rows
     train_ds = engine.to_dataset(rows, cfg.train_on_completions)
     timer = LogTimer()
     trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, out / "checkpoints", out, [timer])

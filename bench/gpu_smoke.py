@@ -214,7 +214,8 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core import datasets, memory, model_files, model_info
+    from trainer_core import memory, model_files, model_info
+    from trainer_core.data.loading import load_for_training
 
     cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4, max_seq_length=256,
                       learning_rate=2e-5 if method == "full" else 2e-4, warmup_steps=0, logging_steps=1,
@@ -234,7 +235,7 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
                 self.logs.append((time.time(), tokens, float(logs["loss"])))
 
     model, tokenizer = engine.load_model(cfg, model_ref, None)
-    data = datasets.load_for_training(cfg)
+    data = load_for_training(cfg)
     train_ds = engine.to_dataset(data.rows, cfg.train_on_completions)
     timer = Timer()
     trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, case_dir / "checkpoints", case_dir, [timer])

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from trainer_core import datasets, engines, hardware, memory, model_info, parallel, presets, preview
+from trainer_core import engines, hardware, memory, model_info, parallel, presets, preview
 from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,
@@ -36,7 +36,9 @@ from trainer_core.config import (
     looks_like_path,
 )
 from trainer_core.access import Action, allowed
-from trainer_core.datasets import DatasetError, save_upload
+from trainer_core.data import DatasetError, formats
+from trainer_core.data.readers import read_rows
+from trainer_core.data.sources import resolve_source, save_upload
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
 from ui import format as fmt
@@ -405,7 +407,7 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
 def sample_rows(path: str, stamp: tuple[int, int]) -> tuple[list[dict], str]:
     """(first rows, "") or ([], problem). ``stamp`` (mtime, size) makes an edited file read again."""
     try:
-        return datasets.read_rows(Path(path))[:SAMPLE_ROWS], ""
+        return read_rows(Path(path))[:SAMPLE_ROWS], ""
     except DatasetError as exc:
         return [], exc.message
 
@@ -416,7 +418,7 @@ def dataset_sample() -> tuple[list[dict], str, str]:
     if not dataset["local_datasets"]:
         return [], "", ""
     try:
-        path = datasets.resolve_source(dataset["local_datasets"][0])
+        path = resolve_source(dataset["local_datasets"][0])
     except DatasetError as exc:
         return [], exc.message, dataset["local_datasets"][0]
     stat = path.stat()
@@ -469,7 +471,7 @@ def mapping_panel() -> None:
     format_type = state[K + "format_type"]
     mapping, _ = current_mapping(state)
     try:
-        detected = datasets.normalize_rows(rows, "auto", mapping)
+        detected = formats.normalize_rows(rows, "auto", mapping)
         guess, reason = detected.format, detected.reason
     except DatasetError as exc:
         guess, reason = None, exc.message
@@ -509,7 +511,7 @@ def role_pickers(rows: list[dict], map_as: str) -> None:
     role_key = state.get(f"{K}map_{map_as}_{role_slot}", NOT_MAPPED)
     role_key = role_slot if role_key in (NOT_MAPPED, None) else role_key
     names = turn_values(rows, mapped_column(state, map_as), role_key)
-    unknown = [n for n in names if n.strip().lower() not in datasets.ROLE_ALIASES]
+    unknown = [n for n in names if n.strip().lower() not in formats.ROLE_ALIASES]
     chosen = any(state.get(f"{K}map_{map_as}_{role}", NOT_MAPPED) not in (NOT_MAPPED, role) for role in ROLE_NAMES)
     if not unknown and not chosen:
         return  # every speaker name is a known one: nothing to ask

@@ -19,22 +19,24 @@ import yaml
 from db.store import Store
 from tests.support import ROOT, build_tiny_model
 from tests.test_pages import open_page, submit, texts
-from trainer_core import datasets, hardware, paths
+from trainer_core import hardware, paths
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
+from trainer_core.data import DatasetError, loading, sources
 from trainer_core.orchestrator import Orchestrator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 
 
 # ====================================================================== helpers
-def problems(values: dict, check_files: bool = True) -> list[FieldError]:
-    """What the form and presets get back: parsing errors first (from_dict), else validation errors."""
+def problems(values: dict) -> list[FieldError]:
+    """What the form and the CLI get back: parsing errors first (from_dict), else the field checks and
+    the dataset files' check (as the orchestrator composes them)."""
     try:
         cfg = TrainConfig.from_dict(values)
     except ConfigError as exc:
         return exc.errors
-    return cfg.validate(check_files=check_files)
+    return cfg.validate() + loading.check_data(cfg)
 
 
 def assert_reported(errors: list[FieldError], field: str, *phrases: str) -> None:
@@ -54,8 +56,8 @@ def assert_nothing_left(home: Path, uploads_before: set[str] = frozenset()) -> N
     assert names == set(uploads_before)
     good = home.parent / "good.jsonl"
     shutil.copy(FIXTURES / "chatml.jsonl", good)
-    assert TrainConfig(local_datasets=[str(good)]).validate() == []
-    assert TrainConfig(local_datasets=[BUNDLED_DATASET]).validate() == []
+    assert problems({"local_datasets": [str(good)]}) == []
+    assert problems({"local_datasets": [BUNDLED_DATASET]}) == []
 
 
 @pytest.fixture
@@ -199,8 +201,8 @@ def test_bad_dataset_file_is_named_with_its_fix(home, tmp_path, name, content, e
     assert_reported(errors, field, *phrases)
     # The worker reads the same file through load_local: it raises the same problem, not a traceback.
     if field in ("local_datasets", "format_type", "custom_format_mapping", "dataset_slice_start"):
-        with pytest.raises(datasets.DatasetError) as raised:
-            datasets.load_local([str(source)], TrainConfig.from_dict({"local_datasets": [str(source)], **extra}))
+        with pytest.raises(DatasetError) as raised:
+            loading.load_local([str(source)], TrainConfig.from_dict({"local_datasets": [str(source)], **extra}))
         assert raised.value.field == field
     assert_nothing_left(home)
 
@@ -331,8 +333,8 @@ UPLOAD_CASES = [
                          ids=[c[0] for c in UPLOAD_CASES])
 def test_bad_upload_is_refused_and_nothing_is_stored(home, name, data, max_bytes, phrases):
     kwargs = {"max_bytes": max_bytes} if max_bytes else {}
-    with pytest.raises(datasets.DatasetError) as raised:
-        datasets.save_upload(name, data, **kwargs)
+    with pytest.raises(DatasetError) as raised:
+        sources.save_upload(name, data, **kwargs)
     assert raised.value.field == "local_datasets"
     for phrase in phrases:
         assert phrase in raised.value.message
@@ -363,16 +365,16 @@ class ChunkCountingUpload(io.RawIOBase):
 def test_an_upload_is_streamed_to_disk_in_chunks(home):
     data = b'{"text": "row"}\n' * 300_000  # 4.8 MB
     upload = ChunkCountingUpload(data)
-    saved = datasets.save_upload("rows.jsonl", upload)
+    saved = sources.save_upload("rows.jsonl", upload)
     assert saved.read_bytes() == data
-    assert upload.reads and all(0 < size <= datasets.UPLOAD_CHUNK for size in upload.reads)
-    assert len(upload.reads) >= len(data) // datasets.UPLOAD_CHUNK
-    assert datasets.save_upload("rows.jsonl", data) == saved  # the same content, given as bytes: the same file
+    assert upload.reads and all(0 < size <= sources.UPLOAD_CHUNK for size in upload.reads)
+    assert len(upload.reads) >= len(data) // sources.UPLOAD_CHUNK
+    assert sources.save_upload("rows.jsonl", data) == saved  # the same content, given as bytes: the same file
     assert_nothing_left(home, uploads_before={saved.name})
 
 
 def test_upload_name_with_path_characters_stays_in_the_datasets_folder(home):
-    saved = datasets.save_upload("../../../etc/evil\x00name.jsonl", b'{"text": "a"}\n')
+    saved = sources.save_upload("../../../etc/evil\x00name.jsonl", b'{"text": "a"}\n')
     assert saved.parent == paths.datasets_dir()
     assert saved.name.startswith("evil_name-") and saved.suffix == ".jsonl"
     assert_nothing_left(home, uploads_before={saved.name})

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
@@ -15,8 +14,8 @@ from trainer_core.config import (ATTENTION_MODULES, DEFAULT_TARGET_MODULES, MLP_
 QLORA_ON_CPU = "4-bit loading (QLoRA) needs an NVIDIA GPU with CUDA, and none was found. Choose LoRA instead."
 
 
-def errors(check_files: bool = False, **values) -> list[FieldError]:
-    return TrainConfig(**values).validate(check_files=check_files)
+def errors(**values) -> list[FieldError]:
+    return TrainConfig(**values).validate()
 
 
 @pytest.fixture
@@ -201,7 +200,6 @@ def test_hub_dataset_and_local_files_together(home):
 
 def test_hub_dataset_alone(home):
     assert errors(hf_dataset="org/data", local_datasets=[]) == []
-    assert errors(check_files=True, hf_dataset="org/data", local_datasets=[]) == []
     assert errors(hf_dataset="not a/valid id", local_datasets=[]) == [FieldError(
         "hf_dataset", "a hub dataset id looks like org/name")]
     assert errors(hf_dataset="org/data", local_datasets=[], train_split=" ") == [FieldError(
@@ -273,47 +271,12 @@ def test_every_problem_is_reported_at_once(home):
         FieldError("lora_r", "use a rank such as 8, 16 or 64 (got 0)"),
         FieldError("is_embedding", "embedding training is not supported yet; turn this off"),
     ]
-    assert cfg.validate(check_files=False) == expected
+    assert cfg.validate() == expected
     with pytest.raises(ConfigError) as info:
-        cfg.check(check_files=False)
+        cfg.check()
     assert info.value.errors == expected
     assert str(info.value) == "; ".join(f"{e.field}: {e.message}" for e in expected)
     assert isinstance(info.value, ValueError)
-
-
-# ---------------------------------------------------------------------- dataset files (checked by trainer_core.datasets)
-def write_alpaca(path, rows: int = 20):
-    path.write_text("".join(json.dumps({"instruction": f"q{i}", "output": f"a{i}"}) + "\n" for i in range(rows)))
-    return path
-
-
-def test_local_dataset_file_validates(home, tmp_path):
-    data = write_alpaca(tmp_path / "train.jsonl")
-    assert errors(check_files=True, local_datasets=[str(data)], local_eval_datasets=[str(data)]) == []
-
-
-def test_missing_dataset_file(home, tmp_path):
-    missing = str(tmp_path / "missing.jsonl")
-    assert errors(check_files=True, local_datasets=[missing]) == [FieldError(
-        "local_datasets", f"{missing} does not exist: check the path or upload the file")]
-    assert errors(check_files=True, local_eval_datasets=[missing]) == [FieldError(
-        "local_eval_datasets", f"{missing} does not exist: check the path or upload the file")]
-    assert errors(check_files=False, local_datasets=[missing]) == []  # the form's quick check skips files
-
-
-def test_dataset_file_outside_allowed_roots(home, tmp_path):
-    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
-    found = errors(check_files=True, local_datasets=[str(outside)])
-    assert [e.field for e in found] == ["local_datasets"]
-    assert found[0].message.startswith(f"{outside} resolves to {outside.resolve()}, which is outside the allowed")
-
-
-def test_dataset_problems_join_config_problems(home, tmp_path):
-    data = tmp_path / "odd.jsonl"
-    data.write_text('{"foo": 1}\n{"foo": 2}\n')
-    found = errors(check_files=True, local_datasets=[str(data)], batch_size=0)
-    assert [e.field for e in found] == ["batch_size", "format_type"]
-    assert found[1].message.startswith("odd.jsonl: could not tell the format: the columns are 'foo'.")
 
 
 # ---------------------------------------------------------------------- loose input

@@ -22,7 +22,7 @@ from trainer_core.config import FieldError, TrainConfig
 
 
 def errors(**values) -> list[FieldError]:
-    return TrainConfig(**values).validate(check_files=False)
+    return TrainConfig(**values).validate()
 
 
 # ====================================================================== validation (items 2-5)

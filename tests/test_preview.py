@@ -224,7 +224,8 @@ EQUIVALENT = """
 import json, sys, tempfile
 from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer
-from trainer_core import datasets, token_cache
+from trainer_core import token_cache
+from trainer_core.data import loading
 from trainer_core.config import TrainConfig
 from trainer_core.engines import transformers_engine as engine
 
@@ -235,7 +236,7 @@ for completions, packing, kind, source in [(True, False, "lora", sys.argv[2]), (
     cfg = TrainConfig(train_on_completions=completions, max_seq_length=48, packing=packing, training_type=kind,
                       local_datasets=[source])
     tok = token_cache.load_tokenizer(cfg, sys.argv[1], None)
-    ds = engine.to_dataset(datasets.load_for_training(cfg).rows, completions)
+    ds = engine.to_dataset(loading.load_for_training(cfg).rows, completions)
     args = SFTConfig(output_dir=tempfile.mkdtemp(), max_length=48, packing=packing, use_cpu=True, report_to=[],
                      packing_strategy=token_cache.packing_strategy(cfg), completion_only_loss=True if completions else None)
     native = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train_dataset

@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from trainer_core import paths, resource_check
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
+from trainer_core.data import loading
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
 
@@ -159,7 +160,9 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config, args.set or [])
-        cfg.check()
+        errors = cfg.validate() + loading.check_data(cfg)  # fields, then the dataset files
+        if errors:
+            raise ConfigError(errors)
         memory = resource_check.memory_problems(cfg)  # what `run` would refuse, too
         if memory:
             raise ConfigError(memory)

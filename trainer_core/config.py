@@ -248,8 +248,11 @@ class TrainConfig:
         return cls.from_dict(data)
 
     # ------------------------------------------------------------------ validation
-    def validate(self, check_files: bool = True) -> list[FieldError]:
-        """Every problem with this config, each naming its field and the fix."""
+    def validate(self) -> list[FieldError]:
+        """Every problem with this config's fields, each naming its field and the fix.
+
+        Fields only: whether the dataset files exist and hold usable rows is ``data.loading.check_data``,
+        which the orchestrator and the CLI add (config knows nothing of files, so data/ may import it)."""
         errors: list[FieldError] = []
 
         def bad(name: str, message: str) -> None:
@@ -342,7 +345,7 @@ class TrainConfig:
                 bad(name, f"is {len(getattr(self, name)):,} characters long; the limit is {limit:,}: shorten it")
         if any(len(k) > MAPPING_VALUE_MAX or len(v) > MAPPING_VALUE_MAX for k, v in self.custom_format_mapping.items()):
             bad("custom_format_mapping", f"role and column names are at most {MAPPING_VALUE_MAX} characters each")
-        _check_dataset(self, bad, check_files)
+        _check_dataset(self, bad)
         if self.enable_wandb and not hardware.has_module("wandb"):
             bad("enable_wandb", "wandb is not installed: pip install wandb, or turn W&B off")
         if self.enable_wandb and not self.wandb_project.strip():
@@ -359,8 +362,8 @@ class TrainConfig:
             _check_checkpoint(self.resume_from_checkpoint, bad)
         return errors
 
-    def check(self, check_files: bool = True) -> "TrainConfig":
-        errors = self.validate(check_files=check_files)
+    def check(self) -> "TrainConfig":
+        errors = self.validate()
         if errors:
             raise ConfigError(errors)
         return self
@@ -463,9 +466,7 @@ def looks_like_path(name: str) -> bool:
     return paths.path_problem(name) is None and Path(name).expanduser().exists()
 
 
-def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
-    from trainer_core import datasets  # local: datasets imports config for its constants
-
+def _check_dataset(cfg: TrainConfig, bad) -> None:
     if cfg.hf_dataset and cfg.local_datasets:
         bad("hf_dataset", "choose either a hub dataset or local files, not both (clear one of them)")
         return
@@ -488,12 +489,6 @@ def _check_dataset(cfg: TrainConfig, bad, check_files: bool) -> None:
                 "put the path in local_datasets instead")
         if not cfg.train_split.strip():
             bad("train_split", "name the split to train on, e.g. train")
-        return
-    if not check_files:
-        return
-    for name, sources in (("local_datasets", cfg.local_datasets), ("local_eval_datasets", cfg.local_eval_datasets)):
-        for problem in datasets.check_sources(sources, cfg, field_name=name):
-            bad(problem.field, problem.message)
 
 
 def _check_checkpoint(value: str, bad) -> None:

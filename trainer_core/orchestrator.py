@@ -33,11 +33,14 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import access, checkpoints, control, datasets, parallel, paths, resource_check, scheduling
+from trainer_core import access, checkpoints, control, parallel, paths, resource_check, scheduling
 from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
 from trainer_core import events as ev
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
+from trainer_core.data import DatasetError, loading
+from trainer_core.data.fingerprint import data_fingerprint
+from trainer_core.data.sources import resolve_source
 from trainer_core.live import LiveRun, LiveSnapshot, metric_row, thin
 from trainer_core.remote_view import RemoteView, lineage_frame, seed_lineage
 from trainer_core.status import RunStatus
@@ -121,7 +124,7 @@ class Orchestrator:
     # ================================================================== public API
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
         """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
-        return cfg.validate() or resource_check.memory_problems(cfg)
+        return (cfg.validate() + loading.check_data(cfg)) or resource_check.memory_problems(cfg)
 
     def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None,
               actor: access.Actor | None = None) -> str:
@@ -134,7 +137,7 @@ class Orchestrator:
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
-        fingerprint = scheduling.data_fingerprint(cfg)
+        fingerprint = data_fingerprint(cfg)
         devices = scheduling.devices_of(cfg)
         # An OS-enforced lock: two sessions (or two orchestrators after a hot reload, or the CLI next
         # to the dashboard) pressing Start together can never both see the same devices as free.
@@ -196,8 +199,8 @@ class Orchestrator:
         except (OSError, ConfigError) as exc:
             raise RunRefused(f"The saved config of run '{old.name}' cannot be read: {exc}") from None
         try:
-            fingerprint = scheduling.data_fingerprint(cfg)
-        except datasets.DatasetError as exc:
+            fingerprint = data_fingerprint(cfg)
+        except DatasetError as exc:
             raise RunRefused(f"The training data of run '{old.name}' is no longer readable ({exc}).") from None
         if old.data_fingerprint and fingerprint != old.data_fingerprint:
             raise RunRefused(f"The training data of run '{old.name}' changed since it ran ({cfg.dataset_label}); "
@@ -442,7 +445,7 @@ class Orchestrator:
                 f"{_holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the secret, "
                 "or set HF_TOKEN / WANDB_API_KEY in the environment of the dashboard or CLI."))
             return False
-        errors = cfg.validate()  # files may have changed or gone while it waited
+        errors = cfg.validate() + loading.check_data(cfg)  # files may have changed or gone while it waited
         if errors:
             self.store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
                                   "; ".join(str(e) for e in errors))
@@ -825,7 +828,7 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Pin relative dataset/model paths to absolute ones, so the worker and a later resume read the
     same files whatever directory they run in."""
     def pin(sources: list[str], field_name: str) -> list[str]:
-        return [s if s.startswith("bundled:") else str(datasets.resolve_source(s, field_name)) for s in sources]
+        return [s if s.startswith("bundled:") else str(resolve_source(s, field_name)) for s in sources]
 
     model = cfg.model_name
     if looks_like_path(model):

@@ -2,7 +2,7 @@
 
 ``build_preview(cfg)`` runs ``python -m trainer_core.preview`` in a subprocess (the dashboard never
 imports transformers): the child loads the tokenizer and the rows the way the worker does
-(``token_cache.load_tokenizer``, ``datasets.load_for_training``), tokenizes them through the same
+(``token_cache.load_tokenizer``, ``data.loading.load_for_training``), tokenizes them through the same
 ``token_cache.tokenize`` the engine uses (so it also warms the tokenized-data cache for the run), and
 applies TRL's labels, truncation, dropping and packing rules to count what the trainer will see.
 The config goes to the child on stdin without secrets; the HF token through its environment.
@@ -13,23 +13,26 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import traceback
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core import access, datasets, parallel, paths
+from trainer_core import access, parallel, paths
+from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig, looks_like_path
+from trainer_core.data import DatasetError
+from trainer_core.data.loading import load_for_training
+from trainer_core.data.sources import resolve_source
 
 ROOT = Path(__file__).resolve().parents[1]
-# Fields that change what the preview shows; others (learning rate, logging...) do not re-run it.
+# Fields that change what the preview shows; others (learning rate, logging...) do not re-run it. The
+# processes (num_processes, gpu_ids) set the global batch and so the steps per epoch.
 PREVIEW_FIELDS = (
     "model_name", "trust_remote_code", "training_type", "max_seq_length", "hf_dataset", "local_datasets",
     "local_eval_datasets", "format_type", "subset", "train_split", "eval_split", "eval_fraction",
     "dataset_slice_start", "dataset_slice_end", "custom_format_mapping", "system_prompt", "random_seed",
-    "packing", "train_on_completions", "batch_size", "gradient_accumulation_steps",
+    "packing", "train_on_completions", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids",
 )
 TRUNCATION_DROP = "no trained tokens left after truncation (the prompt fills max_seq_length)"
 _CACHE_SIZE = 8
@@ -72,23 +75,17 @@ class PreviewError(ValueError):
 
 
 # ---------------------------------------------------------------------- dashboard side
-_cache: OrderedDict[str, Preview] = OrderedDict()
-_lock = threading.Lock()
+_cache: BoundedCache[str, Preview] = BoundedCache(_CACHE_SIZE)
 
 
 def build_preview(cfg: TrainConfig, rows_shown: int = 5, timeout_s: float = 180) -> Preview:
     """The preview for ``cfg``, computed in a subprocess and cached per settings and data file stamps."""
     key = json.dumps([{name: getattr(cfg, name) for name in PREVIEW_FIELDS}, _stamps(cfg), rows_shown],
                      sort_keys=True, default=str)
-    with _lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    preview = _run_child(cfg, rows_shown, timeout_s)
-    with _lock:
-        _cache[key] = preview
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    preview = _cache.get(key)
+    if preview is None:
+        preview = _run_child(cfg, rows_shown, timeout_s)
+        _cache.put(key, preview)
     return preview
 
 
@@ -97,9 +94,9 @@ def _stamps(cfg: TrainConfig) -> list:
     files: list[Path] = []
     for source in list(cfg.local_datasets) + list(cfg.local_eval_datasets):
         try:
-            path = datasets.resolve_source(source)
+            path = resolve_source(source)
             files += sorted(path.iterdir()) if path.is_dir() else [path]
-        except datasets.DatasetError:
+        except DatasetError:
             continue  # the child reports it
     name = cfg.model_name.strip()
     if name != BUNDLED_MODEL and looks_like_path(name):
@@ -155,18 +152,18 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     """The preview itself. Imports the ML stack: runs in the preview subprocess or a worker."""
     from trainer_core import model_files, token_cache  # child only: these import transformers
 
-    data = datasets.load_for_training(cfg)
+    data = load_for_training(cfg)
     try:
         model_ref = model_files.resolve_model(cfg, log=log)
         tokenizer = token_cache.load_tokenizer(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
     except (OSError, ValueError, model_files.ModelSourceError) as exc:  # missing files, offline hub, bad repo
-        raise datasets.DatasetError("model_name", f"could not load the tokenizer: {type(exc).__name__}: {exc}") from None
+        raise DatasetError("model_name", f"could not load the tokenizer: {type(exc).__name__}: {exc}") from None
     train_rows, dropped = token_cache.training_rows(data.rows, cfg.train_on_completions)
     eval_rows, _ = token_cache.training_rows(data.eval_rows, cfg.train_on_completions)
     dropped = {**data.train.dropped, **dropped}
     if not train_rows:
-        raise datasets.DatasetError("train_on_completions", "no training rows are left: every conversation lacks a "
-                                                            "prompt before its last assistant reply")
+        raise DatasetError("train_on_completions", "no training rows are left: every conversation lacks a "
+                                                   "prompt before its last assistant reply")
     arrow_rows = token_cache.Dataset.from_list(train_rows).to_list()  # the round trip the engine's rows take
     tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
     ids_list = tokenized["input_ids"]
@@ -246,7 +243,7 @@ def main() -> int:
         preview = compute(cfg, int(request.get("rows_shown", 5)), log=log)
     except ConfigError as exc:
         reply: dict[str, Any] = {"errors": [asdict(e) for e in exc.errors]}
-    except datasets.DatasetError as exc:
+    except DatasetError as exc:
         reply = {"errors": [{"field": exc.field, "message": exc.message}]}
     except paths.UnsafePathError as exc:
         reply = {"errors": [{"field": "model_name", "message": str(exc)}]}

@@ -1,17 +1,13 @@
-"""Which runs may train at the same time, and what their training data was.
+"""Which runs may train at the same time.
 
 Devices: a run on a CPU host holds "cpu"; on a GPU host it holds the GPUs in ``gpu_ids`` ("gpu0,gpu1"),
 or every visible GPU ("gpu*") when none are named. Two runs whose device sets overlap never train at the
 same time. The queue is first come, first served with backfill: a queued run may start before an earlier
 one only when it overlaps neither the running runs nor any earlier queued run (so nobody starves).
-
-The data fingerprint lets Resume refuse when the training files changed since the original run.
 """
 from __future__ import annotations
 
-import hashlib
-
-from trainer_core import datasets, hardware, parallel
+from trainer_core import hardware, parallel
 from trainer_core.config import TrainConfig
 
 ALL_GPUS = "gpu*"
@@ -52,21 +48,4 @@ def startable(queued: list[tuple[str, str]], busy: list[str]) -> list[str]:
             chosen.append(run_id)
         claimed.append(devices)  # started or waiting, later runs must not take its devices
     return chosen
-
-
-def data_fingerprint(cfg: TrainConfig) -> str:
-    """A hash of the training and eval data a run reads (file bytes for local files; the id, subset,
-    split and slice for a hub dataset, whose content cannot be checked without downloading it)."""
-    digest = hashlib.sha256()
-    if cfg.hf_dataset:
-        digest.update(f"hub:{cfg.hf_dataset}|{cfg.subset}|{cfg.train_split}|{cfg.eval_split}".encode())
-    for field_name in ("local_datasets", "local_eval_datasets"):
-        for source in getattr(cfg, field_name):
-            for path in datasets.source_files(datasets.resolve_source(source, field_name), field_name):
-                digest.update(f"{field_name}:{path.name}:".encode())
-                with open(path, "rb") as fh:
-                    for block in iter(lambda: fh.read(1 << 20), b""):
-                        digest.update(block)
-    digest.update(f"|slice:{cfg.dataset_slice_start}:{cfg.dataset_slice_end}".encode())
-    return digest.hexdigest()[:32]
 

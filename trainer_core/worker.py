@@ -20,9 +20,10 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core import checkpoints, control, datasets, hardware, parallel, paths
+from trainer_core import checkpoints, control, hardware, parallel, paths
 from trainer_core import events as ev
 from trainer_core.config import TrainConfig, looks_like_path
+from trainer_core.data.loading import load_for_training
 from trainer_core.engines import choose_engine
 from trainer_core.status import RunStatus
 
@@ -185,7 +186,7 @@ class Worker:
         return sharded
 
     def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-        data = datasets.load_for_training(cfg)  # the preview picks rows through the same function
+        data = load_for_training(cfg)  # the preview picks rows through the same function
         self.log(f"Dataset: {len(data.train.rows)} rows, format {data.train.format} ({data.train.reason})")
         dropped = data.train.drop_warning()
         if dropped:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import MODELS_CACHE, build_tiny_model, run_python
-from trainer_core import datasets
+from trainer_core.data import formats, readers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "formats"
 
 # SmolLM2's template adds this system turn when a conversation does not start with one.
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -24,8 +24,8 @@ def msg(role: str, content: str) -> dict:
     return {"role": role, "content": content}
 
 
-def normalized(name: str, fmt: str = "auto", mapping: dict | None = None, system: str = "") -> datasets.NormalizedData:
-    return datasets.normalize_rows(datasets.read_rows(FIXTURES / name), fmt, mapping, system)
+def normalized(name: str, fmt: str = "auto", mapping: dict | None = None, system: str = "") -> formats.NormalizedData:
+    return formats.normalize_rows(readers.read_rows(FIXTURES / name), fmt, mapping, system)
 
 
 # ---------------------------------------------------------------------- normalisation (no tokenizer)

@@ -1,4 +1,4 @@
-"""trainer_core.datasets: reading, detecting, normalising and validating dataset files."""
+"""trainer_core.data: reading, detecting, normalising and validating dataset files."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainer_core import datasets
 from trainer_core.config import BUNDLED_DATASET, FieldError, TrainConfig
-from trainer_core.datasets import DatasetError, NormalizedData
+from trainer_core.data import DatasetError, formats, loading, readers, sources
+from trainer_core.data.formats import NormalizedData
 
-FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "datasets"
 DATASET_FIELDS = {"local_datasets", "local_eval_datasets", "format_type", "custom_format_mapping",
                   "dataset_slice_start", "system_prompt", "train_on_completions"}
 
@@ -26,19 +26,19 @@ DATASET_FIELDS = {"local_datasets", "local_eval_datasets", "format_type", "custo
 def data_home(home, tmp_path, monkeypatch):
     """The ``home`` data root, with tmp_path and the fixtures folder as allowed roots; caches emptied."""
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", os.pathsep.join([str(tmp_path), str(FIXTURES)]))
-    datasets._read_cache.clear()
-    datasets._check_cache.clear()
+    readers._read_cache.clear()
+    loading._check_cache.clear()
     yield home
-    datasets._read_cache.clear()
-    datasets._check_cache.clear()
+    readers._read_cache.clear()
+    loading._check_cache.clear()
 
 
 def fixture(name: str) -> list[dict]:
-    return datasets.read_rows(FIXTURES / name)
+    return readers.read_rows(FIXTURES / name)
 
 
 def dataset_errors(cfg: TrainConfig) -> list[FieldError]:
-    return [e for e in cfg.validate() if e.field in DATASET_FIELDS]
+    return [e for e in cfg.validate() + loading.check_data(cfg) if e.field in DATASET_FIELDS]
 
 
 def user(text: str) -> dict:
@@ -55,7 +55,7 @@ def system(text: str) -> dict:
 
 # ---------------------------------------------------------------------- formats
 def test_alpaca_with_and_without_input_ignores_extra_columns():
-    data = datasets.normalize_rows(fixture("alpaca.jsonl"), "alpaca")
+    data = formats.normalize_rows(fixture("alpaca.jsonl"), "alpaca")
     assert data.format == "alpaca"
     assert data.reason == "format_type is set to 'alpaca'"
     assert data.rows == [
@@ -67,7 +67,7 @@ def test_alpaca_with_and_without_input_ignores_extra_columns():
 
 
 def test_chatml_keeps_system_turns_and_multi_turn():
-    data = datasets.normalize_rows(fixture("chatml.jsonl"), "chatml")
+    data = formats.normalize_rows(fixture("chatml.jsonl"), "chatml")
     assert data.rows == [
         {"messages": [system("You are terse."), user("Hi"), assistant("Hello.")]},
         {"messages": [user("2+2?"), assistant("4"), user("And 3+3?"), assistant("6")]},
@@ -75,7 +75,7 @@ def test_chatml_keeps_system_turns_and_multi_turn():
 
 
 def test_sharegpt_roles_map_to_chat_roles_from_json_object_with_list():
-    data = datasets.normalize_rows(fixture("sharegpt.json"), "sharegpt")
+    data = formats.normalize_rows(fixture("sharegpt.json"), "sharegpt")
     assert data.rows == [
         {"messages": [system("Be kind."), user("Hello"), assistant("Hi there!")]},
         {"messages": [user("Capital of Peru?"), assistant("Lima.")]},
@@ -83,7 +83,7 @@ def test_sharegpt_roles_map_to_chat_roles_from_json_object_with_list():
 
 
 def test_raw_text_from_csv_keeps_quoted_commas_and_newlines():
-    data = datasets.normalize_rows(fixture("text.csv"), "text")
+    data = formats.normalize_rows(fixture("text.csv"), "text")
     assert data.rows == [{"text": "Once upon a time, a fox."}, {"text": "Line one\nLine two"}]
 
 
@@ -91,8 +91,8 @@ def test_parquet_with_nested_turns(tmp_path):
     path = tmp_path / "chat.parquet"
     rows = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
     pq.write_table(pa.Table.from_pylist(rows), path)
-    assert datasets.read_rows(path) == rows
-    data = datasets.normalize_rows(datasets.read_rows(path), "auto")
+    assert readers.read_rows(path) == rows
+    data = formats.normalize_rows(readers.read_rows(path), "auto")
     assert data.rows == [{"messages": [user("Hi"), assistant("Hello")]}]
 
 
@@ -100,14 +100,14 @@ def test_chat_turns_stored_as_json_text_in_csv(tmp_path):
     path = tmp_path / "chat.csv"
     turns = json.dumps([{"role": "user", "content": "Hi, you"}, {"role": "assistant", "content": "Hello"}])
     path.write_text("messages\n" + '"' + turns.replace('"', '""') + '"\n', encoding="utf-8")
-    data = datasets.normalize_rows(datasets.read_rows(path), "auto")
+    data = formats.normalize_rows(readers.read_rows(path), "auto")
     assert (data.format, data.rows) == ("chatml", [{"messages": [user("Hi, you"), assistant("Hello")]}])
 
 
 def test_json_lines_in_a_json_file_are_read(tmp_path):
     path = tmp_path / "rows.json"
     path.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
-    assert datasets.read_rows(path) == [{"text": "a"}, {"text": "b"}]
+    assert readers.read_rows(path) == [{"text": "a"}, {"text": "b"}]
 
 
 # ---------------------------------------------------------------------- detection
@@ -119,17 +119,17 @@ def test_json_lines_in_a_json_file_are_read(tmp_path):
     ("text.csv", ("text", "found a 'text' column of raw text")),
 ])
 def test_detect_format_names_the_evidence(name, expected):
-    assert datasets.detect_format(fixture(name)) == expected
+    assert formats.detect_format(fixture(name)) == expected
 
 
 def test_auto_normalisation_reports_the_detection_reason():
-    data = datasets.normalize_rows(fixture("sharegpt.json"), "auto")
+    data = formats.normalize_rows(fixture("sharegpt.json"), "auto")
     assert (data.format, data.reason) == ("sharegpt", "found a 'conversations' column with from/value turns")
 
 
 def test_undetectable_format_lists_columns_and_what_each_format_needs():
     with pytest.raises(DatasetError) as info:
-        datasets.detect_format(fixture("unknown_columns.jsonl"))
+        formats.detect_format(fixture("unknown_columns.jsonl"))
     assert info.value.field == "format_type"
     assert info.value.message == (
         "could not tell the format: the columns are 'prompt' and 'completion'. "
@@ -143,7 +143,7 @@ def test_undetectable_format_lists_columns_and_what_each_format_needs():
 
 # ---------------------------------------------------------------------- custom mapping
 def test_custom_mapping_for_alpaca_columns():
-    data = datasets.normalize_rows(fixture("custom.csv"), "alpaca", {"instruction": "question", "output": "answer"})
+    data = formats.normalize_rows(fixture("custom.csv"), "alpaca", {"instruction": "question", "output": "answer"})
     assert data.rows == [
         {"messages": [user("What is 1+1?"), assistant("2")]},
         {"messages": [user("What is the capital of Chile?"), assistant("Santiago")]},
@@ -151,28 +151,28 @@ def test_custom_mapping_for_alpaca_columns():
 
 
 def test_custom_mapping_with_auto_detection_names_both_columns():
-    data = datasets.normalize_rows(fixture("custom.csv"), "auto", {"instruction": "question", "output": "answer"})
+    data = formats.normalize_rows(fixture("custom.csv"), "auto", {"instruction": "question", "output": "answer"})
     assert data.format == "alpaca"
     assert data.reason == "found 'question' (mapped to 'instruction') and 'answer' (mapped to 'output') columns"
 
 
 def test_custom_mapping_for_chatml_and_text_columns():
-    chat = datasets.normalize_rows(fixture("dialog.jsonl"), "auto", {"messages": "dialog"})
+    chat = formats.normalize_rows(fixture("dialog.jsonl"), "auto", {"messages": "dialog"})
     assert (chat.format, chat.rows) == ("chatml", [{"messages": [user("Ping"), assistant("Pong")]}])
-    text = datasets.normalize_rows(fixture("body.jsonl"), "text", {"text": "body"})
+    text = formats.normalize_rows(fixture("body.jsonl"), "text", {"text": "body"})
     assert text.rows == [{"text": "Raw text one."}, {"text": "Raw text two."}]
 
 
 def test_custom_mapping_of_turn_keys_and_role_names():
     rows = [{"chat": [{"speaker": "customer", "says": "Hi"}, {"speaker": "agent", "says": "Hello"}]}]
     mapping = {"conversations": "chat", "from": "speaker", "value": "says", "human": "customer", "gpt": "agent"}
-    data = datasets.normalize_rows(rows, "sharegpt", mapping)
+    data = formats.normalize_rows(rows, "sharegpt", mapping)
     assert data.rows == [{"messages": [user("Hi"), assistant("Hello")]}]
 
 
 def test_mapping_to_a_missing_column_names_it_and_the_columns_present():
     with pytest.raises(DatasetError) as info:
-        datasets.normalize_rows(fixture("custom.csv"), "alpaca", {"instruction": "question", "output": "reply"})
+        formats.normalize_rows(fixture("custom.csv"), "alpaca", {"instruction": "question", "output": "reply"})
     assert info.value.field == "custom_format_mapping"
     assert info.value.message == ("maps output to 'reply', but the data has no such column; the columns are "
                                   "'question', 'answer' and 'notes'. Map to one of these columns.")
@@ -180,7 +180,7 @@ def test_mapping_to_a_missing_column_names_it_and_the_columns_present():
 
 def test_unknown_mapping_key_is_rejected():
     with pytest.raises(DatasetError) as info:
-        datasets.normalize_rows(fixture("custom.csv"), "alpaca", {"question": "instruction"})
+        formats.normalize_rows(fixture("custom.csv"), "alpaca", {"question": "instruction"})
     assert info.value.field == "custom_format_mapping"
     assert info.value.message.startswith("unknown name 'question': map one of instruction, input, output")
 
@@ -188,7 +188,7 @@ def test_unknown_mapping_key_is_rejected():
 # ---------------------------------------------------------------------- missing columns
 def test_missing_columns_error_names_missing_and_present_columns():
     with pytest.raises(DatasetError) as info:
-        datasets.normalize_rows(fixture("custom.csv"), "alpaca")
+        formats.normalize_rows(fixture("custom.csv"), "alpaca")
     assert info.value.field == "format_type"
     assert info.value.message == (
         "format 'alpaca' needs 'instruction' and 'output' columns (and optionally 'input'), but 'instruction' and "
@@ -198,7 +198,7 @@ def test_missing_columns_error_names_missing_and_present_columns():
 
 def test_text_format_on_chat_data_points_at_the_chat_format():
     with pytest.raises(DatasetError) as info:
-        datasets.normalize_rows(fixture("chatml.jsonl"), "text")
+        formats.normalize_rows(fixture("chatml.jsonl"), "text")
     assert info.value.field == "format_type"
     assert info.value.message == (
         "format 'text' needs a 'text' column of raw text, but 'text' is missing; the columns are 'messages'. "
@@ -208,18 +208,18 @@ def test_text_format_on_chat_data_points_at_the_chat_format():
 
 # ---------------------------------------------------------------------- system prompt, dropped rows
 def test_system_prompt_is_prepended_unless_the_conversation_has_one():
-    data = datasets.normalize_rows(fixture("chatml.jsonl"), "auto", system_prompt="Be brief.")
+    data = formats.normalize_rows(fixture("chatml.jsonl"), "auto", system_prompt="Be brief.")
     assert [row["messages"][0] for row in data.rows] == [system("You are terse."), system("Be brief.")]
-    alpaca = datasets.normalize_rows(fixture("alpaca.jsonl"), "alpaca", system_prompt="Be brief.")
+    alpaca = formats.normalize_rows(fixture("alpaca.jsonl"), "alpaca", system_prompt="Be brief.")
     assert alpaca.rows[0] == {"messages": [system("Be brief."), user("Add 2 and 3."), assistant("5")]}
 
 
 def test_dropped_chat_rows_are_counted_by_reason():
-    data = datasets.normalize_rows(fixture("dropped.jsonl"), "auto")
+    data = formats.normalize_rows(fixture("dropped.jsonl"), "auto")
     assert len(data.rows) == 2
-    assert data.dropped == {"empty conversation": 1, "no assistant turn": 1, datasets.UNSUPPORTED_ROLE: 1,
+    assert data.dropped == {"empty conversation": 1, "no assistant turn": 1, formats.UNSUPPORTED_ROLE: 1,
                             "malformed turn": 1, "missing messages": 1}
-    assert data.drop_examples == {datasets.UNSUPPORTED_ROLE: ["'tool'"]}
+    assert data.drop_examples == {formats.UNSUPPORTED_ROLE: ["'tool'"]}
     assert data.summary().endswith("dropped 5 (empty conversation: 1, malformed turn: 1, missing messages: 1, "
                                    "no assistant turn: 1, unsupported role (map it in custom_format_mapping, e.g. "
                                    "{bot: assistant}): 1)")
@@ -230,17 +230,17 @@ def test_thousands_of_rows_with_unknown_roles_make_one_warning_with_counts_and_e
             for i in range(3000)]
     rows += [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 10
     rows += [{"messages": [{"role": "user", "content": "hi"}]}] * 2
-    data = datasets.normalize_rows(rows, "auto")
-    assert data.dropped == {datasets.UNSUPPORTED_ROLE: 3000, "no assistant turn": 2}
-    assert data.drop_examples == {datasets.UNSUPPORTED_ROLE: ["'bot0'", "'bot1'", "'bot2'"]}
+    data = formats.normalize_rows(rows, "auto")
+    assert data.dropped == {formats.UNSUPPORTED_ROLE: 3000, "no assistant turn": 2}
+    assert data.drop_examples == {formats.UNSUPPORTED_ROLE: ["'bot0'", "'bot1'", "'bot2'"]}
     assert data.drop_warning() == (
         "Dropped 3,002 of 3,012 training rows: unsupported role (map it in custom_format_mapping, e.g. "
         "{bot: assistant}): 3,000 (e.g. 'bot0', 'bot1', 'bot2'); no assistant turn: 2")
-    assert datasets.normalize_rows(rows[3000:3010], "auto").drop_warning() is None
+    assert formats.normalize_rows(rows[3000:3010], "auto").drop_warning() is None
 
 
 def test_dropped_alpaca_rows_are_counted_by_reason():
-    data = datasets.normalize_rows(fixture("alpaca_dropped.jsonl"), "alpaca")
+    data = formats.normalize_rows(fixture("alpaca_dropped.jsonl"), "alpaca")
     assert data.rows == [{"messages": [user("Keep me"), assistant("kept")]}]
     assert data.dropped == {"missing output": 2, "missing instruction": 1}
 
@@ -248,7 +248,7 @@ def test_dropped_alpaca_rows_are_counted_by_reason():
 def test_no_usable_rows_is_an_error_on_the_dataset_field():
     rows = [{"instruction": "x", "output": ""}, {"instruction": "y"}]
     with pytest.raises(DatasetError) as info:
-        datasets.normalize_rows(rows, "alpaca")
+        formats.normalize_rows(rows, "alpaca")
     assert info.value.field == "local_datasets"
     assert info.value.message == ("no usable rows: all 2 rows were dropped (missing output: 2). "
                                   "Check the format and column mapping.")
@@ -286,19 +286,19 @@ def test_json_object_without_a_single_list_is_rejected(tmp_path):
     path = tmp_path / "odd.json"
     path.write_text('{"a": [1], "b": [2]}', encoding="utf-8")
     with pytest.raises(DatasetError, match="odd.json holds a JSON object with keys 'a' and 'b'"):
-        datasets.read_rows(path)
+        readers.read_rows(path)
 
 
 # ---------------------------------------------------------------------- sources and paths
 def test_bundled_source_resolves_to_the_shipped_file(data_home):
-    assert datasets.resolve_source(BUNDLED_DATASET) == datasets.bundled_demo_path()
+    assert sources.resolve_source(BUNDLED_DATASET) == sources.bundled_demo_path()
 
 
 def test_path_outside_allowed_roots_is_refused(data_home, tmp_path_factory):
     outside = tmp_path_factory.mktemp("outside") / "secret.jsonl"
     outside.write_text('{"text": "x"}\n', encoding="utf-8")
     with pytest.raises(DatasetError) as info:
-        datasets.resolve_source(str(outside), "local_eval_datasets")
+        sources.resolve_source(str(outside), "local_eval_datasets")
     assert info.value.field == "local_eval_datasets"
     assert "which is outside the allowed folders" in info.value.message
     assert info.value.message.endswith("or add its folder to FINETUNE_STUDIO_ALLOWED_ROOTS.")
@@ -310,18 +310,18 @@ def test_symlink_pointing_outside_is_refused(data_home, tmp_path, tmp_path_facto
     link = tmp_path / "link.jsonl"
     link.symlink_to(outside)
     with pytest.raises(DatasetError, match="outside the allowed folders"):
-        datasets.resolve_source(str(link))
+        sources.resolve_source(str(link))
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "a.jsonl").write_text('{"text": "a"}\n', encoding="utf-8")
     (folder / "b.jsonl").symlink_to(outside)
     with pytest.raises(DatasetError, match="outside the allowed folders"):
-        datasets.load_local([str(folder)], TrainConfig())
+        loading.load_local([str(folder)], TrainConfig())
 
 
 def test_missing_file_is_reported(data_home, tmp_path):
     with pytest.raises(DatasetError) as info:
-        datasets.resolve_source(str(tmp_path / "nope.jsonl"))
+        sources.resolve_source(str(tmp_path / "nope.jsonl"))
     assert info.value.message == f"{tmp_path / 'nope.jsonl'} does not exist: check the path or upload the file"
 
 
@@ -331,13 +331,13 @@ def test_folder_source_reads_supported_files_in_name_order(data_home, tmp_path):
     (folder / "b.jsonl").write_text('{"text": "second"}\n', encoding="utf-8")
     (folder / "a.csv").write_text("text\nfirst\n", encoding="utf-8")
     (folder / "readme.md").write_text("ignored", encoding="utf-8")
-    data = datasets.load_local([str(folder)], TrainConfig())
+    data = loading.load_local([str(folder)], TrainConfig())
     assert data.rows == [{"text": "first"}, {"text": "second"}]
 
 
 def test_load_local_concatenates_then_slices(data_home):
     cfg = TrainConfig(dataset_slice_start=1, dataset_slice_end=4)
-    data = datasets.load_local([str(FIXTURES / "chatml.jsonl"), str(FIXTURES / "sharegpt.json")], cfg)
+    data = loading.load_local([str(FIXTURES / "chatml.jsonl"), str(FIXTURES / "sharegpt.json")], cfg)
     assert data.rows == [
         {"messages": [user("2+2?"), assistant("4"), user("And 3+3?"), assistant("6")]},
         {"messages": [system("Be kind."), user("Hello"), assistant("Hi there!")]},
@@ -345,12 +345,12 @@ def test_load_local_concatenates_then_slices(data_home):
     ]
     assert data.format == "chatml+sharegpt"
     assert data.is_chat
-    assert len(datasets.load_local([str(FIXTURES / "chatml.jsonl")], cfg, apply_slice=False).rows) == 2
+    assert len(loading.load_local([str(FIXTURES / "chatml.jsonl")], cfg, apply_slice=False).rows) == 2
 
 
 def test_load_local_refuses_to_mix_text_and_chat(data_home):
     with pytest.raises(DatasetError) as info:
-        datasets.load_local([str(FIXTURES / "text.csv"), str(FIXTURES / "chatml.jsonl")], TrainConfig())
+        loading.load_local([str(FIXTURES / "text.csv"), str(FIXTURES / "chatml.jsonl")], TrainConfig())
     assert info.value.message == ("mixes raw text (text.csv) with chat data (chatml.jsonl): "
                                   "train on one kind at a time")
 
@@ -358,12 +358,12 @@ def test_load_local_refuses_to_mix_text_and_chat(data_home):
 # ---------------------------------------------------------------------- uploads
 def test_save_upload_sanitises_the_name(data_home):
     payload = b'{"text": "x"}\n'
-    path = datasets.save_upload("../../evil.jsonl", payload)
+    path = sources.save_upload("../../evil.jsonl", payload)
     assert path.parent == data_home / "datasets"
     assert path.name.startswith("evil-") and path.suffix == ".jsonl"
     assert path.read_bytes() == payload
-    assert datasets.save_upload("../../evil.jsonl", payload) == path
-    other = datasets.save_upload(r"C:\Users\me\My Data (v2).JSONL", b'{"text": "y"}\n')
+    assert sources.save_upload("../../evil.jsonl", payload) == path
+    other = sources.save_upload(r"C:\Users\me\My Data (v2).JSONL", b'{"text": "y"}\n')
     assert other.parent == data_home / "datasets"
     assert other.name.startswith("My_Data_v2-") and other.suffix == ".jsonl"
     assert other != path
@@ -371,43 +371,43 @@ def test_save_upload_sanitises_the_name(data_home):
 
 def test_save_upload_refuses_bad_extension_and_oversized_data(data_home):
     with pytest.raises(DatasetError) as info:
-        datasets.save_upload("payload.exe", b"MZ")
+        sources.save_upload("payload.exe", b"MZ")
     assert info.value.field == "local_datasets"
     assert info.value.message == ("payload.exe: unsupported file type '.exe'; "
                                   "upload one of .jsonl, .json, .csv, .parquet")
     with pytest.raises(DatasetError) as info:
-        datasets.save_upload("big.jsonl", b"x" * (2**20 + 1), max_bytes=2**20)
+        sources.save_upload("big.jsonl", b"x" * (2**20 + 1), max_bytes=2**20)
     assert info.value.message.startswith("big.jsonl is 1.0 MiB; uploads are limited to 1 MiB.")
     assert not list(data_home.glob("datasets/*"))
 
 
 def test_uploaded_file_name_resolves_from_the_datasets_folder(data_home):
-    path = datasets.save_upload("chat.jsonl", (FIXTURES / "chatml.jsonl").read_bytes())
-    assert datasets.resolve_source(path.name) == path
+    path = sources.save_upload("chat.jsonl", (FIXTURES / "chatml.jsonl").read_bytes())
+    assert sources.resolve_source(path.name) == path
 
 
 # ---------------------------------------------------------------------- eval split
 def test_split_eval_is_deterministic_and_disjoint():
     data = NormalizedData("text", "test", [{"text": str(i)} for i in range(20)])
-    train, held = datasets.split_eval(data, 0.25, seed=3407)
+    train, held = loading.split_eval(data, 0.25, seed=3407)
     assert (len(train), len(held)) == (15, 5)
-    assert (train, held) == datasets.split_eval(data, 0.25, seed=3407)
-    assert held != datasets.split_eval(data, 0.25, seed=1)[1]
+    assert (train, held) == loading.split_eval(data, 0.25, seed=3407)
+    assert held != loading.split_eval(data, 0.25, seed=1)[1]
     assert sorted(r["text"] for r in train + held) == sorted(r["text"] for r in data.rows)
 
 
 def test_split_eval_keeps_at_least_one_row_on_each_side():
     two = NormalizedData("text", "test", [{"text": "a"}, {"text": "b"}])
-    assert [len(part) for part in datasets.split_eval(two, 0.01, seed=0)] == [1, 1]
-    assert datasets.split_eval(two, 0.0, seed=0) == (two.rows, [])
+    assert [len(part) for part in loading.split_eval(two, 0.01, seed=0)] == [1, 1]
+    assert loading.split_eval(two, 0.0, seed=0) == (two.rows, [])
     one = NormalizedData("text", "test", [{"text": "a"}])
-    assert datasets.split_eval(one, 0.4, seed=0) == (one.rows, [])
+    assert loading.split_eval(one, 0.4, seed=0) == (one.rows, [])
 
 
 # ---------------------------------------------------------------------- bundled demo
 def test_bundled_demo_parses_as_chatml():
-    rows = datasets.read_rows(datasets.bundled_demo_path())
-    data = datasets.normalize_rows(rows, "auto")
+    rows = readers.read_rows(sources.bundled_demo_path())
+    data = formats.normalize_rows(rows, "auto")
     assert data.format == "chatml"
     assert len(data.rows) >= 200 and data.dropped == {}
     assert all(row["messages"][-1]["role"] == "assistant" for row in data.rows)
@@ -416,10 +416,10 @@ def test_bundled_demo_parses_as_chatml():
 
 
 def test_bundled_demo_is_what_the_script_writes():
-    script = Path(__file__).parents[1] / "scripts" / "make_demo_dataset.py"
+    script = Path(__file__).parents[2] / "scripts" / "make_demo_dataset.py"
     namespace = runpy.run_path(str(script), run_name="make_demo_dataset")
     expected = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in namespace["build"]())
-    assert datasets.bundled_demo_path().read_text(encoding="utf-8") == expected
+    assert sources.bundled_demo_path().read_text(encoding="utf-8") == expected
 
 
 # ---------------------------------------------------------------------- validation through TrainConfig
@@ -479,11 +479,11 @@ def test_validate_system_prompt_on_raw_text(data_home):
 
 def test_check_sources_reads_each_file_once(data_home, monkeypatch):
     calls = []
-    real_parse = datasets._parse
-    monkeypatch.setattr(datasets, "_parse", lambda *a: calls.append(a[0]) or real_parse(*a))
+    real_parse = readers._parse
+    monkeypatch.setattr(readers, "_parse", lambda *a: calls.append(a[0]) or real_parse(*a))
     cfg = TrainConfig(local_datasets=[str(FIXTURES / "chatml.jsonl")])
     for _ in range(3):
-        assert datasets.check_sources(cfg.local_datasets, cfg, "local_datasets") == []
+        assert loading.check_sources(cfg.local_datasets, cfg, "local_datasets") == []
     assert calls == [FIXTURES / "chatml.jsonl"]
 
 
@@ -518,10 +518,10 @@ def test_load_hub_slices_the_training_split(monkeypatch):
     fake_datasets_module(monkeypatch, load_dataset)
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     cfg = TrainConfig(hf_dataset="org/name", local_datasets=[], dataset_slice_start=1, dataset_slice_end=3)
-    data = datasets.load_hub(cfg, "train")
+    data = loading.load_hub(cfg, "train")
     assert seen == {"name": "org/name", "subset": None, "split": "train", "token": "hf_secret"}
     assert data.rows == [{"text": "row 1"}, {"text": "row 2"}]
-    assert len(datasets.load_hub(cfg, "test").rows) == 5  # the slice applies to the training split only
+    assert len(loading.load_hub(cfg, "test").rows) == 5  # the slice applies to the training split only
 
 
 def test_load_hub_offline_explains_the_cache(monkeypatch):
@@ -530,7 +530,7 @@ def test_load_hub_offline_explains_the_cache(monkeypatch):
 
     fake_datasets_module(monkeypatch, load_dataset)
     with pytest.raises(DatasetError) as info:
-        datasets.load_hub(TrainConfig(hf_dataset="org/name", local_datasets=[]), "train")
+        loading.load_hub(TrainConfig(hf_dataset="org/name", local_datasets=[]), "train")
     assert info.value.field == "hf_dataset"
     assert info.value.message.startswith("could not reach the Hugging Face hub and the dataset is not in the local "
                                          "cache: ConnectionError: Couldn't reach 'org/name'")
@@ -543,14 +543,14 @@ def test_load_hub_unknown_split_names_the_split_field(monkeypatch):
     fake_datasets_module(monkeypatch, load_dataset)
     cfg = TrainConfig(hf_dataset="org/name", local_datasets=[], eval_split="dev")
     with pytest.raises(DatasetError) as info:
-        datasets.load_hub(cfg, "dev")
+        loading.load_hub(cfg, "dev")
     assert info.value.field == "eval_split"
 
 
 # ---------------------------------------------------------------------- import hygiene
 def test_module_does_not_import_the_ml_stack():
-    code = ("import sys, trainer_core.datasets; "
+    code = ("import sys, trainer_core.data.loading; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'trl', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[1])
+                         cwd=Path(__file__).parents[2])
     assert out.stdout.strip() == "[]"
