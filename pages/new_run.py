@@ -25,6 +25,7 @@ from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,
     DEFAULT_TARGET_MODULES,
+    EMBEDDING_MODULES,
     FORMAT_TYPES,
     OPTIMIZERS,
     SCHEDULERS,
@@ -62,7 +63,7 @@ MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct)", "local": "Local f
 DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local": "Local file path",
                    "hub": "Hugging Face hub dataset"}
 UPLOAD_TYPES = ["jsonl", "json", "csv", "parquet"]
-EXTRA_MODULES = ["embed_tokens", "lm_head"]
+EXTRA_MODULES = list(EMBEDDING_MODULES)
 MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
 CHOICES = {"training_type": list(TRAINING_TYPES), "format_type": FORMAT_TYPES, "lr_scheduler_type": SCHEDULERS,
            "optim": OPTIMIZERS}  # fields shown as selectboxes

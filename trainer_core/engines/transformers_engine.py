@@ -12,10 +12,9 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from trainer_core import token_cache
-from trainer_core.config import TrainConfig
+from trainer_core.config import EMBEDDING_MODULES, TrainConfig
 
 NAME = "transformers"
-EMBEDDING_MODULES = ("embed_tokens", "lm_head")
 
 
 def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: bool = False):
