@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from trainer_core import paths, resource_check
 from trainer_core.access import Actor
-from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
+from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig, secrets_in_file
 from trainer_core.data import loading
 from trainer_core.live import LiveSnapshot
 from trainer_core.status import RunStatus
@@ -53,10 +53,9 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
         raise ConfigError([FieldError("config", f"{path} nests values too deeply to read: fix the file")]) from None
     if not isinstance(data, dict):
         raise ConfigError([FieldError("config", f"{path} must hold a mapping of field: value")])
-    leaked = [name for name in SECRET_FIELDS if data.get(name)]
+    leaked = secrets_in_file(data, Path(path).name)
     if leaked:
-        raise ConfigError([FieldError(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment")
-                           for name in leaked])
+        raise ConfigError(leaked)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:

@@ -370,6 +370,14 @@ class TrainConfig:
         return self
 
 
+def secrets_in_file(data: dict, file_name: str) -> list[FieldError]:
+    """One error per secret field a config file (a run YAML, a preset) holds: secrets are never written to
+    files, so one found there is refused rather than used (it may be committed or shared with the file)."""
+    return [FieldError(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment "
+                             f"(or enter it in the form), and remove it from {file_name}")
+            for name in SECRET_FIELDS if data.get(name)]
+
+
 # ---------------------------------------------------------------------- field checks
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from trainer_core import paths
-from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
+from trainer_core.config import ConfigError, FieldError, TrainConfig, secrets_in_file
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUFFIX = ".yaml"
@@ -118,11 +118,9 @@ def load_preset(name: str) -> TrainConfig:
         raise PresetError.one(f"{preset.path.name} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise PresetError.one(f"{preset.path.name} must hold a mapping of field: value")
-    leaked = [name for name in SECRET_FIELDS if data.get(name)]
+    leaked = secrets_in_file(data, preset.path.name)
     if leaked:
-        raise PresetError([FieldError(field, f"{preset.path.name} holds a secret: remove it from the file and "
-                                             "enter it in the form (or set HF_TOKEN / WANDB_API_KEY)")
-                           for field in leaked])
+        raise PresetError(leaked)
     try:
         return TrainConfig.from_dict(data)
     except ConfigError as exc:
