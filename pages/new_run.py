@@ -4,183 +4,52 @@ No ``st.form``: the column mapping, the model panel and the memory estimate reac
 changes. Every widget reads and writes ``st.session_state`` under ``nr_<field>``, so a preset fills
 the page by writing those keys, and the config is built from the state wherever it is needed. The
 page stays cheap on each rerun: model facts and dataset columns are cached, and the data preview (a
-tokenizer in a subprocess) runs only when asked for. Defaults come from ``TrainConfig()`` and help
-texts from ``TrainConfig.help``; validation is the config's, every problem shown at once.
+tokenizer in a subprocess) runs only when asked for. Layout only: the widget <-> config mapping is
+``ui/form.py``, the column sniffing ``trainer_core/data/formats.py``, the length chart ``charts.py``.
 """
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
-from typing import Any
 
-import altair as alt
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from trainer_core import engines, hardware, memory, model_info, parallel, presets, preview
-from trainer_core.config import (
-    BUNDLED_DATASET,
-    BUNDLED_MODEL,
-    DEFAULT_TARGET_MODULES,
-    EMBEDDING_MODULES,
-    FORMAT_TYPES,
-    OPTIMIZERS,
-    SCHEDULERS,
-    SECRET_FIELDS,
-    TRAINING_TYPES,
-    ConfigError,
-    FieldError,
-    TrainConfig,
-    looks_like_path,
-)
 from trainer_core.access import Action, allowed
+from trainer_core.charts import length_chart
+from trainer_core.config import FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError, TrainConfig
 from trainer_core.data import DatasetError, formats
 from trainer_core.data.readers import read_rows
-from trainer_core.data.sources import resolve_source, save_upload
+from trainer_core.data.sources import resolve_source
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
+from ui import form
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
+from ui.form import BASE, DATASET_SOURCES, K, MAP_AS, MODEL_SOURCES, MODULE_CHOICES, NOT_MAPPED, PREVIEW, SAVED
 from ui.state import get_orchestrator
 from ui.text import code, safe
 
 require_entrypoint("pages/new_run.py")
 
-D = TrainConfig()
 H = TrainConfig.help
-K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
-BASE = K + "base"  # the loaded preset: fields without a widget keep its values
-SAVED = K + "saved"  # widget values kept while the user is on another page (Streamlit drops them)
-UPLOADS = K + "uploads"  # upload file_id -> saved path, so an upload is hashed and written once
-PREVIEW = K + "preview"  # (config key, Preview | list[FieldError]) of the last "Preview data"
-MAP_AS = K + "map_as"  # the format whose role pickers were shown last
-
-MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct)", "local": "Local folder", "hub": "Hugging Face hub id"}
-DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local": "Local file path",
-                   "hub": "Hugging Face hub dataset"}
-UPLOAD_TYPES = ["jsonl", "json", "csv", "parquet"]
-EXTRA_MODULES = list(EMBEDDING_MODULES)
-MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
-CHOICES = {"training_type": list(TRAINING_TYPES), "format_type": FORMAT_TYPES, "lr_scheduler_type": SCHEDULERS,
-           "optim": OPTIMIZERS}  # fields shown as selectboxes
-NOT_MAPPED = "—"
 SAMPLE_ROWS = 100  # rows read for the mapping pickers and the format guess
 
-# Fields whose widget holds exactly the config value, under the key nr_<field>.
-PLAIN_FIELDS = (
-    "run_name", "training_type", "max_seq_length", "load_in_4bit", "trust_remote_code", "hf_dataset", "format_type",
-    "subset", "train_split", "eval_split", "eval_fraction", "eval_steps", "early_stopping_patience",
-    "dataset_slice_start", "dataset_slice_end", "system_prompt", "num_epochs", "max_steps", "learning_rate",
-    "embedding_learning_rate", "batch_size", "gradient_accumulation_steps", "warmup_steps", "warmup_ratio",
-    "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
-    "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
-    "use_lora", "lora_r",
-    "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
-    "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
-    "num_processes",
-)
-STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
-                   "resume_from_checkpoint", "tensorboard_dir")
-# Role pickers per format: (mapping key, label, required).
-ROLE_SLOTS = {
-    "alpaca": [("instruction", "Instruction column", True), ("input", "Input column (optional)", False),
-               ("output", "Output column", True)],
-    "chatml": [("messages", "Messages column", True), ("role", "Role key in each turn", False),
-               ("content", "Content key in each turn", False)],
-    "sharegpt": [("conversations", "Conversations column", True), ("from", "Speaker key in each turn", False),
-                 ("value", "Text key in each turn", False)],
-    "text": [("text", "Text column", True)],
-}
-TURN_SLOTS = {"chatml": ("messages", "role"), "sharegpt": ("conversations", "from")}  # where role names live
-TURN_KEY_SLOTS = ("role", "content", "from", "value")  # pickers offering the keys inside each turn
-ROLE_NAMES = ("user", "assistant", "system")
-PREVIEW_FIELDS = ("model_name", "hf_dataset", "local_datasets", "local_eval_datasets", "subset", "train_split",
-                  "eval_split", "format_type", "custom_format_mapping", "system_prompt", "max_seq_length",
-                  "train_on_completions", "packing", "batch_size", "gradient_accumulation_steps", "eval_fraction",
-                  "dataset_slice_start", "dataset_slice_end", "random_seed", "trust_remote_code", "training_type",
-                  "num_processes", "gpu_ids")
 
-
-# ---------------------------------------------------------------------- small parsers
-def _split_list(text: str) -> list[str]:
-    return [part.strip() for line in text.splitlines() for part in line.split(",") if part.strip()]
-
-
-def parse_mapping(text: str) -> tuple[dict[str, str], list[FieldError]]:
-    """``role=column`` lines (``role: column`` also works; ``#`` starts a comment) into a dict."""
-    mapping: dict[str, str] = {}
-    errors: list[FieldError] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        sep = "=" if "=" in line else ":"
-        role, _, column = line.partition(sep)
-        if not role.strip() or not column.strip():
-            errors.append(FieldError("custom_format_mapping", f"line {number}: write role=column, got {line!r}"))
-            continue
-        mapping[role.strip()] = column.strip()
-    return mapping, errors
-
-
-def parse_gpu_ids(text: str) -> tuple[list[int], list[FieldError]]:
-    try:
-        return [int(part) for part in _split_list(text)], []
-    except ValueError:
-        return [], [FieldError("gpu_ids", f"write GPU numbers separated by commas, such as 0,1; got {text!r}")]
-
-
-def model_name(source: str, text: str) -> str:
-    text = text.strip()
-    if source == "bundled":
-        return BUNDLED_MODEL
-    if source == "local" and text and not looks_like_path(text):
-        return "./" + text  # a relative folder name must not be mistaken for a hub id
-    return text
-
-
-# ---------------------------------------------------------------------- config <-> widget state
-def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
-    """The widget values that show ``cfg`` (secrets are left alone: they never come from a config)."""
-    state = {K + name: getattr(cfg, name) for name in PLAIN_FIELDS}
-    if cfg.model_name == BUNDLED_MODEL:
-        state.update({K + "model_source": "bundled", K + "model_text": ""})
-    else:
-        source = "local" if looks_like_path(cfg.model_name) else "hub"
-        state.update({K + "model_source": source, K + "model_text": cfg.model_name})
-    if cfg.hf_dataset:
-        source = "hub"
-    elif cfg.local_datasets == [BUNDLED_DATASET] or not cfg.local_datasets:
-        source = "bundled"
-    else:
-        source = "local"
-    state[K + "dataset_source"] = source
-    state[K + "local_datasets"] = ", ".join(cfg.local_datasets) if source == "local" else ""
-    state[K + "local_eval_datasets"] = ", ".join(cfg.local_eval_datasets)
-    state[K + "custom_format_mapping"] = "".join(f"{k}={v}\n" for k, v in cfg.custom_format_mapping.items())
-    state[K + "target_modules"] = [m for m in cfg.target_modules if m in MODULE_CHOICES]
-    state[K + "extra_modules"] = ", ".join(m for m in cfg.target_modules if m not in MODULE_CHOICES)
-    state[K + "gpu_ids"] = ", ".join(str(g) for g in cfg.gpu_ids)
-    return state
-
-
+# ---------------------------------------------------------------------- widget state
 def init_state() -> None:
     """Widget values: kept ones first (after a visit to another page), else the loaded preset or defaults."""
     base = st.session_state.get(BASE) or TrainConfig()
-    for key, value in {**config_to_state(base), **st.session_state.get(SAVED, {})}.items():
+    for key, value in {**form.config_to_state(base), **st.session_state.get(SAVED, {})}.items():
         st.session_state.setdefault(key, value)
 
 
 def remember_state() -> None:
-    keys = [K + "model_source", K + "model_text", K + "dataset_source", K + "local_datasets",
-            K + "local_eval_datasets", K + "custom_format_mapping", K + "target_modules", K + "extra_modules",
-            K + "gpu_ids", *(K + name for name in PLAIN_FIELDS)]
-    keys += [key for key in st.session_state if str(key).startswith(K + "map_")]
-    st.session_state[SAVED] = {key: st.session_state[key] for key in keys if key in st.session_state}
+    state = st.session_state
+    state[SAVED] = {key: state[key] for key in form.remembered_keys(state) if key in state}
 
 
 def apply_preset() -> None:
@@ -191,99 +60,16 @@ def apply_preset() -> None:
     except ConfigError as exc:
         st.session_state[K + "preset_message"] = ("error", exc.errors)
         return
-    unknown = [FieldError(name, f"'{getattr(cfg, name)}' is not one of {', '.join(choices)}")
-               for name, choices in CHOICES.items() if getattr(cfg, name) not in choices]
+    unknown = form.choice_problems(cfg)
     if unknown:  # a selectbox cannot show a value outside its options
         st.session_state[K + "preset_message"] = ("error", unknown)
         return
     for key in [key for key in st.session_state if str(key).startswith(K + "map_")]:
         del st.session_state[key]  # the preset's mapping is shown in the text box; pickers start afresh
     st.session_state.pop(SAVED, None)
-    st.session_state.update(config_to_state(cfg))
+    st.session_state.update(form.config_to_state(cfg))
     st.session_state[BASE] = cfg
     st.session_state[K + "preset_message"] = ("success", f"Loaded preset '{name}'.")
-
-
-def saved_upload(upload) -> tuple[list[str], list[FieldError]]:
-    if upload is None:
-        return [], [FieldError("local_datasets", "choose a file to upload (.jsonl, .json, .csv or .parquet)")]
-    known = st.session_state.setdefault(UPLOADS, {})
-    if upload.file_id not in known:
-        try:
-            known[upload.file_id] = str(save_upload(upload.name, upload))  # streamed: getvalue() would copy it
-        except DatasetError as exc:
-            return [], [FieldError(exc.field, exc.message)]
-    return [known[upload.file_id]], []
-
-
-def dataset_values(state) -> tuple[dict, list[FieldError]]:
-    """``hf_dataset``/``local_datasets`` for the chosen source; an upload is saved under the data root."""
-    source = state.get(K + "dataset_source", "bundled")
-    hub_id = state.get(K + "hf_dataset", "").strip()
-    if source == "bundled":
-        return {"hf_dataset": "", "local_datasets": [BUNDLED_DATASET]}, []
-    if source == "hub":
-        errors = [] if hub_id else [FieldError("hf_dataset", "enter a hub dataset id such as org/name")]
-        return {"hf_dataset": hub_id, "local_datasets": []}, errors
-    if source == "local":
-        files = _split_list(state.get(K + "local_datasets", ""))
-        errors = [] if files else [FieldError("local_datasets", "enter the path of a .jsonl/.json/.csv/.parquet file")]
-        return {"hf_dataset": "", "local_datasets": files}, errors
-    files, errors = saved_upload(state.get(K + "upload"))
-    return {"hf_dataset": "", "local_datasets": files}, errors
-
-
-def role_mapping(state, fmt_name: str | None) -> dict[str, str]:
-    """What the role pickers of ``fmt_name`` map (a column left at its own name or unset maps nothing)."""
-    mapping = {}
-    slots = [key for key, _, _ in ROLE_SLOTS.get(fmt_name, [])]
-    slots += list(ROLE_NAMES) if fmt_name in TURN_SLOTS else []
-    for key in slots:
-        chosen = state.get(f"{K}map_{fmt_name}_{key}", NOT_MAPPED)
-        if chosen not in (NOT_MAPPED, key, None):
-            mapping[key] = chosen
-    return mapping
-
-
-def current_mapping(state) -> tuple[dict[str, str], list[FieldError]]:
-    """Role pickers, then the free-text lines (which win where both name a role)."""
-    typed, errors = parse_mapping(state.get(K + "custom_format_mapping", ""))
-    return {**role_mapping(state, state.get(MAP_AS)), **typed}, errors
-
-
-def build_config(with_secrets: bool = True) -> tuple[TrainConfig | None, list[FieldError]]:
-    """The config the page shows, and every problem found while reading the widgets."""
-    state = st.session_state
-    values: dict[str, Any] = {name: state[K + name] for name in PLAIN_FIELDS}
-    for name in STRIPPED_FIELDS:
-        values[name] = values[name].strip()
-    dataset, errors = dataset_values(state)
-    mapping, mapping_errors = current_mapping(state)
-    gpu_ids, gpu_errors = parse_gpu_ids(state.get(K + "gpu_ids", ""))
-    errors = mapping_errors + errors + gpu_errors
-    values.update(dataset)
-    values.update(
-        model_name=model_name(state[K + "model_source"], state.get(K + "model_text", "")),
-        local_eval_datasets=_split_list(state.get(K + "local_eval_datasets", "")),
-        custom_format_mapping=mapping,
-        target_modules=list(dict.fromkeys(state[K + "target_modules"] + _split_list(state.get(K + "extra_modules", "")))),
-        gpu_ids=gpu_ids,
-    )
-    if with_secrets:
-        values.update({name: state.get(K + name, "").strip() for name in SECRET_FIELDS})
-    base = (state.get(BASE) or D).to_public_dict()
-    try:
-        cfg = TrainConfig.from_dict({**base, **values})
-    except ConfigError as exc:
-        return None, errors + exc.errors
-    return cfg, errors
-
-
-def remote_code_errors(state) -> list[FieldError]:
-    if state.get(K + "trust_remote_code") and not state.get(K + "trust_remote_code_confirm"):
-        return [FieldError("trust_remote_code", "tick 'I have read this model's code and trust its author' to run "
-                                                "code from the model's repository, or turn Trust remote code off")]
-    return []
 
 
 def show_errors(errors: list[FieldError], headline: str = "The run was not started") -> None:
@@ -321,7 +107,7 @@ def presets_panel() -> None:
 
 
 def save_current(name: str, description: str, overwrite: bool) -> None:
-    cfg, errors = build_config(with_secrets=False)
+    cfg, errors = form.build_config(st.session_state, with_secrets=False)
     if cfg is None or errors:
         show_errors(errors, "The preset was not saved")
         return
@@ -415,7 +201,7 @@ def sample_rows(path: str, stamp: tuple[int, int]) -> tuple[list[dict], str]:
 
 def dataset_sample() -> tuple[list[dict], str, str]:
     """(rows, problem, which file) for the mapping pickers: the first local file; nothing for hub data."""
-    dataset, _ = dataset_values(st.session_state)
+    dataset, _ = form.dataset_values(st.session_state)
     if not dataset["local_datasets"]:
         return [], "", ""
     try:
@@ -425,29 +211,6 @@ def dataset_sample() -> tuple[list[dict], str, str]:
     stat = path.stat()
     rows, problem = sample_rows(str(path), (stat.st_mtime_ns, stat.st_size))
     return rows, problem, path.name
-
-
-def columns_of(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(str(column) for row in rows for column in row))
-
-
-def turn_values(rows: list[dict], column: str, key: str | None = None) -> list[str]:
-    """The keys of the turns in a chat column, or (with ``key``) the distinct values under that key."""
-    found: dict[str, None] = {}
-    for row in rows:
-        value = row.get(column)
-        if isinstance(value, str) and value.lstrip().startswith("["):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                continue
-        for turn in value if isinstance(value, list) else []:
-            if isinstance(turn, dict):
-                if key is None:
-                    found.update(dict.fromkeys(str(k) for k in turn))
-                elif isinstance(turn.get(key), str):
-                    found[turn[key]] = None
-    return list(found)[:50]
 
 
 def picker(label: str, key: str, options: list[str], default: str, help: str | None = None) -> str:
@@ -468,9 +231,9 @@ def mapping_panel() -> None:
         st.caption("Column pickers appear once a local file is chosen or uploaded. For hub datasets, map columns "
                    "in 'More mapping' below (role=column per line).")
         return
-    columns = columns_of(rows)
+    columns = formats.columns_of(rows)
     format_type = state[K + "format_type"]
-    mapping, _ = current_mapping(state)
+    mapping, _ = form.current_mapping(state)
     try:
         detected = formats.normalize_rows(rows, "auto", mapping)
         guess, reason = detected.format, detected.reason
@@ -484,77 +247,45 @@ def mapping_panel() -> None:
         st.caption(f"Auto-detected format: **{safe(guess)}** ({safe(reason)}).")
     else:
         st.warning(f"**format_type**: {safe(reason)}", icon="🧭")
-        map_as = st.radio("Map the columns as", list(ROLE_SLOTS), horizontal=True, key=K + "map_as_choice")
+        map_as = st.radio("Map the columns as", list(form.ROLE_SLOTS), horizontal=True, key=K + "map_as_choice")
     state[MAP_AS] = map_as
-    slots = ROLE_SLOTS[map_as]
+    slots = form.ROLE_SLOTS[map_as]
     cols = st.columns(len(slots))
     for col, (key, text, required) in zip(cols, slots):
         with col:
-            if key in TURN_KEY_SLOTS:
-                options = turn_values(rows, mapped_column(state, map_as))
+            if key in form.TURN_KEY_SLOTS:
+                options = formats.turn_values(rows, form.mapped_column(state, map_as))
             else:
                 options = columns
             picker(text + (" *" if required else ""), f"{K}map_{map_as}_{key}", options, key)
-    if map_as in TURN_SLOTS:
+    if map_as in form.TURN_SLOTS:
         role_pickers(rows, map_as)
-
-
-def mapped_column(state, map_as: str) -> str:
-    column_key = TURN_SLOTS[map_as][0]
-    chosen = state.get(f"{K}map_{map_as}_{column_key}", NOT_MAPPED)
-    return column_key if chosen in (NOT_MAPPED, None) else chosen
 
 
 def role_pickers(rows: list[dict], map_as: str) -> None:
     """Which of the data's speaker names is the user, the assistant and the system."""
     state = st.session_state
-    role_slot = TURN_SLOTS[map_as][1]
-    role_key = state.get(f"{K}map_{map_as}_{role_slot}", NOT_MAPPED)
-    role_key = role_slot if role_key in (NOT_MAPPED, None) else role_key
-    names = turn_values(rows, mapped_column(state, map_as), role_key)
+    names = formats.turn_values(rows, form.mapped_column(state, map_as), form.mapped_role_key(state, map_as))
     unknown = [n for n in names if n.strip().lower() not in formats.ROLE_ALIASES]
-    chosen = any(state.get(f"{K}map_{map_as}_{role}", NOT_MAPPED) not in (NOT_MAPPED, role) for role in ROLE_NAMES)
+    chosen = any(state.get(f"{K}map_{map_as}_{role}", NOT_MAPPED) not in (NOT_MAPPED, role) for role in form.ROLE_NAMES)
     if not unknown and not chosen:
         return  # every speaker name is a known one: nothing to ask
     if unknown:
         st.caption("Speaker names the format does not know: " + ", ".join(code(n, limit=200) for n in unknown)
                    + ". Say which is which:")
-    cols = st.columns(len(ROLE_NAMES))
-    for col, role in zip(cols, ROLE_NAMES):
+    cols = st.columns(len(form.ROLE_NAMES))
+    for col, role in zip(cols, form.ROLE_NAMES):
         with col:
             picker(f"'{role}' is called", f"{K}map_{map_as}_{role}", names, role,
                    help=f"The speaker name in your data that means {role} ({NOT_MAPPED}: the usual names)")
 
 
 # ---------------------------------------------------------------------- preview
-def config_key(cfg: TrainConfig) -> str:
-    """What a preview depends on: a change elsewhere (learning rate, LoRA rank) keeps it current."""
-    data = cfg.to_public_dict()
-    return json.dumps({name: data[name] for name in PREVIEW_FIELDS}, sort_keys=True, default=str)
-
-
 def current_preview(cfg: TrainConfig | None) -> preview.Preview | None:
     shown = st.session_state.get(PREVIEW)
-    if cfg is None or shown is None or isinstance(shown[1], list) or shown[0] != config_key(cfg):
+    if cfg is None or shown is None or isinstance(shown[1], list) or shown[0] != form.config_key(cfg):
         return None
     return shown[1]
-
-
-def length_chart(lengths: list[int] | tuple[int, ...], max_seq_length: int) -> alt.LayerChart:
-    """Histogram of token lengths, binned here (a 100k-row dataset sends 40 bars), with max_seq_length marked."""
-    values = np.asarray(lengths, dtype=float)
-    top = max(float(values.max()) if len(values) else 0.0, float(max_seq_length), 1.0)
-    counts, edges = np.histogram(values, bins=40, range=(0.0, top))
-    bars = pd.DataFrame({"start": edges[:-1], "end": edges[1:], "rows": counts,
-                         "part": np.where(edges[1:] > max_seq_length, "truncated", "fits")})
-    bar = alt.Chart(bars).mark_bar().encode(
-        x=alt.X("start:Q", title="tokens per row"), x2="end:Q", y=alt.Y("rows:Q", title="rows"),
-        color=alt.Color("part:N", scale=alt.Scale(domain=["fits", "truncated"], range=["#4c78a8", "#e45756"]),
-                        legend=alt.Legend(title=None, orient="top")),
-        tooltip=[alt.Tooltip("start:Q", format=".0f"), alt.Tooltip("end:Q", format=".0f"), "rows:Q"])
-    rule = alt.Chart(pd.DataFrame({"max_seq_length": [max_seq_length]})).mark_rule(
-        color="#e45756", strokeDash=[5, 3], size=2).encode(x="max_seq_length:Q", tooltip=["max_seq_length:Q"])
-    return alt.layer(bar, rule).properties(height=220)
 
 
 def row_html(row: preview.RenderedRow) -> str:
@@ -571,15 +302,15 @@ def preview_panel(cfg: TrainConfig | None, errors: list[FieldError]) -> None:
     st.subheader("Data preview")
     st.caption("Tokenizes the data exactly as training will (takes a few seconds the first time).")
     if st.button("Preview data", key=K + "preview_button", icon="🔍"):
-        problems = errors + remote_code_errors(st.session_state)
+        problems = errors + form.remote_code_errors(st.session_state)
         if cfg is None or problems:
             st.session_state[PREVIEW] = (None, problems)
         else:
             with st.spinner("Loading the tokenizer and rendering rows…"):
                 try:
-                    st.session_state[PREVIEW] = (config_key(cfg), preview.build_preview(cfg))
+                    st.session_state[PREVIEW] = (form.config_key(cfg), preview.build_preview(cfg))
                 except preview.PreviewError as exc:
-                    st.session_state[PREVIEW] = (config_key(cfg), exc.errors)
+                    st.session_state[PREVIEW] = (form.config_key(cfg), exc.errors)
     shown = st.session_state.get(PREVIEW)
     if shown is None:
         return
@@ -622,8 +353,8 @@ def render_preview(p: preview.Preview) -> None:
 # ---------------------------------------------------------------------- start
 def start_run() -> None:
     orch = get_orchestrator()
-    cfg, errors = build_config()
-    errors += remote_code_errors(st.session_state)
+    cfg, errors = form.build_config(st.session_state)
+    errors += form.remote_code_errors(st.session_state)
     if cfg is not None and errors:
         # Report the rest of the form too, so one click shows every problem.
         reported = {e.field for e in errors}
@@ -674,12 +405,12 @@ with st.expander("Access and remote code"):
         st.checkbox("I have read this model's code and trust its author", key=K + "trust_remote_code_confirm")
     st.caption("⚠️ Trusting remote code runs Python from the model's repository on this machine, "
                "with your permissions. Only turn it on for authors you trust.")
-info = model_panel(model_name(st.session_state[K + "model_source"], st.session_state[K + "model_text"]))
+info = model_panel(form.model_name(st.session_state[K + "model_source"], st.session_state[K + "model_text"]))
 
 st.subheader("Dataset")
 st.radio("Dataset source", list(DATASET_SOURCES), format_func=DATASET_SOURCES.get, horizontal=True,
          key=K + "dataset_source", help=H("local_datasets"))
-st.file_uploader("Upload (used with 'Upload a file')", type=UPLOAD_TYPES, key=K + "upload")
+st.file_uploader("Upload (used with 'Upload a file')", type=form.UPLOAD_TYPES, key=K + "upload")
 st.text_input("Local file path(s) (used with 'Local file path'; comma-separated)", key=K + "local_datasets",
               placeholder="data/train.jsonl")
 hub_cols = st.columns(4)
@@ -689,7 +420,7 @@ hub_cols[2].text_input("Train split", key=K + "train_split", help=H("train_split
 hub_cols[3].text_input("Eval split", key=K + "eval_split", help=H("eval_split"))
 st.selectbox("Format", FORMAT_TYPES, key=K + "format_type", help=H("format_type"))
 mapping_panel()
-config, config_errors = build_config()  # after the pickers: they decide which format's mapping applies
+config, config_errors = form.build_config(st.session_state)  # after the pickers: they decide which format's mapping applies
 with st.expander("System prompt and more mapping"):
     st.text_area("System prompt", key=K + "system_prompt", help=H("system_prompt"))
     st.text_area("More mapping (one role=column per line; wins over the pickers above)",

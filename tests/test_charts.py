@@ -429,3 +429,23 @@ def test_chart_controls_drive_the_charts():
     assert series(rows, charts.SMOOTH_LOSS)["value"].tolist() == pytest.approx([1.0, 5 / 3, 17 / 7])
     # the choice survives a rerun, and a page that does not draw the widgets keeps it for later
     assert at.session_state["_saved_t_x"] == "epoch" and at.session_state["_saved_t_ema"] == 0.5
+
+
+# ---------------------------------------------------------------------- token lengths (New run preview)
+def test_length_chart_bins_here_and_marks_max_seq_length():
+    lengths = [10] * 500 + [300, 900]
+    spec = charts.length_chart(lengths, max_seq_length=256).to_dict()
+    frames = [pd.DataFrame(rows) for rows in spec["datasets"].values()]
+    bars = next(f for f in frames if "rows" in f)
+    assert len(bars) == 40 and bars["rows"].sum() == 502  # 502 rows arrive as 40 bars
+    assert bars["end"].max() == 900  # the longest row sets the range
+    assert set(bars[bars["start"] >= 256]["part"]) == {"truncated"}
+    assert set(bars[bars["end"] <= 256]["part"]) == {"fits"}
+    assert next(f for f in frames if "max_seq_length" in f)["max_seq_length"].tolist() == [256]
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["bar", "rule"]
+    assert spec["height"] == charts.LENGTH_HEIGHT
+
+
+def test_length_chart_of_no_rows_spans_max_seq_length():
+    bars = pd.DataFrame(next(iter(charts.length_chart([], max_seq_length=128).to_dict()["datasets"].values())))
+    assert bars["rows"].sum() == 0 and bars["end"].max() == 128

@@ -39,8 +39,11 @@ LINE_METRICS = {"learning_rate": "Learning rate", "grad_norm": "Grad norm", "tok
 COMPARE_METRICS = {"loss": "Train loss", "eval_loss": "Eval loss"}
 COMPARE_ALIGN = ("step", "tokens_seen")
 MISSING = "—"
-LOSS_HEIGHT = 280
-LINE_HEIGHT = 220
+# One height per chart, in the spec and for the page element that shows it (an explicit element height:
+# with "content" the Streamlit theme squeezes the plot area).
+LOSS_HEIGHT = 380  # the loss chart of Live/Run details and each Compare chart
+LINE_HEIGHT = 280  # the small charts under it
+LENGTH_HEIGHT = 220  # the token-length histogram of the New run preview
 
 
 @dataclass(frozen=True)
@@ -462,3 +465,20 @@ def compare_chart(frames: dict[str, pd.DataFrame], metric: str = "loss", align: 
     colours = RUN_COLOURS[:len(series)] if len(series) <= len(RUN_COLOURS) else None
     return _chart(data, _Shape(align, tuple(series), ("line" if many else "line+points",) * len(series), colours,
                                COMPARE_METRICS[metric], y_title, False, LOSS_HEIGHT))
+
+
+def length_chart(lengths: Iterable[int], max_seq_length: int, bins: int = 40) -> alt.LayerChart:
+    """Histogram of token lengths, binned here (a 100k-row dataset sends ``bins`` bars), max_seq_length marked."""
+    values = np.asarray(list(lengths), dtype=float)
+    top = max(float(values.max()) if len(values) else 0.0, float(max_seq_length), 1.0)
+    counts, edges = np.histogram(values, bins=bins, range=(0.0, top))
+    bars = pd.DataFrame({"start": edges[:-1], "end": edges[1:], "rows": counts,
+                         "part": np.where(edges[1:] > max_seq_length, "truncated", "fits")})
+    bar = alt.Chart(bars).mark_bar().encode(
+        x=alt.X("start:Q", title="tokens per row"), x2="end:Q", y=alt.Y("rows:Q", title="rows"),
+        color=alt.Color("part:N", scale=alt.Scale(domain=["fits", "truncated"], range=["#4c78a8", "#e45756"]),
+                        legend=alt.Legend(title=None, orient="top")),
+        tooltip=[alt.Tooltip("start:Q", format=".0f"), alt.Tooltip("end:Q", format=".0f"), "rows:Q"])
+    rule = alt.Chart(pd.DataFrame({"max_seq_length": [max_seq_length]})).mark_rule(
+        color="#e45756", strokeDash=[5, 3], size=2).encode(x="max_seq_length:Q", tooltip=["max_seq_length:Q"])
+    return alt.layer(bar, rule).properties(height=LENGTH_HEIGHT)

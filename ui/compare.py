@@ -16,7 +16,7 @@ import streamlit as st
 from db.models import Run
 from trainer_core import charts
 from ui import format as fmt
-from ui.views import LOSS_HEIGHT, persisted, persistent_key, smoothing_control
+from ui.views import persisted, persistent_key, smoothing_control
 
 MIN_RUNS, MAX_RUNS = 2, 6
 _ABSENT = object()
@@ -126,7 +126,7 @@ def render_compare(runs: Sequence[Run], frames: dict[str, pd.DataFrame], configs
     for metric in charts.COMPARE_METRICS:
         if _has(by_label, metric):
             st.altair_chart(charts.compare_chart(by_label, metric=metric, align=align, smoothing=smoothing),
-                            theme="streamlit", width="stretch", height=LOSS_HEIGHT)
+                            theme="streamlit", width="stretch", height=charts.LOSS_HEIGHT)
         else:
             st.caption(f"No run logged {charts.COMPARE_METRICS[metric].lower()}.")
 

@@ -32,8 +32,6 @@ BADGE_COLOURS = {
 }
 SPARK_POINTS = 60
 NO_RUNS = "No runs yet. Start one on the **New run** page."
-LOSS_HEIGHT = 380
-SMALL_HEIGHT = 280
 ALERTS_SHOWN = 5
 SMOOTHING_KINDS = {"window": "Moving avg", "ema": "EMA"}
 DEFAULT_WINDOW = 10
@@ -161,11 +159,10 @@ def render_charts(df: pd.DataFrame, options: ChartOptions | None = None, window:
     if options is None:
         options = ChartOptions(smoothing=charts.Smoothing("window", window or DEFAULT_WINDOW))
     built = charts.live_charts(df, x=options.x, smoothing=options.smoothing, log_scale=options.log_scale)
-    # An explicit element height: with "content" the Streamlit theme squeezes the plot area.
-    st.altair_chart(built.pop("loss"), theme="streamlit", width="stretch", height=LOSS_HEIGHT)
+    st.altair_chart(built.pop("loss"), theme="streamlit", width="stretch", height=charts.LOSS_HEIGHT)
     for column, chart in zip(st.columns(len(built)) if built else [], built.values()):
         with column:
-            st.altair_chart(chart, theme="streamlit", width="stretch", height=SMALL_HEIGHT)
+            st.altair_chart(chart, theme="streamlit", width="stretch", height=charts.LINE_HEIGHT)
 
 
 def alert_badge(count: int) -> str:

@@ -554,3 +554,15 @@ def test_module_does_not_import_the_ml_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[2])
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------- the form's chat-column sniffer
+def test_turn_values_reads_turn_keys_and_speaker_names_like_the_converters():
+    rows = [{"dialog": [{"who": "bot", "said": "hi"}, {"who": "person", "said": "yo"}]},
+            {"dialog": json.dumps([{"who": "narrator", "said": "..."}])},  # turns stored as JSON text (CSV)
+            {"dialog": "[[[[" * 2000 + "]]]]" * 2000},  # nested deeper than Python parses: skipped, no crash
+            {"dialog": ["not a turn", 3]}, {"other": 1}]
+    assert formats.turn_values(rows, "dialog") == ["who", "said"]
+    assert formats.turn_values(rows, "dialog", "who") == ["bot", "person", "narrator"]
+    assert formats.turn_values(rows, "dialog", "who", limit=2) == ["bot", "person"]
+    assert formats.columns_of(rows) == ["dialog", "other"]

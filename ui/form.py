@@ -1,0 +1,260 @@
+"""The New run form <-> TrainConfig mapping, without Streamlit: parsers, widget values, column mapping.
+
+Every widget of the New run page reads and writes ``st.session_state`` under ``nr_<name>``; the functions
+here take that state as a plain mapping (a dict in the tests), so what the form builds from its widgets,
+and what a preset or a loaded config puts back into them, is unit-tested without running the page.
+Defaults come from ``TrainConfig()``; validation is the config's, every problem reported at once.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from trainer_core.config import (
+    BUNDLED_DATASET,
+    BUNDLED_MODEL,
+    DEFAULT_TARGET_MODULES,
+    EMBEDDING_MODULES,
+    FORMAT_TYPES,
+    OPTIMIZERS,
+    SCHEDULERS,
+    SECRET_FIELDS,
+    TRAINING_TYPES,
+    ConfigError,
+    FieldError,
+    TrainConfig,
+    looks_like_path,
+)
+from trainer_core.data import DatasetError
+from trainer_core.data.sources import SUPPORTED_EXTENSIONS, save_upload
+from trainer_core.preview import PREVIEW_FIELDS
+
+K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
+BASE = K + "base"  # the loaded preset: fields without a widget keep its values
+SAVED = K + "saved"  # widget values kept while the user is on another page (Streamlit drops them)
+UPLOADS = K + "uploads"  # upload file_id -> saved path, so an upload is hashed and written once
+PREVIEW = K + "preview"  # (config key, Preview | list[FieldError]) of the last "Preview data"
+MAP_AS = K + "map_as"  # the format whose role pickers were shown last
+
+MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct)", "local": "Local folder", "hub": "Hugging Face hub id"}
+DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local": "Local file path",
+                   "hub": "Hugging Face hub dataset"}
+UPLOAD_TYPES = [ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS]
+EXTRA_MODULES = list(EMBEDDING_MODULES)
+MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
+CHOICES = {"training_type": list(TRAINING_TYPES), "format_type": FORMAT_TYPES, "lr_scheduler_type": SCHEDULERS,
+           "optim": OPTIMIZERS}  # fields shown as selectboxes
+NOT_MAPPED = "—"
+
+# Fields whose widget holds exactly the config value, under the key nr_<field>.
+PLAIN_FIELDS = (
+    "run_name", "training_type", "max_seq_length", "load_in_4bit", "trust_remote_code", "hf_dataset", "format_type",
+    "subset", "train_split", "eval_split", "eval_fraction", "eval_steps", "early_stopping_patience",
+    "dataset_slice_start", "dataset_slice_end", "system_prompt", "num_epochs", "max_steps", "learning_rate",
+    "embedding_learning_rate", "batch_size", "gradient_accumulation_steps", "warmup_steps", "warmup_ratio",
+    "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
+    "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
+    "use_lora", "lora_r",
+    "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
+    "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
+    "num_processes",
+)
+STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
+                   "resume_from_checkpoint", "tensorboard_dir")
+# Widgets that are not one config field each (the model and dataset pickers, lists typed as text).
+OTHER_WIDGETS = ("model_source", "model_text", "dataset_source", "local_datasets", "local_eval_datasets",
+                 "custom_format_mapping", "target_modules", "extra_modules", "gpu_ids")
+# Role pickers per format: (mapping key, label, required).
+ROLE_SLOTS = {
+    "alpaca": [("instruction", "Instruction column", True), ("input", "Input column (optional)", False),
+               ("output", "Output column", True)],
+    "chatml": [("messages", "Messages column", True), ("role", "Role key in each turn", False),
+               ("content", "Content key in each turn", False)],
+    "sharegpt": [("conversations", "Conversations column", True), ("from", "Speaker key in each turn", False),
+                 ("value", "Text key in each turn", False)],
+    "text": [("text", "Text column", True)],
+}
+TURN_SLOTS = {"chatml": ("messages", "role"), "sharegpt": ("conversations", "from")}  # where role names live
+TURN_KEY_SLOTS = ("role", "content", "from", "value")  # pickers offering the keys inside each turn
+ROLE_NAMES = ("user", "assistant", "system")
+
+
+# ---------------------------------------------------------------------- small parsers
+def split_list(text: str) -> list[str]:
+    """Entries separated by commas or new lines, blanks dropped."""
+    return [part.strip() for line in text.splitlines() for part in line.split(",") if part.strip()]
+
+
+def parse_mapping(text: str) -> tuple[dict[str, str], list[FieldError]]:
+    """``role=column`` lines (``role: column`` also works; ``#`` starts a comment) into a dict."""
+    mapping: dict[str, str] = {}
+    errors: list[FieldError] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        sep = "=" if "=" in line else ":"
+        role, _, column = line.partition(sep)
+        if not role.strip() or not column.strip():
+            errors.append(FieldError("custom_format_mapping", f"line {number}: write role=column, got {line!r}"))
+            continue
+        mapping[role.strip()] = column.strip()
+    return mapping, errors
+
+
+def parse_gpu_ids(text: str) -> tuple[list[int], list[FieldError]]:
+    try:
+        return [int(part) for part in split_list(text)], []
+    except ValueError:
+        return [], [FieldError("gpu_ids", f"write GPU numbers separated by commas, such as 0,1; got {text!r}")]
+
+
+def model_name(source: str, text: str) -> str:
+    text = text.strip()
+    if source == "bundled":
+        return BUNDLED_MODEL
+    if source == "local" and text and not looks_like_path(text):
+        return "./" + text  # a relative folder name must not be mistaken for a hub id
+    return text
+
+
+# ---------------------------------------------------------------------- config -> widget values
+def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
+    """The widget values that show ``cfg`` (secrets are left alone: they never come from a config)."""
+    state = {K + name: getattr(cfg, name) for name in PLAIN_FIELDS}
+    if cfg.model_name == BUNDLED_MODEL:
+        state.update({K + "model_source": "bundled", K + "model_text": ""})
+    else:
+        source = "local" if looks_like_path(cfg.model_name) else "hub"
+        state.update({K + "model_source": source, K + "model_text": cfg.model_name})
+    if cfg.hf_dataset:
+        source = "hub"
+    elif cfg.local_datasets == [BUNDLED_DATASET] or not cfg.local_datasets:
+        source = "bundled"
+    else:
+        source = "local"
+    state[K + "dataset_source"] = source
+    state[K + "local_datasets"] = ", ".join(cfg.local_datasets) if source == "local" else ""
+    state[K + "local_eval_datasets"] = ", ".join(cfg.local_eval_datasets)
+    state[K + "custom_format_mapping"] = "".join(f"{k}={v}\n" for k, v in cfg.custom_format_mapping.items())
+    state[K + "target_modules"] = [m for m in cfg.target_modules if m in MODULE_CHOICES]
+    state[K + "extra_modules"] = ", ".join(m for m in cfg.target_modules if m not in MODULE_CHOICES)
+    state[K + "gpu_ids"] = ", ".join(str(g) for g in cfg.gpu_ids)
+    return state
+
+
+def remembered_keys(state: Mapping) -> list[str]:
+    """The widget keys whose values are kept while the user visits another page (role pickers included)."""
+    keys = [K + name for name in OTHER_WIDGETS + PLAIN_FIELDS]
+    return keys + [key for key in state if str(key).startswith(K + "map_")]
+
+
+def choice_problems(cfg: TrainConfig) -> list[FieldError]:
+    """Values a selectbox cannot show because they are not among its options (e.g. from a preset)."""
+    return [FieldError(name, f"'{getattr(cfg, name)}' is not one of {', '.join(choices)}")
+            for name, choices in CHOICES.items() if getattr(cfg, name) not in choices]
+
+
+# ---------------------------------------------------------------------- widget values -> config
+def saved_upload(state: MutableMapping, upload) -> tuple[list[str], list[FieldError]]:
+    """The uploaded file saved under the data root (once per upload: its path is kept in ``state``)."""
+    if upload is None:
+        return [], [FieldError("local_datasets", "choose a file to upload (.jsonl, .json, .csv or .parquet)")]
+    known = state.setdefault(UPLOADS, {})
+    if upload.file_id not in known:
+        try:
+            known[upload.file_id] = str(save_upload(upload.name, upload))  # streamed: getvalue() would copy it
+        except DatasetError as exc:
+            return [], [FieldError(exc.field, exc.message)]
+    return [known[upload.file_id]], []
+
+
+def dataset_values(state: MutableMapping) -> tuple[dict, list[FieldError]]:
+    """``hf_dataset``/``local_datasets`` for the chosen source; an upload is saved under the data root."""
+    source = state.get(K + "dataset_source", "bundled")
+    hub_id = state.get(K + "hf_dataset", "").strip()
+    if source == "bundled":
+        return {"hf_dataset": "", "local_datasets": [BUNDLED_DATASET]}, []
+    if source == "hub":
+        errors = [] if hub_id else [FieldError("hf_dataset", "enter a hub dataset id such as org/name")]
+        return {"hf_dataset": hub_id, "local_datasets": []}, errors
+    if source == "local":
+        files = split_list(state.get(K + "local_datasets", ""))
+        errors = [] if files else [FieldError("local_datasets", "enter the path of a .jsonl/.json/.csv/.parquet file")]
+        return {"hf_dataset": "", "local_datasets": files}, errors
+    files, errors = saved_upload(state, state.get(K + "upload"))
+    return {"hf_dataset": "", "local_datasets": files}, errors
+
+
+def role_mapping(state: Mapping, fmt_name: str | None) -> dict[str, str]:
+    """What the role pickers of ``fmt_name`` map (a column left at its own name or unset maps nothing)."""
+    mapping = {}
+    slots = [key for key, _, _ in ROLE_SLOTS.get(fmt_name, [])]
+    slots += list(ROLE_NAMES) if fmt_name in TURN_SLOTS else []
+    for key in slots:
+        chosen = state.get(f"{K}map_{fmt_name}_{key}", NOT_MAPPED)
+        if chosen not in (NOT_MAPPED, key, None):
+            mapping[key] = chosen
+    return mapping
+
+
+def current_mapping(state: Mapping) -> tuple[dict[str, str], list[FieldError]]:
+    """Role pickers, then the free-text lines (which win where both name a role)."""
+    typed, errors = parse_mapping(state.get(K + "custom_format_mapping", ""))
+    return {**role_mapping(state, state.get(MAP_AS)), **typed}, errors
+
+
+def mapped_column(state: Mapping, map_as: str) -> str:
+    """The data's column that holds the turns of a chat format (its own name when not mapped)."""
+    column_key = TURN_SLOTS[map_as][0]
+    chosen = state.get(f"{K}map_{map_as}_{column_key}", NOT_MAPPED)
+    return column_key if chosen in (NOT_MAPPED, None) else chosen
+
+
+def mapped_role_key(state: Mapping, map_as: str) -> str:
+    """The key inside each turn that holds the speaker's name (its own name when not mapped)."""
+    role_slot = TURN_SLOTS[map_as][1]
+    chosen = state.get(f"{K}map_{map_as}_{role_slot}", NOT_MAPPED)
+    return role_slot if chosen in (NOT_MAPPED, None) else chosen
+
+
+def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[TrainConfig | None, list[FieldError]]:
+    """The config the form shows, and every problem found while reading the widgets."""
+    values: dict[str, Any] = {name: state[K + name] for name in PLAIN_FIELDS}
+    for name in STRIPPED_FIELDS:
+        values[name] = values[name].strip()
+    dataset, errors = dataset_values(state)
+    mapping, mapping_errors = current_mapping(state)
+    gpu_ids, gpu_errors = parse_gpu_ids(state.get(K + "gpu_ids", ""))
+    errors = mapping_errors + errors + gpu_errors
+    values.update(dataset)
+    values.update(
+        model_name=model_name(state[K + "model_source"], state.get(K + "model_text", "")),
+        local_eval_datasets=split_list(state.get(K + "local_eval_datasets", "")),
+        custom_format_mapping=mapping,
+        target_modules=list(dict.fromkeys(state[K + "target_modules"] + split_list(state.get(K + "extra_modules", "")))),
+        gpu_ids=gpu_ids,
+    )
+    if with_secrets:
+        values.update({name: state.get(K + name, "").strip() for name in SECRET_FIELDS})
+    base = (state.get(BASE) or TrainConfig()).to_public_dict()
+    try:
+        cfg = TrainConfig.from_dict({**base, **values})
+    except ConfigError as exc:
+        return None, errors + exc.errors
+    return cfg, errors
+
+
+def remote_code_errors(state: Mapping) -> list[FieldError]:
+    if state.get(K + "trust_remote_code") and not state.get(K + "trust_remote_code_confirm"):
+        return [FieldError("trust_remote_code", "tick 'I have read this model's code and trust its author' to run "
+                                                "code from the model's repository, or turn Trust remote code off")]
+    return []
+
+
+def config_key(cfg: TrainConfig) -> str:
+    """What a preview depends on (the preview's own fields): a change elsewhere (learning rate, LoRA rank)
+    keeps the shown preview current."""
+    data = cfg.to_public_dict()
+    return json.dumps({name: data[name] for name in PREVIEW_FIELDS}, sort_keys=True, default=str)
