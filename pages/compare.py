@@ -4,7 +4,8 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import format as fmt
-from ui.compare import MAX_RUNS, MIN_RUNS, render_compare, run_labels
+from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
+from ui.compare import render_compare
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.views import stop_without_runs
@@ -33,17 +34,17 @@ def _remember_choice() -> None:
 # The URL wins (a shared link), then this session's last choice.
 wanted = [i for i in st.query_params.get_all("run") if i in by_id] or \
     [i for i in st.session_state.get("compare_ids", []) if i in by_id]
-if wanted and st.session_state.get("compare_pick") != wanted[:MAX_RUNS]:
-    st.session_state["compare_pick"] = wanted[:MAX_RUNS]
-if len(wanted) > MAX_RUNS:
-    st.warning(f"{len(wanted)} runs were asked for; comparing the first {MAX_RUNS}.")
+if wanted and st.session_state.get("compare_pick") != wanted[:COMPARE_MAX]:
+    st.session_state["compare_pick"] = wanted[:COMPARE_MAX]
+if len(wanted) > COMPARE_MAX:
+    st.warning(f"{len(wanted)} runs were asked for; comparing the first {COMPARE_MAX}.")
 chosen = st.multiselect(
-    "Runs", list(by_id), key="compare_pick", max_selections=MAX_RUNS, on_change=_remember_choice,
+    "Runs", list(by_id), key="compare_pick", max_selections=COMPARE_MAX, on_change=_remember_choice,
     format_func=lambda i: f"{labels[i]} · {fmt.status_badge(by_id[i].status)}",
-    placeholder=f"Pick {MIN_RUNS} to {MAX_RUNS} runs",
+    placeholder=f"Pick {COMPARE_MIN} to {COMPARE_MAX} runs",
 )
-if not MIN_RUNS <= len(chosen) <= MAX_RUNS:
-    st.info(f"Pick {MIN_RUNS} to {MAX_RUNS} runs to compare ({len(chosen)} picked).")
+if not COMPARE_MIN <= len(chosen) <= COMPARE_MAX:
+    st.info(f"Pick {COMPARE_MIN} to {COMPARE_MAX} runs to compare ({len(chosen)} picked).")
     st.stop()
 
 picked = [by_id[i] for i in chosen]

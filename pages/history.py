@@ -10,6 +10,7 @@ import streamlit as st
 
 from trainer_core.access import Action, allowed
 from trainer_core.orchestrator import RunRefused
+from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_name
 from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.auth import current_actor
@@ -20,8 +21,6 @@ from ui.views import stop_without_runs
 
 require_entrypoint("pages/history.py")
 
-RESUMABLE = (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.CANCELLED)
-COMPARE_MIN, COMPARE_MAX = 2, 6
 PAGE_SIZE = 50
 
 orch = get_orchestrator()
@@ -80,7 +79,7 @@ alerts = orch.alert_counts([r.id for r in runs])
 now = time.time()
 table = pd.DataFrame([{
     "id": r.id,
-    "name": r.name or r.id,
+    "name": run_name(r),
     "owner": r.owner,
     "status": fmt.status_badge(r.status),
     "alerts": f"⚠️ {alerts[r.id]}" if alerts.get(r.id) else "",
@@ -132,7 +131,7 @@ if st.session_state.get("history_pick") not in by_id:
 # Runs picked for Compare on other pages of the list stay picked (and labelled).
 kept = [i for i in st.session_state.get("history_compare", []) if i not in by_id]
 labelled = runs + orch.get_runs(kept)
-labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in labelled}
+labels = {r.id: fmt.run_choice(r) for r in labelled}
 pick_col, open_col, resume_col, delete_col = st.columns([4, 1, 1, 1], vertical_alignment="bottom")
 chosen = pick_col.selectbox("Run", list(by_id), format_func=labels.get, key="history_pick")
 run = by_id[chosen]
@@ -141,7 +140,7 @@ if open_col.button("Open", icon="🔎", type="primary", width="stretch"):
     st.session_state["detail_run_id"] = chosen
     st.switch_page("pages/run.py", query_params={"run": chosen})
 if resume_col.button("Resume", icon="⏯️", width="stretch",
-                     disabled=status not in RESUMABLE or not allowed(actor, Action.RESUME, run.owner),
+                     disabled=not can_resume(status) or not allowed(actor, Action.RESUME, run.owner),
                      help="Continue from this run's latest checkpoint as a new, linked run "
                           "(stopped, failed or cancelled runs with a saved checkpoint)."):
     st.session_state["history_resume"] = chosen

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 import yaml
 
+from trainer_core.run_rules import run_name
 from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
@@ -39,7 +40,7 @@ if wanted in ids:
     st.session_state["run_pick"] = wanted
 elif wanted:
     st.warning("The run this link names does not exist (it may have been deleted); showing the newest run.")
-labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
+labels = {r.id: fmt.run_choice(r) for r in runs}
 run_id = st.selectbox("Run", ids, format_func=labels.get, key="run_pick", on_change=_remember_choice)
 run = orch.get_run(run_id)
 if run is None:
@@ -47,7 +48,7 @@ if run is None:
     st.stop()
 status = RunStatus(run.status)
 
-st.markdown(f"### {safe(run.name or run.id)}")
+st.markdown(f"### {safe(run_name(run))}")
 st.markdown(status_markdown(status, "" if status.is_terminal() else run.phase)
             + f"  \n{safe(run.model)} · {safe(run.dataset)} · {safe(run.method)}"
             + (f" · engine: {safe(run.engine)}" if run.engine else "")

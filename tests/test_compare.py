@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from db.models import Run
 from db.store import Store
 from trainer_core.status import RunStatus
-from ui.compare import config_diff, run_labels, summary_table
+from ui.compare import config_diff, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = str(ROOT / "pages" / "compare.py")
@@ -72,11 +72,6 @@ def test_summary_table_falls_back_to_the_run_row_and_counts_running_time():
     row = summary_table(runs, {}, now=1061.0).iloc[0]
     assert (row["final loss"], row["best loss"], row["best eval loss"], row["steps"], row["duration"]) == \
         (1.25, 1.25, 1.5, 9, "1m 01s")
-
-
-def test_run_labels_are_unique():
-    runs = [make_run("r1", "same"), make_run("r2", "same"), make_run("r3", ""), make_run("r4", "other")]
-    assert run_labels(runs) == {"r1": "same · r1", "r2": "same · r2", "r3": "r3", "r4": "other"}
 
 
 # ---------------------------------------------------------------------- the page

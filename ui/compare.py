@@ -15,17 +15,11 @@ import streamlit as st
 
 from db.models import Run
 from trainer_core import charts
+from trainer_core.run_rules import run_labels
 from ui import format as fmt
 from ui.views import persisted, persistent_key, smoothing_control
 
-MIN_RUNS, MAX_RUNS = 2, 6
 _ABSENT = object()
-
-
-def run_labels(runs: Sequence[Run]) -> dict[str, str]:
-    """Run id -> a unique, readable label (the name; the id is added where names repeat)."""
-    names = [r.name or r.id for r in runs]
-    return {r.id: name if names.count(name) == 1 else f"{name} · {r.id}" for r, name in zip(runs, names)}
 
 
 def _cell(value: Any) -> str:

@@ -6,6 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from trainer_core.run_rules import run_name
 from trainer_core.status import RunStatus
 
 MISSING = "—"
@@ -83,6 +84,11 @@ def status_badge(status: RunStatus | str) -> str:
     except ValueError:
         return f"❔ {status}"
     return f"{status.icon} {status.label}"
+
+
+def run_choice(run) -> str:
+    """A run in a picker: its name, status and creation time (History and Run details pick runs alike)."""
+    return f"{run_name(run)} · {status_badge(run.status)} · {timestamp(run.created_at)}"
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
