@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -413,3 +416,13 @@ def test_language_layers_off_leaves_nothing_to_train(home):
     assert [e.field for e in found] == ["finetune_language_layers"]
     assert "nothing to train" in found[0].message
     assert errors(finetune_language_layers=False, training_type="full") == []  # no LoRA: switch is moot
+
+
+# ---------------------------------------------------------------------- layering
+def test_config_does_not_import_the_data_package():
+    """Fields only: data/ imports config for its constants, never the other way round (no import circle)."""
+    code = ("import sys, trainer_core.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('trainer_core.data')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == "[]"
