@@ -162,7 +162,7 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
         st.caption("Set a batch size and a max sequence length of at least 1 to see the estimate.")
         return
     device = "cuda" if hardware.cuda_available() else "cpu"
-    shown = current_preview(cfg)
+    shown = form.current_preview(st.session_state, cfg)
     longest = max(shown.lengths) if shown is not None and shown.lengths else None
     processes = parallel.process_count(cfg)
     engine = engines.choose_engine(processes)
@@ -266,9 +266,8 @@ def role_pickers(rows: list[dict], map_as: str) -> None:
     """Which of the data's speaker names is the user, the assistant and the system."""
     state = st.session_state
     names = formats.turn_values(rows, form.mapped_column(state, map_as), form.mapped_role_key(state, map_as))
-    unknown = [n for n in names if n.strip().lower() not in formats.ROLE_ALIASES]
-    chosen = any(state.get(f"{K}map_{map_as}_{role}", NOT_MAPPED) not in (NOT_MAPPED, role) for role in form.ROLE_NAMES)
-    if not unknown and not chosen:
+    unknown = formats.unknown_speakers(names)
+    if not unknown and not form.speakers_chosen(state, map_as):
         return  # every speaker name is a known one: nothing to ask
     if unknown:
         st.caption("Speaker names the format does not know: " + ", ".join(code(n, limit=200) for n in unknown)
@@ -281,13 +280,6 @@ def role_pickers(rows: list[dict], map_as: str) -> None:
 
 
 # ---------------------------------------------------------------------- preview
-def current_preview(cfg: TrainConfig | None) -> preview.Preview | None:
-    shown = st.session_state.get(PREVIEW)
-    if cfg is None or shown is None or isinstance(shown[1], list) or shown[0] != form.config_key(cfg):
-        return None
-    return shown[1]
-
-
 def row_html(row: preview.RenderedRow) -> str:
     """A row as the model sees it; trained spans highlighted. Every piece of text is escaped."""
     spans = []
@@ -318,7 +310,7 @@ def preview_panel(cfg: TrainConfig | None, errors: list[FieldError]) -> None:
     if isinstance(result, list):
         show_errors(result, "No preview")
         return
-    if current_preview(cfg) is None:
+    if form.current_preview(st.session_state, cfg) is None:
         st.info("The settings changed since this preview: press Preview data again to update it.", icon="🔄")
     render_preview(result)
 

@@ -219,6 +219,11 @@ def mapped_role_key(state: Mapping, map_as: str) -> str:
     return role_slot if chosen in (NOT_MAPPED, None) else chosen
 
 
+def speakers_chosen(state: Mapping, map_as: str) -> bool:
+    """Whether any of the speaker-name pickers of a chat format maps a name other than the usual one."""
+    return any(state.get(f"{K}map_{map_as}_{role}", NOT_MAPPED) not in (NOT_MAPPED, role) for role in ROLE_NAMES)
+
+
 def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[TrainConfig | None, list[FieldError]]:
     """The config the form shows, and every problem found while reading the widgets."""
     values: dict[str, Any] = {name: state[K + name] for name in PLAIN_FIELDS}
@@ -251,6 +256,14 @@ def remote_code_errors(state: Mapping) -> list[FieldError]:
         return [FieldError("trust_remote_code", "tick 'I have read this model's code and trust its author' to run "
                                                 "code from the model's repository, or turn Trust remote code off")]
     return []
+
+
+def current_preview(state: Mapping, cfg: TrainConfig | None):
+    """The last preview, when it was made for these settings (else None: the settings changed since)."""
+    shown = state.get(PREVIEW)
+    if cfg is None or shown is None or isinstance(shown[1], list) or shown[0] != config_key(cfg):
+        return None
+    return shown[1]
 
 
 def config_key(cfg: TrainConfig) -> str:

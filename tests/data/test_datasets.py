@@ -566,3 +566,7 @@ def test_turn_values_reads_turn_keys_and_speaker_names_like_the_converters():
     assert formats.turn_values(rows, "dialog", "who") == ["bot", "person", "narrator"]
     assert formats.turn_values(rows, "dialog", "who", limit=2) == ["bot", "person"]
     assert formats.columns_of(rows) == ["dialog", "other"]
+
+
+def test_unknown_speakers_are_the_names_no_format_knows():
+    assert formats.unknown_speakers(["Human", " gpt ", "system", "bot", "narrator"]) == ["bot", "narrator"]

@@ -166,3 +166,20 @@ def test_the_preview_key_follows_the_previews_own_fields():
     for name, value in (("max_seq_length", 256), ("num_processes", 2), ("system_prompt", "Be brief.")):
         assert name in preview.PREVIEW_FIELDS
         assert form.config_key(dataclasses.replace(cfg, **{name: value})) != form.config_key(cfg)
+
+
+def test_speakers_chosen_only_when_a_picker_names_another_speaker():
+    assert form.speakers_chosen({}, "chatml") is False
+    assert form.speakers_chosen({K + "map_chatml_user": "user", K + "map_chatml_system": NOT_MAPPED}, "chatml") is False
+    assert form.speakers_chosen({K + "map_chatml_assistant": "bot"}, "chatml") is True
+
+
+def test_a_preview_is_current_only_for_the_settings_it_was_made_for():
+    cfg = TrainConfig()
+    shown = object()
+    state = {form.PREVIEW: (form.config_key(cfg), shown)}
+    assert form.current_preview(state, cfg) is shown
+    assert form.current_preview(state, dataclasses.replace(cfg, learning_rate=1e-3)) is shown  # not a preview field
+    assert form.current_preview(state, dataclasses.replace(cfg, max_seq_length=64)) is None
+    assert form.current_preview(state, None) is None
+    assert form.current_preview({form.PREVIEW: (None, [FieldError("x", "y")])}, cfg) is None  # errors, not a preview

@@ -184,6 +184,11 @@ def turn_values(rows: list[dict], column: str, key: str | None = None, limit: in
     return list(found)[:limit]
 
 
+def unknown_speakers(names: list[str]) -> list[str]:
+    """The speaker names no format knows (``ROLE_ALIASES``): each must be mapped to user, assistant or system."""
+    return [name for name in names if name.strip().lower() not in ROLE_ALIASES]
+
+
 # ---------------------------------------------------------------------- normalisation
 def normalize_rows(rows: list[dict], format_type: str, mapping: dict[str, str] | None = None,
                    system_prompt: str = "", field_name: str = "local_datasets") -> NormalizedData:
