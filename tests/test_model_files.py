@@ -69,6 +69,7 @@ def test_conversion_takes_special_tokens_from_the_gguf_and_redoes_stale_folders(
     assert out["stale"] is True  # made by another transformers: convert_gguf converts it again
 
 
+@pytest.mark.slow  # starts a transformers subprocess
 def test_a_wrong_eos_is_repaired_from_the_gguf_metadata(tmp_path, tiny_model):
     result = run_python(WRONG_EOS, str(tiny_model))
     assert result.returncode == 0, result.stderr[-3000:]
