@@ -201,13 +201,13 @@ def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, 
     pumping_elsewhere = orchestrator._try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
     viewer = Orchestrator(store=store, start_pump=False)  # a dashboard that does not pump this run
     reads: list[int | None] = []
-    real = store.metrics_frame
+    real = store.metric_rows
 
-    def metrics_frame(run_id, from_step=None):
+    def metric_rows(run_id, from_step=None):
         reads.append(from_step)
         return real(run_id, from_step)
 
-    monkeypatch.setattr(store, "metrics_frame", metrics_frame)
+    monkeypatch.setattr(store, "metric_rows", metric_rows)
     rng = random.Random(7)
     step = 0
     try:
