@@ -62,15 +62,13 @@ class Store:
         _add_missing_columns(self.engine)
         _add_missing_indexes(self.engine)
         self._write_lock = threading.Lock()  # SQLite allows one writer; serialise ours instead of retrying
-        # Built once: SQLAlchemy compiles it once and runs it with a list of parameter sets (executemany);
-        # a multi-VALUES statement per batch spent most of the pump's time compiling.
-        self._upsert_stmt = self._upsert()
-        # Compiled once to the driver's SQL: per-row parameter processing in SQLAlchemy cost more than the
-        # database's own work, so parameter sets go to the driver's executemany as they are.
-        compiled = self._upsert_stmt.compile(dialect=self.engine.dialect)
+        # The metric upsert is compiled once, to the driver's own SQL, and run with all rows of a batch as
+        # one executemany: a multi-VALUES statement built per batch spent most of the pump's time compiling,
+        # and SQLAlchemy's per-row parameter processing cost more than the database's own work.
+        compiled = self._upsert().compile(dialect=self.engine.dialect)
         self._upsert_sql = compiled.string
-        columns = ("run_id", "step", *METRIC_FIELDS)
-        self._upsert_constants = {k: v for k, v in compiled.params.items() if k not in columns}
+        self._upsert_constants = {k: v for k, v in compiled.params.items() if k not in ("run_id", "step",
+                                                                                      *METRIC_FIELDS)}
         # Parameter names in order for positional drivers (SQLite); named drivers take the dict itself.
         self._upsert_order = operator.itemgetter(*compiled.positiontup) if compiled.positiontup else None
         columns = Metric.__table__.c

@@ -1,7 +1,9 @@
 """Typed worker events, written one JSON line each to ``runs/<id>/events.jsonl``.
 
 The worker appends and flushes every line, so the log outlives both processes; the orchestrator's
-pump tails it from a saved byte offset. Numbers are cleaned in exactly one place,
+pump tails it from a saved byte offset through a ``LogFollower`` (its own descriptor on the file, so a
+log deleted or replaced while the worker writes is still read to the end), and a line that is not a
+valid event is reported and skipped on its own. Numbers are cleaned in exactly one place,
 :func:`clean_numbers`, which turns NaN/inf into ``None`` and remembers which fields they were in
 (a NaN loss is news, not noise).
 """
@@ -381,4 +383,4 @@ class LogFollower:
             return []
         self._reported.add(change)
         return [LogLine(offset, None, f"{LOG_NAME} was {change} while the run was active; still reading the "
-                                      "worker's own log file (the run folder's copy is not the run's log any more)")]
+                                      "file the worker writes to (the run folder no longer leads to it)")]
