@@ -19,7 +19,8 @@ import streamlit as st
 from trainer_core import engines, hardware, memory, model_info, parallel, presets, preview
 from trainer_core.access import Action, allowed
 from trainer_core.charts import length_chart
-from trainer_core.config import FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError, TrainConfig
+from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError,
+                                 TrainConfig)
 from trainer_core.data import DatasetError, formats
 from trainer_core.data.readers import read_rows
 from trainer_core.data.sources import resolve_source

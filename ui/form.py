@@ -238,7 +238,8 @@ def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[Trai
         model_name=model_name(state[K + "model_source"], state.get(K + "model_text", "")),
         local_eval_datasets=split_list(state.get(K + "local_eval_datasets", "")),
         custom_format_mapping=mapping,
-        target_modules=list(dict.fromkeys(state[K + "target_modules"] + split_list(state.get(K + "extra_modules", "")))),
+        target_modules=list(dict.fromkeys(state[K + "target_modules"]
+                                          + split_list(state.get(K + "extra_modules", "")))),
         gpu_ids=gpu_ids,
     )
     if with_secrets:
