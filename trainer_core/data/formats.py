@@ -15,7 +15,6 @@ from typing import Any
 from trainer_core.config import FORMAT_TYPES
 from trainer_core.data import DatasetError, quoted
 
-CHAT_FORMATS = ("alpaca", "chatml", "sharegpt")
 REQUIRED_COLUMNS = {
     "alpaca": ("instruction", "output"),
     "chatml": ("messages",),
