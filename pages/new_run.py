@@ -23,7 +23,6 @@ from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats
 from trainer_core.data.readers import read_rows
-from trainer_core.data.sources import resolve_source
 from trainer_core.orchestrator import RunRefused
 from trainer_core.status import RunStatus
 from ui import form
@@ -202,16 +201,12 @@ def sample_rows(path: str, stamp: tuple[int, int]) -> tuple[list[dict], str]:
 
 def dataset_sample() -> tuple[list[dict], str, str]:
     """(rows, problem, which file) for the mapping pickers: the first local file; nothing for hub data."""
-    dataset, _ = form.dataset_values(st.session_state)
-    if not dataset["local_datasets"]:
-        return [], "", ""
-    try:
-        path = resolve_source(dataset["local_datasets"][0])
-    except DatasetError as exc:
-        return [], exc.message, dataset["local_datasets"][0]
+    path, problem, label = form.sample_source(st.session_state)
+    if path is None:
+        return [], problem, label
     stat = path.stat()
     rows, problem = sample_rows(str(path), (stat.st_mtime_ns, stat.st_size))
-    return rows, problem, path.name
+    return rows, problem, label
 
 
 def picker(label: str, key: str, options: list[str], default: str, help: str | None = None) -> str:

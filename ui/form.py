@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from trainer_core.config import (
@@ -27,7 +28,7 @@ from trainer_core.config import (
     looks_like_path,
 )
 from trainer_core.data import DatasetError
-from trainer_core.data.sources import SUPPORTED_EXTENSIONS, save_upload
+from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
 from trainer_core.preview import PREVIEW_FIELDS
 
 K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
@@ -185,6 +186,18 @@ def dataset_values(state: MutableMapping) -> tuple[dict, list[FieldError]]:
         return {"hf_dataset": "", "local_datasets": files}, errors
     files, errors = saved_upload(state, state.get(K + "upload"))
     return {"hf_dataset": "", "local_datasets": files}, errors
+
+
+def sample_source(state: MutableMapping) -> tuple[Path | None, str, str]:
+    """(file, problem, label) the column pickers sample: the first local file; (None, "", "") for hub data."""
+    dataset, _ = dataset_values(state)
+    if not dataset["local_datasets"]:
+        return None, "", ""
+    try:
+        path = resolve_source(dataset["local_datasets"][0])
+    except DatasetError as exc:
+        return None, exc.message, dataset["local_datasets"][0]
+    return path, "", path.name
 
 
 def role_mapping(state: Mapping, fmt_name: str | None) -> dict[str, str]:

@@ -183,3 +183,16 @@ def test_a_preview_is_current_only_for_the_settings_it_was_made_for():
     assert form.current_preview(state, dataclasses.replace(cfg, max_seq_length=64)) is None
     assert form.current_preview(state, None) is None
     assert form.current_preview({form.PREVIEW: (None, [FieldError("x", "y")])}, cfg) is None  # errors, not a preview
+
+
+def test_the_column_pickers_sample_the_first_local_file(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", str(tmp_path))
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text('{"text": "a"}\n')
+    second.write_text('{"text": "b"}\n')
+    state = {K + "dataset_source": "local", K + "local_datasets": f"{first}, {second}"}
+    assert form.sample_source(state) == (first.resolve(), "", "a.jsonl")
+    assert form.sample_source({K + "dataset_source": "hub", K + "hf_dataset": "org/d"}) == (None, "", "")
+    missing = str(tmp_path / "nope.jsonl")
+    path, problem, label = form.sample_source({K + "dataset_source": "local", K + "local_datasets": missing})
+    assert (path, label) == (None, missing) and problem == f"{missing} does not exist: check the path or upload the file"
