@@ -104,7 +104,7 @@ def create_app(cfg: AuthSettings, store: Store, session_key: str, secure: bool) 
         target = safe_next(request.query_params.get("next"))
         if cfg.mode == "oidc":
             request.session["next"] = target
-            callback = f"{_origin(request)}/auth/callback"
+            callback = f"{cfg.public_url or _origin(request)}/auth/callback"
             return await oauth.provider.authorize_redirect(request, callback)
         if request.method == "GET":
             return form(target)

@@ -164,6 +164,8 @@ def test_a_password_that_is_not_a_string_is_refused():
     ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_DEFAULT_ROLE": "root"}, {}, "choose one of viewer"),
     ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_TLS_CERT": "/nope.pem"}, {}, "set both"),
     ({}, {"oidc": "yes"}, "[oidc] in secrets.toml must be a table"),
+    ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_PUBLIC_URL": "https://x.example/studio"}, {},
+     "without a path"),
 ])
 def test_bad_auth_settings_refuse_to_start(env, secrets, problem):
     with pytest.raises(settings.SettingsError, match="nothing was started") as err:

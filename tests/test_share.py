@@ -393,3 +393,29 @@ def test_with_a_certificate_it_serves_https_only_and_cookies_are_secure(tmp_path
         plain.close()
     finally:
         share.stop()
+
+
+def test_behind_a_tls_terminator_the_public_origin_is_accepted(tmp_path):
+    """FINETUNE_STUDIO_PUBLIC_URL: browsers talk to https://studio.example.com, which forwards to nginx."""
+    nginx_or_skip()
+    env = share_env(tmp_path / "home", FINETUNE_STUDIO_PASSWORD=PASSWORD,
+                    FINETUNE_STUDIO_PUBLIC_URL="https://studio.example.com")
+    share = Share(free_port(), host="127.0.0.1", env=env)
+    try:
+        share.start(timeout=TIMEOUT_S)
+        body = urlencode({"name": "val", "password": PASSWORD, "next": "/"}).encode()
+        response = request(share, "POST", "/auth/login", {"Content-Type": "application/x-www-form-urlencoded",
+                                                          "Origin": "https://studio.example.com"}, body)
+        assert response.status == 303 and "; Secure" in response.getheader("Set-Cookie")  # the public URL is https
+        cookie = response.getheader("Set-Cookie").split(";", 1)[0]
+        upgrade = {"Cookie": cookie, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                   "Host": "studio.example.com"}  # as the terminator forwards it (Streamlit checks it too)
+        conn = http.client.HTTPConnection("127.0.0.1", share.port, timeout=20)
+        conn.request("GET", "/_stcore/stream", headers={**upgrade, "Origin": "https://studio.example.com"})
+        assert conn.getresponse().status == 101
+        conn.close()
+        for foreign in ("https://evil.example", "https://studio.example.com.evil.example", "https://studio.example.co"):
+            assert request(share, "GET", "/_stcore/stream", {**upgrade, "Origin": foreign}).status == 403, foreign
+    finally:
+        share.stop()
