@@ -266,8 +266,10 @@ def test_a_viewer_sees_every_run_but_every_action_is_disabled(shared_store, monk
     assert stop.disabled and "only bob or an admin can: you are viewer" in stop.help
     sidebar = [c.value for c in _app().sidebar.caption]
     assert "Signed in as **val** (viewer) · [Sign out](/auth/logout)" in sidebar, sidebar
-    at = _app("pages/new_run.py")
-    assert next(b for b in at.button if b.label == "Start training").disabled
+    at = _app("pages/new_run.py")  # no form: no upload, preview or preset save either
+    assert [i.value for i in at.info] == ["Viewers watch runs (Live, History, Run details, Compare); an admin can "
+                                          "make you an operator on the Account page."]
+    assert not at.button and not at.text_input and not at.get("file_uploader")
     at = _app("pages/history.py")
     at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
     assert next(b for b in at.button if b.label == "Delete").disabled
