@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from db.models import Run
 from db.store import Store
-from gateway import settings
+from gateway import settings, signin
 from gateway.__main__ import main as share_main
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch  # noqa: F401 (fixtures)
 from tests.test_pages import APP, TIMEOUT
@@ -326,3 +326,23 @@ def test_make_share_without_authentication_starts_nothing(home, monkeypatch, tmp
     assert share_main(["--port", "1"]) == 2
     assert "shared mode never starts without authentication" in capsys.readouterr().err
     assert not (home / "share" / "nginx.conf").exists()  # nothing was written, nothing was started
+
+
+@pytest.mark.parametrize("claims, name", [
+    ({"sub": "u1", "email": "ana@example.com", "email_verified": True}, "ana@example.com"),
+    ({"sub": "u1", "email": "ana@example.com"}, "ana@example.com"),  # providers that do not say
+    ({"sub": "u1", "email": "ada@example.com", "email_verified": False}, "u1"),  # could be anyone's address
+    ({"sub": "u1"}, "u1"),
+    ({}, ""),
+])
+def test_oidc_user_name(claims, name):
+    assert signin.oidc_user_name(claims) == name
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("/run?run=a", "/run?run=a"), ("/compare?run=a&run=b", "/compare?run=a&run=b"), ("", "/"), (None, "/"),
+    ("//evil.example", "/"), ("/\\evil.example", "/"), ("https://evil.example", "/"), ("/auth/logout", "/"),
+    ("/x\r\nSet-Cookie: a=b", "/"),
+])
+def test_sign_in_returns_only_to_this_site(target, expected):
+    assert signin.safe_next(target) == expected
