@@ -73,6 +73,9 @@ class Share:
         signin_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH", "")]))
         self._spawn("sign-in", [sys.executable, "-m", "gateway.signin", "--port", str(self.signin_port)]
                     + (["--secure"] if self.secure else []), signin_env)
+        # The sign-in service opens the database (adding any new column) before it answers; the dashboard
+        # starts after that, so the two never race to migrate one SQLite file.
+        self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         streamlit_env = {**public, "FINETUNE_STUDIO_SHARED": "1"}
         self._spawn("streamlit", [sys.executable, "-m", "streamlit", "run", str(ROOT / "streamlit_app.py"),
                                   "--server.address", "127.0.0.1", "--server.port", str(self.streamlit_port),
@@ -84,7 +87,6 @@ class Share:
                                   "--secrets.files", str(self.run_dir / "no-secrets-for-streamlit.toml")],
                     streamlit_env)
         self._wait_http(f"http://127.0.0.1:{self.streamlit_port}/_stcore/health", "streamlit", timeout)
-        self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         self._spawn("nginx", nginx_cmd, public)
         self._wait_http(f"{self.scheme}://127.0.0.1:{self.port}/", "nginx", timeout, ok=(302,))  # to sign-in
 
