@@ -35,7 +35,6 @@ from db.models import Run
 from db.store import Store
 from gateway.__main__ import Share
 from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
-from trainer_core import paths
 from trainer_core.access import Role
 from trainer_core.status import RunStatus
 
@@ -97,22 +96,16 @@ def password_share(tmp_path_factory):
     nginx_or_skip()
     home = tmp_path_factory.mktemp("share") / "home"
     env = share_env(home, FINETUNE_STUDIO_PASSWORD=PASSWORD)
-    os.environ["FINETUNE_STUDIO_HOME"], saved = str(home), os.environ.get("FINETUNE_STUDIO_HOME")
     busy = subprocess.Popen(["sleep", "600"], start_new_session=True)  # plays bob's worker process
-    try:
-        store = Store()
-        users.ensure_user(store, "val", Role.VIEWER)
-        users.ensure_user(store, "bob", Role.OPERATOR)
-        store.create_run(Run(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
-                             created_at=time.time(), started_at=time.time(), pid=busy.pid,
-                             pid_started_at=psutil.Process(busy.pid).create_time(), devices="cpu", total_steps=100))
-        paths.run_dir(BOB_RUN).mkdir(parents=True)
-        store.engine.dispose()
-    finally:
-        if saved is None:
-            os.environ.pop("FINETUNE_STUDIO_HOME")
-        else:
-            os.environ["FINETUNE_STUDIO_HOME"] = saved
+    home.mkdir(parents=True)
+    store = Store(f"sqlite:///{home / 'studio.db'}")  # the database the shared server will use
+    users.ensure_user(store, "val", Role.VIEWER)
+    users.ensure_user(store, "bob", Role.OPERATOR)
+    store.create_run(Run(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
+                         created_at=time.time(), started_at=time.time(), pid=busy.pid,
+                         pid_started_at=psutil.Process(busy.pid).create_time(), devices="cpu", total_steps=100))
+    (home / "runs" / BOB_RUN).mkdir(parents=True)
+    store.engine.dispose()
     share = Share(free_port(), host="127.0.0.1", env=env)
     try:
         share.start(timeout=TIMEOUT_S)
