@@ -41,7 +41,7 @@ class Run(SQLModel, table=True):
     resumed_from_step: Optional[int] = None
     data_fingerprint: str = ""
     needs_secrets: str = ""  # names of secret fields the run was started with (their values are never stored)
-    secrets_holder: str = ""  # "host:pid:start time" of the process holding a queued run's secrets in memory
+    secrets_holder: str = ""  # "host:pid:start:instance" of the orchestrator holding a queued run's secrets in memory
 
 
 class Metric(SQLModel, table=True):

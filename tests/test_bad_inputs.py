@@ -572,6 +572,8 @@ def test_cli_reads_integral_exponent_numbers_and_names_the_rest(home, tmp_path, 
     ({"subset": "s" * 201}, "subset", "the limit is 200"),
     ({"train_split": "t" * 201}, "train_split", "the limit is 200"),
     ({"wandb_project": "w" * 129}, "wandb_project", "the limit is 128"),
+    ({"model_name": "org/" + "m" * 250}, "model_name", "a hub model id is at most 200 characters"),
+    ({"hf_dataset": "org/" + "d" * 250, "local_datasets": []}, "hf_dataset", "a hub dataset id is at most 200"),
     ({"custom_format_mapping": {"instruction": "q" * 201}}, "custom_format_mapping", "at most 200 characters"),
 ])
 def test_free_text_fields_have_length_limits(home, values, field, phrase):

@@ -392,6 +392,8 @@ def _check_model(cfg: TrainConfig, bad) -> None:
         return
     if not _HUB_ID_RE.match(name):
         bad("model_name", "not a hub id (org/name) nor an existing folder")
+    elif len(name) > HUB_ID_MAX:
+        bad("model_name", f"a hub model id is at most {HUB_ID_MAX} characters (org/name); got {len(name):,}")
 
 
 def looks_like_path(name: str) -> bool:
