@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import format as fmt
 from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
+from ui import format as fmt
 from ui.compare import render_compare
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
