@@ -34,10 +34,11 @@ from sqlmodel import SQLModel
 
 from db.models import Run
 from db.store import Store
-from trainer_core import charts, orchestrator, paths
+from trainer_core import charts, orchestrator
+from trainer_core.protocol import paths
 from trainer_core.alerts import rows_from_frame
 from trainer_core.live import LiveRun
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 try:  # what st.altair_chart calls on the server
     from streamlit.elements.vega_charts import (

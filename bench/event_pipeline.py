@@ -36,10 +36,11 @@ sys.path.insert(0, str(ROOT))
 from sqlmodel import SQLModel
 
 from db.store import Store
-from trainer_core import events as ev
-from trainer_core import orchestrator, paths
+from trainer_core.protocol import events as ev
+from trainer_core import orchestrator
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 FAKE_WORKER = ROOT / "tests" / "fake_worker.py"
 GOAL_RATE, GOAL_P99_MS = 20_000, 1_000

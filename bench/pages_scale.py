@@ -30,9 +30,10 @@ from streamlit.testing.v1 import AppTest
 
 import ui.state
 from db.models import Run
-from db.store import METRIC_FIELDS, Store
+from db.store import Store
+from trainer_core.protocol.metrics import METRIC_FIELDS
 from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 APP = str(ROOT / "streamlit_app.py")
 HISTORY_STEPS = 1_000

@@ -22,12 +22,10 @@ from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
 from db.models import Metric, Run, RunEvent
-from trainer_core import journal, paths
-from trainer_core.live import merge_metric, merge_nonfinite, merge_rows, thin
-from trainer_core.status import RunStatus
+from trainer_core.protocol import journal, paths
+from trainer_core.protocol.metrics import METRIC_FIELDS, merge_metric, merge_nonfinite, merge_rows, thin
+from trainer_core.protocol.status import RunStatus
 
-METRIC_FIELDS = ("epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen", "tokens_per_s",
-                 "memory_mb", "elapsed_s", "wall_time", "nonfinite")
 SPARKLINE_POINTS = 60
 FINISHED_FRAMES_CACHED = 12  # metric frames of finished runs kept in memory (a 100k-step frame is ~10 MB)
 _TERMINAL_VALUES = tuple(s.value for s in RunStatus if s.is_terminal())

@@ -5,7 +5,7 @@ import streamlit as st
 
 from trainer_core.access import Action, allowed
 from trainer_core.orchestrator import RunRefused
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator

@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core import control
-from trainer_core import events as ev
+from trainer_core.protocol import control, events as ev
 
 
 def env_float(name: str, default: float) -> float:

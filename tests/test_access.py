@@ -16,12 +16,13 @@ from gateway import settings
 from gateway.__main__ import main as share_main
 from tests.test_orchestrator import fake, fake_worker, make_orch, orch  # noqa: F401 (fixtures)
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import access, paths
+from trainer_core import access
+from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
 from trainer_core.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
 from trainer_core.config import TrainConfig, builtin_loader_names
 from trainer_core.orchestrator import RunRefused
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui import auth
 from ui.state import get_orchestrator
 

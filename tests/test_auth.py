@@ -16,8 +16,8 @@ from db.models import Run
 from db.store import Store
 from tests.test_orchestrator import wait_until
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 from trainer_core import access
 from ui import auth
 from ui.state import get_orchestrator

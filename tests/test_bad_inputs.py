@@ -19,7 +19,8 @@ import yaml
 from db.store import Store
 from tests.support import ROOT, build_tiny_model
 from tests.test_pages import open_page, submit, texts
-from trainer_core import datasets, hardware, paths
+from trainer_core import datasets, hardware
+from trainer_core.protocol import paths
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
 from trainer_core.orchestrator import Orchestrator

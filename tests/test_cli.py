@@ -12,7 +12,7 @@ from db.models import Run
 from db.store import Store
 from tests.test_pages import insert_finished_run
 from trainer_core.__main__ import main
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 @pytest.fixture

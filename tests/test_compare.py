@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from db.models import Run
 from db.store import Store
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui.compare import config_diff, run_labels, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent

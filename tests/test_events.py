@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from trainer_core import events as ev
+from trainer_core.protocol import events as ev
 
 ALL_EVENTS = [
     ev.StatusEvent(status="running", phase="training", message="go", engine="transformers", ts=1.0),

@@ -21,11 +21,12 @@ import pytest
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT, build_tiny_model
-from trainer_core import events as ev
-from trainer_core import orchestrator, paths
+from trainer_core.protocol import events as ev
+from trainer_core import orchestrator
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 RUNS = 24

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support import run_python
-from trainer_core import engines, hardware, orchestrator, parallel, paths, scheduling, worker
+from trainer_core import engines, hardware, orchestrator, parallel, scheduling, worker
+from trainer_core.protocol import paths
 from trainer_core.config import FieldError, TrainConfig
 
 

@@ -8,10 +8,11 @@ import types
 import pandas as pd
 import pytest
 
-from trainer_core import events as ev
+from trainer_core.protocol import events as ev
 from trainer_core import live
-from trainer_core.live import METRIC_COLUMNS, LiveRun, LiveSnapshot, metric_row
-from trainer_core.status import RunStatus
+from trainer_core.live import LiveRun, LiveSnapshot, metric_row
+from trainer_core.protocol.metrics import METRIC_COLUMNS
+from trainer_core.protocol.status import RunStatus
 
 
 def progress(step: int, **kw) -> ev.ProgressEvent:

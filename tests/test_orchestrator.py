@@ -21,10 +21,11 @@ from sqlmodel import Session
 
 from db.models import Metric, Run
 from tests.support import run_python
-from trainer_core import control, orchestrator, paths
+from trainer_core import orchestrator
+from trainer_core.protocol import control, paths
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, TrainConfig
 from trainer_core.orchestrator import Orchestrator, with_absolute_paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 ML_STACK = ("torch", "transformers", "peft", "trl", "unsloth")
 ML_IMPORTED_BEFORE = sorted(m for m in ML_STACK if m in sys.modules)  # by another test module, if any
@@ -37,8 +38,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 FAKE_WORKER = r'''
 import os, signal, sys, time
 from pathlib import Path
-from trainer_core import control
-from trainer_core import events as ev
+from trainer_core.protocol import control, events as ev
 
 run_dir = Path(sys.argv[1])
 mode = os.environ.get("FAKE_MODE", "train")

@@ -11,8 +11,9 @@ from streamlit.testing.v1 import AppTest
 
 from db.models import Run
 from db.store import Store
-from trainer_core.live import METRIC_COLUMNS, LiveSnapshot
-from trainer_core.status import RunStatus
+from trainer_core.live import LiveSnapshot
+from trainer_core.protocol.metrics import METRIC_COLUMNS
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.state import get_orchestrator
 

@@ -13,11 +13,10 @@ import psutil
 
 from db.models import Run
 from tests.test_faults import spawned  # noqa: F401 - a fixture
-from trainer_core import events as ev
-from trainer_core import paths
+from trainer_core.protocol import events as ev, paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 def pump_until(orch: Orchestrator, predicate, what: str, timeout: float = 60.0) -> None:

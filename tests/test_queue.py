@@ -18,10 +18,11 @@ import pytest
 from db.models import Run
 from tests.support import run_python
 from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware, orchestrator, paths, scheduling
+from trainer_core import hardware, orchestrator, scheduling
+from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
 from trainer_core.orchestrator import Orchestrator, RunRefused
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 def statuses(orch: Orchestrator, ids: list[str]) -> list[str]:

@@ -11,8 +11,8 @@ import pytest
 from db.models import Run
 from db.store import Store
 from tests.test_pages import insert_finished_run, open_page
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 
 
 def buttons(at, label: str):

@@ -16,13 +16,14 @@ from db.models import Metric, Run
 from db.store import Store
 from tests.test_faults import spawned  # noqa: F401 - a fixture
 from tests.test_pages import insert_finished_run, open_page
-from trainer_core import events as ev
-from trainer_core import orchestrator, paths
+from trainer_core.protocol import events as ev
+from trainer_core import orchestrator
+from trainer_core.protocol import paths
 from trainer_core.alerts import rows_from_frame
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.live import merge_metric, thin
+from trainer_core.protocol.metrics import merge_metric, thin
 from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 def add_runs(store: Store, count: int, start: float = 1.7e9) -> list[str]:

@@ -19,10 +19,11 @@ import yaml
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT
-from trainer_core import hardware, paths
+from trainer_core import hardware
+from trainer_core.protocol import paths
 from trainer_core.config import SECRET_FIELDS, TrainConfig
 from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 HF_SECRET = "hf_SeCrEt_9f8e7d6c5b4a3210"
 WB_SECRET = "wandbkey_0123456789abcdef0123456789abcdef"

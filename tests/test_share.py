@@ -35,9 +35,9 @@ from db.models import Run
 from db.store import Store
 from gateway.__main__ import Share
 from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.access import Role
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

@@ -10,8 +10,9 @@ from sqlalchemy.exc import IntegrityError
 
 import db.store as store_mod
 from db.models import Metric, Run
-from db.store import METRIC_FIELDS, MetricBuffer, Store
-from trainer_core.status import RunStatus
+from db.store import MetricBuffer, Store
+from trainer_core.protocol.metrics import METRIC_FIELDS
+from trainer_core.protocol.status import RunStatus
 
 
 def make_run(store: Store, run_id: str = "r1", status: RunStatus = RunStatus.RUNNING, created_at: float = 100.0,

@@ -22,8 +22,8 @@ from db.models import Run
 from db.store import Store
 from tests.test_new_run import fake_preview, fakes, open_page as open_new_run, use_local_file  # noqa: F401 (fixture)
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator
 from ui.text import ZWSP, code, safe
 

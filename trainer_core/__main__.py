@@ -25,11 +25,12 @@ from pathlib import Path
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import paths, resource_check
+from trainer_core import resource_check
+from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
 from trainer_core.live import LiveSnapshot
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 TOKEN_ENV = "FINETUNE_STUDIO_TOKEN"
 EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
@@ -69,8 +70,8 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
             raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
                                                        "text that contains [ { : or #")]) from None
     cfg = TrainConfig.from_dict(data)
-    cfg.hf_token = os.environ.get("HF_TOKEN", "")
-    cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
+    for name, value in secrets.from_env(os.environ).items():
+        setattr(cfg, name, value)
     return cfg
 
 

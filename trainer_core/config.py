@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from trainer_core import hardware, paths
+from trainer_core import hardware
+from trainer_core.protocol import paths
+from trainer_core.protocol.secrets import SECRET_FIELDS
 
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
@@ -35,7 +37,6 @@ OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bi
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
-SECRET_FIELDS = ("hf_token", "wandb_token")
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_DATASET, FORMAT_TYPES, FieldError, TrainConfig
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")

@@ -19,8 +19,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run as torchrun
 
-from trainer_core import events as ev
-from trainer_core import paths
+from trainer_core.protocol import events as ev, paths
 from trainer_core.parallel import NPROC_ENV, rank_log_tail, root_cause
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from gguf import GGUFReader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer_core import hardware, paths
+from trainer_core import hardware
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig, looks_like_path
 
 READY_MARKER = ".converted"  # holds conversion_key(): a folder made by other library versions is redone

@@ -33,14 +33,16 @@ import psutil
 
 from db.models import Run, RunEvent
 from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import access, checkpoints, control, datasets, parallel, paths, resource_check, scheduling
+from trainer_core import access, checkpoints, datasets, parallel, resource_check, scheduling
+from trainer_core.protocol import control, paths, secrets
 from trainer_core.alerts import AlertMonitor
 from trainer_core.resources import ResourceSample, ResourceSampler
-from trainer_core import events as ev
+from trainer_core.protocol import events as ev
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
-from trainer_core.live import LiveRun, LiveSnapshot, metric_row, thin
+from trainer_core.live import LiveRun, LiveSnapshot, metric_row
+from trainer_core.protocol.metrics import thin
 from trainer_core.remote_view import RemoteView, lineage_frame, seed_lineage
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 POLL_S = 0.25
 ADOPT_EVERY_S = 2.0
@@ -465,10 +467,7 @@ class Orchestrator:
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                           env.get("PYTHONPATH", "")]))
-        if cfg.hf_token:
-            env["HF_TOKEN"] = cfg.hf_token
-        if cfg.wandb_token:
-            env["WANDB_API_KEY"] = cfg.wandb_token
+        env.update(secrets.to_env(cfg.secrets()))
         processes = parallel.process_count(cfg)
         env.update(parallel.worker_env(cfg, processes))
         # The worker runs in its run folder (below), so the roots it allows are pinned to ours, cwd included.
@@ -857,7 +856,7 @@ def _secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, 
     """Values of the secret fields ``names`` for a run that starts later: the ones given (kept in
     memory while it was queued, or typed again), else the server's environment."""
     given = given or {}
-    env = {"hf_token": os.environ.get("HF_TOKEN", ""), "wandb_token": os.environ.get("WANDB_API_KEY", "")}
+    env = secrets.from_env(os.environ)
     return {name: given.get(name) or env.get(name, "") for name in names if name in env}
 
 

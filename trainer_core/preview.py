@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core import access, datasets, parallel, paths
+from trainer_core import access, datasets, parallel
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig, looks_like_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,11 +27,12 @@ from sqlmodel import Session, select
 
 from db.models import Run
 from db.store import Store, default_url
-from trainer_core import journal, paths, scheduling
+from trainer_core import scheduling
+from trainer_core.protocol import journal, paths
 from trainer_core import orchestrator as orch_mod
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.live import LiveRun
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
 CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)

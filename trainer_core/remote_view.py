@@ -16,7 +16,7 @@ from db.models import Run
 from db.store import Store
 from trainer_core.alerts import AlertMonitor, rows_from_frame
 from trainer_core.live import LiveRun
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 class RemoteView:

@@ -25,7 +25,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl.data_utils import common_prefix_length, pack_dataset
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
 
 CACHE_FORMAT = 1  # bump when encode() changes what it produces

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core import checkpoints, control, datasets, hardware, parallel, paths
-from trainer_core import events as ev
+from trainer_core import checkpoints, datasets, hardware, parallel
+from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.engines import choose_engine
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 HEARTBEAT_S = 2.0
 OOM_HINT = ("Out of memory. Lower batch_size or max_seq_length, turn on gradient_checkpointing, "
@@ -81,7 +81,7 @@ class Worker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.events = ev.EventWriter(run_dir / "events.jsonl") if self.rank == 0 else NoEvents()
-        self.secrets = [s for s in (os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY")) if s]
+        self.secrets = [s for s in secrets.from_env(os.environ).values() if s]
         self.sigterm = threading.Event()
         self._stop_heartbeat = threading.Event()
         self.engine_name = ""

@@ -6,7 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 MISSING = "—"
 

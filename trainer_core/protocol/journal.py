@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 
 JOURNAL_FILE = "journal.jsonl"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 SCHEMA_VERSION = 1
 LOG_NAME = "events.jsonl"

@@ -49,3 +49,18 @@ _ICONS = {
     RunStatus.CANCELLED: "✖️",
     RunStatus.FAILED: "❌",
 }
+
+
+class JobKind(str, Enum):
+    """What a job does. Every kind shares the queue, device reservations, the event log, the control file,
+    the worker log and RunStatus; each has its own worker entry point (trainer_core.worker.ENTRY_POINTS),
+    its own event handlers (trainer_core.jobs.pump) and its own page."""
+
+    TRAIN = "train"
+
+    @property
+    def label(self) -> str:
+        return _KIND_LABELS[self]
+
+
+_KIND_LABELS = {JobKind.TRAIN: "Training"}
