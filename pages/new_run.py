@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from trainer_core import datasets, engines, hardware, memory, model_info, parallel, presets, preview
+from trainer_core import datasets, hardware, memory, model_info, parallel, presets, preview
+from trainer_core.worker import engines
 from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,

@@ -18,7 +18,8 @@ BUILD_TINY = textwrap.dedent("""
     import sys
     from pathlib import Path
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from trainer_core import hardware, model_files
+    from trainer_core import hardware
+    from trainer_core.worker import model_files
     from trainer_core.protocol import paths
     import torch
 

@@ -546,10 +546,10 @@ def test_cli_refuses_settings_far_beyond_the_device_memory_unless_overridden(hom
     ("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x8)", False),
 ])
 def test_a_cpu_allocation_failure_gets_the_out_of_memory_hint(message, oom):
-    from trainer_core import worker  # stdlib and our own modules only: the ML stack loads inside Worker.run
+    from trainer_core.worker import train  # stdlib and our own modules only: the ML stack loads inside Worker.run
 
-    assert worker._is_oom(RuntimeError(message)) is oom
-    assert worker._is_oom(MemoryError()) is True
+    assert train._is_oom(RuntimeError(message)) is oom
+    assert train._is_oom(MemoryError()) is True
 
 
 @pytest.mark.parametrize("text, expected", [

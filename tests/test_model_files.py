@@ -13,7 +13,8 @@ CONVERT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-    from trainer_core import hardware, model_files
+    from trainer_core import hardware
+    from trainer_core.worker import model_files
 
     gguf, target = hardware.bundled_gguf_path(), Path(sys.argv[1])
     said = []
@@ -38,7 +39,8 @@ CONVERT = textwrap.dedent("""
 WRONG_EOS = textwrap.dedent("""
     import json, sys
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trainer_core import hardware, model_files
+    from trainer_core import hardware
+    from trainer_core.worker import model_files
 
     # transformers 5.17 read the bundled GGUF's EOS as <|im_start|> (id 1) and set no pad token: repair
     # a tokenizer and model left that way

@@ -97,13 +97,13 @@ finish("completed", steps)
 @pytest.fixture
 def fake_worker(monkeypatch):
     """Run the orchestrator's real ``_spawn`` but swap ``-m trainer_core.worker`` (or, for a run on several
-    GPUs, the torchrun launcher ``-m trainer_core.launch``) for the fake script.
+    GPUs, the torchrun launcher ``-m trainer_core.worker.launch``) for the fake script.
 
     Only the orchestrator module sees the patched ``subprocess``; yields the Popen objects started."""
     spawned: list[subprocess.Popen] = []
 
     def popen(args, **kwargs):
-        assert list(args[1:2]) == ["-m"] and args[2] in ("trainer_core.worker", "trainer_core.launch"), \
+        assert list(args[1:2]) == ["-m"] and args[2] in ("trainer_core.worker", "trainer_core.worker.launch"), \
             f"unexpected worker command {args}"
         proc = subprocess.Popen([args[0], "-c", FAKE_WORKER, *args[3:]], **kwargs)
         spawned.append(proc)

@@ -36,7 +36,7 @@ CPU_OVERHEAD_GB = 1.0  # Python, torch and tokenizer libraries resident in the w
 FRAGMENTATION = 0.10  # allocator slack on top of the counted tensors
 TIGHT_RATIO = 0.85  # above this share of free memory a run is "tight"
 EMBEDDING_MODULES = ("embed_tokens", "lm_head")  # saved in full for continued pretraining (the engine's list)
-TRANSFORMERS, UNSLOTH = "transformers", "unsloth"  # engine names (trainer_core.engines)
+TRANSFORMERS, UNSLOTH = "transformers", "unsloth"  # engine names (trainer_core.worker.engines)
 UNSLOTH_LAYER_SHARE = 0.5  # share of eager PyTorch's saved activations per layer that Unsloth's kernels keep
 UNSLOTH_LOSS_CHUNKS = 4  # its chunked cross-entropy holds 1/4 of the logits at a time
 

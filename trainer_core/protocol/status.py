@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 
 
 class RunStatus(str, Enum):
@@ -64,3 +65,23 @@ class JobKind(str, Enum):
 
 
 _KIND_LABELS = {JobKind.TRAIN: "Training"}
+
+
+KIND_FILE = "kind.txt"  # in the run folder; a folder without one (recorded before kinds existed) is a train job
+
+
+def read_kind(run_dir: Path) -> JobKind:
+    """The kind of the job whose folder is ``run_dir``. ValueError names the file and the known kinds."""
+    try:
+        text = (Path(run_dir) / KIND_FILE).read_text().strip()
+    except FileNotFoundError:
+        return JobKind.TRAIN
+    try:
+        return JobKind(text)
+    except ValueError:
+        known = ", ".join(k.value for k in JobKind)
+        raise ValueError(f"{Path(run_dir) / KIND_FILE} names the job kind {text[:40]!r}; known kinds: {known}") from None
+
+
+def write_kind(run_dir: Path, kind: JobKind) -> None:
+    (Path(run_dir) / KIND_FILE).write_text(kind.value + "\n")

@@ -1,4 +1,4 @@
-"""Data-parallel training of one run through torchrun: ``python -m trainer_core.launch RUN_DIR``.
+"""Data-parallel training of one run through torchrun: ``python -m trainer_core.worker.launch RUN_DIR``.
 
 The orchestrator starts this instead of the worker when a run uses several processes
 (``FINETUNE_STUDIO_NPROC``). It is torchrun itself (``torch.distributed.run``: the same argument parser and
@@ -20,7 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run as torchrun
 
 from trainer_core.protocol import events as ev, paths
-from trainer_core.parallel import NPROC_ENV, rank_log_tail, root_cause
+from trainer_core.parallel import NPROC_ENV
+from trainer_core.worker.ranks import rank_log_tail, root_cause
 
 
 def torchrun_args(run_dir: Path, processes: int) -> list[str]:
@@ -44,7 +45,7 @@ def report_failure(run_dir: Path, failures: dict, processes: int) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m trainer_core.launch RUN_DIR  (with FINETUNE_STUDIO_NPROC set)", file=sys.stderr)
+        print("usage: python -m trainer_core.worker.launch RUN_DIR  (with FINETUNE_STUDIO_NPROC set)", file=sys.stderr)
         return 2
     run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
     processes = int(os.environ.get(NPROC_ENV, "2"))

@@ -1,6 +1,6 @@
 """The training worker: one process per run, the only place the ML stack is imported.
 
-Usage (by the orchestrator): ``python -m trainer_core.worker RUN_DIR``. It reads ``RUN_DIR/config.yaml``
+Started (by the orchestrator) as ``python -m trainer_core.worker RUN_DIR`` for a job of kind train. It reads ``RUN_DIR/config.yaml``
 (no secrets; HF_TOKEN and WANDB_API_KEY come through the environment), writes typed events to
 ``RUN_DIR/events.jsonl`` and reads control requests from ``RUN_DIR/control.json``.
 
@@ -23,7 +23,9 @@ import psutil
 from trainer_core import checkpoints, datasets, hardware, parallel
 from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.config import TrainConfig, looks_like_path
-from trainer_core.engines import choose_engine
+from trainer_core.worker import ranks
+from trainer_core.worker.engines import choose_engine
+from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.protocol.status import RunStatus
 
 HEARTBEAT_S = 2.0
@@ -110,8 +112,8 @@ class Worker:
             self.engine_name = choose_engine(self.world_size)
             self.status(RunStatus.STARTING, "loading model")
             # Import the engine only now: unsloth must be imported before transformers when it is used.
-            engine = importlib.import_module(f"trainer_core.engines.{self.engine_name}_engine")
-            from trainer_core import model_files  # imports transformers; after the engine on purpose
+            engine = importlib.import_module(f"trainer_core.worker.engines.{self.engine_name}_engine")
+            from trainer_core.worker import model_files  # imports transformers; after the engine on purpose
 
             self.check_gpus()
             model_ref = model_files.resolve_model(cfg, log=self.log)
@@ -218,7 +220,7 @@ class Worker:
         if self.distributed:
             # The launcher reports the rank that failed first (a rank whose peer died fails too, later):
             # leave it this rank's account, with the time it failed.
-            path = parallel.rank_error_path(self.run_dir, self.rank)
+            path = ranks.rank_error_path(self.run_dir, self.rank)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"message": message, "exc_type": type(exc).__name__, "ts": time.time()}))
             return
@@ -265,53 +267,6 @@ class Worker:
         pid = os.getpid()
         while not self._stop_heartbeat.wait(HEARTBEAT_S):
             self.events.emit(ev.HeartbeatEvent(pid=pid))
-
-
-class OutputRedactor:
-    """Everything this process writes to stdout/stderr (libraries and C extensions included) passes
-    through a pipe and reaches worker.log with the secrets replaced by ***.
-
-    File descriptors 1 and 2 are pointed at the pipe; a thread copies it to the original log file."""
-
-    def __init__(self, secrets: list[str]):
-        self.secrets = [s.encode() for s in secrets if s]
-        self._log_fd = os.dup(1)  # worker.log, opened by the orchestrator
-        read_fd, write_fd = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(write_fd, 1)
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-        self._reader = os.fdopen(read_fd, "rb", buffering=0)
-        self._thread = threading.Thread(target=self._copy, daemon=True, name="redactor")
-        self._thread.start()
-
-    def _copy(self) -> None:
-        pending = b""
-        while True:
-            chunk = self._reader.read(65536)
-            if not chunk:
-                break
-            pending += chunk
-            cut = pending.rfind(b"\n") + 1  # whole lines only, so a secret is never split across writes
-            if cut:
-                self._write(pending[:cut])
-                pending = pending[cut:]
-        if pending:
-            self._write(pending)
-
-    def _write(self, data: bytes) -> None:
-        for secret in self.secrets:
-            data = data.replace(secret, b"***")
-        os.write(self._log_fd, data)
-
-    def close(self) -> None:
-        """Restore stdout/stderr to the log and drain the pipe (call before exiting)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self._log_fd, 1)  # closes the pipe's write ends held by fds 1 and 2
-        os.dup2(self._log_fd, 2)
-        self._thread.join(timeout=10)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -435,13 +390,6 @@ def agree(action: control.Action | None, device) -> control.Action | None:
     return codes[int(flag.item())]
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m trainer_core.worker RUN_DIR", file=sys.stderr)
-        return 2
-    run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
+def main(run_dir: Path) -> int:
+    """The entry point of a training job (``python -m trainer_core.worker RUN_DIR`` picks it by kind)."""
     return Worker(run_dir).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

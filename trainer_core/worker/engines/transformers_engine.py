@@ -11,7 +11,7 @@ from peft import LoftQConfig, LoraConfig
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-from trainer_core import token_cache
+from trainer_core.worker import token_cache
 from trainer_core.config import TrainConfig
 
 NAME = "transformers"

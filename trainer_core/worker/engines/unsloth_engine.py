@@ -9,7 +9,7 @@ import unsloth  # noqa: F401  (import order matters: patches transformers/trl)
 from unsloth import FastLanguageModel
 
 from trainer_core.config import TrainConfig
-from trainer_core.engines import transformers_engine
+from trainer_core.worker.engines import transformers_engine
 
 NAME = "unsloth"
 to_dataset = transformers_engine.to_dataset
