@@ -34,10 +34,11 @@ from sqlmodel import SQLModel
 
 from db.models import Run
 from db.store import Store
-from trainer_core import charts, orchestrator
+from trainer_core import charts
+from trainer_core.jobs import adoption, orchestrator
 from trainer_core.protocol import paths
-from trainer_core.alerts import rows_from_frame
-from trainer_core.live import LiveRun
+from trainer_core.jobs.alerts import rows_from_frame
+from trainer_core.jobs.live import LiveRun
 from trainer_core.protocol.status import RunStatus
 
 try:  # what st.altair_chart calls on the server
@@ -119,7 +120,7 @@ class RemoteRun:
         self.next_row = dict(rows[-1], eval_loss=None)
         run_dir = paths.run_dir(self.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)  # the same ids on each backend
-        self.lock = orchestrator._try_lock(run_dir)  # the other process's pump lock: nobody here adopts it
+        self.lock = adoption.try_lock(run_dir)  # the other process's pump lock: nobody here adopts it
 
     def advance(self) -> None:
         self.next_row = dict(self.next_row, step=self.next_row["step"] + 1)

@@ -22,13 +22,11 @@ import argparse
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,21 +35,13 @@ from sqlmodel import SQLModel
 
 from db.store import Store
 from trainer_core.protocol import events as ev
-from trainer_core import orchestrator
+from tests.support import FakeLauncher
+from trainer_core.jobs import orchestrator
 from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol.status import RunStatus
 
-FAKE_WORKER = ROOT / "tests" / "fake_worker.py"
 GOAL_RATE, GOAL_P99_MS = 20_000, 1_000
-
-
-def use_fake_worker() -> None:
-    """Keep the orchestrator's real ``_spawn`` but start the synthetic worker instead of the trainer."""
-    def popen(args, **kwargs):
-        return subprocess.Popen([args[0], str(FAKE_WORKER), *args[3:]], **kwargs)
-
-    orchestrator.subprocess = SimpleNamespace(**{**vars(subprocess), "Popen": popen})
 
 
 def instrument(store: Store) -> dict[int, list[float]]:
@@ -86,7 +76,7 @@ def run_once(store: Store, events: int, label: str, viewers: int, linger: bool, 
     committed = instrument(store)
     os.environ.update(FAKE_STEPS=str(events), FAKE_DELAY=str(delay), FAKE_EVAL_EVERY="0", FAKE_HEARTBEAT_EVERY="0",
                       FAKE_START_DELAY="0", FAKE_LINGER=str(3600 if linger else 0))
-    orch = orchestrator.Orchestrator(store=store)
+    orch = orchestrator.Orchestrator(store=store, launcher=FakeLauncher())  # the synthetic worker, real launcher
     stop_viewers = threading.Event()
 
     def viewer(run_id: str) -> None:  # one browser on the Live page: a snapshot per second
@@ -156,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(FINETUNE_STUDIO_HOME=str(home / "home"), FINETUNE_STUDIO_FORCE_CPU="1",
                       FINETUNE_STUDIO_ALLOWED_ROOTS=str(home))
     os.environ.pop("DATABASE_URL", None)
-    use_fake_worker()
     stores = [("sqlite", Store(f"sqlite:///{home / 'bench.db'}"))]
     postgres = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")
     if postgres:

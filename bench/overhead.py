@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 from db.store import Store
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 PRESET = ROOT / "presets" / "cpu-demo.yaml"

@@ -32,7 +32,7 @@ import ui.state
 from db.models import Run
 from db.store import Store
 from trainer_core.protocol.metrics import METRIC_FIELDS
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 APP = str(ROOT / "streamlit_app.py")

@@ -23,7 +23,7 @@ from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
 from db.models import Metric, Run, RunEvent
 from trainer_core.protocol import journal, paths
-from trainer_core.protocol.metrics import METRIC_FIELDS, merge_metric, merge_nonfinite, merge_rows, thin
+from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
 
 SPARKLINE_POINTS = 60
@@ -368,8 +368,9 @@ def _add_missing_columns(engine) -> None:
         for column in missing:
             kind = column.type.compile(dialect=engine.dialect)
             default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
+            quoted = default.replace("'", "''") if isinstance(default, str) else ""
             clause = f" DEFAULT {default!r}" if isinstance(default, (int, float)) else (
-                " DEFAULT ''" if isinstance(default, str) else "")
+                f" DEFAULT '{quoted}'" if isinstance(default, str) else "")  # old rows get the default too
             conn.execute(text(f'ALTER TABLE run ADD COLUMN "{column.name}" {kind}{clause}'))
 
 
@@ -383,32 +384,3 @@ def _add_missing_indexes(engine) -> None:
     for table in (Run.__table__, Metric.__table__, RunEvent.__table__):
         for index in table.indexes:
             index.create(engine, checkfirst=True)
-
-
-class MetricBuffer:
-    """Collects metric rows and tells when to flush: by count or by age (rule 6)."""
-
-    # Flushed while a backlog is read too (per line, not per 4 MiB read): a commit costs ~1 ms, so 500
-    # rows or half a second keeps both the commit count and the delay to the database small.
-    def __init__(self, max_rows: int = 500, max_age_s: float = 0.5):
-        self.max_rows = max_rows
-        self.max_age_s = max_age_s
-        self.rows: dict[int, dict[str, Any]] = {}
-        self.first_at: float | None = None
-
-    def add(self, row: dict[str, Any]) -> None:
-        step = int(row["step"])
-        merge_metric(self.rows.setdefault(step, {"step": step}), row)
-        if self.first_at is None:
-            self.first_at = time.monotonic()
-
-    def due(self) -> bool:
-        if not self.rows:
-            return False
-        return len(self.rows) >= self.max_rows or (time.monotonic() - (self.first_at or 0)) >= self.max_age_s
-
-    def take(self) -> list[dict[str, Any]]:
-        rows = list(self.rows.values())
-        self.rows = {}
-        self.first_at = None
-        return rows

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from trainer_core.access import Action, allowed
-from trainer_core.orchestrator import RunRefused
+from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.auth import current_actor

@@ -38,7 +38,7 @@ from trainer_core.config import (
 )
 from trainer_core.access import Action, allowed
 from trainer_core.datasets import DatasetError, save_upload
-from trainer_core.orchestrator import RunRefused
+from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.auth import current_actor

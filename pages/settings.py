@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from db.store import default_url
-from trainer_core import rebuild
+from trainer_core.jobs import rebuild
 from trainer_core.protocol import paths
 from ui.entry import require_entrypoint
 from ui.state import orchestrator_or_problem, rebuild_database

@@ -11,9 +11,9 @@ import streamlit as st
 from sqlmodel import SQLModel
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, FakeLauncher, build_tiny_model
 from trainer_core import hardware
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from ui.state import get_orchestrator
 
 
@@ -58,6 +58,14 @@ def fake_gpu_host(monkeypatch):
 def tiny_model():
     """A 2-layer Llama with the bundled tokenizer (built once per checkout, in a subprocess)."""
     return build_tiny_model()
+
+
+@pytest.fixture
+def fake_launcher() -> FakeLauncher:
+    """The real launcher starting tests/fake_worker.py (its behaviour set through FAKE_* variables)."""
+    launcher = FakeLauncher()
+    yield launcher
+    launcher.kill_all()
 
 
 @pytest.fixture

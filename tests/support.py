@@ -3,12 +3,17 @@ the test process plays the dashboard server, which must never import the ML stac
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from trainer_core.config import TrainConfig
+from trainer_core.jobs.launcher import WorkerLauncher
+
 ROOT = Path(__file__).resolve().parents[1]
+FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 # Shared by every test that trains or previews for real: the bundled GGUF is converted, and the tiny
 # model built, once per checkout.
 MODELS_CACHE = ROOT / ".test-cache" / "models"
@@ -50,3 +55,41 @@ def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACH
     result = run_python(BUILD_TINY, str(target), env={"FINETUNE_STUDIO_MODELS": str(models_cache)})
     assert result.returncode == 0, result.stderr[-3000:]
     return target
+
+
+class FakeLauncher(WorkerLauncher):
+    """The real launcher (environment, own session, the run folder as cwd, worker.log) starting a fake worker
+    in place of ``-m trainer_core.worker`` (or torchrun's ``-m trainer_core.worker.launch``), so a test drives
+    the real orchestrator without the ML stack: ``Orchestrator(store, launcher=FakeLauncher())``.
+
+    ``worker`` is a script (default tests/fake_worker.py) or Python source; it gets the run folder as its
+    argument and the worker's environment. ``commands`` holds the real commands the orchestrator asked for,
+    ``spawned`` the processes started."""
+
+    def __init__(self, worker: Path | str = FAKE_WORKER):
+        self.worker = worker
+        self.commands: list[list[str]] = []
+        self.spawned: list[subprocess.Popen] = []
+
+    def command(self, run_dir: Path, processes: int) -> list[str]:
+        real = super().command(run_dir, processes)
+        assert real[1:2] == ["-m"] and real[2] in ("trainer_core.worker", "trainer_core.worker.launch"), \
+            f"unexpected worker command {real}"
+        self.commands.append(real)
+        program = [str(self.worker)] if isinstance(self.worker, Path) else ["-c", self.worker]
+        return [real[0], *program, *real[3:]]
+
+    def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
+        proc = super().spawn(run_dir, cfg)
+        self.spawned.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        """Workers live in their own session on purpose: end (and reap) what a failed test left running."""
+        for proc in self.spawned:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)

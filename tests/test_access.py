@@ -21,7 +21,7 @@ from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
 from trainer_core.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
 from trainer_core.config import TrainConfig, builtin_loader_names
-from trainer_core.orchestrator import RunRefused
+from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import RunStatus
 from ui import auth
 from ui.state import get_orchestrator

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from trainer_core.alerts import (
+from trainer_core.jobs.alerts import (
     EVAL_RISING,
     GRAD_SPIKE,
     NONFINITE_GRAD_NORM,

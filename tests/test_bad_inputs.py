@@ -23,7 +23,7 @@ from trainer_core import datasets, hardware
 from trainer_core.protocol import paths
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 

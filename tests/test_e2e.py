@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import MODELS_CACHE, ROOT, run_python
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.slow

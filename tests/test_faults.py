@@ -3,8 +3,8 @@ right after their last) and orchestrators closed and rebuilt around them (a serv
 run). Afterwards the database must agree with each run's durable event log: no run left active, one metric
 row per step, every progress and eval value present with the same number, the status the log implies.
 
-The fast part spawns ``tests/fake_worker.py`` through the orchestrator's real ``_spawn`` (the same swap as
-tests/test_orchestrator.py); a slow variant kills a real worker training the tiny model.
+The fast part starts ``tests/fake_worker.py`` through tests/support's ``FakeLauncher`` (the real launcher's
+environment and session); a slow variant kills a real worker training the tiny model.
 """
 from __future__ import annotations
 
@@ -15,42 +15,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT, build_tiny_model
 from trainer_core.protocol import events as ev
-from trainer_core import orchestrator
 from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
-FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 RUNS = 24
 KILLS = ("before-first-event", "mid-run", "after-complete", "none")
 RESTARTS = (None, "while-running", "while-down")
-
-
-@pytest.fixture
-def spawned(monkeypatch):
-    """The orchestrator's real ``_spawn`` (environment, own session, worker.log), starting the fake worker."""
-    procs: list[subprocess.Popen] = []
-
-    def popen(args, **kwargs):
-        assert list(args[1:3]) == ["-m", "trainer_core.worker"], f"unexpected worker command {args}"
-        proc = subprocess.Popen([args[0], str(FAKE_WORKER), *args[3:]], **kwargs)
-        procs.append(proc)
-        return proc
-
-    monkeypatch.setattr(orchestrator, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
-    yield procs
-    for proc in procs:  # own sessions on purpose: clean up what a failing test left, and reap every child
-        if proc.poll() is None:
-            _kill(proc.pid)
-        proc.wait(timeout=10)
 
 
 def _kill(pid: int) -> None:
@@ -118,14 +96,14 @@ def _has_complete_line(run_dir: Path) -> bool:
 
 # ====================================================================== random kills and restarts (fast)
 PINNED_SEED = 20261201
-def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, store, spawned, monkeypatch):
+def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, store, fake_launcher, monkeypatch):
     seed = int(os.environ.get("FAULT_SEED") or PINNED_SEED)  # pinned: every run injects the same faults
     print(f"fault seed {seed} (set FAULT_SEED to try others)")
     rng = random.Random(seed)
     plans = [(KILLS[i % len(KILLS)], RESTARTS[(i // len(KILLS)) % len(RESTARTS)]) for i in range(RUNS)]
     rng.shuffle(plans)  # every kill meets every restart kind; the order and the moments are random
     monkeypatch.setenv("FAKE_SEED", str(seed))
-    orch = Orchestrator(store=store)
+    orch = Orchestrator(store=store, launcher=fake_launcher)
     outcomes: dict[str, tuple[str, str | None]] = {}
     try:
         for index, (kill, restart) in enumerate(plans):
@@ -141,7 +119,7 @@ def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, 
             if restart == "while-running":
                 time.sleep(rng.uniform(0.0, 0.3))
                 orch.close()
-                orch = Orchestrator(store=store)  # the restarted server adopts the run
+                orch = Orchestrator(store=store, launcher=fake_launcher)  # the restarted server adopts the run
             if restart == "while-down":
                 orch.close()
             if kill == "mid-run":
@@ -152,7 +130,7 @@ def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, 
                 _kill(pid)  # the worker is still tearing down (FAKE_LINGER)
             if restart == "while-down":
                 time.sleep(rng.uniform(0.0, 0.3))
-                orch = Orchestrator(store=store)
+                orch = Orchestrator(store=store, launcher=fake_launcher)
             orch.wait(run_id, timeout=60, interval=0.05)
             outcomes[run_id] = (kill, restart)
     finally:
@@ -174,16 +152,12 @@ def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, 
 
 # A dashboard process of its own, with the same fake-worker swap, that starts one run and then idles.
 SERVER = """
-import subprocess, sys, time
-from types import SimpleNamespace
-from trainer_core import orchestrator
+import time
+from tests.support import FakeLauncher
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
+from trainer_core.jobs.orchestrator import Orchestrator
 
-def popen(args, **kwargs):
-    return subprocess.Popen([args[0], sys.argv[1], *args[3:]], **kwargs)
-
-orchestrator.subprocess = SimpleNamespace(**{**vars(subprocess), "Popen": popen})
-orch = orchestrator.Orchestrator()
+orch = Orchestrator(launcher=FakeLauncher())
 print(orch.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="abandoned", max_steps=400)), flush=True)
 time.sleep(600)
 """
@@ -197,7 +171,7 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
     go = home.parent / "go"
     monkeypatch.setenv("FAKE_PAUSE_AT", "20")  # the worker waits at step 20 until the server is dead
     monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(go))
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(FAKE_WORKER)], cwd=ROOT, text=True,
+    server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
     store = Store()
     run_id = None
@@ -225,16 +199,16 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
     assert store.get_run(run_id).steps_done == 400
 
 
-def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, spawned, monkeypatch):
+def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, fake_launcher, monkeypatch):
     # The pump reads at most 4 MiB per call; a 64 KiB chunk reproduces the same boundary with 2,000 events.
     monkeypatch.setattr(ev, "READ_BYTES", 64 * 1024)
     monkeypatch.setenv("FAKE_STEPS", "2000")
     monkeypatch.setenv("FAKE_DELAY", "0")
-    first = Orchestrator(store=store)
+    first = Orchestrator(store=store, launcher=fake_launcher)
     run_id = first.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="backlog", max_steps=2000))
     first.close()  # the server goes down at once; the worker finishes on its own
-    assert spawned[-1].wait(timeout=60) == 0
-    second = Orchestrator(store=store)  # the restarted server finds a dead worker and a long unread log
+    assert fake_launcher.spawned[-1].wait(timeout=60) == 0
+    second = Orchestrator(store=store, launcher=fake_launcher)  # the restarted server finds a dead worker and a long unread log
     try:
         second.wait(run_id, timeout=60, interval=0.05)
     finally:

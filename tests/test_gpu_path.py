@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,8 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support import run_python
-from trainer_core import hardware, orchestrator, parallel, scheduling
+from tests.support import FakeLauncher, run_python
+from trainer_core import hardware, parallel
+from trainer_core.jobs import queue as scheduling
 from trainer_core.worker import engines, ranks, train
 from trainer_core.protocol import paths
 from trainer_core.config import FieldError, TrainConfig
@@ -117,27 +117,24 @@ def test_fsdp_only_when_a_copy_does_not_fit():
 
 
 # ====================================================================== launch environment (items 6, 7, 14)
+# The stand-in worker reports where it runs and with which environment, then exits.
+REPORT_SPAWN = "import json, os, sys; print(json.dumps({'cwd': os.getcwd(), 'env': dict(os.environ)}))"
+
+
 @pytest.fixture
-def spawn_args(home, store, monkeypatch):
-    """What ``Orchestrator._spawn`` passes to Popen for a config (nothing is started)."""
-    recorded = []
-
-    def popen(args, **kwargs):
-        recorded.append((args, kwargs))
-        return SimpleNamespace(pid=0)
-
-    monkeypatch.setattr(orchestrator, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
-    orch = orchestrator.Orchestrator(store=store, start_pump=False)
+def spawn_args(home):
+    """The command the launcher would run for a config, and the cwd and environment the process got."""
+    launcher = FakeLauncher(REPORT_SPAWN)
 
     def spawn(cfg: TrainConfig) -> tuple[Path, list[str], dict]:
-        run_dir = paths.run_dir(f"spawn-{len(recorded)}")
+        run_dir = paths.run_dir(f"spawn-{len(launcher.commands)}")
         run_dir.mkdir(parents=True)
-        orch._spawn(run_dir, cfg)
-        args, kwargs = recorded[-1]
-        return run_dir, args, kwargs
+        assert launcher.spawn(run_dir, cfg).wait(timeout=60) == 0
+        got = json.loads((run_dir / "worker.log").read_text().strip().splitlines()[-1])
+        return run_dir, launcher.commands[-1], {"cwd": Path(got["cwd"]), "env": got["env"]}
 
     yield spawn
-    orch.close()
+    launcher.kill_all()
 
 
 def test_a_single_gpu_run_starts_the_worker_in_its_folder_in_pci_order(spawn_args, fake_gpu_host):

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from trainer_core.protocol import events as ev
-from trainer_core import live
-from trainer_core.live import LiveRun, LiveSnapshot, metric_row
+from trainer_core.jobs import live
+from trainer_core.jobs.live import LiveRun, LiveSnapshot, metric_row
 from trainer_core.protocol.metrics import METRIC_COLUMNS
 from trainer_core.protocol.status import RunStatus
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -21,10 +20,11 @@ from sqlmodel import Session
 
 from db.models import Metric, Run
 from tests.support import run_python
-from trainer_core import orchestrator
+from tests.support import FakeLauncher
+from trainer_core.jobs import adoption
 from trainer_core.protocol import control, paths
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, TrainConfig
-from trainer_core.orchestrator import Orchestrator, with_absolute_paths
+from trainer_core.jobs.orchestrator import Orchestrator, with_absolute_paths
 from trainer_core.protocol.status import RunStatus
 
 ML_STACK = ("torch", "transformers", "peft", "trl", "unsloth")
@@ -95,30 +95,12 @@ finish("completed", steps)
 
 # ====================================================================== fixtures and helpers
 @pytest.fixture
-def fake_worker(monkeypatch):
-    """Run the orchestrator's real ``_spawn`` but swap ``-m trainer_core.worker`` (or, for a run on several
-    GPUs, the torchrun launcher ``-m trainer_core.worker.launch``) for the fake script.
-
-    Only the orchestrator module sees the patched ``subprocess``; yields the Popen objects started."""
-    spawned: list[subprocess.Popen] = []
-
-    def popen(args, **kwargs):
-        assert list(args[1:2]) == ["-m"] and args[2] in ("trainer_core.worker", "trainer_core.worker.launch"), \
-            f"unexpected worker command {args}"
-        proc = subprocess.Popen([args[0], "-c", FAKE_WORKER, *args[3:]], **kwargs)
-        spawned.append(proc)
-        return proc
-
-    monkeypatch.setattr(orchestrator, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
+def fake_worker(monkeypatch) -> FakeLauncher:
+    """The real launcher (environment, own session, worker.log) starting the fake worker above."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield spawned
-    for proc in spawned:  # workers live in their own session on purpose: clean up what a failed test left
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=10)
+    launcher = FakeLauncher(FAKE_WORKER)
+    yield launcher
+    launcher.kill_all()
 
 
 @pytest.fixture
@@ -127,7 +109,7 @@ def make_orch(home, store, fake_worker):
     made: list[Orchestrator] = []
 
     def make() -> Orchestrator:
-        orch = Orchestrator(store=store)
+        orch = Orchestrator(store=store, launcher=fake_worker)
         made.append(orch)
         return orch
 
@@ -329,8 +311,8 @@ def test_worker_honouring_control_ends_stopped_or_cancelled(orch, monkeypatch, a
 
 
 def test_watchdog_kills_a_worker_that_ignores_stop(orch, fake_worker, monkeypatch):
-    monkeypatch.setattr(orchestrator, "STOP_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(orchestrator, "KILL_GRACE_S", 0.5)
+    monkeypatch.setattr(adoption, "STOP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(adoption, "KILL_GRACE_S", 0.5)
     run_id = orch.start(fake(monkeypatch, mode="ignore", steps=2))
     wait_for_step(orch, run_id, 2)
     orch.stop(run_id)
@@ -340,7 +322,7 @@ def test_watchdog_kills_a_worker_that_ignores_stop(orch, fake_worker, monkeypatc
     assert run.error == ("The worker did not stop within 1s and was terminated "
                          "(was killed by SIGKILL (often the out-of-memory killer)).")
     assert "no response after 1s: sent SIGTERM" in timeline(orch, run_id, "control")
-    assert fake_worker[-1].returncode == -signal.SIGKILL  # SIGTERM was ignored, SIGKILL ended it
+    assert fake_worker.spawned[-1].returncode == -signal.SIGKILL  # SIGTERM was ignored, SIGKILL ended it
 
 
 def test_stop_request_survives_a_restart_and_the_watchdog_still_fires(make_orch, fake_worker, monkeypatch):
@@ -351,8 +333,8 @@ def test_stop_request_survives_a_restart_and_the_watchdog_still_fires(make_orch,
     first.close()  # the server goes away right after the user pressed Stop
     assert first.store.get_run(run_id).status == RunStatus.STOPPING.value
 
-    monkeypatch.setattr(orchestrator, "STOP_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(orchestrator, "KILL_GRACE_S", 0.5)
+    monkeypatch.setattr(adoption, "STOP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(adoption, "KILL_GRACE_S", 0.5)
     second = make_orch()
     assert second.snapshot(run_id).status is RunStatus.STOPPING
     snap = second.wait(run_id, timeout=30, interval=0.1)
@@ -361,7 +343,7 @@ def test_stop_request_survives_a_restart_and_the_watchdog_still_fires(make_orch,
 
 
 # ====================================================================== restart and adoption
-def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch, monkeypatch):
+def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch, fake_worker, monkeypatch):
     first = make_orch()
     run_id = first.start(fake(monkeypatch, steps=30, delay=0.05, nan_step="3", evals="2:0.5,25:0.9",
                               checkpoints="4,25"))
@@ -370,7 +352,7 @@ def test_new_orchestrator_adopts_a_live_run_without_gaps_or_duplicates(make_orch
 
     # The restarted server, pumped by hand: what it shows right after adopting cannot be overtaken by its own
     # pump thread settling the run (the worker may be done by now on a busy machine).
-    second = Orchestrator(store=first.store, start_pump=False)
+    second = Orchestrator(store=first.store, launcher=fake_worker, start_pump=False)
     try:
         assert second.active_run_id() == run_id
         adopted = second.snapshot(run_id)
@@ -407,8 +389,8 @@ def test_adoption_keeps_the_best_eval_loss_from_before_the_restart(make_orch, mo
     assert second.get_run(run_id).best_eval_loss == pytest.approx(0.5)
 
 
-def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, store, monkeypatch):
-    first = Orchestrator(store=store, start_pump=False)  # pumped by hand: the moment below is ours to choose
+def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make_orch, fake_worker, store, monkeypatch):
+    first = Orchestrator(store=store, launcher=fake_worker, start_pump=False)  # pumped by hand: the moment below is ours to choose
     run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     # The pump has read the complete event, but the worker has not exited yet (it tears down for 3 s).
     wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,
@@ -544,7 +526,7 @@ def test_worker_without_token_gets_no_hf_token_even_if_the_server_has_one(orch, 
 
 # ====================================================================== the server never imports the ML stack
 def test_orchestrator_module_does_not_import_the_ml_stack():
-    result = run_python("import sys, trainer_core.orchestrator, db.store;"
+    result = run_python("import sys, trainer_core.jobs.orchestrator, db.store;"
                         f"print(sorted(m for m in {ML_STACK!r} if m in sys.modules))")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -556,10 +538,10 @@ def test_zz_no_ml_stack_in_this_process_after_the_runs_above():
     assert [m for m in ML_STACK if m in sys.modules] == []
 
 
-def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, store, monkeypatch):
+def test_server_killed_after_the_final_event_was_stored_keeps_the_outcome(make_orch, fake_worker, store, monkeypatch):
     """The pump stored the offset past 'complete' while the worker was still exiting, then the server died
     without settling the run: the next server finds the outcome in the log instead of calling it lost."""
-    first = Orchestrator(store=store, start_pump=False)  # pumped by hand, then "killed"
+    first = Orchestrator(store=store, launcher=fake_worker, start_pump=False)  # pumped by hand, then "killed"
     run_id = first.start(fake(monkeypatch, steps=3, linger="3"))
     log = paths.run_dir(run_id) / "events.jsonl"
     wait_until(lambda: first.pump_once() or first.snapshot(run_id).status is RunStatus.COMPLETED,

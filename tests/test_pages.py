@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from db.models import Run
 from db.store import Store
-from trainer_core.live import LiveSnapshot
+from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.metrics import METRIC_COLUMNS
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt

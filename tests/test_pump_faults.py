@@ -1,6 +1,6 @@
 """The pump against a hostile event log: lines that are forged or ill-typed, and a log (or the whole run
 folder) deleted while the worker trains. The pump is driven with ``pump_once()`` so no assertion depends
-on timing; the fake worker (tests/fake_worker.py) runs through the orchestrator's real ``_spawn``.
+on timing; the fake worker (tests/fake_worker.py) is started by tests/support's ``FakeLauncher``.
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import time
 import psutil
 
 from db.models import Run
-from tests.test_faults import spawned  # noqa: F401 - a fixture
 from trainer_core.protocol import events as ev, paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 
@@ -80,17 +79,17 @@ def test_invalid_lines_become_timeline_warnings_and_nothing_else_is_lost(home, s
 
 
 # ====================================================================== a log deleted while training (9.3.1)
-def test_deleting_the_event_log_while_training_loses_nothing(home, store, spawned, monkeypatch):  # noqa: F811
+def test_deleting_the_event_log_while_training_loses_nothing(home, store, fake_launcher, monkeypatch):
     monkeypatch.setenv("FAKE_STEPS", "150")
     monkeypatch.setenv("FAKE_DELAY", "0.01")
-    orch = Orchestrator(store=store, start_pump=False)
+    orch = Orchestrator(store=store, launcher=fake_launcher, start_pump=False)
     try:
         run_id = orch.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="deleted log", max_steps=150))
         log = paths.run_dir(run_id) / "events.jsonl"
         pump_until(orch, lambda: orch.snapshot(run_id).step >= 5, "the first steps")
         kept = log.read_bytes()  # what the worker wrote so far; it keeps appending to the unlinked file
         log.unlink()
-        assert spawned[-1].wait(timeout=60) == 0
+        assert fake_launcher.spawned[-1].wait(timeout=60) == 0
         pump_until(orch, lambda: terminal(store, run_id), "the run to end")
     finally:
         orch.close()
@@ -104,10 +103,10 @@ def test_deleting_the_event_log_while_training_loses_nothing(home, store, spawne
     assert any("events.jsonl was deleted" in m for m in timeline(store, run_id, "warning"))
 
 
-def test_stop_works_after_the_whole_run_folder_was_deleted(home, store, spawned, monkeypatch):  # noqa: F811
+def test_stop_works_after_the_whole_run_folder_was_deleted(home, store, fake_launcher, monkeypatch):
     monkeypatch.setenv("FAKE_STEPS", "100000")
     monkeypatch.setenv("FAKE_DELAY", "0.01")
-    orch = Orchestrator(store=store, start_pump=False)
+    orch = Orchestrator(store=store, launcher=fake_launcher, start_pump=False)
     try:
         run_id = orch.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="deleted folder", max_steps=100000))
         run_dir = paths.run_dir(run_id)

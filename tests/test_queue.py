@@ -18,10 +18,11 @@ import pytest
 from db.models import Run
 from tests.support import run_python
 from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware, orchestrator, scheduling
+from trainer_core import hardware
+from trainer_core.jobs import orchestrator, queue as scheduling
 from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator, RunRefused
+from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.protocol.status import RunStatus
 
 
@@ -144,7 +145,7 @@ def test_queue_survives_a_server_restart(make_orch, monkeypatch):
     assert_never_overlapping(second, [running, queued])
 
 
-def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(make_orch, monkeypatch, home):
+def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(make_orch, fake_worker, monkeypatch, home):
     first = make_orch()
     running = first.start(fake(monkeypatch, steps=1000, delay=0.05))
     token = "hf_queued_secret_123456"
@@ -171,7 +172,7 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
 OTHER_PROCESS = r"""
 import sys
 from db.store import Store
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 orch = Orchestrator(store=Store(sys.argv[1]), start_pump=False)
 print("launched:", orch.launch_queued())
 run = orch.get_run(sys.argv[2])
@@ -188,7 +189,7 @@ def settle(orch: Orchestrator, run_id: str) -> RunStatus:
 
 
 def test_only_the_orchestrator_holding_a_queued_runs_secret_launches_it(home, store, fake_worker, monkeypatch):
-    dashboard = Orchestrator(store=store, start_pump=False)
+    dashboard = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
     try:
         busy = _orphan(store, pid=os.getpid(), pid_started_at=psutil.Process().create_time())
         token = "hf_typed_into_the_dashboard_123"
@@ -215,7 +216,7 @@ def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(ho
     store.create_run(Run(id=run_id, name="queued elsewhere", status=RunStatus.QUEUED.value, devices="cpu",
                          queue_position=1.0, created_at=time.time(), needs_secrets="hf_token",
                          secrets_holder=f"{socket.gethostname()}:{gone.pid}:{started:.2f}:0a1b2c3d"))
-    orch = Orchestrator(store=store, start_pump=False)
+    orch = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
     try:
         assert orch.launch_queued() == []
         run = store.get_run(run_id)
@@ -230,7 +231,7 @@ def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(ho
 
 
 def test_a_resumed_run_shows_the_step_it_resumes_from_before_its_first_log_line(home, store, fake_worker, monkeypatch):
-    orch = Orchestrator(store=store, start_pump=False)  # nothing is pumped: what start() itself shows
+    orch = Orchestrator(store=store, launcher=fake_worker, start_pump=False)  # nothing is pumped: what start() itself shows
     try:
         parent = _orphan(store, status=RunStatus.RUNNING.value)
         store.finish_run(parent, RunStatus.STOPPED)

@@ -11,8 +11,8 @@ import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from trainer_core import resources, scheduling
-from trainer_core.resources import GpuSample, ResourceSample, ResourceSampler
+from trainer_core.jobs import queue as scheduling, resources
+from trainer_core.jobs.resources import GpuSample, ResourceSample, ResourceSampler
 
 HOLD_MB = 80
 

@@ -84,7 +84,7 @@ def test_delete_asks_first_and_can_remove_the_folder(pages_store, with_files):
 
 def test_delete_is_disabled_for_active_runs_and_refused_by_the_orchestrator(pages_store):
     from ui.state import get_orchestrator
-    from trainer_core.orchestrator import RunRefused
+    from trainer_core.jobs.orchestrator import RunRefused
 
     run_id = busy(pages_store)
     at = open_page("pages/history.py")

@@ -14,15 +14,14 @@ from sqlmodel import Session, delete
 
 from db.models import Metric, Run
 from db.store import Store
-from tests.test_faults import spawned  # noqa: F401 - a fixture
 from tests.test_pages import insert_finished_run, open_page
 from trainer_core.protocol import events as ev
-from trainer_core import orchestrator
+from trainer_core.jobs import adoption
 from trainer_core.protocol import paths
-from trainer_core.alerts import rows_from_frame
+from trainer_core.jobs.alerts import rows_from_frame
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol.metrics import merge_metric, thin
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 
@@ -125,10 +124,10 @@ def test_an_old_database_gets_the_column_and_the_indexes(tmp_path):
     assert upgraded.sparklines(upgraded.list_runs()) == {"old": []}
 
 
-def test_the_pump_keeps_the_sparkline_of_a_running_run_current(home, store, spawned, monkeypatch):  # noqa: F811
+def test_the_pump_keeps_the_sparkline_of_a_running_run_current(home, store, fake_launcher, monkeypatch):
     monkeypatch.setenv("FAKE_STEPS", "300")
     monkeypatch.setenv("FAKE_DELAY", "0")
-    orch = Orchestrator(store=store)
+    orch = Orchestrator(store=store, launcher=fake_launcher)
     try:
         run_id = orch.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="sparkline", max_steps=300))
         orch.wait(run_id, timeout=60, interval=0.05)
@@ -199,7 +198,7 @@ def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, 
                          total_steps=400, pid=os.getpid(), pid_started_at=psutil.Process().create_time()))
     run_dir = paths.run_dir("remote")
     run_dir.mkdir(parents=True)
-    pumping_elsewhere = orchestrator._try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
+    pumping_elsewhere = adoption.try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
     viewer = Orchestrator(store=store, start_pump=False)  # a dashboard that does not pump this run
     reads: list[int | None] = []
     real = store.metrics_frame
@@ -231,7 +230,7 @@ def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, 
                                              else 2.0 + batch * 0.1}])
         incremental = viewer.snapshot("remote")
         incremental_reads = list(reads)  # the rebuild below reads everything
-        rebuilt = orchestrator._rebuild(store.get_run("remote"), store)[0].snapshot()
+        rebuilt = adoption.rebuild_view(store.get_run("remote"), store)[0].snapshot()
     finally:
         viewer.close()
         pumping_elsewhere.close()

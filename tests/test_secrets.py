@@ -22,7 +22,7 @@ from tests.support import MODELS_CACHE, ROOT
 from trainer_core import hardware
 from trainer_core.protocol import paths
 from trainer_core.config import SECRET_FIELDS, TrainConfig
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
 HF_SECRET = "hf_SeCrEt_9f8e7d6c5b4a3210"

@@ -10,7 +10,9 @@ from sqlalchemy.exc import IntegrityError
 
 import db.store as store_mod
 from db.models import Metric, Run
-from db.store import MetricBuffer, Store
+from db.store import Store
+from trainer_core.jobs import pump
+from trainer_core.jobs.pump import MetricBuffer
 from trainer_core.protocol.metrics import METRIC_FIELDS
 from trainer_core.protocol.status import RunStatus
 
@@ -254,10 +256,10 @@ def test_loss_series_thins_to_max_points_keeping_first_and_last(store):
 # ---------------------------------------------------------------------- metric buffer
 @pytest.fixture
 def clock(monkeypatch):
-    """A controllable monotonic clock for MetricBuffer (the store's other uses of time stay real)."""
+    """A controllable monotonic clock for MetricBuffer (the pump's other uses of time stay real)."""
     now = [1000.0]
     fake = types.SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0])
-    monkeypatch.setattr(store_mod, "time", fake)
+    monkeypatch.setattr(pump, "time", fake)
     return now
 
 

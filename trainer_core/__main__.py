@@ -25,11 +25,11 @@ from pathlib import Path
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import resource_check
+from trainer_core.jobs import resource_check
 from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig
-from trainer_core.live import LiveSnapshot
+from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.status import RunStatus
 
 TOKEN_ENV = "FINETUNE_STUDIO_TOKEN"
@@ -93,7 +93,7 @@ def cli_actor(store) -> Actor:
 
 def cmd_run(args) -> int:
     from db.users import UnknownToken
-    from trainer_core.orchestrator import Orchestrator, RunRefused
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 
     orch = None
     try:
@@ -194,7 +194,7 @@ def cmd_runs(args) -> int:
 
 
 def _warn_unknown_folders(store) -> None:
-    from trainer_core.rebuild import unknown_run_folders
+    from trainer_core.jobs.rebuild import unknown_run_folders
 
     unknown = unknown_run_folders(store)
     if unknown:
@@ -204,7 +204,7 @@ def _warn_unknown_folders(store) -> None:
 
 
 def cmd_db(args) -> int:
-    from trainer_core.rebuild import RebuildRefused, rebuild
+    from trainer_core.jobs.rebuild import RebuildRefused, rebuild
 
     try:
         report = rebuild()
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SQLAlchemyError as exc:
-        from trainer_core.rebuild import describe_error
+        from trainer_core.jobs.rebuild import describe_error
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 4

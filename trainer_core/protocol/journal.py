@@ -3,7 +3,7 @@
 ``events.jsonl`` holds what the worker reported; everything else the database knows about a run (its
 row as created, the process id, queue moves, Stop requests, the final outcome the orchestrator decided,
 a deletion from History) is appended here by the store as it writes it. The two logs together are the
-truth; the database is a cache that ``db rebuild`` (trainer_core.rebuild) restores from them.
+truth; the database is a cache that ``db rebuild`` (trainer_core.jobs.rebuild) restores from them.
 
 One JSON object per line: ``{"op": "create"|"update"|"event"|"finish"|"delete", ...}``. Stdlib only.
 """

@@ -19,9 +19,6 @@ from trainer_core.worker import model_files, token_cache
 
 def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> Preview:
     """The preview itself. Imports the ML stack: runs in the preview subprocess or a worker."""
-    from trainer_core.worker import token_cache  # child only: these import transformers
-    from trainer_core.worker import model_files
-
     data = datasets.load_for_training(cfg)
     try:
         model_ref = model_files.resolve_model(cfg, log=log)
@@ -38,7 +35,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
     ids_list = tokenized["input_ids"]
     masks = tokenized["completion_mask"] if "completion_mask" in tokenized.column_names else [None] * len(ids_list)
-    counts = _count(cfg, ids_list, masks, token_cache)
+    counts = _count(cfg, ids_list, masks)
     processes = parallel.process_count(cfg)
     if counts["fully_masked"]:
         dropped[TRUNCATION_DROP] = counts["fully_masked"]
@@ -54,7 +51,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes))
 
 
-def _count(cfg: TrainConfig, ids_list: list[list[int]], masks: list, token_cache) -> dict[str, int]:
+def _count(cfg: TrainConfig, ids_list: list[list[int]], masks: list) -> dict[str, int]:
     """TRL 1.16's rules: without packing, truncate to max_seq_length and drop rows left with no trained
     token; with packing, nothing is dropped and "bfd" cuts long rows while "bfd_split" splits them."""
     limit = cfg.max_seq_length

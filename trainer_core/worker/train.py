@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from trainer_core import checkpoints, datasets, hardware, parallel
-from trainer_core.protocol import control, events as ev, paths, secrets
+from trainer_core.protocol import control, events as ev, secrets
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.worker import ranks
 from trainer_core.worker.engines import choose_engine

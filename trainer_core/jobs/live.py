@@ -40,7 +40,7 @@ class LiveSnapshot:
     log_tail: str = ""
     output_dir: str = ""
     warnings: tuple[str, ...] = ()
-    alerts: tuple = ()  # trainer_core.alerts.Alert, oldest first
+    alerts: tuple = ()  # trainer_core.jobs.alerts.Alert, oldest first
     metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
 
     @property

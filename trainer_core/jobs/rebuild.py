@@ -6,7 +6,7 @@ every run folder, replays
 * ``journal.jsonl`` -- what the orchestrator wrote (the row as created, process id, queue moves, Stop
   requests, the outcome it decided, a deletion from History), through the store's own write functions;
 * ``events.jsonl`` -- what the worker reported, through the pump's own event handlers
-  (``orchestrator._HANDLERS`` on a ``_Tracked``), so metrics, timeline and alerts come out exactly as the
+  (``pump.drain`` and ``pump.flush`` on a ``pump.Tracker``), so metrics, timeline and alerts come out exactly as the
   pump stored them.
 
 A run that had not ended is left active at the end of its log; the next orchestrator adopts it like any
@@ -27,12 +27,12 @@ from sqlmodel import Session, select
 
 from db.models import Run
 from db.store import Store, default_url
-from trainer_core import scheduling
-from trainer_core.protocol import journal, paths
-from trainer_core import orchestrator as orch_mod
 from trainer_core.config import ConfigError, TrainConfig
-from trainer_core.live import LiveRun
-from trainer_core.protocol.status import RunStatus
+from trainer_core.jobs import adoption, pump, queue
+from trainer_core.jobs.live import LiveRun
+from trainer_core.protocol import events as ev
+from trainer_core.protocol import journal, paths
+from trainer_core.protocol.status import JobKind, RunStatus, read_kind
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
 CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)
@@ -102,23 +102,16 @@ def rebuild(url: str | None = None) -> RebuildReport:
                 raise RebuildRefused(
                     f"The database {_redact_url(url)} already holds runs. Rebuild into an empty PostgreSQL "
                     "database (create one and point DATABASE_URL at it); this one is left untouched.")
-            # start_pump=False and an empty database: the orchestrator adopts nothing and launches nothing;
-            # it is here for its event handlers and its flush, the pump's own write path.
-            orch = orch_mod.Orchestrator(store=store, start_pump=False)
-            try:
-                _rebuild_all(orch, store, held, report)
-            finally:
-                orch.close()
+            _rebuild_all(store, held, report)
         finally:
             store.engine.dispose()
     return report
 
 
-def _rebuild_all(orch: orch_mod.Orchestrator, store: Store, held: list[tuple[Path, IO]],
-                 report: RebuildReport) -> None:
+def _rebuild_all(store: Store, held: list[tuple[Path, IO]], report: RebuildReport) -> None:
     for run_dir, lock_fh in held:
         try:
-            outcome = _rebuild_run(orch, store, run_dir, lock_fh)
+            outcome = _rebuild_run(store, run_dir, lock_fh)
         except (ConfigError, OSError, ValueError, TypeError, KeyError) as exc:
             # one unreadable folder must not cost the others their rebuild; the report names it
             report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
@@ -130,7 +123,7 @@ def _rebuild_all(orch: orch_mod.Orchestrator, store: Store, held: list[tuple[Pat
             report.active.append(run_dir.name)
 
 
-def _rebuild_run(orch: orch_mod.Orchestrator, store: Store, run_dir: Path, lock_fh: IO) -> str:
+def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
     """Restore one run; returns "deleted", "active" or "finished"."""
     records = journal.read(run_dir)
     if any(r["op"] == "delete" for r in records):
@@ -143,7 +136,7 @@ def _rebuild_run(orch: orch_mod.Orchestrator, store: Store, run_dir: Path, lock_
             store.update_run(row.id, **record["values"])
         elif record["op"] == "event":
             store.add_event(row.id, record["kind"], record["message"], ts=record["ts"])
-    tracked = _replay_events(orch, store, run_dir, lock_fh)
+    tracked = _replay_events(store, run_dir, lock_fh)
     finish = next((r for r in records if r["op"] == "finish"), None)
     if finish is not None:
         store.finish_run(row.id, RunStatus(finish["status"]), **finish["values"])
@@ -151,19 +144,19 @@ def _rebuild_run(orch: orch_mod.Orchestrator, store: Store, run_dir: Path, lock_
     if created is None:  # a folder from before the journal: the log's outcome is all there is
         status, values = tracked.terminal or (RunStatus.FAILED, {
             "error": "Rebuilt from its folder, which records no outcome (the run predates the journal)."})
-        last = orch_mod.ev.last_terminal_event(run_dir / "events.jsonl")
+        last = ev.last_terminal_event(run_dir / "events.jsonl")
         store.finish_run(row.id, status, finished_at=last.ts if last else None, **values)
         return "finished"
     return "active"
 
 
-def _replay_events(orch: orch_mod.Orchestrator, store: Store, run_dir: Path, lock_fh: IO) -> orch_mod._Tracked:
+def _replay_events(store: Store, run_dir: Path, lock_fh: IO) -> pump.Tracker:
     """Feed the whole event log through the pump's handlers and store what they produce, like the pump."""
     run = store.get_run(run_dir.name)
     live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase)
-    tracked = orch_mod._Tracked(run.id, run_dir, live, 0, lock_fh)
-    orch._drain(tracked, max_reads=None)
-    orch._flush(tracked)
+    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=JobKind(run.kind))
+    pump.drain(tracked, store, max_reads=None)
+    pump.flush(tracked, store)
     tracked.log.close()
     return tracked
 
@@ -181,7 +174,7 @@ def _row_from_config(run_dir: Path) -> Run:
                phase="launching worker", model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
                created_at=created, started_at=created, output_dir=str(run_dir), total_steps=cfg.max_steps,
                config_json=json.dumps(cfg.to_public_dict(), sort_keys=True),
-               devices=scheduling.devices_of(cfg), parent_run_id=parent, resumed_from_step=step)
+               devices=queue.devices_of(cfg), parent_run_id=parent, resumed_from_step=step, kind=read_kind(run_dir).value)
 
 
 def _resumed_from(cfg: TrainConfig) -> tuple[str | None, int | None]:
@@ -205,7 +198,7 @@ def _run_folders() -> list[Path]:
 def _no_orchestrators() -> Iterator[None]:
     """Exclusive use of the presence lock: no dashboard or CLI pumps into the database meanwhile (they hold it
     shared while they run, and a new one waits until the rebuild is done)."""
-    with open(paths.data_root() / orch_mod.PRESENCE_LOCK, "a") as fh:
+    with open(paths.data_root() / adoption.PRESENCE_LOCK, "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -218,7 +211,7 @@ def _no_orchestrators() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _start_lock() -> Iterator[None]:
-    with orch_mod._FileLock(paths.data_root() / ".start.lock"):  # nobody launches a queued run meanwhile
+    with queue.start_lock():  # nobody launches a queued run meanwhile
         yield
 
 
@@ -228,7 +221,7 @@ def _pump_locks() -> Iterator[list[tuple[Path, IO]]]:
     held: list[tuple[Path, IO]] = []
     try:
         for run_dir in _run_folders():
-            lock_fh = orch_mod._try_lock(run_dir)
+            lock_fh = adoption.try_lock(run_dir)
             if lock_fh is None:
                 raise RebuildRefused(
                     f"Run {run_dir.name} is being followed by a running dashboard or CLI. Stop it (the workers "

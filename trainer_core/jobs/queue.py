@@ -1,4 +1,5 @@
-"""Which runs may train at the same time, and what their training data was.
+"""The queue: which jobs may run at the same time, the lock under which one is started, and what a
+training run's data was.
 
 Devices: a run on a CPU host holds "cpu"; on a GPU host it holds the GPUs in ``gpu_ids`` ("gpu0,gpu1"),
 or every visible GPU ("gpu*") when none are named. Two runs whose device sets overlap never train at the
@@ -9,10 +10,15 @@ The data fingerprint lets Resume refuse when the training files changed since th
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+from pathlib import Path
+from typing import IO, Any
 
 from trainer_core import datasets, hardware, parallel
 from trainer_core.config import TrainConfig
+from trainer_core.protocol import paths, secrets
 
 ALL_GPUS = "gpu*"
 
@@ -70,3 +76,35 @@ def data_fingerprint(cfg: TrainConfig) -> str:
     digest.update(f"|slice:{cfg.dataset_slice_start}:{cfg.dataset_slice_end}".encode())
     return digest.hexdigest()[:32]
 
+
+
+class FileLock:
+    """An exclusive ``flock`` on a file for a ``with`` block (the OS releases it if the process dies)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh: IO | None = None
+
+    def __enter__(self) -> "FileLock":
+        self._fh = open(self.path, "w")
+        fcntl.flock(self._fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._fh is not None
+        self._fh.close()  # closing releases the lock
+        self._fh = None
+
+
+def start_lock() -> FileLock:
+    """Held while a job is started or leaves the queue: two sessions (or two orchestrators after a hot
+    reload, or the CLI next to the dashboard) can never both see the same devices as free."""
+    return FileLock(paths.data_root() / ".start.lock")
+
+
+def secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, str]:
+    """Values of the secret fields ``names`` for a run that starts later: the ones given (kept in
+    memory while it was queued, or typed again), else the server's environment."""
+    given = given or {}
+    env = secrets.from_env(os.environ)
+    return {name: given.get(name) or env.get(name, "") for name in names if name in env}

@@ -14,8 +14,8 @@ import pandas as pd
 
 from db.models import Run
 from db.store import Store
-from trainer_core.alerts import AlertMonitor, rows_from_frame
-from trainer_core.live import LiveRun
+from trainer_core.jobs.alerts import AlertMonitor, rows_from_frame
+from trainer_core.jobs.live import LiveRun
 from trainer_core.protocol.status import RunStatus
 
 

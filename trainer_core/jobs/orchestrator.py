@@ -1,104 +1,61 @@
-"""The orchestrator: owns the run lifecycle. One per server (cached with st.cache_resource), also
-driven by the CLI. It never imports the ML stack.
+"""The orchestrator: the one API over the job lifecycle. One per server (cached with st.cache_resource, built
+when the server starts), also driven by the CLI. It never imports the ML stack.
 
-* ``start`` validates the config, writes the run folder (config.yaml without secrets), records the run
-  and spawns ``python -m trainer_core.worker RUN_DIR`` in its own session, so the worker outlives
-  the page and the server. Secrets travel in the worker's environment only.
-* A pump thread tails every active run's ``events.jsonl`` from the offset saved in the database,
-  feeds the in-memory live state, and writes metrics in batches together with the new offset.
-* Runs left active by an earlier server are adopted: live workers are followed again, dead ones are
-  marked failed with what is known. A per-run ``flock`` makes sure only one orchestrator pumps a run.
+It composes the rest of trainer_core/jobs/:
+* ``start``/``resume`` validate the config, write the run folder (config.yaml without secrets, kind.txt),
+  record the job and start it now through the ``launcher`` (launcher.py) or queue it (queue.py);
+* a pump thread follows every active job's ``events.jsonl`` (pump.py) into the live state (live.py) and the
+  database, and starts queued jobs whose devices became free;
+* jobs left active by an earlier server are adopted, dead workers are marked failed, and a worker that
+  ignores Stop/Cancel is terminated (adoption.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import secrets as pysecrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
 import pandas as pd
-import psutil
 
 from db.models import Run, RunEvent
-from db.store import SPARKLINE_POINTS, MetricBuffer, Store
-from trainer_core import access, checkpoints, datasets, parallel, resource_check, scheduling
-from trainer_core.protocol import control, paths, secrets
-from trainer_core.alerts import AlertMonitor
-from trainer_core.resources import ResourceSample, ResourceSampler
-from trainer_core.protocol import events as ev
+from db.store import Store
+from trainer_core import access, checkpoints, datasets
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
-from trainer_core.live import LiveRun, LiveSnapshot, metric_row
-from trainer_core.protocol.metrics import thin
-from trainer_core.remote_view import RemoteView, lineage_frame, seed_lineage
-from trainer_core.protocol.status import RunStatus
+from trainer_core.jobs import adoption, pump, queue, resource_check
+from trainer_core.jobs.launcher import Launcher, WorkerLauncher
+from trainer_core.jobs.live import LiveRun, LiveSnapshot
+from trainer_core.jobs.remote_view import RemoteView, lineage_frame, seed_lineage
+from trainer_core.jobs.resources import ResourceSample, ResourceSampler
+from trainer_core.protocol import control, paths
+from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
+from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 
 POLL_S = 0.25
 ADOPT_EVERY_S = 2.0
-PUMP_READS_PER_TICK = 4  # chunks of the event log per run and tick, so one busy run cannot starve the others
 QUEUE_EVERY_S = 1.0  # queued runs also start when a run ended in another orchestrator (another server, the CLI)
-STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
-KILL_GRACE_S = 10.0
-LOG_TAIL_LINES = 60
-IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
 REMOTE_KEEP = 20  # views of runs pumped by other processes, refreshed incrementally from the database
 HISTORY_PAGE = 50
-_OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
-PRESENCE_LOCK = ".orchestrators.lock"  # shared by every pumping orchestrator; `db rebuild` needs it exclusively
 
 
 class RunRefused(RuntimeError):
     """A run that cannot be started or resumed, with the reason (e.g. no usable checkpoint)."""
 
 
-@dataclass
-class _Tracked:
-    """Pump-side bookkeeping of one active run."""
-
-    run_id: str
-    run_dir: Path
-    live: LiveRun
-    offset: int
-    lock_fh: IO
-    proc: subprocess.Popen | None = None
-    pid: int | None = None
-    pid_started_at: float | None = None
-    buffer: MetricBuffer = field(default_factory=MetricBuffer)
-    timeline: list = field(default_factory=list)
-    run_values: dict = field(default_factory=dict)
-    urgent: bool = False
-    terminal: tuple[RunStatus, dict] | None = None
-    stop_requested_at: float | None = None
-    terminated_at: float | None = None
-    best_eval_loss: float | None = None
-    flushed_at: float = field(default_factory=time.monotonic)
-    monitor: AlertMonitor = field(default_factory=AlertMonitor)
-    log: ev.LogFollower | None = None  # reads events.jsonl through its own descriptor (see LogFollower)
-    losses: dict = field(default_factory=dict)  # step -> train loss of this run: its History sparkline
-    sparkline_stale: bool = False
-
-    def __post_init__(self) -> None:
-        if self.log is None:
-            self.log = ev.LogFollower(self.run_dir / ev.LOG_NAME, self.pid)
-
-
 class Orchestrator:
-    def __init__(self, store: Store | None = None, start_pump: bool = True):
+    def __init__(self, store: Store | None = None, start_pump: bool = True, launcher: Launcher | None = None):
         self.store = store or Store()
+        self.launcher = launcher or WorkerLauncher()
         self._lock = threading.RLock()
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, pump.Tracker] = {}
         self._finished: dict[str, LiveRun] = {}
         self._finished_order: deque[str] = deque()
         self._remote: OrderedDict[str, RemoteView] = OrderedDict()
@@ -108,13 +65,13 @@ class Orchestrator:
         self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
         # Names this orchestrator in the rows of runs whose secrets only it holds: other orchestrators (the
         # CLI, another server, a hot reload's second one) leave those runs to it while it is open.
-        self.holder = f"{process_token()}:{pysecrets.token_hex(4)}"
-        _OPEN_HOLDERS.add(self.holder)
+        self.holder = f"{adoption.process_token()}:{pysecrets.token_hex(4)}"
+        adoption.open_holder(self.holder)
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
         # A pumping orchestrator writes to the database at any time: while one runs (a dashboard, the CLI),
         # `db rebuild` must not move the database away under it. Waits while a rebuild runs.
-        self._presence = hold_presence() if start_pump else None
+        self._presence = adoption.hold_presence() if start_pump else None
         self._adopt_orphans()
         if start_pump:
             self._thread = threading.Thread(target=self._pump_forever, name="studio-pump", daemon=True)
@@ -136,33 +93,31 @@ class Orchestrator:
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
-        fingerprint = scheduling.data_fingerprint(cfg)
-        devices = scheduling.devices_of(cfg)
-        # An OS-enforced lock: two sessions (or two orchestrators after a hot reload, or the CLI next
-        # to the dashboard) pressing Start together can never both see the same devices as free.
-        with self._start_lock():
+        fingerprint = queue.data_fingerprint(cfg)
+        devices = queue.devices_of(cfg)
+        with queue.start_lock():
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + pysecrets.token_hex(3)
             run_dir = paths.run_dir(run_id)
             run_dir.mkdir(parents=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
+            write_kind(run_dir, JobKind.TRAIN)
             if actor is not None:  # the database is a cache of the run folder: who started it lives there too
                 (run_dir / "owner.txt").write_text(actor.name + "\n")
             name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
-            queue = [(r.id, r.devices) for r in self.store.queued_runs()]
-            now_free = scheduling.startable(queue + [(run_id, devices)],
-                                            [r.devices for r in self.store.active_runs()])
+            waiting = [(r.id, r.devices) for r in self.store.queued_runs()]
+            now_free = queue.startable(waiting + [(run_id, devices)], [r.devices for r in self.store.active_runs()])
             run = Run(id=run_id, name=name, status=RunStatus.QUEUED.value, phase="waiting in the queue",
                       model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
                       created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
                       config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
                       queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
                       parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
-                      steps_done=resumed_from_step or 0, owner=actor.name if actor else "")
+                      steps_done=resumed_from_step or 0, owner=actor.name if actor else "", kind=JobKind.TRAIN.value)
             lock_fh = None
             if run_id in now_free:
                 run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
                 run.started_at = time.time()
-                lock_fh = _try_lock(run_dir)  # held before the row exists, so no other pump adopts it
+                lock_fh = adoption.try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             elif cfg.secrets():
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
                 run.secrets_holder = self.holder  # so other orchestrators leave this run to us
@@ -198,18 +153,18 @@ class Orchestrator:
         except (OSError, ConfigError) as exc:
             raise RunRefused(f"The saved config of run '{old.name}' cannot be read: {exc}") from None
         try:
-            fingerprint = scheduling.data_fingerprint(cfg)
+            fingerprint = queue.data_fingerprint(cfg)
         except datasets.DatasetError as exc:
             raise RunRefused(f"The training data of run '{old.name}' is no longer readable ({exc}).") from None
         if old.data_fingerprint and fingerprint != old.data_fingerprint:
             raise RunRefused(f"The training data of run '{old.name}' changed since it ran ({cfg.dataset_label}); "
                              "resuming would mix two datasets. Start a new run instead.")
         needed = [n for n in old.needs_secrets.split(",") if n]
-        values = _secret_values(needed, secrets)
+        values = queue.secret_values(needed, secrets)
         missing = [n for n in needed if not values.get(n)]
         if missing:
             raise RunRefused(f"Run '{old.name}' used {', '.join(missing)}, which is never stored: enter it again "
-                             "to resume (or set HF_TOKEN / WANDB_API_KEY in the dashboard's environment).")
+                             f"to resume (or set {SECRET_ENV_NAMES} in the dashboard's environment).")
         step = int(checkpoint.name.rsplit("-", 1)[1])
         base = (old.name or old.id)[:60].rstrip()
         cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
@@ -218,9 +173,9 @@ class Orchestrator:
     def resources(self, run_id: str) -> ResourceSample | None:
         """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
         run = self.store.get_run(run_id)
-        if run is None or RunStatus(run.status).is_terminal() or not _pid_alive(run.pid, run.pid_started_at):
+        if run is None or RunStatus(run.status).is_terminal() or not adoption.pid_alive(run.pid, run.pid_started_at):
             return None
-        return self._sampler.sample(run.pid, scheduling.gpu_indices(run.devices))
+        return self._sampler.sample(run.pid, queue.gpu_indices(run.devices))
 
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")
@@ -253,7 +208,7 @@ class Orchestrator:
     def move_in_queue(self, run_id: str, offset: int, actor: access.Actor | None = None) -> bool:
         run = self.store.get_run(run_id)
         _authorize(actor, access.Action.REORDER, run.owner if run else "")
-        with self._start_lock():
+        with queue.start_lock():
             return self.store.move_in_queue(run_id, offset)
 
     def remove_from_queue(self, run_id: str, actor: access.Actor | None = None) -> None:
@@ -330,9 +285,9 @@ class Orchestrator:
             return {}
         return json.loads(run.config_json or "{}")
 
-    def log_tail(self, run_id: str, lines: int = LOG_TAIL_LINES) -> str:
+    def log_tail(self, run_id: str, lines: int = pump.LOG_TAIL_LINES) -> str:
         try:
-            return _tail(paths.run_dir(run_id) / "worker.log", lines)
+            return pump.tail(paths.run_dir(run_id) / "worker.log", lines)
         except paths.UnsafePathError:
             return ""
 
@@ -365,14 +320,14 @@ class Orchestrator:
 
     def close(self) -> None:
         """Stop pumping (workers keep running; another orchestrator can adopt them)."""
-        _OPEN_HOLDERS.discard(self.holder)  # queued runs whose secrets it held can no longer start
+        adoption.close_holder(self.holder)  # queued runs whose secrets it held can no longer start
         self._closing.set()
         if self._thread:
             self._thread.join(timeout=5)
         with self._lock:
             tracked = list(self._tracked.values())
         for item in tracked:
-            self._flush(item)
+            pump.flush(item, self.store)
             if item.terminal is not None:
                 self._finish(item)  # its terminal line is behind the saved offset: settle it now
             else:
@@ -385,30 +340,24 @@ class Orchestrator:
             self._presence = None
 
     # ================================================================== spawning
-    def _start_lock(self):
-        return _FileLock(paths.data_root() / ".start.lock")
-
     def _launch(self, run: Run, cfg: TrainConfig, lock_fh: IO) -> None:
         """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
         run_dir = paths.run_dir(run.id)
         try:
-            proc = self._spawn(run_dir, cfg)
+            proc = self.launcher.spawn(run_dir, cfg)
         except OSError as exc:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
             lock_fh.close()
             raise
-        try:
-            pid_started = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:
-            pid_started = None  # it died at once; the pump reports its exit code and log
+        pid_started = adoption.started_at(proc.pid)  # None: it died at once; the pump reports its exit and log
         self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
                        total_steps=cfg.max_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         seed_lineage(live, run, self.store)
         with self._lock:
-            self._tracked[run.id] = _Tracked(run.id, run_dir, live, 0, lock_fh, proc=proc, pid=proc.pid,
-                                             pid_started_at=pid_started)
+            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=JobKind(run.kind), proc=proc,
+                                                 pid=proc.pid, pid_started_at=pid_started)
 
     def launch_queued(self) -> list[str]:
         """Start every queued run whose devices are free (any orchestrator may do it; the lock makes it once)."""
@@ -416,11 +365,10 @@ class Orchestrator:
         if not self.store.queued_runs():
             return []
         launched = []
-        with self._start_lock():
-            queue = self.store.queued_runs()  # re-read under the lock
-            free = set(scheduling.startable([(r.id, r.devices) for r in queue],
-                                            [r.devices for r in self.store.active_runs()]))
-            for run in queue:
+        with queue.start_lock():
+            waiting = self.store.queued_runs()  # re-read under the lock
+            free = set(queue.startable([(r.id, r.devices) for r in waiting], [r.devices for r in self.store.active_runs()]))
+            for run in waiting:
                 if run.id in free and self._launch_queued(run):
                     launched.append(run.id)
         return launched
@@ -434,22 +382,22 @@ class Orchestrator:
             return False
         needed = [name for name in run.needs_secrets.split(",") if name]
         if needed and run.id not in self._secrets and run.secrets_holder not in ("", self.holder) \
-                and _holder_alive(run.secrets_holder):
+                and adoption.holder_alive(run.secrets_holder):
             return False  # its secrets live in another orchestrator's memory: only that one can launch it
-        cfg = dataclasses.replace(cfg, **_secret_values(needed, self._secrets.get(run.id)))
+        cfg = dataclasses.replace(cfg, **queue.secret_values(needed, self._secrets.get(run.id)))
         missing = [name for name in needed if not getattr(cfg, name)]
         if missing:
             self.store.finish_run(run.id, RunStatus.FAILED, error=(
                 f"This run was queued with {', '.join(missing)}, which is never written to disk; "
-                f"{_holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the secret, "
-                "or set HF_TOKEN / WANDB_API_KEY in the environment of the dashboard or CLI."))
+                f"{adoption.holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the "
+                f"secret, or set {SECRET_ENV_NAMES} in the environment of the dashboard or CLI."))
             return False
         errors = cfg.validate()  # files may have changed or gone while it waited
         if errors:
             self.store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
                                   "; ".join(str(e) for e in errors))
             return False
-        lock_fh = _try_lock(run_dir)
+        lock_fh = adoption.try_lock(run_dir)
         if lock_fh is None:
             return False  # another orchestrator holds it (it cannot be launching it: we hold the start lock)
         started = time.time()
@@ -461,27 +409,6 @@ class Orchestrator:
         self._launch(run, cfg, lock_fh)
         return True
 
-    def _spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
-        env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
-        env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
-                   TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                          env.get("PYTHONPATH", "")]))
-        env.update(secrets.to_env(cfg.secrets()))
-        processes = parallel.process_count(cfg)
-        env.update(parallel.worker_env(cfg, processes))
-        # The worker runs in its run folder (below), so the roots it allows are pinned to ours, cwd included.
-        env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
-        # Unsloth compiles patched modules into its cwd by default: keep them in the run folder, never in the
-        # repository and never shared by two runs that train at once.
-        env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
-        with open(run_dir / "worker.log", "ab") as log:
-            return subprocess.Popen(
-                parallel.worker_command(run_dir, processes),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=run_dir,
-                start_new_session=True,  # own session: Ctrl-C or a restart of the server does not reach it
-                close_fds=True)
-
     # ================================================================== control
     def _request(self, run_id: str, action: control.Action, actor: access.Actor | None = None,
                  permission: access.Action = access.Action.STOP) -> None:
@@ -490,7 +417,7 @@ class Orchestrator:
             return
         _authorize(actor, permission, run.owner)
         if run.status == RunStatus.QUEUED.value:
-            with self._start_lock():  # the queue may be launching it right now: decide under its lock
+            with queue.start_lock():  # the queue may be launching it right now: decide under its lock
                 run = self.store.get_run(run_id)
                 if run is not None and run.status == RunStatus.QUEUED.value:
                     self._secrets.pop(run_id, None)
@@ -510,7 +437,7 @@ class Orchestrator:
             tracked = self._tracked.get(run_id)
             if tracked is not None:
                 if recreated:
-                    self._relock(tracked)
+                    adoption.relock(tracked)
                 tracked.stop_requested_at = tracked.stop_requested_at or time.time()
                 tracked.live.update(status=RunStatus.STOPPING,
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
@@ -536,76 +463,38 @@ class Orchestrator:
         if finished or time.monotonic() - self._last_queue_check > QUEUE_EVERY_S:
             self.launch_queued()
 
-    def _pump_run(self, t: _Tracked) -> bool:
-        """Read new events of one run; True when the run finished in this call."""
+    def _pump_run(self, t: pump.Tracker) -> bool:
+        """Read new events of one job; True when the job finished in this call."""
         if not (t.run_dir / ".pump.lock").exists():
-            self._relock(t)
-        self._drain(t, max_reads=PUMP_READS_PER_TICK)
-        exited, exit_desc = self._exited(t)
+            adoption.relock(t)
+        pump.drain(t, self.store, max_reads=pump.READS_PER_TICK)
+        exited, exit_desc = adoption.exited(t)
         if t.terminal is None and exited:
             # Read everything the worker wrote before exiting, then decide: after a restart the backlog
             # of a run that finished while nobody pumped it can be many reads long.
-            self._drain(t, max_reads=None)
+            pump.drain(t, self.store, max_reads=None)
             if t.terminal is None:
                 # A server stopped between storing the offset past the final event and settling the run
                 # (the worker was still tearing down): the outcome is already in the log, behind the offset.
                 final = t.log.last_terminal_event()
                 if final is not None:
-                    _HANDLERS[final.kind](self, t, final)
+                    pump.handle(t, final)
             if t.terminal is None:
                 error = f"The worker {exit_desc} before finishing."
-                tail = _tail(t.run_dir / "worker.log", LOG_TAIL_LINES)
+                tail = pump.tail(t.run_dir / "worker.log", pump.LOG_TAIL_LINES)
                 if t.stop_requested_at and t.terminated_at:
-                    error = f"The worker did not stop within {STOP_TIMEOUT_S:.0f}s and was terminated ({exit_desc})."
-                self._set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
-        self._watchdog(t)
-        idle_updates = (t.run_values or t.timeline) and time.monotonic() - t.flushed_at > IDLE_FLUSH_S
-        if t.urgent or t.buffer.due() or t.terminal is not None or idle_updates:
-            self._flush(t)
+                    error = (f"The worker did not stop within {adoption.STOP_TIMEOUT_S:.0f}s and was terminated "
+                             f"({exit_desc}).")
+                pump.set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
+        adoption.watchdog(t, self.store)
+        if pump.flush_due(t):
+            pump.flush(t, self.store)
         if t.terminal is not None and (exited or t.proc is None):
             self._finish(t)
             return True
         return False
 
-    def _drain(self, t: _Tracked, max_reads: int | None) -> None:
-        """Handle the log's new lines, up to ``max_reads`` chunks (None: until it has nothing new). Each
-        line is handled before the offset moves past it, and a batch that is due (by count or age) is
-        stored between two lines, so a long backlog reaches the database as it is read."""
-        reads = 0
-        while max_reads is None or reads < max_reads:
-            lines = t.log.read(t.offset)
-            reads += 1
-            if not lines:
-                return
-            for line in lines:
-                if line.event is not None:
-                    _HANDLERS[line.event.kind](self, t, line.event)
-                elif line.problem:
-                    _on_log_problem(t, line.problem)
-                t.offset = line.end
-                if t.buffer.due():
-                    self._flush(t)  # the offset saved with these rows is right after the line just handled
-
-    def _relock(self, t: _Tracked) -> None:
-        """The run folder was deleted (and maybe recreated): hold the pump lock in the folder that exists now,
-        so no other orchestrator adopts the run while this one follows it."""
-        if not t.run_dir.is_dir():
-            return
-        fresh = _try_lock(t.run_dir)
-        if fresh is not None:
-            t.lock_fh.close()
-            t.lock_fh = fresh
-
-    def _flush(self, t: _Tracked) -> None:
-        if t.sparkline_stale:
-            t.run_values["sparkline"] = json.dumps(thin(list(t.losses.values()), SPARKLINE_POINTS))
-            t.sparkline_stale = False
-        rows = t.buffer.take()
-        self.store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
-        t.timeline, t.run_values, t.urgent = [], {}, False
-        t.flushed_at = time.monotonic()
-
-    def _finish(self, t: _Tracked) -> None:
+    def _finish(self, t: pump.Tracker) -> None:
         status, values = t.terminal
         self.store.finish_run(t.run_id, status, **values)
         t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
@@ -619,69 +508,14 @@ class Orchestrator:
         t.lock_fh.close()
         t.log.close()
 
-    def _set_terminal(self, t: _Tracked, status: RunStatus, **values: Any) -> None:
-        if t.terminal is None:
-            t.terminal = (status, values)
-            t.live.update(status=status, phase=values.get("phase", ""),  # "saving" is over once the run ended
-                          **{k: v for k, v in values.items() if k in ("error", "log_tail")})
-
-    def _exited(self, t: _Tracked) -> tuple[bool, str]:
-        if t.proc is not None:
-            code = t.proc.poll()
-            if code is None:
-                return False, ""
-            return True, _describe_exit(code)
-        if _pid_alive(t.pid, t.pid_started_at):
-            return False, ""
-        return True, "process disappeared (it was started by an earlier dashboard; exit code unknown)"
-
-    def _watchdog(self, t: _Tracked) -> None:
-        """Terminate, then kill, a worker that ignores Stop/Cancel for STOP_TIMEOUT_S."""
-        if t.stop_requested_at is None or t.terminal is not None:
-            return
-        waited = time.time() - t.stop_requested_at
-        if waited > STOP_TIMEOUT_S and t.terminated_at is None:
-            t.terminated_at = time.time()
-            _signal_group(t.pid, signal.SIGTERM)
-            self.store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
-        elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
-            _signal_group(t.pid, signal.SIGKILL)
-
     # ================================================================== adoption
     def _adopt_orphans(self) -> None:
-        """Follow runs that the database says are active but nobody in this process is pumping."""
+        """Follow jobs that the database says are active but nobody in this process is pumping."""
         self._last_adopt = time.monotonic()
-        for stale in self.store.active_runs():
+        for tracked in adoption.orphans(self.store, self._is_tracked):
             with self._lock:
-                if stale.id in self._tracked:
-                    continue
-            try:
-                run_dir = paths.run_dir(stale.id)
-            except paths.UnsafePathError:
-                continue
-            if not run_dir.is_dir():
-                if _pid_alive(stale.pid, stale.pid_started_at):
-                    continue  # its folder was deleted; whoever pumps it follows its open log (none: it fails at exit)
-                self.store.finish_run(stale.id, RunStatus.FAILED,
-                                      error=f"The run folder {run_dir} is missing, so the run cannot be followed.")
-                continue
-            lock_fh = _try_lock(run_dir)
-            if lock_fh is None:
-                continue  # another orchestrator (another server, the CLI) is pumping it
-            run = self.store.get_run(stale.id)  # re-read under the lock: the owner may have just finished it
-            if run is None or RunStatus(run.status).is_terminal():
-                lock_fh.close()
-                continue
-            view = RemoteView(run, self.store)
-            tracked = _Tracked(run.id, run_dir, view.live, run.event_offset, lock_fh, pid=run.pid,
-                               pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
-                               stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
-                               losses=view.losses)
-            if run.pid is None:
-                self._set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
-            with self._lock:
-                self._tracked[run.id] = tracked
-                self._remote.pop(run.id, None)
+                self._tracked[tracked.run_id] = tracked
+                self._remote.pop(tracked.run_id, None)
 
     def _is_tracked(self, run_id: str) -> bool:
         with self._lock:
@@ -706,104 +540,6 @@ class Orchestrator:
         else:
             view.refresh(run)
         return view.live.snapshot()
-
-
-def _rebuild(run: Run, store: Store) -> tuple[LiveRun, AlertMonitor]:
-    """Live state rebuilt from the database: the run's last known progress, metrics and alerts, and the
-    alert monitor's state (the rules are deterministic: replaying the stored rows gives back exactly
-    the alerts raised before, without storing them again)."""
-    view = RemoteView(run, store)
-    return view.live, view.monitor
-
-
-# ====================================================================== event handlers
-def _on_status(orch: Orchestrator, t: _Tracked, e: ev.StatusEvent) -> None:
-    status = RunStatus(e.status)
-    if t.live.status is RunStatus.STOPPING and status in (RunStatus.STARTING, RunStatus.RUNNING):
-        status = RunStatus.STOPPING  # a stop was requested; don't flip back to running in the UI
-    t.live.update(status=status, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
-    t.run_values.update(status=status.value, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
-    # The timeline records what the worker said, not how it was shown: the same log always gives the same
-    # timeline, however late the pump read it (db rebuild relies on that).
-    reported = RunStatus(e.status).label
-    t.timeline.append((e.ts, "status", f"{reported}: {e.phase}" if e.phase else reported))
-    t.urgent = True
-
-
-def _on_warning(orch: Orchestrator, t: _Tracked, e: ev.WarningEvent) -> None:
-    t.live.add_warning(e.message)
-    t.timeline.append((e.ts, "warning", e.message))
-    t.urgent = True
-
-
-def _on_progress(orch: Orchestrator, t: _Tracked, e: ev.ProgressEvent) -> None:
-    row = metric_row(e)
-    t.buffer.add(row)
-    t.live.add_metric(row)
-    t.live.update(step=e.step, total_steps=e.total_steps, epoch=e.epoch, loss=e.loss, learning_rate=e.learning_rate,
-                  grad_norm=e.grad_norm, tokens_seen=e.tokens_seen, tokens_per_s=e.tokens_per_s,
-                  memory_mb=e.memory_mb, eta_s=e.eta_s)
-    t.run_values.update(steps_done=e.step, total_steps=e.total_steps, epoch=e.epoch, last_loss=e.loss,
-                        tokens_seen=e.tokens_seen, heartbeat_at=e.ts)
-    if e.loss is not None:
-        t.losses[e.step] = e.loss
-        t.sparkline_stale = True
-    _check_alerts(t, row, e.ts)
-
-
-def _check_alerts(t: _Tracked, row: dict[str, Any], ts: float) -> None:
-    """Alerts go to the live view and, with the next flush, to the run's timeline in the database."""
-    for alert in t.monitor.observe(row):
-        t.live.add_alert(alert)
-        t.timeline.append((ts, "alert", alert.message))
-        t.urgent = True
-
-
-def _on_eval(orch: Orchestrator, t: _Tracked, e: ev.EvalEvent) -> None:
-    row = metric_row(e)
-    t.buffer.add(row)
-    t.live.add_metric(row)
-    _check_alerts(t, row, e.ts)
-    t.live.update(eval_loss=e.eval_loss)
-    if e.eval_loss is not None and (t.best_eval_loss is None or e.eval_loss < t.best_eval_loss):
-        t.best_eval_loss = e.eval_loss
-        t.run_values["best_eval_loss"] = e.eval_loss
-
-
-def _on_checkpoint(orch: Orchestrator, t: _Tracked, e: ev.CheckpointEvent) -> None:
-    t.timeline.append((e.ts, "checkpoint", f"checkpoint saved at step {e.step}: {e.path}"))
-    t.urgent = True
-
-
-def _on_complete(orch: Orchestrator, t: _Tracked, e: ev.CompleteEvent) -> None:
-    values: dict[str, Any] = {"final_loss": e.final_loss}
-    if e.steps:
-        values["steps_done"] = e.steps
-    if e.output_dir:
-        values["output_dir"] = e.output_dir
-    orch._set_terminal(t, RunStatus(e.status), **values)
-
-
-def _on_error(orch: Orchestrator, t: _Tracked, e: ev.ErrorEvent) -> None:
-    orch._set_terminal(t, RunStatus.FAILED, error=e.message,
-                       log_tail=_tail(t.run_dir / "worker.log", LOG_TAIL_LINES))
-
-
-def _on_heartbeat(orch: Orchestrator, t: _Tracked, e: ev.HeartbeatEvent) -> None:
-    t.run_values["heartbeat_at"] = e.ts
-
-
-def _on_log_problem(t: _Tracked, problem: str) -> None:
-    """An invalid line (skipped on its own) or a change to the log file itself: a warning in the timeline."""
-    t.live.add_warning(problem)
-    t.timeline.append((time.time(), "warning", problem))
-    t.urgent = True
-
-
-_HANDLERS: dict[str, Callable[[Orchestrator, _Tracked, Any], None]] = {
-    "status": _on_status, "warning": _on_warning, "progress": _on_progress, "eval": _on_eval,
-    "checkpoint": _on_checkpoint, "complete": _on_complete, "error": _on_error, "heartbeat": _on_heartbeat,
-}
 
 
 # ====================================================================== helpers
@@ -832,148 +568,6 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, model_name=model,
                                local_datasets=pin(cfg.local_datasets, "local_datasets"),
                                local_eval_datasets=pin(cfg.local_eval_datasets, "local_eval_datasets"))
-
-
-class _FileLock:
-    """An exclusive ``flock`` on a file for a ``with`` block (the OS releases it if the process dies)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fh: IO | None = None
-
-    def __enter__(self) -> "_FileLock":
-        self._fh = open(self.path, "w")
-        fcntl.flock(self._fh, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._fh is not None
-        self._fh.close()  # closing releases the lock
-        self._fh = None
-
-
-def _secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, str]:
-    """Values of the secret fields ``names`` for a run that starts later: the ones given (kept in
-    memory while it was queued, or typed again), else the server's environment."""
-    given = given or {}
-    env = secrets.from_env(os.environ)
-    return {name: given.get(name) or env.get(name, "") for name in names if name in env}
-
-
-def hold_presence() -> IO:
-    """A shared lock on the data root's presence file, held while an orchestrator pumps."""
-    fh = open(paths.data_root() / PRESENCE_LOCK, "a")
-    fcntl.flock(fh, fcntl.LOCK_SH)
-    return fh
-
-
-def _try_lock(run_dir: Path) -> IO | None:
-    fh = open(run_dir / ".pump.lock", "w")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        return None
-    return fh
-
-
-def process_token() -> str:
-    """This process, as other processes can recognise it: host, pid and start time (pids are reused)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
-
-
-def _parse_holder(token: str) -> tuple[str, int, float] | None:
-    """(host, pid, process start time) of an orchestrator's holder token "host:pid:start:instance"."""
-    parts = token.rsplit(":", 3)
-    if len(parts) != 4:
-        return None
-    try:
-        return parts[0], int(parts[1]), float(parts[2])
-    except ValueError:
-        return None
-
-
-def _holder_alive(token: str) -> bool:
-    """Whether the orchestrator named by ``token`` may still launch its run: one of this process that is not
-    closed, or one in another process that still runs. A process on another host cannot be checked: it is
-    assumed alive (the run waits for it, or for someone to remove it from the queue)."""
-    parsed = _parse_holder(token)
-    if parsed is None:
-        return False
-    host, pid, started = parsed
-    if host != socket.gethostname():
-        return True
-    if pid == os.getpid():
-        return token in _OPEN_HOLDERS
-    return _pid_alive(pid, started)
-
-
-def _holder_gone(token: str) -> str:
-    parsed = _parse_holder(token)
-    if parsed is None:
-        return "the dashboard or CLI that queued it is gone"
-    if parsed[1] == os.getpid():
-        return "the orchestrator that queued it and held the secret in memory was closed"
-    return f"the process that queued it and held the secret in memory (pid {parsed[1]} on {parsed[0]}) has exited"
-
-
-def _pid_alive(pid: int | None, started_at: float | None) -> bool:
-    if not pid:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if started_at and abs(proc.create_time() - started_at) > 1.0:
-            return False  # the pid was reused by another process
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _signal_group(pid: int | None, sig: signal.Signals) -> None:
-    if not pid:
-        return
-    # torchrun starts each rank in a session of its own: a SIGTERM reaches them through the launcher, which
-    # stops its ranks; a SIGKILL leaves it no chance, so the ranks are killed by pid as well.
-    ranks = _descendants(pid) if sig == signal.SIGKILL else []
-    try:
-        os.killpg(pid, sig)  # the worker leads its own session/process group
-    except (ProcessLookupError, PermissionError):
-        pass
-    for proc in ranks:
-        try:
-            proc.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (often the out-of-memory killer)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
 
 
 def _json(data: dict) -> str:
