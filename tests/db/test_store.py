@@ -1,7 +1,6 @@
 """The store (the one write path to the database), its metric buffer, and the run-status enum."""
 from __future__ import annotations
 
-import types
 
 import pandas as pd
 import pytest
@@ -11,7 +10,6 @@ from sqlalchemy.exc import IntegrityError
 import db.store as store_mod
 from db.models import Metric, Run
 from db.store import Store
-from trainer_core.jobs import pump
 from trainer_core.jobs.pump import MetricBuffer
 from trainer_core.protocol.metrics import METRIC_FIELDS
 from trainer_core.protocol.status import RunStatus
@@ -253,57 +251,7 @@ def test_loss_series_thins_to_max_points_keeping_first_and_last(store):
     assert store.loss_series(["r1"], max_points=1)["r1"] == [99.0]
 
 
-# ---------------------------------------------------------------------- metric buffer
-@pytest.fixture
-def clock(monkeypatch):
-    """A controllable monotonic clock for MetricBuffer (the pump's other uses of time stay real)."""
-    now = [1000.0]
-    fake = types.SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0])
-    monkeypatch.setattr(pump, "time", fake)
-    return now
-
-
-def test_buffer_flushes_by_count(clock):
-    buf = MetricBuffer(max_rows=3, max_age_s=60.0)
-    assert buf.due() is False
-    buf.add({"step": 1, "loss": 1.0})
-    buf.add({"step": 2, "loss": 0.9})
-    assert buf.due() is False
-    buf.add({"step": 2, "eval_loss": 1.5})  # same step merges, does not count twice
-    assert buf.due() is False
-    buf.add({"step": 3, "loss": 0.8})
-    assert buf.due() is True
-    assert buf.take() == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.9, "eval_loss": 1.5},
-                          {"step": 3, "loss": 0.8}]
-    assert buf.due() is False
-    assert buf.take() == []
-
-
-def test_buffer_flushes_by_age_of_the_oldest_row(clock):
-    buf = MetricBuffer(max_rows=100, max_age_s=1.0)
-    buf.add({"step": 1, "loss": 1.0})
-    clock[0] += 0.5
-    buf.add({"step": 2, "loss": 0.9})  # a newer row does not restart the clock
-    assert buf.due() is False
-    clock[0] += 0.5
-    assert buf.due() is True
-    assert [r["step"] for r in buf.take()] == [1, 2]
-    clock[0] += 10.0
-    assert buf.due() is False  # empty buffers are never due, however old
-    buf.add({"step": 3, "loss": 0.8})
-    assert buf.due() is False  # the clock restarts with the first row after a take
-    clock[0] += 1.0
-    assert buf.due() is True
-
-
-def test_buffer_merge_keeps_values_that_a_later_row_leaves_empty(clock):
-    buf = MetricBuffer()
-    buf.add({"step": 4, "loss": 1.0, "nonfinite": "grad_norm", "grad_norm": None})
-    buf.add({"step": 4, "loss": None, "eval_loss": 2.0, "nonfinite": ""})
-    assert buf.take() == [{"step": 4, "loss": 1.0, "nonfinite": "grad_norm", "eval_loss": 2.0}]
-
-
-def test_buffer_rows_go_into_the_store(store, clock):
+def test_buffer_rows_go_into_the_store(store):
     make_run(store)
     buf = MetricBuffer(max_rows=2)
     buf.add({"step": 1, "loss": 1.0})

@@ -17,7 +17,7 @@ import pytest
 
 from db.models import Run
 from tests.support import run_python
-from tests.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
+from tests.jobs.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
 from trainer_core import hardware
 from trainer_core.jobs import orchestrator, queue as scheduling
 from trainer_core.protocol import paths

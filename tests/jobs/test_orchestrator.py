@@ -19,8 +19,7 @@ import pytest
 from sqlmodel import Session
 
 from db.models import Metric, Run
-from tests.support import run_python
-from tests.support import FakeLauncher
+from tests.support import ROOT, FakeLauncher, run_python
 from trainer_core.jobs import adoption
 from trainer_core.protocol import control, paths
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, TrainConfig
@@ -30,7 +29,7 @@ from trainer_core.protocol.status import RunStatus
 ML_STACK = ("torch", "transformers", "peft", "trl", "unsloth")
 ML_IMPORTED_BEFORE = sorted(m for m in ML_STACK if m in sys.modules)  # by another test module, if any
 
-FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
+FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
 
 # The fake worker. Modes (FAKE_MODE): "train" honours control.json like the real worker; "ignore" ignores
 # control.json and SIGTERM and hangs after its steps; "exit3" prints and exits with code 3; "raise" dies
