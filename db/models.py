@@ -44,7 +44,7 @@ class Run(SQLModel, table=True):
     # History's loss sparkline: JSON list of up to 60 train losses, kept current by the pump while the run
     # is active. NULL (runs recorded before the column existed) is computed from the metrics once.
     sparkline: Optional[str] = None
-    secrets_holder: str = ""  # "host:pid:start time" of the process holding a queued run's secrets in memory
+    secrets_holder: str = ""  # "host:pid:start:instance" of the orchestrator holding a queued run's secrets in memory
     owner: str = Field(default="", index=True)  # the user who started it (shared mode: the signed-in name)
     kind: str = "train"  # the job kind (trainer_core.protocol.status.JobKind); rows from before kinds are train
 

@@ -63,15 +63,13 @@ class Store:
         _add_missing_columns(self.engine)
         _add_missing_indexes(self.engine)
         self._write_lock = threading.Lock()  # SQLite allows one writer; serialise ours instead of retrying
-        # Built once: SQLAlchemy compiles it once and runs it with a list of parameter sets (executemany);
-        # a multi-VALUES statement per batch spent most of the pump's time compiling.
-        self._upsert_stmt = self._upsert()
-        # Compiled once to the driver's SQL: per-row parameter processing in SQLAlchemy cost more than the
-        # database's own work, so parameter sets go to the driver's executemany as they are.
-        compiled = self._upsert_stmt.compile(dialect=self.engine.dialect)
+        # The metric upsert is compiled once, to the driver's own SQL, and run with all rows of a batch as
+        # one executemany: a multi-VALUES statement built per batch spent most of the pump's time compiling,
+        # and SQLAlchemy's per-row parameter processing cost more than the database's own work.
+        compiled = self._upsert().compile(dialect=self.engine.dialect)
         self._upsert_sql = compiled.string
-        columns = ("run_id", "step", *METRIC_FIELDS)
-        self._upsert_constants = {k: v for k, v in compiled.params.items() if k not in columns}
+        self._upsert_constants = {k: v for k, v in compiled.params.items() if k not in ("run_id", "step",
+                                                                                      *METRIC_FIELDS)}
         # Parameter names in order for positional drivers (SQLite); named drivers take the dict itself.
         self._upsert_order = operator.itemgetter(*compiled.positiontup) if compiled.positiontup else None
         columns = Metric.__table__.c
@@ -284,16 +282,24 @@ class Store:
             return self._finished_frame(run_id, None, state[1]).copy(deep=False)  # pages get their own object
         return self._read_frame(run_id)
 
+    def metric_rows(self, run_id: str, from_step: int | None = None) -> list[dict[str, Any]]:
+        """A run's metric rows as dicts in step order (missing values None), from ``from_step`` on when given."""
+        columns = ("step", *METRIC_FIELDS)
+        return [dict(zip(columns, row)) for row in self._read_tuples(run_id, from_step)]
+
     def _read_frame(self, run_id: str, from_step: int | None = None, _finished_at: float | None = None
                     ) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self._read_tuples(run_id, from_step), columns=["step", *METRIC_FIELDS],
+                                         coerce_float=False)
+
+    def _read_tuples(self, run_id: str, from_step: int | None) -> list[tuple]:
         # A Core select read as plain tuples: ORM objects cost ~2.5x more for a 100k-row run.
         with self.engine.connect() as conn:
             if from_step is None:
                 result = conn.execute(self._frame_stmt, {"run_id": run_id})
             else:
                 result = conn.execute(self._frame_from_stmt, {"run_id": run_id, "from_step": from_step})
-            rows = result.cursor.fetchall()
-        return pd.DataFrame.from_records(rows, columns=["step", *METRIC_FIELDS], coerce_float=False)
+            return result.cursor.fetchall()
 
     def sparklines(self, runs: list[Run], max_points: int = SPARKLINE_POINTS) -> dict[str, list[float]]:
         """History's loss sparklines, stored with each run; a run recorded before they were stored gets

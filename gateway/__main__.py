@@ -54,6 +54,7 @@ class Share:
         self.procs: dict[str, subprocess.Popen] = {}
         self.streamlit_port, self.signin_port = free_port(), free_port()
         self.scheme = "https" if self.settings.tls_cert else "http"
+        self.secure = self.scheme == "https" or self.settings.public_url.startswith("https://")
 
     def start(self, timeout: float = 60) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,8 @@ class Share:
             (self.run_dir / "tmp" / kind).mkdir(parents=True, exist_ok=True)
         conf = self.run_dir / "nginx.conf"
         conf.write_text(nginx.render(nginx.Layout(self.host, self.port, self.streamlit_port, self.signin_port,
-                                                  self.run_dir, self.settings.tls_cert, self.settings.tls_key)))
+                                                  self.run_dir, self.settings.tls_cert, self.settings.tls_key,
+                                                  self.settings.public_url)))
         public = {k: v for k, v in self.env.items() if k not in SERVER_SECRET_ENV}
         nginx_cmd = [nginx_binary(), "-p", str(self.run_dir), "-c", str(conf), "-e", str(self.run_dir / "nginx-error.log")]
         check = subprocess.run([*nginx_cmd, "-t", "-q"], env=public, capture_output=True, text=True)
@@ -70,7 +72,10 @@ class Share:
         signin_env = {k: v for k, v in self.env.items() if k != "FINETUNE_STUDIO_TOKEN"}
         signin_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH", "")]))
         self._spawn("sign-in", [sys.executable, "-m", "gateway.signin", "--port", str(self.signin_port)]
-                    + (["--secure"] if self.scheme == "https" else []), signin_env)
+                    + (["--secure"] if self.secure else []), signin_env)
+        # The sign-in service opens the database (adding any new column) before it answers; the dashboard
+        # starts after that, so the two never race to migrate one SQLite file.
+        self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         streamlit_env = {**public, "FINETUNE_STUDIO_SHARED": "1"}
         self._spawn("streamlit", [sys.executable, "-m", "streamlit", "run", str(ROOT / "streamlit_app.py"),
                                   "--server.address", "127.0.0.1", "--server.port", str(self.streamlit_port),
@@ -82,7 +87,6 @@ class Share:
                                   "--secrets.files", str(self.run_dir / "no-secrets-for-streamlit.toml")],
                     streamlit_env)
         self._wait_http(f"http://127.0.0.1:{self.streamlit_port}/_stcore/health", "streamlit", timeout)
-        self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         self._spawn("nginx", nginx_cmd, public)
         self._wait_http(f"{self.scheme}://127.0.0.1:{self.port}/", "nginx", timeout, ok=(302,))  # to sign-in
 

@@ -9,6 +9,7 @@ per client address.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Layout:
     run_dir: Path  # pid, logs, temp files
     tls_cert: str = ""
     tls_key: str = ""
+    public_url: str = ""  # an origin browsers use in front of nginx (a TLS terminator), also accepted
 
 
 _PROXY_HEADERS = """
@@ -55,6 +57,7 @@ def render(layout: Layout) -> str:
         ssl_certificate_key {layout.tls_key};
         ssl_protocols TLSv1.2 TLSv1.3;
         add_header Strict-Transport-Security "max-age=31536000" always;""" if tls else "")
+    public = (f'\n        "~^{re.escape(layout.public_url)}\\|" 0;' if layout.public_url else "")
     temp = "\n".join(f"    {kind}_temp_path {run / 'tmp' / kind};" for kind in
                      ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     return f"""# Written by `python -m gateway` (make share) at each start; edits are lost.
@@ -75,7 +78,7 @@ http {{
     # 1 when the request carries an Origin that is not this site (scheme://host:port as the browser saw it)
     map "$http_origin|$scheme://$http_host" $foreign_origin {{
         "~^\\|" 0;
-        "~^(?<origin>[^|]+)\\|\\k<origin>$" 0;
+        "~^(?<origin>[^|]+)\\|\\k<origin>$" 0;{public}
         default 1;
     }}
     map $request_method $signin_post_key {{ POST $binary_remote_addr; default ""; }}

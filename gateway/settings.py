@@ -13,6 +13,7 @@ secrets.toml). Both set: OIDC is used and the password is ignored by the proxy.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,10 @@ ADMINS_ENV = "FINETUNE_STUDIO_ADMINS"  # comma-separated user names (OIDC: e-mai
 DEFAULT_ROLE_ENV = "FINETUNE_STUDIO_DEFAULT_ROLE"  # role of a user seen for the first time
 SESSION_HOURS_ENV = "FINETUNE_STUDIO_SESSION_HOURS"
 TLS_ENV = {"cert": "FINETUNE_STUDIO_TLS_CERT", "key": "FINETUNE_STUDIO_TLS_KEY"}
+# The URL browsers use when it is not nginx's own (a TLS terminator or load balancer in front of it):
+# its origin is accepted by the Origin check, and OIDC redirects come back to it.
+PUBLIC_URL_ENV = "FINETUNE_STUDIO_PUBLIC_URL"
+_PUBLIC_URL_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$")
 
 
 class SettingsError(ValueError):
@@ -72,6 +77,7 @@ class AuthSettings:
     session_hours: float = 12.0
     tls_cert: str = ""
     tls_key: str = ""
+    public_url: str = ""  # scheme://host[:port], no path; "" = whatever nginx itself serves
 
     def role_for_new_user(self, name: str) -> Role:
         return Role.ADMIN if name in self.admins else self.default_role
@@ -122,10 +128,14 @@ def load(environ: dict[str, str] | None = None, secrets: dict | None = None) -> 
     for var, value in ((TLS_ENV["cert"], cert), (TLS_ENV["key"], key)):
         if value and not Path(value).is_file():
             problems.append(f"{var}={value}: no such file")
+    public_url = env.get(PUBLIC_URL_ENV, "").strip().rstrip("/")
+    if public_url and not _PUBLIC_URL_RE.match(public_url):
+        problems.append(f"{PUBLIC_URL_ENV}={public_url!r}: give scheme and host (and port), e.g. "
+                        "https://studio.example.com, without a path")
     if problems:
         raise SettingsError("Authentication is not configured correctly, so nothing was started:\n- "
                             + "\n- ".join(problems))
     admins = tuple(a.strip() for a in env.get(ADMINS_ENV, "").split(",") if a.strip())
     return AuthSettings(mode=mode, password=password, issuer=oidc["issuer"].rstrip("/"), client_id=oidc["client_id"],
                         client_secret=oidc["client_secret"], admins=admins, default_role=default_role,
-                        session_hours=hours, tls_cert=cert, tls_key=key)
+                        session_hours=hours, tls_cert=cert, tls_key=key, public_url=public_url)

@@ -52,6 +52,13 @@ def safe_next(target: str | None) -> str:
     return target
 
 
+def oidc_user_name(claims: dict) -> str:
+    """The e-mail, unless the provider marks it unverified (it could be anyone's, an admin's say): then the
+    subject id, which the provider guarantees unique."""
+    email = claims.get("email") if claims.get("email_verified", True) is not False else None
+    return str(email or claims.get("sub") or "")
+
+
 def create_app(cfg: AuthSettings, store: Store, session_key: str, secure: bool) -> Starlette:
     sessions = URLSafeTimedSerializer(session_key, salt="finetune-studio-session")
     max_age = int(cfg.session_hours * 3600)
@@ -104,7 +111,7 @@ def create_app(cfg: AuthSettings, store: Store, session_key: str, secure: bool) 
         target = safe_next(request.query_params.get("next"))
         if cfg.mode == "oidc":
             request.session["next"] = target
-            callback = f"{_origin(request)}/auth/callback"
+            callback = f"{cfg.public_url or _origin(request)}/auth/callback"
             return await oauth.provider.authorize_redirect(request, callback)
         if request.method == "GET":
             return form(target)
@@ -125,8 +132,7 @@ def create_app(cfg: AuthSettings, store: Store, session_key: str, secure: bool) 
         except OAuthError as exc:
             return HTMLResponse(f"<p>Sign-in failed: {html.escape(exc.description or exc.error)}. "
                                 '<a href="/auth/login">Try again</a>.</p>', status_code=401)
-        info = token.get("userinfo") or {}
-        name = str(info.get("email") or info.get("preferred_username") or info.get("sub") or "")
+        name = oidc_user_name(token.get("userinfo") or {})
         if not name:
             return HTMLResponse("<p>The provider sent no user name.</p>", status_code=401)
         return signed_in_response(name, request.session.pop("next", "/"))

@@ -9,6 +9,7 @@ from trainer_core.protocol.status import RunStatus
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.text import safe
 from ui.views import chart_controls, render_live
 
 require_entrypoint("pages/live.py")
@@ -31,7 +32,7 @@ def _toast_new_alerts(run_id: str, alerts: tuple) -> None:
     """Each alert pops up once per browser session; the list on the page keeps them all."""
     seen = st.session_state.setdefault("live_alerts_seen", {})
     for alert in alerts[seen.get(run_id, 0):]:
-        st.toast(alert.message, icon="⚠️")
+        st.toast(safe(alert.message), icon="⚠️")
     seen[run_id] = len(alerts)
 
 

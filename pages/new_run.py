@@ -649,6 +649,11 @@ def start_run() -> None:
 # ====================================================================== the page
 init_state()
 st.title("New run")
+if not allowed(current_actor(), Action.START):
+    # No form at all: uploads, previews (a child process each) and saved presets are writes too.
+    st.info("Viewers watch runs (Live, History, Run details, Compare); an admin can make you an operator "
+            "on the Account page.", icon="👀")
+    st.stop()
 if hardware.cuda_available():
     st.caption("CUDA GPU found: LoRA, QLoRA (4-bit) and full fine-tuning are available.")
 else:
@@ -776,7 +781,5 @@ remember_state()
 if config is not None:
     st.download_button("Download as YAML", config.to_yaml(), file_name="run.yaml", mime="application/x-yaml",
                        help="The same file runs headless: python -m trainer_core run --config run.yaml")
-may_start = allowed(current_actor(), Action.START)
-if st.button("Start training", type="primary", icon="🚀", key=K + "start", disabled=not may_start,
-             help=None if may_start else "Viewers watch runs; an admin can make you an operator."):
+if st.button("Start training", type="primary", icon="🚀", key=K + "start"):
     start_run()

@@ -38,7 +38,7 @@ ids = [r.id for r in runs]
 if wanted in ids:
     st.session_state["run_pick"] = wanted
 elif wanted:
-    st.warning("The run this link names does not exist (it may have been deleted); showing the newest run.")
+    st.warning("The run asked for does not exist (it may have been deleted); showing the newest run.")
 labels = {r.id: f"{r.name or r.id} · {fmt.status_badge(r.status)} · {fmt.timestamp(r.created_at)}" for r in runs}
 run_id = st.selectbox("Run", ids, format_func=labels.get, key="run_pick", on_change=_remember_choice)
 run = orch.get_run(run_id)

@@ -111,7 +111,8 @@ def no_stray_workers(tmp_path_factory):
     tmp = str(tmp_path_factory.getbasetemp())
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "trainer_core.worker" in cmd and any(arg.startswith(tmp) for arg in cmd):
+        is_worker = "trainer_core.worker" in cmd or "trainer_core.worker.launch" in cmd  # launch: torchrun for N ranks
+        if is_worker and any(arg.startswith(tmp) for arg in cmd):
             try:
                 os.killpg(proc.info["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

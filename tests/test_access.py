@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from db.models import Run
 from db.store import Store
-from gateway import settings
+from gateway import settings, signin
 from gateway.__main__ import main as share_main
 from tests.jobs.test_orchestrator import fake, fake_worker, make_orch, orch  # noqa: F401 (fixtures)
 from tests.test_pages import APP, TIMEOUT
@@ -165,6 +165,8 @@ def test_a_password_that_is_not_a_string_is_refused():
     ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_DEFAULT_ROLE": "root"}, {}, "choose one of viewer"),
     ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_TLS_CERT": "/nope.pem"}, {}, "set both"),
     ({}, {"oidc": "yes"}, "[oidc] in secrets.toml must be a table"),
+    ({"FINETUNE_STUDIO_PASSWORD": "long enough", "FINETUNE_STUDIO_PUBLIC_URL": "https://x.example/studio"}, {},
+     "without a path"),
 ])
 def test_bad_auth_settings_refuse_to_start(env, secrets, problem):
     with pytest.raises(settings.SettingsError, match="nothing was started") as err:
@@ -265,8 +267,10 @@ def test_a_viewer_sees_every_run_but_every_action_is_disabled(shared_store, monk
     assert stop.disabled and "only bob or an admin can: you are viewer" in stop.help
     sidebar = [c.value for c in _app().sidebar.caption]
     assert "Signed in as **val** (viewer) · [Sign out](/auth/logout)" in sidebar, sidebar
-    at = _app("pages/new_run.py")
-    assert next(b for b in at.button if b.label == "Start training").disabled
+    at = _app("pages/new_run.py")  # no form: no upload, preview or preset save either
+    assert [i.value for i in at.info] == ["Viewers watch runs (Live, History, Run details, Compare); an admin can "
+                                          "make you an operator on the Account page."]
+    assert not at.button and not at.text_input and not at.get("file_uploader")
     at = _app("pages/history.py")
     at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
     assert next(b for b in at.button if b.label == "Delete").disabled
@@ -323,3 +327,23 @@ def test_make_share_without_authentication_starts_nothing(home, monkeypatch, tmp
     assert share_main(["--port", "1"]) == 2
     assert "shared mode never starts without authentication" in capsys.readouterr().err
     assert not (home / "share" / "nginx.conf").exists()  # nothing was written, nothing was started
+
+
+@pytest.mark.parametrize("claims, name", [
+    ({"sub": "u1", "email": "ana@example.com", "email_verified": True}, "ana@example.com"),
+    ({"sub": "u1", "email": "ana@example.com"}, "ana@example.com"),  # providers that do not say
+    ({"sub": "u1", "email": "ada@example.com", "email_verified": False}, "u1"),  # could be anyone's address
+    ({"sub": "u1"}, "u1"),
+    ({}, ""),
+])
+def test_oidc_user_name(claims, name):
+    assert signin.oidc_user_name(claims) == name
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("/run?run=a", "/run?run=a"), ("/compare?run=a&run=b", "/compare?run=a&run=b"), ("", "/"), (None, "/"),
+    ("//evil.example", "/"), ("/\\evil.example", "/"), ("https://evil.example", "/"), ("/auth/logout", "/"),
+    ("/x\r\nSet-Cookie: a=b", "/"),
+])
+def test_sign_in_returns_only_to_this_site(target, expected):
+    assert signin.safe_next(target) == expected

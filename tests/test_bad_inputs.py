@@ -432,7 +432,7 @@ def test_new_run_page_refuses_paths_and_names_together(app_home, tmp_path, outsi
 UNUSABLE_PATHS = {"300-characters": ("./" + "a" * 300, "names are limited to 255"),
                   "nul-byte": ("data\x00.jsonl", "contains a NUL character"),
                   "5000-bytes": ("/" + "/".join(["d" * 200] * 25), "paths are limited to 4,095")}
-PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint")
+PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint", "tensorboard_dir")
 
 
 @pytest.mark.parametrize("kind", UNUSABLE_PATHS)
@@ -445,6 +445,8 @@ def test_new_run_page_reports_an_unusable_path_in_every_path_field(app_home, kin
     at.text_input(key="nr_local_datasets").input(bad)
     at.text_input(key="nr_local_eval_datasets").input(bad)
     at.text_input(key="nr_resume_from_checkpoint").input(bad)
+    at.toggle(key="nr_enable_tensorboard").set_value(True)
+    at.text_input(key="nr_tensorboard_dir").input(bad)
     submit(at)
     errors = texts(at, "error")
     for field in PATH_FIELDS:
@@ -459,7 +461,7 @@ def test_cli_reports_an_unusable_path_as_a_field_error(home, tmp_path, capsys, f
     bad, phrase = UNUSABLE_PATHS[kind]
     config = tmp_path / "run.yaml"
     value = [bad] if field in ("local_datasets", "local_eval_datasets") else bad
-    config.write_text(yaml.safe_dump({field: value}))
+    config.write_text(yaml.safe_dump({field: value, "enable_tensorboard": field == "tensorboard_dir"}))
     for command in ("validate", "run"):
         assert cli_main([command, "--config", str(config)]) == 2
         err = capsys.readouterr().err
@@ -571,6 +573,8 @@ def test_cli_reads_integral_exponent_numbers_and_names_the_rest(home, tmp_path, 
     ({"subset": "s" * 201}, "subset", "the limit is 200"),
     ({"train_split": "t" * 201}, "train_split", "the limit is 200"),
     ({"wandb_project": "w" * 129}, "wandb_project", "the limit is 128"),
+    ({"model_name": "org/" + "m" * 250}, "model_name", "a hub model id is at most 200 characters"),
+    ({"hf_dataset": "org/" + "d" * 250, "local_datasets": []}, "hf_dataset", "a hub dataset id is at most 200"),
     ({"custom_format_mapping": {"instruction": "q" * 201}}, "custom_format_mapping", "at most 200 characters"),
 ])
 def test_free_text_fields_have_length_limits(home, values, field, phrase):

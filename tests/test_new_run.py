@@ -462,3 +462,13 @@ def test_preview_of_the_bundled_demo_with_the_real_tokenizer(app_home, monkeypat
     tiles = {m.label: m.value for m in at.metric}
     assert int(tiles["Training rows"].replace(",", "")) > 0
     assert at.get("vega_lite_chart")
+
+
+def test_the_form_shows_the_global_batch_of_a_two_process_run(fakes):
+    at = open_page()
+    at.number_input(key="nr_batch_size").set_value(3).run()
+    at.number_input(key="nr_gradient_accumulation_steps").set_value(2).run()
+    at.number_input(key="nr_num_processes").set_value(2).run()
+    assert not at.exception, at.exception
+    assert ("2 data-parallel process(es): global batch 12 rows per step (batch 3 × accumulation 2 × 2)"
+            in texts(at, "caption"))

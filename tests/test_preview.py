@@ -81,6 +81,7 @@ def test_preview_with_completions_only_matches_the_tokenizer(studio_env, facts):
     assert p.truncated == 2  # the long reply and the long prompt
     assert p.dropped == {preview.TRUNCATION_DROP: 1}  # the long prompt leaves nothing to train on
     assert p.total_rows == 3 and p.steps_per_epoch == 2  # ceil(3 rows / batch 2)
+    assert (p.processes, p.global_batch) == (1, 2)
     kept = [0, 1, 3]
     assert p.total_tokens == sum(min(full[i], MAX) for i in kept)
     assert p.trained_tokens == sum(min(full[i], MAX) - prompt[i] for i in kept)
@@ -162,6 +163,12 @@ def test_token_goes_by_environment_never_stdin(monkeypatch):
     assert seen["env"]["HF_TOKEN"] == "hf_secret123"
     assert [v for v in seen["env"].values() if "server-secret-" in v or v == "wandb-of-the-server"] == []
     assert "hf_secret123" not in str(err.value) and "***" in str(err.value)
+
+
+def test_steps_per_epoch_follows_the_trainer_under_data_parallelism():
+    # 270 rows, batch 4: 68 batches dealt to 3 processes, padded to 23 each; 23 updates per epoch
+    assert preview.steps_per_epoch(270, 4, 1, processes=3) == 23
+    assert preview.steps_per_epoch(270, 4, 4, processes=2) == 9  # 34 batches each, 4 per update
 
 
 def test_steps_per_epoch_follows_the_trainer():

@@ -9,7 +9,8 @@ import time
 
 import psutil
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import case, func, inspect, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, delete
 
 from db.models import Metric, Run
@@ -20,8 +21,8 @@ from trainer_core.jobs import adoption
 from trainer_core.protocol import paths
 from trainer_core.jobs.alerts import rows_from_frame
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.protocol.metrics import merge_metric, thin
 from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.metrics import METRIC_FIELDS, merge_metric, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
 
 
@@ -142,11 +143,28 @@ def test_the_pump_keeps_the_sparkline_of_a_running_run_current(home, store, fake
 
 
 # ====================================================================== the batched upsert
+def multi_values_upsert(store: Store, run_id: str, rows: list[dict]):
+    """The statement append_metrics built per 500-row chunk before it compiled one upsert for executemany."""
+    dialect = sqlite if store.is_sqlite else postgresql
+    keys = ["run_id", "step", *METRIC_FIELDS]
+    normalised = [{k: ({**r, "run_id": run_id}).get(k) for k in keys} for r in rows]
+    for r in normalised:
+        r["nonfinite"] = r["nonfinite"] or ""
+    stmt = dialect.insert(Metric).values(normalised)
+    table = Metric.__table__
+    updates = {name: func.coalesce(stmt.excluded[name], table.c[name]) for name in METRIC_FIELDS}
+    new, old = stmt.excluded["nonfinite"], table.c["nonfinite"]
+    updates["nonfinite"] = case((new == "", old), (old == "", new),
+                                (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
+    return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
+
+
 def test_batched_upsert_stores_exactly_the_merge_of_every_row(store):
     """Random batches with repeated steps, eval rows for steps already stored, missing and non-finite fields:
     the table ends up as the row-by-row merge of everything written (what the multi-VALUES upsert stored)."""
     rng = random.Random(14)
     store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(Run(id="before", status=RunStatus.RUNNING.value))
     expected: dict[int, dict] = {}
     for batch in range(30):
         rows = []
@@ -163,7 +181,14 @@ def test_batched_upsert_stores_exactly_the_merge_of_every_row(store):
             rows.append(row)
             merge_metric(expected.setdefault(step, {"step": step}), row)
         store.append_metrics("r", rows, event_offset=batch)
+        with Session(store.engine) as session:  # the same batch through the upsert the store used before
+            for chunk in range(0, len(rows), 500):
+                merged = merge_rows(rows[chunk:chunk + 500])
+                if merged:
+                    session.exec(multi_values_upsert(store, "before", merged))
+            session.commit()
     frame = store.metrics_frame("r")
+    assert rows_from_frame(frame) == rows_from_frame(store.metrics_frame("before"))
     assert frame["step"].tolist() == sorted(expected)
     stored = {row["step"]: row for row in rows_from_frame(frame)}
     for step, row in expected.items():
@@ -201,13 +226,13 @@ def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, 
     pumping_elsewhere = adoption.try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
     viewer = Orchestrator(store=store, start_pump=False)  # a dashboard that does not pump this run
     reads: list[int | None] = []
-    real = store.metrics_frame
+    real = store.metric_rows
 
-    def metrics_frame(run_id, from_step=None):
+    def metric_rows(run_id, from_step=None):
         reads.append(from_step)
         return real(run_id, from_step)
 
-    monkeypatch.setattr(store, "metrics_frame", metrics_frame)
+    monkeypatch.setattr(store, "metric_rows", metric_rows)
     rng = random.Random(7)
     step = 0
     try:

@@ -35,7 +35,6 @@ from db.models import Run
 from db.store import Store
 from gateway.__main__ import Share
 from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
-from trainer_core.protocol import paths
 from trainer_core.access import Role
 from trainer_core.protocol.status import RunStatus
 
@@ -97,22 +96,16 @@ def password_share(tmp_path_factory):
     nginx_or_skip()
     home = tmp_path_factory.mktemp("share") / "home"
     env = share_env(home, FINETUNE_STUDIO_PASSWORD=PASSWORD)
-    os.environ["FINETUNE_STUDIO_HOME"], saved = str(home), os.environ.get("FINETUNE_STUDIO_HOME")
     busy = subprocess.Popen(["sleep", "600"], start_new_session=True)  # plays bob's worker process
-    try:
-        store = Store()
-        users.ensure_user(store, "val", Role.VIEWER)
-        users.ensure_user(store, "bob", Role.OPERATOR)
-        store.create_run(Run(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
-                             created_at=time.time(), started_at=time.time(), pid=busy.pid,
-                             pid_started_at=psutil.Process(busy.pid).create_time(), devices="cpu", total_steps=100))
-        paths.run_dir(BOB_RUN).mkdir(parents=True)
-        store.engine.dispose()
-    finally:
-        if saved is None:
-            os.environ.pop("FINETUNE_STUDIO_HOME")
-        else:
-            os.environ["FINETUNE_STUDIO_HOME"] = saved
+    home.mkdir(parents=True)
+    store = Store(f"sqlite:///{home / 'studio.db'}")  # the database the shared server will use
+    users.ensure_user(store, "val", Role.VIEWER)
+    users.ensure_user(store, "bob", Role.OPERATOR)
+    store.create_run(Run(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
+                         created_at=time.time(), started_at=time.time(), pid=busy.pid,
+                         pid_started_at=psutil.Process(busy.pid).create_time(), devices="cpu", total_steps=100))
+    (home / "runs" / BOB_RUN).mkdir(parents=True)
+    store.engine.dispose()
     share = Share(free_port(), host="127.0.0.1", env=env)
     try:
         share.start(timeout=TIMEOUT_S)
@@ -391,5 +384,31 @@ def test_with_a_certificate_it_serves_https_only_and_cookies_are_secure(tmp_path
         plain.request("GET", "/")
         assert plain.getresponse().status == 400  # nginx: "plain HTTP request was sent to HTTPS port"
         plain.close()
+    finally:
+        share.stop()
+
+
+def test_behind_a_tls_terminator_the_public_origin_is_accepted(tmp_path):
+    """FINETUNE_STUDIO_PUBLIC_URL: browsers talk to https://studio.example.com, which forwards to nginx."""
+    nginx_or_skip()
+    env = share_env(tmp_path / "home", FINETUNE_STUDIO_PASSWORD=PASSWORD,
+                    FINETUNE_STUDIO_PUBLIC_URL="https://studio.example.com")
+    share = Share(free_port(), host="127.0.0.1", env=env)
+    try:
+        share.start(timeout=TIMEOUT_S)
+        body = urlencode({"name": "val", "password": PASSWORD, "next": "/"}).encode()
+        response = request(share, "POST", "/auth/login", {"Content-Type": "application/x-www-form-urlencoded",
+                                                          "Origin": "https://studio.example.com"}, body)
+        assert response.status == 303 and "; Secure" in response.getheader("Set-Cookie")  # the public URL is https
+        cookie = response.getheader("Set-Cookie").split(";", 1)[0]
+        upgrade = {"Cookie": cookie, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                   "Host": "studio.example.com"}  # as the terminator forwards it (Streamlit checks it too)
+        conn = http.client.HTTPConnection("127.0.0.1", share.port, timeout=20)
+        conn.request("GET", "/_stcore/stream", headers={**upgrade, "Origin": "https://studio.example.com"})
+        assert conn.getresponse().status == 101
+        conn.close()
+        for foreign in ("https://evil.example", "https://studio.example.com.evil.example", "https://studio.example.co"):
+            assert request(share, "GET", "/_stcore/stream", {**upgrade, "Origin": foreign}).status == 403, foreign
     finally:
         share.stop()

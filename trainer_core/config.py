@@ -43,8 +43,7 @@ _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
 HUB_ID_MAX = 200  # the hub allows 96 characters for the owner and for the name
 # Longest accepted free text per field: a prompt is a paragraph, names are names. Anything longer is a paste
 # gone wrong, and would be copied into every training row (system_prompt) or every page that shows the run.
-TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval_split": 200, "wandb_project": 128,
-               "tensorboard_dir": 200}
+TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval_split": 200, "wandb_project": 128}
 MAPPING_VALUE_MAX = 200
 
 
@@ -440,6 +439,8 @@ def _check_model(cfg: TrainConfig, bad) -> None:
         return
     if not _HUB_ID_RE.match(name):
         bad("model_name", "not a hub id (org/name) nor an existing folder")
+    elif len(name) > HUB_ID_MAX:
+        bad("model_name", f"a hub model id is at most {HUB_ID_MAX} characters (org/name); got {len(name):,}")
 
 
 # The loaders `datasets` ships (json, csv, text, parquet, arrow, pandas, imagefolder, webdataset, ...),

@@ -202,6 +202,14 @@ def test_cli_on_a_corrupt_database_says_what_happened_and_how_to_rebuild(home, c
     assert "python -m trainer_core db rebuild" in err and "Traceback" not in err
 
 
+def test_cli_on_an_unreachable_postgres_server_says_to_check_it_not_only_to_rebuild(home, capsys, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://studio:hunter2@127.0.0.1:9/nowhere")
+    assert cli.main(["runs"]) == 4
+    err = capsys.readouterr().err
+    assert "studio:***@127.0.0.1:9/nowhere" in err and "hunter2" not in err
+    assert "Check that the database server is running and DATABASE_URL is right" in err and "Traceback" not in err
+
+
 def test_cli_db_rebuild_moves_a_corrupt_file_aside_and_restores_the_runs(make_orch, store, monkeypatch, capsys, home):
     if not store.is_sqlite:
         pytest.skip("the CLI rebuilds the configured database; this test corrupts a SQLite file")

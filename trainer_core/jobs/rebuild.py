@@ -65,11 +65,15 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     """What went wrong with the database, in one paragraph that names the way out."""
     url = url or default_url()
     cause = getattr(exc, "orig", None) or exc
-    where = database_label(url)
-    return (f"The database ({where}) cannot be used: {type(cause).__name__}: {str(cause).splitlines()[0][:300]}. "
-            "Runs, metrics and timelines are all kept in the run folders, so it can be rebuilt from them "
-            "(the current file is moved aside and kept, never deleted): use the Rebuild button on the "
-            "Settings page, or run `python -m trainer_core db rebuild`.")
+    lines = str(cause).splitlines() or [""]
+    text = f"The database ({database_label(url)}) cannot be used: {type(cause).__name__}: {lines[0][:300]}. "
+    if _sqlite_path(url) is None:  # a server that is down is not a lost database
+        return text + ("Check that the database server is running and DATABASE_URL is right. If the database "
+                       "itself was lost, create an empty one and rebuild it from the run folders: the Rebuild "
+                       "button on the Settings page, or `python -m trainer_core db rebuild`.")
+    return text + ("Runs, metrics and timelines are all kept in the run folders, so it can be rebuilt from them "
+                   "(the current file is moved aside and kept, never deleted): use the Rebuild button on the "
+                   "Settings page, or run `python -m trainer_core db rebuild`.")
 
 
 def unknown_run_folders(store: Store) -> list[str]:

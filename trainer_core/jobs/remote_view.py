@@ -44,15 +44,15 @@ class RemoteView:
             if self._complete:
                 return
             self._complete = RunStatus(run.status).is_terminal()  # its rows were all stored before it ended
-            frame = self._store.metrics_frame(run.id, from_step=self._last_step)
-            for row in rows_from_frame(frame):
+            rows = self._store.metric_rows(run.id, from_step=self._last_step)
+            for row in rows:
                 self.live.add_metric(row)
                 if row["loss"] is not None:
                     self.losses[row["step"]] = row["loss"]
                 for alert in self.monitor.observe(row):
                     self.live.add_alert(alert)
-            if len(frame):
-                self._last_step = int(frame["step"].iloc[-1])
+            if rows:
+                self._last_step = rows[-1]["step"]
 
 
 def seed_lineage(live: LiveRun, run: Run, store: Store) -> None:

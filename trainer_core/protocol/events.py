@@ -1,7 +1,9 @@
 """Typed worker events, written one JSON line each to ``runs/<id>/events.jsonl``.
 
 The worker appends and flushes every line, so the log outlives both processes; the orchestrator's
-pump tails it from a saved byte offset. Numbers are cleaned in exactly one place,
+pump tails it from a saved byte offset through a ``LogFollower`` (its own descriptor on the file, so a
+log deleted or replaced while the worker writes is still read to the end), and a line that is not a
+valid event is reported and skipped on its own. Numbers are cleaned in exactly one place,
 :func:`clean_numbers`, which turns NaN/inf into ``None`` and remembers which fields they were in
 (a NaN loss is news, not noise).
 """
@@ -15,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import IO, Any, ClassVar, NamedTuple
 
 from trainer_core.protocol.status import RunStatus
 
@@ -313,43 +315,44 @@ class LogFollower:
     def __init__(self, path: Path, pid: int | None = None):
         self.path = Path(path)
         self.pid = pid
-        self._fd: int | None = None
+        self._file: IO[bytes] | None = None  # a file object, so a follower dropped without close() closes it
         self._identity: tuple[int, int] | None = None
         self._reported: set[str] = set()
 
     def read(self, offset: int, max_bytes: int | None = None) -> list[LogLine]:
-        if self._fd is None and not self._open():
+        if self._file is None and not self._open():
             if offset > 0 and "missing" not in self._reported:
                 self._reported.add("missing")
                 return [LogLine(offset, None, f"{LOG_NAME} is missing and no open copy was found: events after "
                                               f"byte {offset:,} cannot be read")]
             return []
         notes = self._check_path(offset)
-        size = os.fstat(self._fd).st_size
+        fd = self._file.fileno()
+        size = os.fstat(fd).st_size
         if size < offset:
             return notes + [LogLine(0, None, f"{LOG_NAME} shrank from {offset:,} to {size:,} bytes; reading it "
                                              "again from its start (stored metrics are merged by step)")]
-        return notes + read_lines(self._fd, offset, max_bytes or READ_BYTES)
+        return notes + read_lines(fd, offset, max_bytes or READ_BYTES)
 
     def last_terminal_event(self) -> Event | None:
-        if self._fd is None and not self._open():
+        if self._file is None and not self._open():
             return None
-        return _last_terminal_event(self._fd, 256 << 10)
+        return _last_terminal_event(self._file.fileno(), 256 << 10)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _open(self) -> bool:
         """The worker's own log: through its open descriptor when the path no longer leads to it."""
         for candidate in [*self._worker_copies(), self.path]:
             try:
-                fd = os.open(candidate, os.O_RDONLY)
+                handle = open(candidate, "rb", buffering=0)  # noqa: SIM115 - held until close()
             except OSError:
                 continue
-            st = os.fstat(fd)
-            self._fd, self._identity = fd, (st.st_dev, st.st_ino)
+            st = os.fstat(handle.fileno())
+            self._file, self._identity = handle, (st.st_dev, st.st_ino)
             return True
         return False
 
@@ -381,4 +384,4 @@ class LogFollower:
             return []
         self._reported.add(change)
         return [LogLine(offset, None, f"{LOG_NAME} was {change} while the run was active; still reading the "
-                                      "worker's own log file (the run folder's copy is not the run's log any more)")]
+                                      "file the worker writes to (the run folder no longer leads to it)")]

@@ -285,7 +285,6 @@ def make_callback(worker: Worker):
         def __init__(self):
             self.started = time.time()
             self.last = (self.started, 0)
-            self.first_step = 0
             self.timed_from: tuple[float, int] | None = None  # (time, step) of the first logged step
             self.peak_mb = 0.0
             self.stopping = False
@@ -294,7 +293,6 @@ def make_callback(worker: Worker):
 
         def on_train_begin(self, args, state, control_, **kwargs):
             self.started = time.time()
-            self.first_step = state.global_step  # > 0 when resuming from a checkpoint
             self.last = (self.started, state.num_input_tokens_seen or 0)
 
         def on_step_end(self, args, state, control_, **kwargs):
