@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlmodel import SQLModel
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from trainer_core import charts
 from trainer_core.jobs import adoption, orchestrator
@@ -111,7 +111,7 @@ class RemoteRun:
         self.store = store
         self.run_id = f"remote-{steps}"
         me = psutil.Process()
-        store.create_run(Run(id=self.run_id, name=f"cli run {steps}", status=RunStatus.RUNNING.value,
+        store.create_run(RunRecord(id=self.run_id, name=f"cli run {steps}", status=RunStatus.RUNNING.value,
                              created_at=time.time(), started_at=time.time(), total_steps=10 * steps, pid=me.pid,
                              pid_started_at=me.create_time()))
         rows = rows_from_frame(synthetic_run(steps).snapshot().metrics)

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
+from db.entities import EventRecord, RunRecord
 from db.models import Metric, Run, RunEvent
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
@@ -80,15 +81,16 @@ class Store:
         self._finished_frame = functools.lru_cache(maxsize=FINISHED_FRAMES_CACHED)(self._read_frame)
 
     # ------------------------------------------------------------------ writes
-    def create_run(self, run: Run) -> Run:
+    def create_run(self, record: RunRecord) -> RunRecord:
+        run = record.to_row()
         self._journal(run.id, "create", row=run.model_dump())
         with self._write_lock, Session(self.engine) as session:
             session.add(run)
             session.add(RunEvent(run_id=run.id, ts=run.created_at or time.time(), kind="status",
-                                 message=RunStatus(run.status).label))
+                                 message=record.status.label))
             session.commit()
             session.refresh(run)
-            return run
+            return RunRecord.from_row(run)
 
     def update_run(self, run_id: str, **values: Any) -> None:
         """Update progress fields of a run that is not finished (finished runs only change via finish_run)."""
@@ -170,43 +172,50 @@ class Store:
             return True
 
     # ------------------------------------------------------------------ reads
-    def get_run(self, run_id: str) -> Run | None:
+    def get_run(self, run_id: str) -> RunRecord | None:
         with Session(self.engine) as session:
-            return session.get(Run, run_id)
+            row = session.get(Run, run_id)
+            return RunRecord.from_row(row) if row is not None else None
 
     def list_runs(self, limit: int = 500, offset: int = 0, search: str = "",
-                  owners: list[str] | None = None) -> list[Run]:
+                  owners: list[str] | None = None) -> list[RunRecord]:
         """Runs newest first, ``limit`` from ``offset``; ``search`` is a case-insensitive part of the id, name,
         model, dataset or method; ``owners``, when given, keeps the runs these users started. Rows come
         without config_json and log_tail (read them with get_run)."""
         query = self._search(select(Run), search, owners).order_by(col(Run.created_at).desc(), col(Run.id).desc())
         query = query.options(defer(Run.config_json, raiseload=True), defer(Run.log_tail, raiseload=True))
         with Session(self.engine) as session:
-            return list(session.exec(query.offset(offset).limit(limit)))
+            return [RunRecord.from_row(row) for row in session.exec(query.offset(offset).limit(limit))]
 
     def count_runs(self, search: str = "", owners: list[str] | None = None) -> int:
         with Session(self.engine) as session:
             return int(session.exec(self._search(select(func.count()).select_from(Run), search, owners)).one())
+
+    def run_ids(self) -> set[str]:
+        """The id of every run the database knows."""
+        with Session(self.engine) as session:
+            return set(session.exec(select(Run.id)).all())
 
     def run_owners(self) -> list[str]:
         """Everyone who started a run, sorted (History's owner filter)."""
         with Session(self.engine) as session:
             return sorted(session.exec(select(Run.owner).where(Run.owner != "").distinct()).all())
 
-    def get_runs(self, run_ids: list[str]) -> list[Run]:
+    def get_runs(self, run_ids: list[str]) -> list[RunRecord]:
         """The runs with these ids that exist, in the order asked for."""
         if not run_ids:
             return []
         with Session(self.engine) as session:
-            found = {r.id: r for r in session.exec(select(Run).where(col(Run.id).in_(run_ids)))}
+            found = {r.id: RunRecord.from_row(r) for r in session.exec(select(Run).where(col(Run.id).in_(run_ids)))}
         return [found[i] for i in dict.fromkeys(run_ids) if i in found]
 
-    def find_runs(self, ref: str, limit: int = 10) -> list[Run]:
+    def find_runs(self, ref: str, limit: int = 10) -> list[RunRecord]:
         """Runs whose id starts with ``ref`` or whose name is ``ref``."""
         prefix = _like_escape(ref) + "%"
         with Session(self.engine) as session:
-            return list(session.exec(select(Run).where(or_(col(Run.id).like(prefix, escape="\\"), Run.name == ref))
-                                     .order_by(col(Run.created_at).desc()).limit(limit)))
+            rows = session.exec(select(Run).where(or_(col(Run.id).like(prefix, escape="\\"), Run.name == ref))
+                                .order_by(col(Run.created_at).desc()).limit(limit))
+            return [RunRecord.from_row(row) for row in rows]
 
     @staticmethod
     def _search(query, search: str, owners: list[str] | None = None):
@@ -219,17 +228,18 @@ class Store:
         return query.where(or_(*[func.lower(column).like(pattern, escape="\\")
                                  for column in (Run.id, Run.name, Run.model, Run.dataset, Run.method)]))
 
-    def active_runs(self) -> list[Run]:
+    def active_runs(self) -> list[RunRecord]:
         """Runs with a worker (starting, running, stopping): everything not finished and not queued."""
         live = [s.value for s in RunStatus if not s.is_terminal() and s is not RunStatus.QUEUED]
         with Session(self.engine) as session:
-            return list(session.exec(select(Run).where(Run.status.in_(live)).order_by(Run.created_at)))
+            return [RunRecord.from_row(r) for r in session.exec(select(Run).where(Run.status.in_(live))
+                                                                    .order_by(Run.created_at))]
 
-    def queued_runs(self) -> list[Run]:
+    def queued_runs(self) -> list[RunRecord]:
         """The queue, in the order the runs will start."""
         with Session(self.engine) as session:
-            return list(session.exec(select(Run).where(Run.status == RunStatus.QUEUED.value)
-                                     .order_by(Run.queue_position, Run.created_at)))
+            return [RunRecord.from_row(r) for r in session.exec(select(Run).where(Run.status == RunStatus.QUEUED.value)
+                                                                .order_by(Run.queue_position, Run.created_at))]
 
     def next_queue_position(self) -> float:
         with Session(self.engine) as session:
@@ -255,13 +265,15 @@ class Store:
             session.commit()
             return True
 
-    def children(self, run_id: str) -> list[Run]:
+    def children(self, run_id: str) -> list[RunRecord]:
         with Session(self.engine) as session:
-            return list(session.exec(select(Run).where(Run.parent_run_id == run_id).order_by(Run.created_at)))
+            return [RunRecord.from_row(r) for r in session.exec(select(Run).where(Run.parent_run_id == run_id)
+                                                                .order_by(Run.created_at))]
 
-    def get_events(self, run_id: str) -> list[RunEvent]:
+    def get_events(self, run_id: str) -> list[EventRecord]:
         with Session(self.engine) as session:
-            return list(session.exec(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.ts, RunEvent.id)))
+            return [EventRecord.from_row(e) for e in session.exec(select(RunEvent).where(RunEvent.run_id == run_id)
+                                                                  .order_by(RunEvent.ts, RunEvent.id))]
 
     def event_counts(self, run_ids: list[str], kind: str) -> dict[str, int]:
         """How many events of one kind each run has (runs with none are left out)."""
@@ -301,7 +313,7 @@ class Store:
                 result = conn.execute(self._frame_from_stmt, {"run_id": run_id, "from_step": from_step})
             return result.cursor.fetchall()
 
-    def sparklines(self, runs: list[Run], max_points: int = SPARKLINE_POINTS) -> dict[str, list[float]]:
+    def sparklines(self, runs: list[RunRecord], max_points: int = SPARKLINE_POINTS) -> dict[str, list[float]]:
         """History's loss sparklines, stored with each run; a run recorded before they were stored gets
         its sparkline computed from its metrics once, and kept."""
         series = {r.id: json.loads(r.sparkline) for r in runs if r.sparkline is not None}

@@ -151,7 +151,7 @@ if delete_col.button("Delete", icon="🗑️", width="stretch",
     st.session_state["history_delete"] = chosen
 
 if st.session_state.get("history_resume") == chosen:
-    needed = [n for n in run.needs_secrets.split(",") if n]
+    needed = list(run.needs_secrets)
     with st.container(border=True):
         st.markdown(f"**Resume '{safe(run.name)}'** from its latest checkpoint?")
         secrets = {}

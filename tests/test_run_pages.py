@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from tests.test_pages import insert_finished_run, open_page
 from trainer_core.protocol import paths
@@ -22,14 +22,14 @@ def buttons(at, label: str):
 def busy(store: Store) -> str:
     """A run 'training' in this very process (alive pid), so queued runs stay queued."""
     run_id = "20251231-000000-000000"
-    store.create_run(Run(id=run_id, name="busy", status=RunStatus.RUNNING.value, created_at=time.time(),
+    store.create_run(RunRecord(id=run_id, name="busy", status=RunStatus.RUNNING.value, created_at=time.time(),
                          pid=os.getpid(), pid_started_at=psutil.Process().create_time(), devices="cpu"))
     paths.run_dir(run_id).mkdir(parents=True)
     return run_id
 
 
 def queued(store: Store, run_id: str, name: str, position: float) -> None:
-    store.create_run(Run(id=run_id, name=name, status=RunStatus.QUEUED.value, model="m", method="LoRA",
+    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.QUEUED.value, model="m", method="LoRA",
                          created_at=time.time(), queue_position=position, devices="cpu"))
 
 
@@ -184,7 +184,7 @@ def test_run_page_timeline_can_show_only_alerts(pages_store):
 # ---------------------------------------------------------------------- Live
 def test_live_view_of_a_finished_run_lists_its_alerts(pages_store):
     run_id = "20260101-000000-mmmmmm"
-    pages_store.create_run(Run(id=run_id, name="nan run", status=RunStatus.RUNNING.value, created_at=time.time(),
+    pages_store.create_run(RunRecord(id=run_id, name="nan run", status=RunStatus.RUNNING.value, created_at=time.time(),
                           started_at=time.time()))
     pages_store.append_metrics(run_id, [{"step": 1, "loss": 2.0, "nonfinite": ""},  # as the pump stores a NaN loss:
                                    {"step": 2, "loss": None, "nonfinite": "loss"},  # NULL, with its name kept

@@ -52,7 +52,7 @@ def test_an_old_schema_database_is_migrated_in_place_and_its_runs_are_training_j
         assert JobKind(run.kind) is JobKind.TRAIN
         # everything that was there is untouched
         assert (run.name, run.status, run.steps_done, run.needs_secrets, run.event_offset) == \
-            ("old run", RunStatus.COMPLETED.value, 5, "hf_token", 1234)
+            ("old run", RunStatus.COMPLETED, 5, ("hf_token",), 1234)
         assert store.metrics_frame(run.id)["loss"].tolist() == [2.0]
         assert [e.message for e in store.get_events(run.id)] == ["Queued"]
     finally:

@@ -8,7 +8,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 import db.store as store_mod
-from db.models import Metric, Run
+from db.entities import RunRecord
+from db.models import Metric
 from db.store import Store
 from trainer_core.jobs.pump import MetricBuffer
 from trainer_core.protocol.metrics import METRIC_FIELDS
@@ -16,8 +17,8 @@ from trainer_core.protocol.status import RunStatus
 
 
 def make_run(store: Store, run_id: str = "r1", status: RunStatus = RunStatus.RUNNING, created_at: float = 100.0,
-             **values) -> Run:
-    return store.create_run(Run(id=run_id, name=f"run {run_id}", status=status.value, created_at=created_at, **values))
+             **values) -> RunRecord:
+    return store.create_run(RunRecord(id=run_id, name=f"run {run_id}", status=status.value, created_at=created_at, **values))
 
 
 # ---------------------------------------------------------------------- status enum
@@ -270,7 +271,7 @@ def test_metric_model_primary_key_is_run_and_step():
 
 
 def test_nonfinite_names_of_one_step_are_united_across_batches_and_within_one(store):
-    store.create_run(Run(id="nf", name="nf", status="running", created_at=1.0))
+    store.create_run(RunRecord(id="nf", name="nf", status="running", created_at=1.0))
     store.append_metrics("nf", [{"step": 1, "loss": None, "nonfinite": "loss"}])
     store.append_metrics("nf", [{"step": 1, "eval_loss": None, "nonfinite": "eval_loss"},
                                 {"step": 2, "loss": 1.0, "nonfinite": ""},

@@ -12,13 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 import pytest
 from sqlmodel import Session
 
-from db.models import Metric, Run
+from db.entities import RunRecord
+from db.models import Metric
 from tests.support import ROOT, FakeLauncher, run_python
 from trainer_core.jobs import adoption
 from trainer_core.protocol import control, paths
@@ -407,7 +409,7 @@ def _orphan(store, status: str = RunStatus.RUNNING.value, pid: int | None = None
     run_id = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
     if make_dir:
         paths.run_dir(run_id).mkdir(parents=True)
-    store.create_run(Run(id=run_id, name="orphan", status=status, created_at=time.time(), started_at=time.time(),
+    store.create_run(RunRecord(id=run_id, name="orphan", status=status, created_at=time.time(), started_at=time.time(),
                          output_dir=str(paths.run_dir(run_id)), pid=pid, pid_started_at=pid_started_at,
                          total_steps=10))
     return run_id
@@ -509,7 +511,7 @@ def test_start_writes_absolute_paths_and_keeps_the_token_out_of_files_and_argv(o
     if orch.store.is_sqlite:
         assert Path(orch.store.url.removeprefix("sqlite:///")) in files
     else:  # PostgreSQL: look at every stored text of this run instead of a file
-        stored = [orch.get_run(run_id).model_dump_json()] + [e.model_dump_json() for e in orch.events(run_id)]
+        stored = [json.dumps(asdict(orch.get_run(run_id)))] + [json.dumps(asdict(e)) for e in orch.events(run_id)]
         assert not any(secret in text for text in stored)
     for path in files:
         assert secret.encode() not in path.read_bytes(), path

@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from db.models import Run
+from db.entities import RunRecord
 from trainer_core.protocol import events as ev, paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
@@ -40,7 +40,7 @@ def test_invalid_lines_become_timeline_warnings_and_nothing_else_is_lost(home, s
     events: each bad line is skipped on its own, named in the timeline, and the run ends as its log says."""
     run_id = "forged"
     me = psutil.Process()
-    store.create_run(Run(id=run_id, name="forged log", status=RunStatus.RUNNING.value, created_at=time.time(),
+    store.create_run(RunRecord(id=run_id, name="forged log", status=RunStatus.RUNNING.value, created_at=time.time(),
                          started_at=time.time(), total_steps=3, pid=me.pid, pid_started_at=me.create_time()))
     run_dir = paths.run_dir(run_id)
     run_dir.mkdir(parents=True)

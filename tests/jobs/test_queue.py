@@ -4,18 +4,20 @@ orchestrator, pump, store, control and OS locks; only the training is fake)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 import pytest
 
-from db.models import Run
+from db.entities import RunRecord
 from tests.support import run_python
 from tests.jobs.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
 from trainer_core import hardware
@@ -151,7 +153,7 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
     token = "hf_queued_secret_123456"
     queued = first.start(dataclasses.replace(fake(monkeypatch, steps=1), hf_token=token))
     row = first.get_run(queued)
-    assert row.needs_secrets == "hf_token" and token not in row.config_json
+    assert row.needs_secrets == ("hf_token",) and token not in row.config_json
     assert token not in (paths.run_dir(queued) / "config.yaml").read_text()
     first.close()
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -160,7 +162,7 @@ def test_queued_secret_stays_in_memory_and_a_restart_without_it_fails_clearly(ma
     snap = second.wait(queued, timeout=60, interval=0.1)
     assert snap.status is RunStatus.FAILED
     assert "hf_token" in snap.error and "never written to disk" in snap.error
-    assert token not in second.get_run(queued).model_dump_json()
+    assert token not in json.dumps(asdict(second.get_run(queued)))
     if second.store.is_sqlite:  # the database files themselves, write-ahead log included
         db_file = Path(second.store.url.removeprefix("sqlite:///"))
         assert db_file.is_file()
@@ -213,7 +215,7 @@ def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(ho
     run_id = "20260101-000000-5ec12e"
     paths.run_dir(run_id).mkdir(parents=True)
     (paths.run_dir(run_id) / "config.yaml").write_text(fake(monkeypatch, steps=1).to_yaml())
-    store.create_run(Run(id=run_id, name="queued elsewhere", status=RunStatus.QUEUED.value, devices="cpu",
+    store.create_run(RunRecord(id=run_id, name="queued elsewhere", status=RunStatus.QUEUED.value, devices="cpu",
                          queue_position=1.0, created_at=time.time(), needs_secrets="hf_token",
                          secrets_holder=f"{socket.gethostname()}:{gone.pid}:{started:.2f}:0a1b2c3d"))
     orch = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
@@ -362,5 +364,5 @@ def test_old_database_gains_the_new_columns_without_losing_rows(tmp_path):
     run = store.get_run("r1")
     assert (run.name, run.status, run.queue_position, run.devices, run.parent_run_id) == (
         "an old run", "completed", None, "", None)
-    store.create_run(Run(id="r2", name="new", status="queued", devices="cpu", queue_position=1.0))
+    store.create_run(RunRecord(id="r2", name="new", status="queued", devices="cpu", queue_position=1.0))
     assert [r.id for r in store.queued_runs()] == ["r2"]

@@ -18,14 +18,14 @@ from typing import IO, Callable, Iterator
 
 import psutil
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal
 from trainer_core.jobs.remote_view import RemoteView
 from trainer_core.protocol import control, paths
-from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.protocol.status import RunStatus
 
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
@@ -54,11 +54,11 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
         if lock_fh is None:
             continue  # another orchestrator (another server, the CLI) is pumping it
         run = store.get_run(stale.id)  # re-read under the lock: the owner may have just finished it
-        if run is None or RunStatus(run.status).is_terminal():
+        if run is None or run.status.is_terminal():
             lock_fh.close()
             continue
         view = RemoteView(run, store)
-        tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=JobKind(run.kind),
+        tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind,
                           pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
                           stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
                           losses=view.losses)
@@ -67,7 +67,7 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
         yield tracked
 
 
-def rebuild_view(run: Run, store: Store) -> tuple[LiveRun, AlertMonitor]:
+def rebuild_view(run: RunRecord, store: Store) -> tuple[LiveRun, AlertMonitor]:
     """Live state rebuilt from the database: the run's last known progress, metrics and alerts, and the
     alert monitor's state (the rules are deterministic: replaying the stored rows gives back exactly
     the alerts raised before, without storing them again)."""

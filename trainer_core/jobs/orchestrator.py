@@ -25,7 +25,7 @@ from typing import IO, Any, Callable
 
 import pandas as pd
 
-from db.models import Run, RunEvent
+from db.entities import EventRecord, RunRecord
 from db.store import Store
 from trainer_core import access, checkpoints, datasets
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
@@ -82,7 +82,7 @@ class Orchestrator:
         """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
         return cfg.validate() or resource_check.memory_problems(cfg)
 
-    def start(self, cfg: TrainConfig, parent: Run | None = None, resumed_from_step: int | None = None,
+    def start(self, cfg: TrainConfig, parent: RunRecord | None = None, resumed_from_step: int | None = None,
               actor: access.Actor | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
@@ -106,21 +106,21 @@ class Orchestrator:
             name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
             waiting = [(r.id, r.devices) for r in self.store.queued_runs()]
             now_free = queue.startable(waiting + [(run_id, devices)], [r.devices for r in self.store.active_runs()])
-            run = Run(id=run_id, name=name, status=RunStatus.QUEUED.value, phase="waiting in the queue",
-                      model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
-                      created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
-                      config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
-                      queue_position=self.store.next_queue_position(), needs_secrets=",".join(cfg.secrets()),
-                      parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
-                      steps_done=resumed_from_step or 0, owner=actor.name if actor else "", kind=JobKind.TRAIN.value)
+            run = RunRecord(id=run_id, name=name, status=RunStatus.QUEUED, kind=JobKind.TRAIN, phase="waiting in the queue",
+                            model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
+                            created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
+                            config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
+                            queue_position=self.store.next_queue_position(), needs_secrets=tuple(cfg.secrets()),
+                            parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
+                            steps_done=resumed_from_step or 0, owner=actor.name if actor else "")
             lock_fh = None
             if run_id in now_free:
-                run.status, run.phase, run.queue_position = RunStatus.STARTING.value, "launching worker", None
-                run.started_at = time.time()
+                run = run.replace(status=RunStatus.STARTING, phase="launching worker", queue_position=None,
+                                  started_at=time.time())
                 lock_fh = adoption.try_lock(run_dir)  # held before the row exists, so no other pump adopts it
             elif cfg.secrets():
                 self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
-                run.secrets_holder = self.holder  # so other orchestrators leave this run to us
+                run = run.replace(secrets_holder=self.holder)  # so other orchestrators leave this run to us
             self.store.create_run(run)
             if parent is not None:
                 self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}"
@@ -137,7 +137,7 @@ class Orchestrator:
         if old is None:
             raise RunRefused(f"There is no run {run_id}.")
         _authorize(actor, access.Action.RESUME, old.owner)
-        status = RunStatus(old.status)
+        status = old.status
         if not status.is_terminal():
             raise RunRefused(f"Run '{old.name}' is still {status.label.lower()}; resume it once it has ended.")
         if status is RunStatus.COMPLETED:
@@ -159,7 +159,7 @@ class Orchestrator:
         if old.data_fingerprint and fingerprint != old.data_fingerprint:
             raise RunRefused(f"The training data of run '{old.name}' changed since it ran ({cfg.dataset_label}); "
                              "resuming would mix two datasets. Start a new run instead.")
-        needed = [n for n in old.needs_secrets.split(",") if n]
+        needed = list(old.needs_secrets)
         values = queue.secret_values(needed, secrets)
         missing = [n for n in needed if not values.get(n)]
         if missing:
@@ -173,7 +173,7 @@ class Orchestrator:
     def resources(self, run_id: str) -> ResourceSample | None:
         """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
         run = self.store.get_run(run_id)
-        if run is None or RunStatus(run.status).is_terminal() or not adoption.pid_alive(run.pid, run.pid_started_at):
+        if run is None or run.status.is_terminal() or not adoption.pid_alive(run.pid, run.pid_started_at):
             return None
         return self._sampler.sample(run.pid, queue.gpu_indices(run.devices))
 
@@ -188,8 +188,8 @@ class Orchestrator:
         if run is None:
             raise RunRefused(f"There is no run {run_id}.")
         _authorize(actor, access.Action.DELETE, run.owner)
-        if not RunStatus(run.status).is_terminal():
-            raise RunRefused(f"Run '{run.name}' is {RunStatus(run.status).label.lower()}: stop it, or remove it from "
+        if not run.status.is_terminal():
+            raise RunRefused(f"Run '{run.name}' is {run.status.label.lower()}: stop it, or remove it from "
                              "the queue, before deleting it.")
         folder = paths.run_dir(run_id)  # refuses ids that would leave the runs root
         self.store.delete_run(run_id)
@@ -202,7 +202,7 @@ class Orchestrator:
         if delete_files and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
 
-    def queue(self) -> list[Run]:
+    def queue(self) -> list[RunRecord]:
         return self.store.queued_runs()
 
     def move_in_queue(self, run_id: str, offset: int, actor: access.Actor | None = None) -> bool:
@@ -240,7 +240,7 @@ class Orchestrator:
         return self._remote_snapshot(run_id)
 
     def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "",
-                  owners: list[str] | None = None) -> list[Run]:
+                  owners: list[str] | None = None) -> list[RunRecord]:
         """A page of runs, newest first (without their config and log tail: use get_run for those)."""
         return self.store.list_runs(limit=limit, offset=offset, search=search, owners=owners)
 
@@ -250,10 +250,10 @@ class Orchestrator:
     def run_owners(self) -> list[str]:
         return self.store.run_owners()
 
-    def get_run(self, run_id: str) -> Run | None:
+    def get_run(self, run_id: str) -> RunRecord | None:
         return self.store.get_run(run_id)
 
-    def get_runs(self, run_ids: list[str]) -> list[Run]:
+    def get_runs(self, run_ids: list[str]) -> list[RunRecord]:
         """The runs with these ids that exist, in the order asked for (any run, however old)."""
         return self.store.get_runs(run_ids)
 
@@ -269,13 +269,13 @@ class Orchestrator:
         earlier = lineage_frame(self.store, run) if run is not None and run.parent_run_id else own.iloc[:0]
         return earlier, own
 
-    def events(self, run_id: str) -> list[RunEvent]:
+    def events(self, run_id: str) -> list[EventRecord]:
         return self.store.get_events(run_id)
 
     def loss_series(self, run_ids: list[str]) -> dict[str, list[float]]:
         return self.store.loss_series(run_ids)
 
-    def sparklines(self, runs: list[Run]) -> dict[str, list[float]]:
+    def sparklines(self, runs: list[RunRecord]) -> dict[str, list[float]]:
         """History's loss sparklines, stored with the runs (computed once for runs recorded before)."""
         return self.store.sparklines(runs)
 
@@ -312,7 +312,7 @@ class Orchestrator:
                 if snap:
                     on_tick(snap)
             run = self.store.get_run(run_id)
-            if run is not None and RunStatus(run.status).is_terminal() and not self._is_tracked(run_id):
+            if run is not None and run.status.is_terminal() and not self._is_tracked(run_id):
                 return self.snapshot(run_id)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} still {run.status if run else 'missing'} after {timeout}s")
@@ -340,7 +340,7 @@ class Orchestrator:
             self._presence = None
 
     # ================================================================== spawning
-    def _launch(self, run: Run, cfg: TrainConfig, lock_fh: IO) -> None:
+    def _launch(self, run: RunRecord, cfg: TrainConfig, lock_fh: IO) -> None:
         """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
         run_dir = paths.run_dir(run.id)
         try:
@@ -356,7 +356,7 @@ class Orchestrator:
                        total_steps=cfg.max_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         seed_lineage(live, run, self.store)
         with self._lock:
-            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=JobKind(run.kind), proc=proc,
+            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, proc=proc,
                                                  pid=proc.pid, pid_started_at=pid_started)
 
     def launch_queued(self) -> list[str]:
@@ -373,14 +373,14 @@ class Orchestrator:
                     launched.append(run.id)
         return launched
 
-    def _launch_queued(self, run: Run) -> bool:
+    def _launch_queued(self, run: RunRecord) -> bool:
         run_dir = paths.run_dir(run.id)
         try:
             cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
         except (OSError, ConfigError) as exc:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
             return False
-        needed = [name for name in run.needs_secrets.split(",") if name]
+        needed = list(run.needs_secrets)
         if needed and run.id not in self._secrets and run.secrets_holder not in ("", self.holder) \
                 and adoption.holder_alive(run.secrets_holder):
             return False  # its secrets live in another orchestrator's memory: only that one can launch it
@@ -405,21 +405,20 @@ class Orchestrator:
                               started_at=started, queue_position=None)
         self.store.add_event(run.id, "status", "Starting: left the queue")
         self._secrets.pop(run.id, None)
-        run.started_at = started
-        self._launch(run, cfg, lock_fh)
+        self._launch(run.replace(started_at=started), cfg, lock_fh)
         return True
 
     # ================================================================== control
     def _request(self, run_id: str, action: control.Action, actor: access.Actor | None = None,
                  permission: access.Action = access.Action.STOP) -> None:
         run = self.store.get_run(run_id)
-        if run is None or RunStatus(run.status).is_terminal():
+        if run is None or run.status.is_terminal():
             return
         _authorize(actor, permission, run.owner)
-        if run.status == RunStatus.QUEUED.value:
+        if run.status is RunStatus.QUEUED:
             with queue.start_lock():  # the queue may be launching it right now: decide under its lock
                 run = self.store.get_run(run_id)
-                if run is not None and run.status == RunStatus.QUEUED.value:
+                if run is not None and run.status is RunStatus.QUEUED:
                     self._secrets.pop(run_id, None)
                     self.store.finish_run(run_id, RunStatus.CANCELLED, phase="removed from the queue",
                                           queue_position=None)

@@ -23,16 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
 
-from sqlmodel import Session, select
-
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store, default_url
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import journal, paths
-from trainer_core.protocol.status import JobKind, RunStatus, read_kind
+from trainer_core.protocol.status import RunStatus, read_kind
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
 CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)
@@ -83,8 +81,7 @@ def unknown_run_folders(store: Store) -> list[str]:
     folders = [p for p in _run_folders() if (p / "config.yaml").stat().st_mtime < settled]
     if not folders:
         return []
-    with Session(store.engine) as session:
-        known = set(session.exec(select(Run.id)).all())
+    known = store.run_ids()
     return sorted(p.name for p in folders if p.name not in known and not journal.deleted(p))
 
 
@@ -100,9 +97,7 @@ def rebuild(url: str | None = None) -> RebuildReport:
         report.moved_aside = _set_aside(url)
         store = Store(url, journal=False)
         try:
-            with Session(store.engine) as session:
-                existing = session.exec(select(Run.id).limit(1)).first()
-            if existing is not None:
+            if store.count_runs():
                 raise RebuildRefused(
                     f"The database {_redact_url(url)} already holds runs. Rebuild into an empty PostgreSQL "
                     "database (create one and point DATABASE_URL at it); this one is left untouched.")
@@ -133,7 +128,7 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
     if any(r["op"] == "delete" for r in records):
         return "deleted"
     created = next((r["row"] for r in records if r["op"] == "create"), None)
-    row = Run(**created) if created is not None else _row_from_config(run_dir)
+    row = RunRecord.from_dict(created) if created is not None else _row_from_config(run_dir)
     store.create_run(row)
     for record in records:
         if record["op"] == "update":
@@ -158,14 +153,14 @@ def _replay_events(store: Store, run_dir: Path, lock_fh: IO) -> pump.Tracker:
     """Feed the whole event log through the pump's handlers and store what they produce, like the pump."""
     run = store.get_run(run_dir.name)
     live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase)
-    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=JobKind(run.kind))
+    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind)
     pump.drain(tracked, store, max_reads=None)
     pump.flush(tracked, store)
     tracked.log.close()
     return tracked
 
 
-def _row_from_config(run_dir: Path) -> Run:
+def _row_from_config(run_dir: Path) -> RunRecord:
     """The row ``Orchestrator.start`` would have created, from config.yaml (folders without a journal)."""
     cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
     run_id = run_dir.name
@@ -174,11 +169,11 @@ def _row_from_config(run_dir: Path) -> Run:
     except ValueError:
         created = (run_dir / "config.yaml").stat().st_mtime
     parent, step = _resumed_from(cfg)
-    return Run(id=run_id, name=cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}", status=RunStatus.STARTING.value,
+    return RunRecord(id=run_id, name=cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}", status=RunStatus.STARTING,
                phase="launching worker", model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
                created_at=created, started_at=created, output_dir=str(run_dir), total_steps=cfg.max_steps,
                config_json=json.dumps(cfg.to_public_dict(), sort_keys=True),
-               devices=queue.devices_of(cfg), parent_run_id=parent, resumed_from_step=step, kind=read_kind(run_dir).value)
+               devices=queue.devices_of(cfg), parent_run_id=parent, resumed_from_step=step, kind=read_kind(run_dir))
 
 
 def _resumed_from(cfg: TrainConfig) -> tuple[str | None, int | None]:

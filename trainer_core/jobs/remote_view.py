@@ -12,7 +12,7 @@ import threading
 
 import pandas as pd
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from trainer_core.jobs.alerts import AlertMonitor, rows_from_frame
 from trainer_core.jobs.live import LiveRun
@@ -20,7 +20,7 @@ from trainer_core.protocol.status import RunStatus
 
 
 class RemoteView:
-    def __init__(self, run: Run, store: Store):
+    def __init__(self, run: RunRecord, store: Store):
         self.run_id = run.id
         self._store = store
         self._lock = threading.Lock()  # several sessions may refresh one view at once
@@ -32,7 +32,7 @@ class RemoteView:
         seed_lineage(self.live, run, store)
         self.refresh(run)
 
-    def refresh(self, run: Run) -> None:
+    def refresh(self, run: RunRecord) -> None:
         """Bring the view up to ``run`` (a row just read) and the metric rows stored since the last refresh."""
         with self._lock:
             self.live.update(status=RunStatus(run.status), phase=run.phase, engine=run.engine, model=run.model,
@@ -55,7 +55,7 @@ class RemoteView:
                 self._last_step = rows[-1]["step"]
 
 
-def seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
+def seed_lineage(live: LiveRun, run: RunRecord, store: Store) -> None:
     """A resumed run's chart continues its parent's: show the parent's metrics up to the resume step."""
     if not run.parent_run_id or run.resumed_from_step is None:
         return
@@ -63,7 +63,7 @@ def seed_lineage(live: LiveRun, run: Run, store: Store) -> None:
         live.add_metric(row)
 
 
-def lineage_frame(store: Store, run: Run) -> pd.DataFrame:
+def lineage_frame(store: Store, run: RunRecord) -> pd.DataFrame:
     """Metrics of the runs this one resumed from, each cut at the step the next one continued from."""
     parts: list[pd.DataFrame] = []
     seen = {run.id}

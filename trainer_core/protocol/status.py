@@ -1,11 +1,11 @@
 """The closed set of run states. Display text is derived from it, never parsed back."""
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
@@ -52,7 +52,7 @@ _ICONS = {
 }
 
 
-class JobKind(str, Enum):
+class JobKind(StrEnum):
     """What a job does. Every kind shares the queue, device reservations, the event log, the control file,
     the worker log and RunStatus; each has its own worker entry point (trainer_core.worker.ENTRY_POINTS),
     its own event handlers (trainer_core.jobs.pump) and its own page."""
