@@ -19,7 +19,7 @@ import shutil
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -32,7 +32,7 @@ from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like
 from trainer_core.jobs import adoption, pump, queue, resource_check
 from trainer_core.jobs.launcher import Launcher, WorkerLauncher
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
-from trainer_core.jobs.remote_view import RemoteView, lineage_frame, seed_lineage
+from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
 from trainer_core.jobs.resources import ResourceSample, ResourceSampler
 from trainer_core.protocol import control, paths
 from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
@@ -58,7 +58,7 @@ class Orchestrator:
         self._tracked: dict[str, pump.Tracker] = {}
         self._finished: dict[str, LiveRun] = {}
         self._finished_order: deque[str] = deque()
-        self._remote: OrderedDict[str, RemoteView] = OrderedDict()
+        self._remote = RemoteViews(self.store, REMOTE_KEEP)  # runs pumped by another process
         self._closing = threading.Event()
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
@@ -198,7 +198,7 @@ class Orchestrator:
                   + (" with its folder" if delete_files else ""), file=sys.stderr, flush=True)
         with self._lock:
             self._finished.pop(run_id, None)
-            self._remote.pop(run_id, None)
+        self._remote.forget(run_id)
         if delete_files and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
 
@@ -237,7 +237,7 @@ class Orchestrator:
             live = tracked.live if tracked else self._finished.get(run_id)
         if live is not None:
             return live.snapshot()
-        return self._remote_snapshot(run_id)
+        return self._remote.snapshot(run_id)
 
     def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "",
                   owners: list[str] | None = None) -> list[RunRecord]:
@@ -374,29 +374,10 @@ class Orchestrator:
         return launched
 
     def _launch_queued(self, run: RunRecord) -> bool:
+        cfg = queue.config_when_due(run, self.store, self._secrets.get(run.id), self.holder)
+        if cfg is None:
+            return False
         run_dir = paths.run_dir(run.id)
-        try:
-            cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
-        except (OSError, ConfigError) as exc:
-            self.store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
-            return False
-        needed = list(run.needs_secrets)
-        if needed and run.id not in self._secrets and run.secrets_holder not in ("", self.holder) \
-                and adoption.holder_alive(run.secrets_holder):
-            return False  # its secrets live in another orchestrator's memory: only that one can launch it
-        cfg = dataclasses.replace(cfg, **queue.secret_values(needed, self._secrets.get(run.id)))
-        missing = [name for name in needed if not getattr(cfg, name)]
-        if missing:
-            self.store.finish_run(run.id, RunStatus.FAILED, error=(
-                f"This run was queued with {', '.join(missing)}, which is never written to disk; "
-                f"{adoption.holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the "
-                f"secret, or set {SECRET_ENV_NAMES} in the environment of the dashboard or CLI."))
-            return False
-        errors = cfg.validate()  # files may have changed or gone while it waited
-        if errors:
-            self.store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
-                                  "; ".join(str(e) for e in errors))
-            return False
         lock_fh = adoption.try_lock(run_dir)
         if lock_fh is None:
             return False  # another orchestrator holds it (it cannot be launching it: we hold the start lock)
@@ -514,31 +495,11 @@ class Orchestrator:
         for tracked in adoption.orphans(self.store, self._is_tracked):
             with self._lock:
                 self._tracked[tracked.run_id] = tracked
-                self._remote.pop(tracked.run_id, None)
+            self._remote.forget(tracked.run_id)
 
     def _is_tracked(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._tracked
-
-    def _remote_snapshot(self, run_id: str) -> LiveSnapshot | None:
-        """A run this process does not pump: its view is built once, then only new rows are read."""
-        run = self.store.get_run(run_id)
-        with self._lock:
-            view = self._remote.get(run_id)
-            if run is None:
-                self._remote.pop(run_id, None)
-                return None
-            if view is not None:
-                self._remote.move_to_end(run_id)
-        if view is None:
-            view = RemoteView(run, self.store)  # outside the lock: the first build reads every row
-            with self._lock:
-                self._remote[run_id] = view
-                while len(self._remote) > REMOTE_KEEP:
-                    self._remote.popitem(last=False)
-        else:
-            view.refresh(run)
-        return view.live.snapshot()
 
 
 # ====================================================================== helpers

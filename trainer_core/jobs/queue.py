@@ -10,15 +10,20 @@ The data fingerprint lets Resume refuse when the training files changed since th
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import os
 from pathlib import Path
 from typing import IO, Any
 
+from db.entities import RunRecord
+from db.store import Store
 from trainer_core import datasets, hardware, parallel
-from trainer_core.config import TrainConfig
+from trainer_core.config import ConfigError, TrainConfig
+from trainer_core.jobs import adoption
 from trainer_core.protocol import paths, secrets
+from trainer_core.protocol.status import RunStatus
 
 ALL_GPUS = "gpu*"
 
@@ -108,3 +113,32 @@ def secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, s
     given = given or {}
     env = secrets.from_env(os.environ)
     return {name: given.get(name) or env.get(name, "") for name in names if name in env}
+
+
+def config_when_due(run: RunRecord, store: Store, held: dict[str, str] | None, holder: str) -> TrainConfig | None:
+    """The config to launch a queued run with now that its devices are free, its secrets filled in from
+    ``held`` (what this orchestrator, named ``holder``, keeps in memory) or the environment. None when the
+    run is left to the orchestrator that holds its secrets, or when it cannot start (then it is failed, with
+    the reason)."""
+    try:
+        cfg = TrainConfig.from_yaml((paths.run_dir(run.id) / "config.yaml").read_text())
+    except (OSError, ConfigError) as exc:
+        store.finish_run(run.id, RunStatus.FAILED, error=f"its saved config cannot be read: {exc}")
+        return None
+    needed = list(run.needs_secrets)
+    if needed and held is None and run.secrets_holder not in ("", holder) and adoption.holder_alive(run.secrets_holder):
+        return None  # its secrets live in another orchestrator's memory: only that one can launch it
+    cfg = dataclasses.replace(cfg, **secret_values(needed, held))
+    missing = [name for name in needed if not getattr(cfg, name)]
+    if missing:
+        store.finish_run(run.id, RunStatus.FAILED, error=(
+            f"This run was queued with {', '.join(missing)}, which is never written to disk; "
+            f"{adoption.holder_gone(run.secrets_holder)} before its turn came. Start it again and enter the "
+            f"secret, or set {secrets.ENV_NAMES} in the environment of the dashboard or CLI."))
+        return None
+    errors = cfg.validate()  # files may have changed or gone while it waited
+    if errors:
+        store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
+                         "; ".join(str(e) for e in errors))
+        return None
+    return cfg
