@@ -98,7 +98,7 @@ def bench_config(steps: int) -> TrainConfig:
 
 
 def child_env() -> dict[str, str]:
-    """The environment the orchestrator gives its worker (Orchestrator._spawn), for the bare script too."""
+    """The environment the orchestrator gives its worker (trainer_core.jobs.launcher), for the bare script too."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
     env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))

@@ -1,10 +1,10 @@
 """A synthetic training worker for fault tests and the event-pipeline benchmark.
 
-Run as ``python tests/fake_worker.py RUN_DIR`` (the orchestrator's real ``_spawn`` starts it in place of
-``-m trainer_core.worker``). It writes events through the real ``EventWriter`` and honours control.json
+Run as ``python tests/fake_worker.py RUN_DIR`` (tests/support's ``FakeLauncher`` starts it in place of
+``-m trainer_core.worker``, with the real launcher's environment). It writes events through the real ``EventWriter`` and honours control.json
 and SIGTERM like the real worker, but trains nothing, so a run takes a fraction of a second.
 
-Behaviour comes from the environment (``_spawn`` passes it on):
+Behaviour comes from the environment (the launcher passes it on):
 
 * ``FAKE_STEPS`` (30), ``FAKE_DELAY`` seconds between steps (0.02), ``FAKE_EVAL_EVERY`` (5, 0: never),
   ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)

@@ -167,8 +167,8 @@ def test_token_goes_by_environment_never_stdin(monkeypatch):
 
 def test_steps_per_epoch_follows_the_trainer_under_data_parallelism():
     # 270 rows, batch 4: 68 batches dealt to 3 processes, padded to 23 each; 23 updates per epoch
-    assert preview.steps_per_epoch(270, 4, 1, processes=3) == 23
-    assert preview.steps_per_epoch(270, 4, 4, processes=2) == 9  # 34 batches each, 4 per update
+    assert parallel.steps_per_epoch(270, 4, 1, processes=3) == 23
+    assert parallel.steps_per_epoch(270, 4, 4, processes=2) == 9  # 34 batches each, 4 per update
 
 
 def test_steps_per_epoch_follows_the_trainer():
