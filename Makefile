@@ -29,8 +29,9 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 
 install: $(VENV)/.installed-$(EXTRAS)
 
+# `streamlit run streamlit_app.py` with the orchestrator built at server start (ui/serve.py says why)
 run: install
-	$(VENV)/bin/streamlit run streamlit_app.py --server.port $(PORT)
+	$(PY) -m ui.serve --server.port $(PORT)
 
 # The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (README: Sharing the URL)
 share: install

@@ -77,7 +77,7 @@ class Share:
         # starts after that, so the two never race to migrate one SQLite file.
         self._wait_http(f"http://127.0.0.1:{self.signin_port}/auth/check", "sign-in", timeout, ok=(401,))
         streamlit_env = {**public, "FINETUNE_STUDIO_SHARED": "1"}
-        self._spawn("streamlit", [sys.executable, "-m", "streamlit", "run", str(ROOT / "streamlit_app.py"),
+        self._spawn("streamlit", [sys.executable, "-m", "ui.serve",  # streamlit run, orchestrator built at start
                                   "--server.address", "127.0.0.1", "--server.port", str(self.streamlit_port),
                                   "--server.headless", "true", "--browser.gatherUsageStats", "false",
                                   "--server.enableXsrfProtection", "true",

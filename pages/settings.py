@@ -4,8 +4,10 @@ from __future__ import annotations
 import streamlit as st
 
 from db.store import default_url
+from trainer_core.access import Action, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import paths
+from ui.auth import current_actor, shared_mode
 from ui.entry import require_entrypoint
 from ui.state import orchestrator_or_problem, rebuild_database
 
@@ -36,7 +38,16 @@ if result is not None:
     kind, message = result
     (st.success if kind == "ok" else st.error)(message)
 
-if st.button("Rebuild the database from the run folders", icon="🛠️", type="primary" if problem else "secondary"):
+if problem is None:
+    may_rebuild = allowed(current_actor(), Action.MAINTAIN)
+    reason = "Only an admin can rebuild the database."
+else:  # the users table is in the broken database: in shared mode only the host's shell can decide
+    may_rebuild = not shared_mode()
+    reason = "Run `python -m trainer_core db rebuild` on the host (the users table is in the broken database)."
+if not may_rebuild:
+    st.info(reason, icon="🔒")
+if st.button("Rebuild the database from the run folders", icon="🛠️", type="primary" if problem else "secondary",
+             disabled=not may_rebuild):
     with st.spinner("Rebuilding from the run folders..."):
         try:
             report = rebuild_database()

@@ -67,7 +67,7 @@ class StreamlitServer:
     def start(self, timeout: float = 60) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.port", str(self.port),
+                [sys.executable, "-m", "ui.serve", "--server.port", str(self.port),
                  "--server.address", "127.0.0.1", "--server.headless", "true",
                  "--browser.gatherUsageStats", "false"],
                 cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -47,6 +47,10 @@ ADA = Actor("ada", Role.ADMIN)
     (ANN, Action.RESUME, "bob", False),
     (ANN, Action.STOP, "", False),  # a run from before ownership belongs to nobody: only admins touch it
     (ANN, Action.MANAGE_USERS, "", False),
+    (ANN, Action.MAINTAIN, "", False),
+    (ANN, Action.MAINTAIN, "ann", False),
+    (VAL, Action.MAINTAIN, "", False),
+    (ADA, Action.MAINTAIN, "", True),
     (ADA, Action.STOP, "bob", True),
     (ADA, Action.DELETE, "", True),
     (ADA, Action.MANAGE_USERS, "", True),
@@ -347,3 +351,12 @@ def test_oidc_user_name(claims, name):
 ])
 def test_sign_in_returns_only_to_this_site(target, expected):
     assert signin.safe_next(target) == expected
+
+
+@pytest.mark.parametrize("name, may_rebuild", [("val", False), ("ann", False), ("ada", True)])
+def test_only_admins_may_rebuild_the_database(shared_store, monkeypatch, name, may_rebuild):
+    _as_user(monkeypatch, name)
+    at = _app("pages/settings.py")
+    button = next(b for b in at.button if b.label == "Rebuild the database from the run folders")
+    assert button.disabled is not may_rebuild
+    assert ("Only an admin can rebuild the database." in [i.value for i in at.info]) is not may_rebuild

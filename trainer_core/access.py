@@ -28,6 +28,7 @@ class Action(str, enum.Enum):
     DELETE = "delete"
     REORDER = "reorder"  # move or remove a queued run
     MANAGE_USERS = "manage users"
+    MAINTAIN = "rebuild the database"
 
 
 PAST_TENSE = {Action.STOP: "stop requested", Action.CANCEL: "cancel requested", Action.RESUME: "resumed",
@@ -49,10 +50,13 @@ class NotAllowed(PermissionError):
     """The actor's role does not allow the action; the message says why."""
 
 
+ADMIN_ONLY = (Action.MANAGE_USERS, Action.MAINTAIN)
+
+
 def allowed(actor: Actor, action: Action, owner: str = "") -> bool:
     if actor.role is Role.ADMIN:
         return True
-    if actor.role is Role.VIEWER or action is Action.MANAGE_USERS:
+    if actor.role is Role.VIEWER or action in ADMIN_ONLY:
         return False
     return action is Action.START or owner == actor.name
 
@@ -62,7 +66,7 @@ def check(actor: Actor, action: Action, owner: str = "") -> None:
         return
     if actor.role is Role.VIEWER:
         raise NotAllowed(f"{actor.name} is a viewer and cannot {action.value} runs; an admin can make you an operator.")
-    if action is Action.MANAGE_USERS:
+    if action in ADMIN_ONLY:
         raise NotAllowed(f"only admins can {action.value}.")
     raise NotAllowed(f"this run belongs to {owner or 'nobody'}; operators can only {action.value} their own runs "
                      "(an admin can do it).")

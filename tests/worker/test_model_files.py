@@ -56,6 +56,7 @@ WRONG_EOS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # starts a transformers subprocess
 def test_conversion_takes_special_tokens_from_the_gguf_and_redoes_stale_folders(tmp_path):
     result = run_python(CONVERT, str(MODELS_CACHE / "SmolLM2-135M-Instruct"), str(tmp_path / "elsewhere"))
     assert result.returncode == 0, result.stderr[-3000:]
