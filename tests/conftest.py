@@ -11,7 +11,7 @@ import streamlit as st
 from sqlmodel import SQLModel
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, FakeLauncher, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, SCRIPTED_WORKER, FakeLauncher, build_tiny_model
 from trainer_core import hardware
 from trainer_core.jobs.orchestrator import Orchestrator
 from ui.state import get_orchestrator
@@ -66,6 +66,36 @@ def fake_launcher() -> FakeLauncher:
     launcher = FakeLauncher()
     yield launcher
     launcher.kill_all()
+
+
+@pytest.fixture
+def fake_worker(monkeypatch) -> FakeLauncher:
+    """The real launcher (environment, own session, worker.log) starting tests/support's scripted fake worker
+    (its behaviour chosen per start with ``fake()``)."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    launcher = FakeLauncher(SCRIPTED_WORKER)
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture
+def make_orch(home, store, fake_worker):
+    """Orchestrators on one store and data root (several play a restarted or second server); all closed."""
+    made: list[Orchestrator] = []
+
+    def make() -> Orchestrator:
+        orch = Orchestrator(store=store, launcher=fake_worker)
+        made.append(orch)
+        return orch
+
+    yield make
+    for orch in made:
+        orch.close()
+
+
+@pytest.fixture
+def orch(make_orch) -> Orchestrator:
+    return make_orch()
 
 
 @pytest.fixture

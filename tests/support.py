@@ -7,10 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
-from trainer_core.config import TrainConfig
+from db.entities import RunRecord
+from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.launcher import WorkerLauncher
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
@@ -93,3 +98,113 @@ class FakeLauncher(WorkerLauncher):
                 except ProcessLookupError:
                     pass
             proc.wait(timeout=10)
+
+
+# The scripted fake worker (deterministic losses, evals and checkpoints). Modes (FAKE_MODE): "train" honours control.json like the real worker; "ignore" ignores
+# control.json and SIGTERM and hangs after its steps; "exit3" prints and exits with code 3; "raise" dies
+# with a traceback. Neither of the last two writes a terminal event.
+SCRIPTED_WORKER = r'''
+import os, signal, sys, time
+from pathlib import Path
+from trainer_core.protocol import control, events as ev
+
+run_dir = Path(sys.argv[1])
+mode = os.environ.get("FAKE_MODE", "train")
+steps = int(os.environ.get("FAKE_STEPS", "5"))
+delay = float(os.environ.get("FAKE_DELAY", "0"))
+nan_step = int(os.environ.get("FAKE_NAN_STEP", "3"))
+evals = dict((int(s), float(v)) for s, v in (p.split(":") for p in os.environ.get("FAKE_EVALS", "4:0.75").split(",") if p))
+ckpts = set(int(s) for s in os.environ.get("FAKE_CHECKPOINTS", "4").split(",") if s)
+linger = float(os.environ.get("FAKE_LINGER", "0"))
+print("fake worker started; HF_TOKEN set:", bool(os.environ.get("HF_TOKEN")), flush=True)
+if mode == "exit3":
+    print("fake worker: cannot go on, exiting with code 3", flush=True)
+    sys.exit(3)
+if mode == "raise":
+    raise RuntimeError("fake worker exploded")
+if mode == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+out = ev.EventWriter(run_dir / "events.jsonl")
+
+def loss(step):
+    return float("nan") if step == nan_step else 2.0 / step
+
+def finish(status, done):
+    out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done,
+                              final_loss=loss(done) if done else None))
+    out.close()
+    print("fake worker:", status, "at step", done, flush=True)
+    time.sleep(linger)  # the real worker takes a while to tear down after its last event
+    sys.exit(0)
+
+out.emit(ev.StatusEvent(status="running", phase="training", engine="fake"))
+for step in range(1, steps + 1):
+    action = None if mode == "ignore" else control.read(run_dir)
+    if action is control.Action.STOP:
+        out.emit(ev.StatusEvent(status="stopping", phase="saving", engine="fake"))
+        out.emit(ev.CheckpointEvent(step=step - 1, path=str(run_dir / "checkpoints" / f"checkpoint-{step - 1}")))
+        finish("stopped", step - 1)
+    if action is control.Action.CANCEL:
+        finish("cancelled", step - 1)
+    out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=loss(step),
+                              learning_rate=1e-4, tokens_seen=100 * step))
+    if step in evals:
+        out.emit(ev.EvalEvent(step=step, eval_loss=evals[step]))
+    if step in ckpts:
+        out.emit(ev.CheckpointEvent(step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}")))
+    time.sleep(delay)
+if mode == "ignore":
+    time.sleep(60)  # hang (safety net: a broken watchdog fails the test by timeout, not forever)
+    sys.exit(0)
+finish("completed", steps)
+'''
+
+
+FAKE_OPTIONS = ("nan_step", "evals", "checkpoints", "linger")
+
+
+def fake(monkeypatch, mode: str = "train", steps: int = 5, delay: float = 0.0, **options: str) -> TrainConfig:
+    """Choose the fake's behaviour for the next start() (options left out take the script's defaults);
+    returns a matching valid config."""
+    assert set(options) <= set(FAKE_OPTIONS), options
+    monkeypatch.setenv("FAKE_MODE", mode)
+    monkeypatch.setenv("FAKE_STEPS", str(steps))
+    monkeypatch.setenv("FAKE_DELAY", str(delay))
+    for name in FAKE_OPTIONS:
+        if name in options:
+            monkeypatch.setenv(f"FAKE_{name.upper()}", options[name])
+        else:
+            monkeypatch.delenv(f"FAKE_{name.upper()}", raising=False)
+    return TrainConfig(model_name=BUNDLED_MODEL, run_name=f"fake {mode}", max_steps=steps)
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    """The one wait helper: poll ``predicate`` until it holds (wait for a condition, never for a state that a
+    busy machine can skip past, and never sleep for a fixed time instead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for_step(orch: Orchestrator, run_id: str, step: int) -> None:
+    def reached() -> bool:
+        snap = orch.snapshot(run_id)
+        assert not snap.status.is_terminal(), f"run ended early: {snap.status} {snap.error}\n{orch.log_tail(run_id)}"
+        return snap.step >= step
+    wait_until(reached, what=f"step {step} of {run_id}")
+
+
+def orphan_run(store, status: str = RunStatus.RUNNING.value, pid: int | None = None,
+            pid_started_at: float | None = None, make_dir: bool = True) -> str:
+    """A run the database says is active, with no orchestrator following it (a server that went away)."""
+    run_id = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    if make_dir:
+        paths.run_dir(run_id).mkdir(parents=True)
+    store.create_run(RunRecord(id=run_id, name="orphan", status=status, created_at=time.time(), started_at=time.time(),
+                         output_dir=str(paths.run_dir(run_id)), pid=pid, pid_started_at=pid_started_at,
+                         total_steps=10))
+    return run_id

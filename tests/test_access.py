@@ -14,7 +14,7 @@ from db.entities import RunRecord
 from db.store import Store
 from gateway import settings, signin
 from gateway.__main__ import main as share_main
-from tests.jobs.test_orchestrator import fake, fake_worker, make_orch, orch  # noqa: F401 (fixtures)
+from tests.support import fake
 from tests.test_pages import APP, TIMEOUT
 from trainer_core import access
 from trainer_core.protocol import paths

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, build_tiny_model, wait_until
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
@@ -80,13 +80,6 @@ def assert_database_matches_log(store, run_id: str) -> str:
     return run.status
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def _has_complete_line(run_dir: Path) -> bool:
     try:
         return b'"kind":"complete"' in (run_dir / "events.jsonl").read_bytes()
@@ -126,7 +119,7 @@ def test_random_kills_and_restarts_keep_the_database_in_step_with_the_log(home, 
                 time.sleep(rng.uniform(0.0, 0.5))
                 _kill(pid)
             elif kill == "after-complete":
-                _wait_for(lambda d=run_dir: _has_complete_line(d), 30, f"the complete event of {run_id}")
+                wait_until(lambda d=run_dir: _has_complete_line(d), timeout=30, what=f"the complete event of {run_id}")
                 _kill(pid)  # the worker is still tearing down (FAKE_LINGER)
             if restart == "while-down":
                 time.sleep(rng.uniform(0.0, 0.3))
@@ -178,7 +171,7 @@ def test_server_killed_without_close_is_adopted_by_the_next_one(home, monkeypatc
     try:
         run_id = server.stdout.readline().strip()
         assert run_id, "the server did not start a run"
-        _wait_for(lambda: store.get_run(run_id).steps_done >= 20, 30, "step 20 in the database")
+        wait_until(lambda: store.get_run(run_id).steps_done >= 20, timeout=30, what="step 20 in the database")
         server.kill()  # the worker is in its own session: it keeps training
         server.wait(timeout=10)
         assert not RunStatus(store.get_run(run_id).status).is_terminal()
@@ -229,8 +222,8 @@ def test_real_worker_killed_mid_training(tmp_path, monkeypatch, store):
     try:
         run_id = orch.start(TrainConfig(model_name=str(tiny), max_steps=400, batch_size=2, max_seq_length=64,
                                         warmup_steps=0, eval_fraction=0.1, eval_steps=2, save_steps=3))
-        _wait_for(lambda: (orch.snapshot(run_id).step or 0) >= 5 or orch.snapshot(run_id).status.is_terminal(),
-                  240, "step 5 of the real worker")
+        wait_until(lambda: (orch.snapshot(run_id).step or 0) >= 5 or orch.snapshot(run_id).status.is_terminal(),
+                   timeout=240, what="step 5 of the real worker")
         assert not orch.snapshot(run_id).status.is_terminal(), orch.log_tail(run_id)
         _kill(store.get_run(run_id).pid)
         snap = orch.wait(run_id, timeout=60, interval=0.1)

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import psutil
 import pytest
 from sqlmodel import Session
 
-from db.entities import RunRecord
 from db.models import Metric
-from tests.support import ROOT, FakeLauncher, run_python
+from tests.support import ROOT, fake, orphan_run, run_python, wait_for_step, wait_until
 from trainer_core.jobs import adoption
 from trainer_core.protocol import control, paths
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, TrainConfig
@@ -33,132 +31,7 @@ ML_IMPORTED_BEFORE = sorted(m for m in ML_STACK if m in sys.modules)  # by anoth
 
 FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
 
-# The fake worker. Modes (FAKE_MODE): "train" honours control.json like the real worker; "ignore" ignores
-# control.json and SIGTERM and hangs after its steps; "exit3" prints and exits with code 3; "raise" dies
-# with a traceback. Neither of the last two writes a terminal event.
-FAKE_WORKER = r'''
-import os, signal, sys, time
-from pathlib import Path
-from trainer_core.protocol import control, events as ev
-
-run_dir = Path(sys.argv[1])
-mode = os.environ.get("FAKE_MODE", "train")
-steps = int(os.environ.get("FAKE_STEPS", "5"))
-delay = float(os.environ.get("FAKE_DELAY", "0"))
-nan_step = int(os.environ.get("FAKE_NAN_STEP", "3"))
-evals = dict((int(s), float(v)) for s, v in (p.split(":") for p in os.environ.get("FAKE_EVALS", "4:0.75").split(",") if p))
-ckpts = set(int(s) for s in os.environ.get("FAKE_CHECKPOINTS", "4").split(",") if s)
-linger = float(os.environ.get("FAKE_LINGER", "0"))
-print("fake worker started; HF_TOKEN set:", bool(os.environ.get("HF_TOKEN")), flush=True)
-if mode == "exit3":
-    print("fake worker: cannot go on, exiting with code 3", flush=True)
-    sys.exit(3)
-if mode == "raise":
-    raise RuntimeError("fake worker exploded")
-if mode == "ignore":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-out = ev.EventWriter(run_dir / "events.jsonl")
-
-def loss(step):
-    return float("nan") if step == nan_step else 2.0 / step
-
-def finish(status, done):
-    out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done,
-                              final_loss=loss(done) if done else None))
-    out.close()
-    print("fake worker:", status, "at step", done, flush=True)
-    time.sleep(linger)  # the real worker takes a while to tear down after its last event
-    sys.exit(0)
-
-out.emit(ev.StatusEvent(status="running", phase="training", engine="fake"))
-for step in range(1, steps + 1):
-    action = None if mode == "ignore" else control.read(run_dir)
-    if action is control.Action.STOP:
-        out.emit(ev.StatusEvent(status="stopping", phase="saving", engine="fake"))
-        out.emit(ev.CheckpointEvent(step=step - 1, path=str(run_dir / "checkpoints" / f"checkpoint-{step - 1}")))
-        finish("stopped", step - 1)
-    if action is control.Action.CANCEL:
-        finish("cancelled", step - 1)
-    out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=loss(step),
-                              learning_rate=1e-4, tokens_seen=100 * step))
-    if step in evals:
-        out.emit(ev.EvalEvent(step=step, eval_loss=evals[step]))
-    if step in ckpts:
-        out.emit(ev.CheckpointEvent(step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}")))
-    time.sleep(delay)
-if mode == "ignore":
-    time.sleep(60)  # hang (safety net: a broken watchdog fails the test by timeout, not forever)
-    sys.exit(0)
-finish("completed", steps)
-'''
-
-
-# ====================================================================== fixtures and helpers
-@pytest.fixture
-def fake_worker(monkeypatch) -> FakeLauncher:
-    """The real launcher (environment, own session, worker.log) starting the fake worker above."""
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    launcher = FakeLauncher(FAKE_WORKER)
-    yield launcher
-    launcher.kill_all()
-
-
-@pytest.fixture
-def make_orch(home, store, fake_worker):
-    """Orchestrators on one store and data root (several play a restarted or second server); all closed."""
-    made: list[Orchestrator] = []
-
-    def make() -> Orchestrator:
-        orch = Orchestrator(store=store, launcher=fake_worker)
-        made.append(orch)
-        return orch
-
-    yield make
-    for orch in made:
-        orch.close()
-
-
-@pytest.fixture
-def orch(make_orch) -> Orchestrator:
-    return make_orch()
-
-
-FAKE_OPTIONS = ("nan_step", "evals", "checkpoints", "linger")
-
-
-def fake(monkeypatch, mode: str = "train", steps: int = 5, delay: float = 0.0, **options: str) -> TrainConfig:
-    """Choose the fake's behaviour for the next start() (options left out take the script's defaults);
-    returns a matching valid config."""
-    assert set(options) <= set(FAKE_OPTIONS), options
-    monkeypatch.setenv("FAKE_MODE", mode)
-    monkeypatch.setenv("FAKE_STEPS", str(steps))
-    monkeypatch.setenv("FAKE_DELAY", str(delay))
-    for name in FAKE_OPTIONS:
-        if name in options:
-            monkeypatch.setenv(f"FAKE_{name.upper()}", options[name])
-        else:
-            monkeypatch.delenv(f"FAKE_{name.upper()}", raising=False)
-    return TrainConfig(model_name=BUNDLED_MODEL, run_name=f"fake {mode}", max_steps=steps)
-
-
-def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def wait_for_step(orch: Orchestrator, run_id: str, step: int) -> None:
-    def reached() -> bool:
-        snap = orch.snapshot(run_id)
-        assert not snap.status.is_terminal(), f"run ended early: {snap.status} {snap.error}\n{orch.log_tail(run_id)}"
-        return snap.step >= step
-    wait_until(reached, what=f"step {step} of {run_id}")
-
-
+# ====================================================================== helpers
 def pid_of(orch: Orchestrator, run_id: str) -> int:
     return orch.get_run(run_id).pid
 
@@ -404,23 +277,12 @@ def test_restart_while_a_finished_worker_is_still_exiting_keeps_the_outcome(make
     assert run.status == RunStatus.COMPLETED.value, run.error
 
 
-def _orphan(store, status: str = RunStatus.RUNNING.value, pid: int | None = None,
-            pid_started_at: float | None = None, make_dir: bool = True) -> str:
-    run_id = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
-    if make_dir:
-        paths.run_dir(run_id).mkdir(parents=True)
-    store.create_run(RunRecord(id=run_id, name="orphan", status=status, created_at=time.time(), started_at=time.time(),
-                         output_dir=str(paths.run_dir(run_id)), pid=pid, pid_started_at=pid_started_at,
-                         total_steps=10))
-    return run_id
-
-
 def test_dead_orphan_is_marked_failed(home, store, make_orch):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(gone.pid).create_time()
     gone.wait()
-    dead = _orphan(store, pid=gone.pid, pid_started_at=started)
-    never = _orphan(store, status=RunStatus.STARTING.value, pid=None)
+    dead = orphan_run(store, pid=gone.pid, pid_started_at=started)
+    never = orphan_run(store, status=RunStatus.STARTING.value, pid=None)
 
     orch = make_orch()
     for run_id in (dead, never):
@@ -438,7 +300,7 @@ def test_adopted_run_snapshot_shows_the_stored_progress(home, store, make_orch):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(gone.pid).create_time()
     gone.wait()
-    run_id = _orphan(store, pid=gone.pid, pid_started_at=started)
+    run_id = orphan_run(store, pid=gone.pid, pid_started_at=started)
     store.update_run(run_id, steps_done=7, last_loss=0.25, best_eval_loss=0.5)
     orch = make_orch()
     orch.wait(run_id, timeout=15, interval=0.1)
@@ -447,7 +309,7 @@ def test_adopted_run_snapshot_shows_the_stored_progress(home, store, make_orch):
 
 
 def test_orphan_without_run_folder_does_not_break_the_orchestrator(home, store, make_orch):
-    run_id = _orphan(store, pid=None, make_dir=False)
+    run_id = orphan_run(store, pid=None, make_dir=False)
     orch = make_orch()
     orch.wait(run_id, timeout=15, interval=0.1)
     assert store.get_run(run_id).status == RunStatus.FAILED.value

@@ -18,10 +18,8 @@ import psutil
 import pytest
 
 from db.entities import RunRecord
-from tests.support import run_python
-from tests.jobs.test_orchestrator import _orphan, fake, fake_worker, make_orch, orch, wait_until  # noqa: F401 (fixtures)
-from trainer_core import hardware
-from trainer_core.jobs import orchestrator, queue as scheduling
+from tests.support import fake, orphan_run, run_python, wait_until
+from trainer_core.jobs import queue as scheduling
 from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
@@ -193,7 +191,7 @@ def settle(orch: Orchestrator, run_id: str) -> RunStatus:
 def test_only_the_orchestrator_holding_a_queued_runs_secret_launches_it(home, store, fake_worker, monkeypatch):
     dashboard = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
     try:
-        busy = _orphan(store, pid=os.getpid(), pid_started_at=psutil.Process().create_time())
+        busy = orphan_run(store, pid=os.getpid(), pid_started_at=psutil.Process().create_time())
         token = "hf_typed_into_the_dashboard_123"
         queued = dashboard.start(dataclasses.replace(fake(monkeypatch, steps=1), hf_token=token))
         assert dashboard.get_run(queued).status == RunStatus.QUEUED.value
@@ -235,7 +233,7 @@ def test_a_queued_run_whose_secret_holder_exited_fails_with_the_honest_reason(ho
 def test_a_resumed_run_shows_the_step_it_resumes_from_before_its_first_log_line(home, store, fake_worker, monkeypatch):
     orch = Orchestrator(store=store, launcher=fake_worker, start_pump=False)  # nothing is pumped: what start() itself shows
     try:
-        parent = _orphan(store, status=RunStatus.RUNNING.value)
+        parent = orphan_run(store, status=RunStatus.RUNNING.value)
         store.finish_run(parent, RunStatus.STOPPED)
         run_id = orch.start(fake(monkeypatch, steps=8), parent=store.get_run(parent), resumed_from_step=4)
         snap = orch.snapshot(run_id)

@@ -13,8 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from db.models import Metric, Run, RunEvent
 from db.store import Store
-from tests.jobs.test_orchestrator import fake, fake_worker, make_orch, orch, wait_for_step, wait_until  # noqa: F401
-from tests.support import ROOT
+from tests.support import ROOT, fake, wait_for_step
 from trainer_core import __main__ as cli
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import journal, paths
