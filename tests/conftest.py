@@ -11,7 +11,7 @@ import streamlit as st
 from sqlmodel import SQLModel
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, SCRIPTED_WORKER, FakeLauncher, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, FakeLauncher, build_tiny_model, fake
 from trainer_core import hardware
 from trainer_core.jobs.orchestrator import Orchestrator
 from ui.state import get_orchestrator
@@ -70,10 +70,11 @@ def fake_launcher() -> FakeLauncher:
 
 @pytest.fixture
 def fake_worker(monkeypatch) -> FakeLauncher:
-    """The real launcher (environment, own session, worker.log) starting tests/support's scripted fake worker
-    (its behaviour chosen per start with ``fake()``)."""
+    """The real launcher (environment, own session, worker.log) starting tests/fake_worker.py with scripted
+    values (``fake()`` chooses its behaviour per start; this sets the defaults: 5 steps at once)."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    launcher = FakeLauncher(SCRIPTED_WORKER)
+    fake(monkeypatch)
+    launcher = FakeLauncher()
     yield launcher
     launcher.kill_all()
 

@@ -100,67 +100,6 @@ class FakeLauncher(WorkerLauncher):
             proc.wait(timeout=10)
 
 
-# The scripted fake worker (deterministic losses, evals and checkpoints). Modes (FAKE_MODE): "train" honours control.json like the real worker; "ignore" ignores
-# control.json and SIGTERM and hangs after its steps; "exit3" prints and exits with code 3; "raise" dies
-# with a traceback. Neither of the last two writes a terminal event.
-SCRIPTED_WORKER = r'''
-import os, signal, sys, time
-from pathlib import Path
-from trainer_core.protocol import control, events as ev
-
-run_dir = Path(sys.argv[1])
-mode = os.environ.get("FAKE_MODE", "train")
-steps = int(os.environ.get("FAKE_STEPS", "5"))
-delay = float(os.environ.get("FAKE_DELAY", "0"))
-nan_step = int(os.environ.get("FAKE_NAN_STEP", "3"))
-evals = dict((int(s), float(v)) for s, v in (p.split(":") for p in os.environ.get("FAKE_EVALS", "4:0.75").split(",") if p))
-ckpts = set(int(s) for s in os.environ.get("FAKE_CHECKPOINTS", "4").split(",") if s)
-linger = float(os.environ.get("FAKE_LINGER", "0"))
-print("fake worker started; HF_TOKEN set:", bool(os.environ.get("HF_TOKEN")), flush=True)
-if mode == "exit3":
-    print("fake worker: cannot go on, exiting with code 3", flush=True)
-    sys.exit(3)
-if mode == "raise":
-    raise RuntimeError("fake worker exploded")
-if mode == "ignore":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-out = ev.EventWriter(run_dir / "events.jsonl")
-
-def loss(step):
-    return float("nan") if step == nan_step else 2.0 / step
-
-def finish(status, done):
-    out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done,
-                              final_loss=loss(done) if done else None))
-    out.close()
-    print("fake worker:", status, "at step", done, flush=True)
-    time.sleep(linger)  # the real worker takes a while to tear down after its last event
-    sys.exit(0)
-
-out.emit(ev.StatusEvent(status="running", phase="training", engine="fake"))
-for step in range(1, steps + 1):
-    action = None if mode == "ignore" else control.read(run_dir)
-    if action is control.Action.STOP:
-        out.emit(ev.StatusEvent(status="stopping", phase="saving", engine="fake"))
-        out.emit(ev.CheckpointEvent(step=step - 1, path=str(run_dir / "checkpoints" / f"checkpoint-{step - 1}")))
-        finish("stopped", step - 1)
-    if action is control.Action.CANCEL:
-        finish("cancelled", step - 1)
-    out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=loss(step),
-                              learning_rate=1e-4, tokens_seen=100 * step))
-    if step in evals:
-        out.emit(ev.EvalEvent(step=step, eval_loss=evals[step]))
-    if step in ckpts:
-        out.emit(ev.CheckpointEvent(step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}")))
-    time.sleep(delay)
-if mode == "ignore":
-    time.sleep(60)  # hang (safety net: a broken watchdog fails the test by timeout, not forever)
-    sys.exit(0)
-finish("completed", steps)
-'''
-
-
 FAKE_OPTIONS = ("nan_step", "evals", "checkpoints", "linger")
 
 
@@ -168,6 +107,7 @@ def fake(monkeypatch, mode: str = "train", steps: int = 5, delay: float = 0.0, *
     """Choose the fake's behaviour for the next start() (options left out take the script's defaults);
     returns a matching valid config."""
     assert set(options) <= set(FAKE_OPTIONS), options
+    monkeypatch.setenv("FAKE_LOSSES", "scripted")
     monkeypatch.setenv("FAKE_MODE", mode)
     monkeypatch.setenv("FAKE_STEPS", str(steps))
     monkeypatch.setenv("FAKE_DELAY", str(delay))

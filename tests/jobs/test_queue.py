@@ -1,6 +1,5 @@
-# ruff: noqa: F811  (the fake-worker fixtures are imported from test_orchestrator and used as arguments)
-"""The persistent queue, device sets and resume, with the fake worker of test_orchestrator (real
-orchestrator, pump, store, control and OS locks; only the training is fake)."""
+"""The persistent queue, device sets and resume, with tests/fake_worker.py (real orchestrator, pump, store,
+control and OS locks; only the training is fake)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the fake-worker fixtures are imported from test_orchestrator and used as arguments)
 """The database is a cache of the run folders: `db rebuild` restores a deleted one row by row, and a corrupt
 or deleted database is a message with the way out (CLI and pages), never a traceback."""
 from __future__ import annotations
