@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Iterable
 
+import adbc_driver_manager
+import adbc_driver_sqlite.dbapi as adbc_sqlite
 import pandas as pd
 from sqlalchemy import event as sa_event
 from sqlalchemy import bindparam, case, func, inspect, or_, text
@@ -30,6 +32,11 @@ METRIC_FIELDS = ("epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "to
                  "memory_mb", "elapsed_s", "wall_time", "nonfinite")
 SPARKLINE_POINTS = 60
 FINISHED_FRAMES_CACHED = 12  # metric frames of finished runs kept in memory (a 100k-step frame is ~10 MB)
+ARROW_IDLE_CONNECTIONS = 4  # column-wise (ADBC) read connections kept open between reads
+try:  # the PostgreSQL extra; without it PostgreSQL frames are read row by row (slower, the same frames)
+    import adbc_driver_postgresql.dbapi as adbc_postgresql
+except ImportError:
+    adbc_postgresql = None
 _TERMINAL_VALUES = tuple(s.value for s in RunStatus if s.is_terminal())
 
 
@@ -77,6 +84,11 @@ class Store:
         self._frame_from_stmt = self._frame_stmt.where(columns.step >= bindparam("from_step"))
         # Finished runs never change, so their frames are cached by (run id, finish time).
         self._finished_frame = functools.lru_cache(maxsize=FINISHED_FRAMES_CACHED)(self._read_frame)
+        # Whole frames are read column-wise through ADBC into Arrow: the row-wise DB-API drivers build a
+        # Python tuple per row and an object per value (~3x the time of the Arrow read for 100k rows).
+        self._arrow_connect, self._arrow_sql = self._arrow_reader()
+        self._arrow_idle: list[Any] = []
+        self._arrow_lock = threading.Lock()
 
     # ------------------------------------------------------------------ writes
     def create_run(self, run: Run) -> Run:
@@ -272,8 +284,56 @@ class Store:
 
     def _read_frame(self, run_id: str, from_step: int | None = None, _finished_at: float | None = None
                     ) -> pd.DataFrame:
+        if from_step is None and self._arrow_connect is not None:
+            frame = self._read_arrow(run_id)
+            if frame is not None:
+                return frame
         return pd.DataFrame.from_records(self._read_tuples(run_id, from_step), columns=["step", *METRIC_FIELDS],
                                          coerce_float=False)
+
+    def _arrow_reader(self) -> tuple[Any, str]:
+        """(connect function, SQL) of the column-wise read for this backend; (None, "") where there is none."""
+        columns = ", ".join(("step", *METRIC_FIELDS))
+        url = self.engine.url
+        if self.is_sqlite and url.database and url.database != ":memory:":
+            path = url.database
+
+            # autocommit: no transaction (a stale snapshot) held between reads
+            return (lambda: adbc_sqlite.connect(path, autocommit=True)), \
+                f"SELECT {columns} FROM metric WHERE run_id = ? ORDER BY step"
+        if not self.is_sqlite and adbc_postgresql is not None:
+            uri = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            return (lambda: adbc_postgresql.connect(uri, autocommit=True)), f"SELECT {columns} FROM metric WHERE run_id = $1 ORDER BY step"
+        return None, ""
+
+    def _read_arrow(self, run_id: str) -> pd.DataFrame | None:
+        """The run's frame read column-wise; None when the driver refused (read row by row instead)."""
+        with self._arrow_lock:
+            conn = self._arrow_idle.pop() if self._arrow_idle else None
+        try:
+            conn = conn or self._arrow_connect()
+            with conn.cursor() as cursor:
+                if self.is_sqlite:
+                    # SQLite columns have no fixed type: ADBC infers each column's type from the first batch and
+                    # fails on a later batch that disagrees (a column NULL for the first 1,024 rows, then REAL).
+                    # One batch of up to a million rows lets the whole run decide (a failure reads row by row).
+                    cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 20)})
+                cursor.execute(self._arrow_sql, (run_id,))
+                table = cursor.fetch_arrow_table()
+        except (adbc_driver_manager.Error, OSError):
+            if conn is not None:
+                conn.close()  # it may be broken (a restarted server): the next read opens a fresh one
+            return None
+        with self._arrow_lock:
+            if len(self._arrow_idle) < ARROW_IDLE_CONNECTIONS:
+                self._arrow_idle.append(conn)
+                conn = None
+        if conn is not None:
+            conn.close()
+        frame = table.to_pandas()
+        if frame.empty:  # no rows, so no types to infer: the row-wise read gives the usual empty frame
+            return None
+        return frame
 
     def _read_tuples(self, run_id: str, from_step: int | None) -> list[tuple]:
         # A Core select read as plain tuples: ORM objects cost ~2.5x more for a 100k-row run.
