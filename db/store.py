@@ -267,46 +267,51 @@ class Store:
                                 .where(RunEvent.kind == kind).group_by(RunEvent.run_id)).all()
         return {run_id: int(count) for run_id, count in rows}
 
-    def metrics_frame(self, run_id: str, from_step: int | None = None) -> pd.DataFrame:
-        """A run's metric rows in step order (those from ``from_step`` on, when given)."""
+    def metrics_frame(self, run_id: str, from_step: int | None = None, columns: Iterable[str] | None = None
+                      ) -> pd.DataFrame:
+        """A run's metric rows in step order (those from ``from_step`` on, when given); ``columns``: only
+        these metric fields after ``step`` (a page reads what it draws: less to transfer and convert)."""
+        names = _frame_columns(columns)
         if from_step is not None:
-            return self._read_frame(run_id, from_step)
+            return self._read_frame(run_id, from_step, None, names)
         with Session(self.engine) as session:
             state = session.exec(select(Run.status, Run.finished_at).where(Run.id == run_id)).first()
         if state is not None and state[0] in _TERMINAL_VALUES:
-            return self._finished_frame(run_id, None, state[1]).copy(deep=False)  # pages get their own object
-        return self._read_frame(run_id)
+            # pages get their own object
+            return self._finished_frame(run_id, None, state[1], names).copy(deep=False)
+        return self._read_frame(run_id, None, None, names)
 
     def metric_rows(self, run_id: str, from_step: int | None = None) -> list[dict[str, Any]]:
         """A run's metric rows as dicts in step order (missing values None), from ``from_step`` on when given."""
         columns = ("step", *METRIC_FIELDS)
         return [dict(zip(columns, row)) for row in self._read_tuples(run_id, from_step)]
 
-    def _read_frame(self, run_id: str, from_step: int | None = None, _finished_at: float | None = None
-                    ) -> pd.DataFrame:
+    def _read_frame(self, run_id: str, from_step: int | None = None, _finished_at: float | None = None,
+                    columns: tuple[str, ...] = ("step", *METRIC_FIELDS)) -> pd.DataFrame:
         if from_step is None and self._arrow_connect is not None:
-            frame = self._read_arrow(run_id)
+            frame = self._read_arrow(run_id, columns)
             if frame is not None:
                 return frame
-        return pd.DataFrame.from_records(self._read_tuples(run_id, from_step), columns=["step", *METRIC_FIELDS],
-                                         coerce_float=False)
+        frame = pd.DataFrame.from_records(self._read_tuples(run_id, from_step), columns=["step", *METRIC_FIELDS],
+                                          coerce_float=False)
+        return frame if len(columns) == len(frame.columns) else frame[list(columns)]
 
     def _arrow_reader(self) -> tuple[Any, str]:
-        """(connect function, SQL) of the column-wise read for this backend; (None, "") where there is none."""
-        columns = ", ".join(("step", *METRIC_FIELDS))
+        """(connect function, SQL with a {columns} slot) of the column-wise read for this backend; (None, "")
+        where there is none."""
         url = self.engine.url
         if self.is_sqlite and url.database and url.database != ":memory:":
             path = url.database
-
             # autocommit: no transaction (a stale snapshot) held between reads
             return (lambda: adbc_sqlite.connect(path, autocommit=True)), \
-                f"SELECT {columns} FROM metric WHERE run_id = ? ORDER BY step"
+                "SELECT {columns} FROM metric WHERE run_id = ? ORDER BY step"
         if not self.is_sqlite and adbc_postgresql is not None:
             uri = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            return (lambda: adbc_postgresql.connect(uri, autocommit=True)), f"SELECT {columns} FROM metric WHERE run_id = $1 ORDER BY step"
+            return (lambda: adbc_postgresql.connect(uri, autocommit=True)), \
+                "SELECT {columns} FROM metric WHERE run_id = $1 ORDER BY step"
         return None, ""
 
-    def _read_arrow(self, run_id: str) -> pd.DataFrame | None:
+    def _read_arrow(self, run_id: str, columns: tuple[str, ...] = ("step", *METRIC_FIELDS)) -> pd.DataFrame | None:
         """The run's frame read column-wise; None when the driver refused (read row by row instead)."""
         with self._arrow_lock:
             conn = self._arrow_idle.pop() if self._arrow_idle else None
@@ -318,7 +323,7 @@ class Store:
                     # fails on a later batch that disagrees (a column NULL for the first 1,024 rows, then REAL).
                     # One batch of up to a million rows lets the whole run decide (a failure reads row by row).
                     cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 20)})
-                cursor.execute(self._arrow_sql, (run_id,))
+                cursor.execute(self._arrow_sql.format(columns=", ".join(columns)), (run_id,))  # names checked
                 table = cursor.fetch_arrow_table()
         except (adbc_driver_manager.Error, OSError):
             if conn is not None:
@@ -416,6 +421,18 @@ def _add_missing_columns(engine) -> None:
             clause = f" DEFAULT {default!r}" if isinstance(default, (int, float)) else (
                 " DEFAULT ''" if isinstance(default, str) else "")
             conn.execute(text(f'ALTER TABLE run ADD COLUMN "{column.name}" {kind}{clause}'))
+
+
+def _frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:
+    """``step`` and the metric fields asked for, in table order (all of them for None)."""
+    if columns is None:
+        return ("step", *METRIC_FIELDS)
+    wanted = set(columns) - {"step"}
+    unknown = sorted(wanted - set(METRIC_FIELDS))
+    if unknown:
+        raise ValueError(f"columns: {', '.join(map(repr, unknown))} is not a metric field; choose from "
+                         f"{', '.join(METRIC_FIELDS)}")
+    return ("step", *[name for name in METRIC_FIELDS if name in wanted])
 
 
 def _like_escape(text_: str) -> str:

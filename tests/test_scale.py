@@ -234,6 +234,23 @@ def test_column_wise_frame_equals_the_row_wise_one(store):
     assert column_wise.loc[column_wise["step"] == 997, "nonfinite"].tolist() == ["eval_loss"]
 
 
+def test_metrics_frame_reads_only_the_columns_asked_for(store, monkeypatch):
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.append_metrics("r", [{"step": 2, "loss": 0.5, "tokens_seen": 128, "grad_norm": 1.0},
+                               {"step": 1, "loss": 1.0, "eval_loss": 1.2, "tokens_seen": 64}])
+    store.finish_run("r", RunStatus.COMPLETED)
+    full = store.metrics_frame("r")
+    few = store.metrics_frame("r", columns=["tokens_seen", "loss", "step"])
+    assert list(few.columns) == ["step", "loss", "tokens_seen"]  # table order, step first
+    assert rows_from_frame(few) == rows_from_frame(full[["step", "loss", "tokens_seen"]])
+    assert list(store.metrics_frame("r").columns) == ["step", *METRIC_FIELDS]  # its own cache entry
+    monkeypatch.setattr(store, "_arrow_connect", None)  # the row-wise read gives the same columns
+    store._finished_frame.cache_clear()
+    assert rows_from_frame(store.metrics_frame("r", columns=["tokens_seen", "loss"])) == rows_from_frame(few)
+    with pytest.raises(ValueError, match="'los' is not a metric field; choose from epoch, loss"):
+        store.metrics_frame("r", columns=["los"])
+
+
 def test_frame_read_row_by_row_when_the_column_wise_driver_refuses(store, monkeypatch):
     import adbc_driver_manager
 
