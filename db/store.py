@@ -18,7 +18,7 @@ import adbc_driver_manager
 import adbc_driver_sqlite.dbapi as adbc_sqlite
 import pandas as pd
 from sqlalchemy import event as sa_event
-from sqlalchemy import bindparam, case, func, inspect, or_, text
+from sqlalchemy import Float, Integer, bindparam, case, func, inspect, or_, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
@@ -78,6 +78,9 @@ class Store:
                                                                                       *METRIC_FIELDS)}
         # Parameter names in order for positional drivers (SQLite); named drivers take the dict itself.
         self._upsert_order = operator.itemgetter(*compiled.positiontup) if compiled.positiontup else None
+        # PostgreSQL: the whole batch as one statement over one array per column (unnest), with the same
+        # ON CONFLICT merge: executemany still ran the statement once per row on the server (~3x the time).
+        self._batch_upsert_sql = None if self.is_sqlite else self._unnest_upsert(compiled.string)
         columns = Metric.__table__.c
         self._frame_stmt = (select(*[columns[c] for c in ("step", *METRIC_FIELDS)])
                             .where(columns.run_id == bindparam("run_id")).order_by(columns.step))
@@ -120,10 +123,12 @@ class Store:
         rows = list(rows)
         if len({int(r["step"]) for r in rows}) < len(rows):
             rows = merge_rows(rows)  # one parameter set per step (PostgreSQL refuses the same key twice)
-        rows = [self._upsert_parameters(self._metric_values(run_id, r)) for r in rows]
+        rows = [self._metric_values(run_id, r) for r in rows]
         with self._write_lock, Session(self.engine) as session:
-            if rows:
-                session.connection().exec_driver_sql(self._upsert_sql, rows)
+            if rows and self._batch_upsert_sql:
+                session.connection().exec_driver_sql(self._batch_upsert_sql, self._column_arrays(rows))
+            elif rows:
+                session.connection().exec_driver_sql(self._upsert_sql, [self._upsert_parameters(r) for r in rows])
             for ts, kind, message in events:
                 session.add(RunEvent(run_id=run_id, ts=ts, kind=kind, message=message))
             if event_offset is not None or run_values:
@@ -388,6 +393,28 @@ class Store:
             values[name] = row.get(name)
         values["nonfinite"] = merge_nonfinite("", values["nonfinite"])  # NOT NULL; "" means "all values finite"
         return values
+
+    @staticmethod
+    def _unnest_upsert(row_sql: str) -> str:
+        """The compiled one-row upsert turned into one over arrays: INSERT ... SELECT * FROM unnest(...)."""
+        casts = []
+        for column in Metric.__table__.columns:
+            # Integers travel as floats and are cast on the server, as the one-row statement casts them.
+            cast = ("FLOAT[]::INTEGER[]" if isinstance(column.type, Integer) else
+                    "FLOAT[]" if isinstance(column.type, Float) else "VARCHAR[]")
+            casts.append(f"%({column.name})s::{cast}")
+        names = ", ".join(c.name for c in Metric.__table__.columns)
+        return (f"INSERT INTO metric ({names}) SELECT * FROM unnest({', '.join(casts)})"
+                + row_sql[row_sql.index(" ON CONFLICT"):])
+
+    def _column_arrays(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Parameters of the array upsert: one list per column (numbers as floats: one type per array)."""
+        arrays: dict[str, Any] = {"run_id": [r["run_id"] for r in rows], "step": [float(r["step"]) for r in rows],
+                                  "nonfinite": [r["nonfinite"] for r in rows]}
+        for name in METRIC_FIELDS[:-1]:  # every field but nonfinite is a number
+            arrays[name] = [None if r[name] is None else float(r[name]) for r in rows]
+        arrays.update(self._upsert_constants)
+        return arrays
 
     def _upsert_parameters(self, values: dict[str, Any]) -> dict[str, Any] | tuple:
         values.update(self._upsert_constants)
