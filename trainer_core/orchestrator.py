@@ -282,12 +282,15 @@ class Orchestrator:
         wanted = {"step", *columns}
         return frame[[c for c in frame.columns if c in wanted]]
 
-    def metrics_parts(self, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(metrics of the runs it resumed from, its own metrics): one read each."""
-        own = self.store.metrics_frame(run_id)
+    def metrics_parts(self, run_id: str, columns: Iterable[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(metrics of the runs it resumed from, its own metrics): one read each; ``columns``: only ``step``
+        and these metric fields."""
+        own = self.store.metrics_frame(run_id, columns=columns)
         run = self.store.get_run(run_id)
-        earlier = lineage_frame(self.store, run) if run is not None and run.parent_run_id else own.iloc[:0]
-        return earlier, own
+        if run is None or not run.parent_run_id:
+            return own.iloc[:0], own
+        earlier = lineage_frame(self.store, run)
+        return (earlier if columns is None else earlier[[c for c in own.columns if c in earlier]]), own
 
     def events(self, run_id: str) -> list[RunEvent]:
         return self.store.get_events(run_id)
