@@ -80,10 +80,10 @@ charts_tab, timeline_tab, log_tab, config_tab = st.tabs(["Charts", "Timeline", "
 with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
-    # Only what the charts and the non-finite warning use, for the chosen x axis (wall time falls back on
-    # wall_time): a 100k-step run then moves a fraction of its data. One read each.
-    drawn = ("loss", "eval_loss", *LINE_METRICS, "nonfinite", options.x, *(("wall_time",) if options.x == "elapsed_s"
-                                                                         else ()))
+    # Only what the charts and the non-finite warning use, for the chosen x axis: a 100k-step run then
+    # moves a fraction of its data. One read each.
+    wall = ("wall_time",) if options.x == "elapsed_s" else ()  # wall time falls back on wall_time
+    drawn = ("loss", "eval_loss", *LINE_METRICS, "nonfinite", options.x, *wall)
     earlier, own = orch.metrics_parts(run.id, columns=drawn)
     metrics = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
     render_charts(metrics, options)
