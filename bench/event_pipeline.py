@@ -13,14 +13,16 @@ clock). Delay per event = commit time - event ts. End-to-end rate = N / (last co
 Lost and duplicate counts come from the database afterwards (steps 1..N expected, once each), and every
 stored loss is compared with the one in the log.
 
-    .venv/bin/python bench/event_pipeline.py [--events 100000] [--linger] [--delay S] [--viewers K]
+    .venv/bin/python bench/event_pipeline.py [--events 100000] [--linger] [--delay S] [--viewers K] [--profile N]
 
 Goal (issue 14): >= 20,000 events/s end to end, p99 delay < 1 s, 0 lost, 0 duplicated.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import signal
 import statistics
 import sys
@@ -71,6 +73,19 @@ def _kill_group(pid: int) -> None:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def profile_pump(top: int) -> None:
+    """Run the pump thread under cProfile and print its ``top`` entries by own time when it ends."""
+    real = orchestrator.Orchestrator._pump_forever
+
+    def pump_forever(self) -> None:
+        profile = cProfile.Profile()
+        profile.runcall(real, self)
+        print("\npump thread, by own time:")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+
+    orchestrator.Orchestrator._pump_forever = pump_forever
 
 
 def run_once(store: Store, events: int, label: str, viewers: int, linger: bool, delay: float = 0.0) -> dict:
@@ -142,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                              "the pump deciding on an exited worker after reading only one more 4 MiB chunk)")
     parser.add_argument("--viewers", type=int, default=0,
                         help="threads taking a live snapshot once a second, like open Live pages (default 0)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the pump thread and print its N most expensive functions (slows it down)")
     args = parser.parse_args(argv)
+    if args.profile:
+        profile_pump(args.profile)
     home = Path(tempfile.mkdtemp(prefix="event-bench-"))
     os.environ.update(FINETUNE_STUDIO_HOME=str(home / "home"), FINETUNE_STUDIO_FORCE_CPU="1",
                       FINETUNE_STUDIO_ALLOWED_ROOTS=str(home))

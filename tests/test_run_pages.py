@@ -195,3 +195,26 @@ def test_live_view_of_a_finished_run_lists_its_alerts(pages_store):
     text = " ".join(m.value for m in at.markdown)
     assert "1 alert" in text and "Train loss is NaN or inf at step 2." in text
     assert len(at.get("vega_lite_chart")) >= 1
+
+
+def test_run_page_reads_only_the_columns_it_draws(pages_store, monkeypatch):
+    run_id = "20260101-000000-cccccc"
+    pages_store.create_run(Run(id=run_id, name="narrow", status=RunStatus.RUNNING.value, created_at=time.time(),
+                               started_at=time.time()))
+    pages_store.append_metrics(run_id, [{"step": 1, "loss": 2.0, "memory_mb": 900.0, "wall_time": 1.0},
+                                        {"step": 2, "loss": None, "nonfinite": "loss", "memory_mb": 910.0}])
+    pages_store.finish_run(run_id, RunStatus.COMPLETED)
+    asked = []
+    read = Store.metrics_frame
+
+    def spy(self, wanted, from_step=None, columns=None):
+        if wanted == run_id:
+            asked.append(None if columns is None else set(columns))
+        return read(self, wanted, from_step, columns)
+
+    monkeypatch.setattr(Store, "metrics_frame", spy)
+    at = open_page("pages/run.py", detail_run_id=run_id)
+    # the charts' metrics, the x axis (step) and nonfinite: not memory_mb, wall_time, epoch, ...
+    assert asked == [{"step", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_s", "nonfinite"}]
+    assert any("Non-finite values (loss) first at step 2" in w.value for w in at.warning)
+    assert len(at.get("vega_lite_chart")) >= 1

@@ -214,6 +214,58 @@ def test_finished_frames_are_cached_and_running_ones_are_not(store):
     assert store._finished_frame.cache_info().hits == 1
 
 
+def test_column_wise_frame_equals_the_row_wise_one(store):
+    """The Arrow read: the same values and order as the row-wise read, also for a column that is NULL for
+    more rows than one of ADBC's default batches before it has values (SQLite infers column types)."""
+    assert store._arrow_connect is not None, "the column-wise reader is not in use on this backend"
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    rng = random.Random(3)
+    rows = [{"step": step, "loss": rng.uniform(0, 3), "tokens_seen": 64 * step, "wall_time": 1.7e9 + step,
+             "grad_norm": rng.uniform(0, 2) if step > 2500 else None,
+             "nonfinite": "eval_loss" if step % 997 == 0 else ""} for step in range(3000, 0, -1)]
+    store.append_metrics("r", rows)
+    column_wise = store._read_arrow("r")
+    assert column_wise is not None and list(column_wise.columns) == ["step", *METRIC_FIELDS]
+    row_wise = store._read_frame("r", from_step=0)  # from_step: always the row-wise read
+    assert rows_from_frame(column_wise) == rows_from_frame(row_wise)
+    assert column_wise["step"].tolist() == list(range(1, 3001))
+    assert column_wise["grad_norm"].iloc[2500] == rows[499]["grad_norm"] and column_wise["grad_norm"].iloc[:2500].isna().all()
+    assert column_wise.loc[column_wise["step"] == 997, "nonfinite"].tolist() == ["eval_loss"]
+
+
+def test_metrics_frame_reads_only_the_columns_asked_for(store, monkeypatch):
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.append_metrics("r", [{"step": 2, "loss": 0.5, "tokens_seen": 128, "grad_norm": 1.0},
+                               {"step": 1, "loss": 1.0, "eval_loss": 1.2, "tokens_seen": 64}])
+    store.finish_run("r", RunStatus.COMPLETED)
+    full = store.metrics_frame("r")
+    few = store.metrics_frame("r", columns=["tokens_seen", "loss", "step"])
+    assert list(few.columns) == ["step", "loss", "tokens_seen"]  # table order, step first
+    assert rows_from_frame(few) == rows_from_frame(full[["step", "loss", "tokens_seen"]])
+    assert list(store.metrics_frame("r").columns) == ["step", *METRIC_FIELDS]  # its own cache entry
+    monkeypatch.setattr(store, "_arrow_connect", None)  # the row-wise read gives the same columns
+    store._finished_frame.cache_clear()
+    assert rows_from_frame(store.metrics_frame("r", columns=["tokens_seen", "loss"])) == rows_from_frame(few)
+    with pytest.raises(ValueError, match="'los' is not a metric field; choose from epoch, loss"):
+        store.metrics_frame("r", columns=["los"])
+
+
+def test_frame_read_row_by_row_when_the_column_wise_driver_refuses(store, monkeypatch):
+    import adbc_driver_manager
+
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.append_metrics("r", [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "nonfinite": "eval_loss"}])
+
+    def refuse():
+        raise adbc_driver_manager.OperationalError("server closed the connection unexpectedly",
+                                                   status_code=adbc_driver_manager.AdbcStatusCode.IO)
+
+    monkeypatch.setattr(store, "_arrow_connect", refuse)
+    frame = store.metrics_frame("r")
+    assert frame["loss"].tolist() == [1.0, 0.5] and frame["nonfinite"].tolist() == ["", "eval_loss"]
+    assert store.metrics_frame("missing").empty  # no rows: the row-wise read's empty frame
+
+
 # ====================================================================== a run pumped by another process
 def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, store, monkeypatch):
     """The view reads only rows from the last step it saw; alerts are not replayed; the result equals

@@ -213,6 +213,18 @@ def test_decode_names_the_field_that_is_wrong(line, message):
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("line", [
+    b'{"kind":"progress","step":1,"total_steps":3,"loss":NaN}',  # our writer never writes these: allow_nan=False
+    b'{"kind":"progress","step":1,"total_steps":3,"loss":Infinity}',
+    b'{"kind":"progress","step":1,"total_steps":3,"loss":1e400}',  # overflows a double
+    b'{"kind":"progress","step":100000000000000000000000,"total_steps":3}',  # no database column holds it
+    b'{"kind":"warning","message":"caf\xe9"}',  # not UTF-8
+])
+def test_decode_refuses_numbers_and_bytes_our_writer_never_writes(line):
+    with pytest.raises(ValueError):
+        ev.decode(line)
+
+
 def test_read_lines_reports_each_invalid_line_with_its_own_offset(tmp_path):
     path = tmp_path / "events.jsonl"
     good = ev.encode(ALL_EVENTS[1]) + "\n"

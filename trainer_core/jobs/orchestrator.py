@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 import pandas as pd
 
@@ -257,17 +257,27 @@ class Orchestrator:
         """The runs with these ids that exist, in the order asked for (any run, however old)."""
         return self.store.get_runs(run_ids)
 
-    def metrics(self, run_id: str, lineage: bool = False) -> pd.DataFrame:
-        """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from."""
-        earlier, own = self.metrics_parts(run_id) if lineage else (None, self.store.metrics_frame(run_id))
-        return pd.concat([earlier, own], ignore_index=True) if earlier is not None and len(earlier) else own
+    def metrics(self, run_id: str, lineage: bool = False, columns: Iterable[str] | None = None) -> pd.DataFrame:
+        """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from; ``columns``: only
+        ``step`` and these metric fields."""
+        if not lineage:
+            return self.store.metrics_frame(run_id, columns=columns)
+        earlier, own = self.metrics_parts(run_id)
+        frame = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
+        if columns is None:
+            return frame
+        wanted = {"step", *columns}
+        return frame[[c for c in frame.columns if c in wanted]]
 
-    def metrics_parts(self, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(metrics of the runs it resumed from, its own metrics): one read each."""
-        own = self.store.metrics_frame(run_id)
+    def metrics_parts(self, run_id: str, columns: Iterable[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(metrics of the runs it resumed from, its own metrics): one read each; ``columns``: only ``step``
+        and these metric fields."""
+        own = self.store.metrics_frame(run_id, columns=columns)
         run = self.store.get_run(run_id)
-        earlier = lineage_frame(self.store, run) if run is not None and run.parent_run_id else own.iloc[:0]
-        return earlier, own
+        if run is None or not run.parent_run_id:
+            return own.iloc[:0], own
+        earlier = lineage_frame(self.store, run)
+        return (earlier if columns is None else earlier[[c for c in own.columns if c in earlier]]), own
 
     def events(self, run_id: str) -> list[EventRecord]:
         return self.store.get_events(run_id)

@@ -34,7 +34,9 @@ def request(run_dir: Path, action: Action) -> None:
 
 def read(run_dir: Path) -> Action | None:
     try:
-        data = json.loads((Path(run_dir) / CONTROL_FILE).read_text())
+        # Read once per training step: os.path and open() directly (pathlib's parsing cost more than the read).
+        with open(os.path.join(run_dir, CONTROL_FILE), "rb") as fh:
+            data = json.loads(fh.read())
         return Action(data["action"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None

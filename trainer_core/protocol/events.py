@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, NamedTuple
 
+import orjson
+
 from trainer_core.protocol.status import RunStatus
 
 SCHEMA_VERSION = 1
@@ -125,14 +127,23 @@ def clean_numbers(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
     return cleaned, nonfinite
 
 
+# Built once: json.dumps with any option set builds a new encoder per call (a third of an event's cost).
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def encode(event: Event) -> str:
     payload = dict(event.__dict__)  # the dataclass fields; asdict() deep-copies and costs ~4x more
+    payload["kind"] = event.kind
+    payload["v"] = SCHEMA_VERSION
+    try:
+        return _ENCODER.encode(payload)  # allow_nan=False: a NaN or inf anywhere raises ValueError
+    except ValueError:
+        pass
+    # Rare (a diverging run): clean the numbers and name the fields, rather than checking every event.
     previous = payload.pop("nonfinite")
     cleaned, nonfinite = clean_numbers(payload)
     cleaned["nonfinite"] = {**previous, **nonfinite} if nonfinite else previous
-    cleaned["kind"] = event.kind
-    cleaned["v"] = SCHEMA_VERSION
-    return json.dumps(cleaned, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(cleaned)
 
 
 class InvalidEvent(ValueError):
@@ -166,9 +177,14 @@ def _field_specs(cls: type[Event]) -> tuple[tuple[str, tuple[type, ...], bool, f
 _SPECS = {kind: (cls, _field_specs(cls)) for kind, cls in EVENT_TYPES.items()}
 
 
+_ABSENT = object()
+
+
 def decode(line: str | bytes) -> Event:
     """One log line as its event; InvalidEvent (a ValueError) names the field that is wrong."""
-    data = json.loads(line)
+    # orjson parses a line ~7x faster than json.loads (the pump's largest cost per event), and rejects what
+    # our writer never writes (NaN/Infinity literals, numbers beyond 64 bits, invalid UTF-8) with a ValueError.
+    data = orjson.loads(line)
     if not isinstance(data, dict):
         raise UnknownEvent(f"an event is a JSON object, got {type(data).__name__}")
     kind = data.get("kind")
@@ -178,11 +194,11 @@ def decode(line: str | bytes) -> Event:
     cls, fields = spec
     values = {}
     for name, types, required, allowed in fields:
-        if name not in data:
+        value = data.get(name, _ABSENT)
+        if value is _ABSENT:
             if required:
                 raise InvalidEvent(f"{kind} event without its {name!r} field")
             continue
-        value = data[name]
         if type(value) not in types:
             expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise InvalidEvent(f"{kind} event: {name!r} is {value!r}, expected {expected}")
@@ -197,22 +213,26 @@ class EventWriter:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        # Unbuffered: each line goes to the kernel in one write() as it is emitted, with no Python-side
+        # buffer to flush (the text layer plus flush() cost ~0.7 us more per line).
+        self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held until close()
         self._lock = threading.Lock()  # the heartbeat thread and the training loop both emit
 
     def emit(self, event: Event) -> None:
-        line = encode(event) + "\n"
+        line = (encode(event) + "\n").encode()
         with self._lock:
             if self._fh.closed:
                 return
-            self._fh.write(line)
-            self._fh.flush()  # survives a crash of this process; fsync would cost ~ms per step for power-loss safety
+            # In the kernel before emit returns: survives a crash of this process (fsync would cost ~ms per
+            # step for power-loss safety). A regular file takes the whole line at once; loop in case it doesn't.
+            written = self._fh.write(line)
+            while written < len(line):
+                written += self._fh.write(line[written:])
 
     def close(self) -> None:
         with self._lock:
             if self._fh.closed:
                 return
-            self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
 
