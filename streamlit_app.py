@@ -4,8 +4,8 @@ from __future__ import annotations
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import rebuild
-from trainer_core.status import RunStatus
+from trainer_core.jobs import rebuild
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.auth import current_actor, require_password, shared_mode
 from ui.entry import entered, remember_requested_page, resume_requested_page

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trainer_core.config import TrainConfig
 from trainer_core.data.loading import load_local
-from trainer_core.engines import choose_engine
+from trainer_core.worker.engines import choose_engine
 
 
 def main(argv: list[str]) -> int:
@@ -35,11 +35,11 @@ def main(argv: list[str]) -> int:
         return 2
     # The engine first, as in the worker: unsloth must be imported before transformers when it is used.
     engine_name = choose_engine()
-    engine = importlib.import_module(f"trainer_core.engines.{engine_name}_engine")
+    engine = importlib.import_module(f"trainer_core.worker.engines.{engine_name}_engine")
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core import model_files
+    from trainer_core.worker import model_files
 
     class LogTimer(TrainerCallback):
         """Wall time of every training log, like the worker's ProgressEvent.ts."""

@@ -32,12 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlmodel import SQLModel
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
-from trainer_core import charts, orchestrator, paths
-from trainer_core.alerts import rows_from_frame
-from trainer_core.live import LiveRun
-from trainer_core.status import RunStatus
+from trainer_core import charts
+from trainer_core.jobs import adoption, orchestrator
+from trainer_core.protocol import paths
+from trainer_core.jobs.alerts import rows_from_frame
+from trainer_core.jobs.live import LiveRun
+from trainer_core.protocol.status import RunStatus
 
 try:  # what st.altair_chart calls on the server
     from streamlit.elements.vega_charts import (
@@ -109,7 +111,7 @@ class RemoteRun:
         self.store = store
         self.run_id = f"remote-{steps}"
         me = psutil.Process()
-        store.create_run(Run(id=self.run_id, name=f"cli run {steps}", status=RunStatus.RUNNING.value,
+        store.create_run(RunRecord(id=self.run_id, name=f"cli run {steps}", status=RunStatus.RUNNING.value,
                              created_at=time.time(), started_at=time.time(), total_steps=10 * steps, pid=me.pid,
                              pid_started_at=me.create_time()))
         rows = rows_from_frame(synthetic_run(steps).snapshot().metrics)
@@ -118,7 +120,7 @@ class RemoteRun:
         self.next_row = dict(rows[-1], eval_loss=None)
         run_dir = paths.run_dir(self.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)  # the same ids on each backend
-        self.lock = orchestrator._try_lock(run_dir)  # the other process's pump lock: nobody here adopts it
+        self.lock = adoption.try_lock(run_dir)  # the other process's pump lock: nobody here adopts it
 
     def advance(self) -> None:
         self.next_row = dict(self.next_row, step=self.next_row["step"] + 1)

@@ -1,7 +1,8 @@
 """Event-pipeline benchmark: worker -> events.jsonl -> orchestrator pump -> database.
 
 A synthetic worker (tests/fake_worker.py, the real ``EventWriter``) emits N progress events as fast as it
-can; the real orchestrator (real ``_spawn``, pump thread, MetricBuffer and Store) ingests them into a fresh
+can; the real orchestrator (the real launcher's environment through tests/support's
+``FakeLauncher``, pump thread, MetricBuffer and Store) ingests them into a fresh
 SQLite database under a temporary data root, and into PostgreSQL too when
 FINETUNE_STUDIO_TEST_POSTGRES_URL is set.
 
@@ -12,23 +13,23 @@ clock). Delay per event = commit time - event ts. End-to-end rate = N / (last co
 Lost and duplicate counts come from the database afterwards (steps 1..N expected, once each), and every
 stored loss is compared with the one in the log.
 
-    .venv/bin/python bench/event_pipeline.py [--events 100000] [--linger] [--delay S] [--viewers K]
+    .venv/bin/python bench/event_pipeline.py [--events 100000] [--linger] [--delay S] [--viewers K] [--profile N]
 
 Goal (issue 14): >= 20,000 events/s end to end, p99 delay < 1 s, 0 lost, 0 duplicated.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,21 +37,14 @@ sys.path.insert(0, str(ROOT))
 from sqlmodel import SQLModel
 
 from db.store import Store
-from trainer_core import events as ev
-from trainer_core import orchestrator, paths
+from trainer_core.protocol import events as ev
+from tests.support import FakeLauncher
+from trainer_core.jobs import orchestrator
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
-FAKE_WORKER = ROOT / "tests" / "fake_worker.py"
 GOAL_RATE, GOAL_P99_MS = 20_000, 1_000
-
-
-def use_fake_worker() -> None:
-    """Keep the orchestrator's real ``_spawn`` but start the synthetic worker instead of the trainer."""
-    def popen(args, **kwargs):
-        return subprocess.Popen([args[0], str(FAKE_WORKER), *args[3:]], **kwargs)
-
-    orchestrator.subprocess = SimpleNamespace(**{**vars(subprocess), "Popen": popen})
 
 
 def instrument(store: Store) -> dict[int, list[float]]:
@@ -81,11 +75,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
+def profile_pump(top: int) -> None:
+    """Run the pump thread under cProfile and print its ``top`` entries by own time when it ends."""
+    real = orchestrator.Orchestrator._pump_forever
+
+    def pump_forever(self) -> None:
+        profile = cProfile.Profile()
+        profile.runcall(real, self)
+        print("\npump thread, by own time:")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+
+    orchestrator.Orchestrator._pump_forever = pump_forever
+
+
 def run_once(store: Store, events: int, label: str, viewers: int, linger: bool, delay: float = 0.0) -> dict:
     committed = instrument(store)
     os.environ.update(FAKE_STEPS=str(events), FAKE_DELAY=str(delay), FAKE_EVAL_EVERY="0", FAKE_HEARTBEAT_EVERY="0",
                       FAKE_START_DELAY="0", FAKE_LINGER=str(3600 if linger else 0))
-    orch = orchestrator.Orchestrator(store=store)
+    orch = orchestrator.Orchestrator(store=store, launcher=FakeLauncher())  # the synthetic worker, real launcher
     stop_viewers = threading.Event()
 
     def viewer(run_id: str) -> None:  # one browser on the Live page: a snapshot per second
@@ -150,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                              "the pump deciding on an exited worker after reading only one more 4 MiB chunk)")
     parser.add_argument("--viewers", type=int, default=0,
                         help="threads taking a live snapshot once a second, like open Live pages (default 0)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the pump thread and print its N most expensive functions (slows it down)")
     args = parser.parse_args(argv)
+    if args.profile:
+        profile_pump(args.profile)
     home = Path(tempfile.mkdtemp(prefix="event-bench-"))
     os.environ.update(FINETUNE_STUDIO_HOME=str(home / "home"), FINETUNE_STUDIO_FORCE_CPU="1",
                       FINETUNE_STUDIO_ALLOWED_ROOTS=str(home))
     os.environ.pop("DATABASE_URL", None)
-    use_fake_worker()
     stores = [("sqlite", Store(f"sqlite:///{home / 'bench.db'}"))]
     postgres = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")
     if postgres:

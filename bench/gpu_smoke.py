@@ -210,12 +210,13 @@ def _version(name: str) -> str:
 # ---------------------------------------------------------------------- child: one case
 def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: Path) -> int:
     """Train ``steps`` steps with one engine, as the worker does, and write result.json."""
-    engine = importlib.import_module(f"trainer_core.engines.{engine_name}_engine")  # unsloth before transformers
+    engine = importlib.import_module(f"trainer_core.worker.engines.{engine_name}_engine")  # unsloth before transformers
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core import memory, model_files, model_info
+    from trainer_core import memory, model_info
     from trainer_core.data.loading import load_for_training
+    from trainer_core.worker import model_files
 
     cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4, max_seq_length=256,
                       learning_rate=2e-5 if method == "full" else 2e-4, warmup_steps=0, logging_steps=1,

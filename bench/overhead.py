@@ -36,8 +36,8 @@ if str(ROOT) not in sys.path:
 
 from db.store import Store
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.status import RunStatus
 
 PRESET = ROOT / "presets" / "cpu-demo.yaml"
 BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
@@ -98,7 +98,7 @@ def bench_config(steps: int) -> TrainConfig:
 
 
 def child_env() -> dict[str, str]:
-    """The environment the orchestrator gives its worker (Orchestrator._spawn), for the bare script too."""
+    """The environment the orchestrator gives its worker (trainer_core.jobs.launcher), for the bare script too."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
     env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))

@@ -29,10 +29,11 @@ from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
 import ui.state
-from db.models import Run
-from db.store import METRIC_FIELDS, Store
-from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from db.entities import RunRecord
+from db.store import Store
+from trainer_core.protocol.metrics import METRIC_FIELDS
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.status import RunStatus
 
 APP = str(ROOT / "streamlit_app.py")
 HISTORY_STEPS = 1_000
@@ -46,7 +47,7 @@ def fill(store: Store, runs: int, steps: int, prefix: str, seed: int = 0) -> lis
     for i in range(runs):
         run_id = f"{prefix}-{i:05d}"
         created = t0 + i * 600
-        store.create_run(Run(id=run_id, name=f"{prefix} run {i}", status=RunStatus.RUNNING.value, model="tiny-llama",
+        store.create_run(RunRecord(id=run_id, name=f"{prefix} run {i}", status=RunStatus.RUNNING.value, model="tiny-llama",
                              dataset="demo_chat.jsonl", method="LoRA", created_at=created, started_at=created,
                              total_steps=steps, config_json='{"learning_rate": 0.0002}'))
         rows = []

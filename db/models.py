@@ -46,6 +46,7 @@ class Run(SQLModel, table=True):
     sparkline: Optional[str] = None
     secrets_holder: str = ""  # "host:pid:start:instance" of the orchestrator holding a queued run's secrets in memory
     owner: str = Field(default="", index=True)  # the user who started it (shared mode: the signed-in name)
+    kind: str = "train"  # the job kind (trainer_core.protocol.status.JobKind); rows from before kinds are train
 
 
 class Metric(SQLModel, table=True):

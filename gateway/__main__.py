@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway import nginx, settings
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.access import SERVER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

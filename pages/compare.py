@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from trainer_core.charts import COMPARE_ALIGN, COMPARE_METRICS
 from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
 from ui import format as fmt
 from ui.compare import render_compare
@@ -48,4 +49,6 @@ if not COMPARE_MIN <= len(chosen) <= COMPARE_MAX:
     st.stop()
 
 picked = [by_id[i] for i in chosen]
-render_compare(picked, {r.id: orch.metrics(r.id) for r in picked}, {r.id: orch.run_config(r.id) for r in picked})
+drawn = (*COMPARE_METRICS, *COMPARE_ALIGN)  # the overlays and the summary need no other column: read only these
+render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn) for r in picked},
+               {r.id: orch.run_config(r.id) for r in picked})

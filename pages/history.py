@@ -9,9 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from trainer_core.access import Action, allowed
-from trainer_core.orchestrator import RunRefused
+from trainer_core.jobs.orchestrator import RunRefused
+from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_name
-from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -150,7 +150,7 @@ if delete_col.button("Delete", icon="🗑️", width="stretch",
     st.session_state["history_delete"] = chosen
 
 if st.session_state.get("history_resume") == chosen:
-    needed = [n for n in run.needs_secrets.split(",") if n]
+    needed = list(run.needs_secrets)
     with st.container(border=True):
         st.markdown(f"**Resume '{safe(run.name)}'** from its latest checkpoint?")
         secrets = {}

@@ -16,15 +16,16 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trainer_core import engines, hardware, memory, model_info, parallel, presets, preview
+from trainer_core import hardware, memory, model_info, parallel, presets, preview
 from trainer_core.access import Action, allowed
 from trainer_core.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError,
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats
 from trainer_core.data.readers import read_rows
-from trainer_core.orchestrator import RunRefused
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import RunRefused
+from trainer_core.protocol.status import RunStatus
+from trainer_core.worker import engines
 from ui import form
 from ui import format as fmt
 from ui.auth import current_actor

@@ -7,8 +7,9 @@ import pandas as pd
 import streamlit as st
 import yaml
 
+from trainer_core.charts import LINE_METRICS
+from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import run_name
-from trainer_core.status import RunStatus
 from ui import format as fmt
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
@@ -71,12 +72,9 @@ cols[5].metric("Started", fmt.ago(started), help=fmt.timestamp(started), border=
 log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
 render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
 
-earlier, own = orch.metrics_parts(run.id)  # one read each; own alone goes into the CSV download
-metrics = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
-render_nonfinite(metrics)
+notices = st.container()  # the non-finite warning and the alerts, once the metrics are read below
 events = orch.events(run.id)
 alerts = [e for e in events if e.kind == "alert"]
-render_alerts(alerts)
 if run.parent_run_id:
     parent = orch.get_run(run.parent_run_id)
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
@@ -86,10 +84,19 @@ charts_tab, timeline_tab, log_tab, config_tab = st.tabs(["Charts", "Timeline", "
 with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
+    # Only what the charts and the non-finite warning use, for the chosen x axis: a 100k-step run then
+    # moves a fraction of its data. One read each.
+    wall = ("wall_time",) if options.x == "elapsed_s" else ()  # wall time falls back on wall_time
+    drawn = ("loss", "eval_loss", *LINE_METRICS, "nonfinite", options.x, *wall)
+    earlier, own = orch.metrics_parts(run.id, columns=drawn)
+    metrics = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
     render_charts(metrics, options)
-    if not own.empty:  # the CSV is built when the button is clicked, not on every render
-        st.download_button("Download metrics (CSV)", lambda: own.to_csv(index=False),
+    if not own.empty:  # the CSV (every column, this run's own rows) is read and built when the button is clicked
+        st.download_button("Download metrics (CSV)", lambda: orch.metrics(run.id).to_csv(index=False),
                            file_name=f"{run.id}-metrics.csv", mime="text/csv", icon="⬇️")
+with notices:
+    render_nonfinite(metrics)
+    render_alerts(alerts)
 with timeline_tab:
     kinds = sorted({e.kind for e in events})
     shown = st.pills("Show", kinds, selection_mode="multi", default=kinds, key="run_timeline_kinds")

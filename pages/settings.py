@@ -4,8 +4,9 @@ from __future__ import annotations
 import streamlit as st
 
 from db.store import default_url
-from trainer_core import paths, rebuild
 from trainer_core.access import Action, allowed
+from trainer_core.jobs import rebuild
+from trainer_core.protocol import paths
 from ui.auth import current_actor, shared_mode
 from ui.entry import require_entrypoint
 from ui.state import orchestrator_or_problem, rebuild_database

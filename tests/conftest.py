@@ -11,9 +11,9 @@ import streamlit as st
 from sqlmodel import SQLModel
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, build_tiny_model
+from tests.support import MODELS_CACHE, ROOT, FakeLauncher, build_tiny_model, fake
 from trainer_core import hardware
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
 from ui.state import get_orchestrator
 
 
@@ -61,6 +61,45 @@ def tiny_model():
 
 
 @pytest.fixture
+def fake_launcher() -> FakeLauncher:
+    """The real launcher starting tests/fake_worker.py (its behaviour set through FAKE_* variables)."""
+    launcher = FakeLauncher()
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture
+def fake_worker(monkeypatch) -> FakeLauncher:
+    """The real launcher (environment, own session, worker.log) starting tests/fake_worker.py with scripted
+    values (``fake()`` chooses its behaviour per start; this sets the defaults: 5 steps at once)."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fake(monkeypatch)
+    launcher = FakeLauncher()
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture
+def make_orch(home, store, fake_worker):
+    """Orchestrators on one store and data root (several play a restarted or second server); all closed."""
+    made: list[Orchestrator] = []
+
+    def make() -> Orchestrator:
+        orch = Orchestrator(store=store, launcher=fake_worker)
+        made.append(orch)
+        return orch
+
+    yield make
+    for orch in made:
+        orch.close()
+
+
+@pytest.fixture
+def orch(make_orch) -> Orchestrator:
+    return make_orch()
+
+
+@pytest.fixture
 def studio(tmp_path, monkeypatch):
     """A real orchestrator (real workers) on a fresh data root, sharing the converted-model cache."""
     monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
@@ -103,7 +142,7 @@ def no_stray_workers(tmp_path_factory):
     tmp = str(tmp_path_factory.getbasetemp())
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info["cmdline"] or []
-        is_worker = "trainer_core.worker" in cmd or "trainer_core.launch" in cmd  # launch: torchrun for N ranks
+        is_worker = "trainer_core.worker" in cmd or "trainer_core.worker.launch" in cmd  # launch: torchrun for N ranks
         if is_worker and any(arg.startswith(tmp) for arg in cmd):
             try:
                 os.killpg(proc.info["pid"], signal.SIGKILL)

@@ -1,23 +1,26 @@
-"""A synthetic training worker for fault tests and the event-pipeline benchmark.
+"""The fake worker of the tests and the event-pipeline benchmark: a training worker that trains nothing.
 
-Run as ``python tests/fake_worker.py RUN_DIR`` (the orchestrator's real ``_spawn`` starts it in place of
-``-m trainer_core.worker``). It writes events through the real ``EventWriter`` and honours control.json
-and SIGTERM like the real worker, but trains nothing, so a run takes a fraction of a second.
+Run as ``python tests/fake_worker.py RUN_DIR`` (tests/support's ``FakeLauncher`` starts it in place of
+``-m trainer_core.worker``, with the real launcher's environment). It writes events through the real
+``EventWriter`` and honours control.json and SIGTERM like the real worker, so a run takes a fraction of a
+second. Behaviour comes from the environment (the launcher passes it on; ``tests.support.fake()`` sets it):
 
-Behaviour comes from the environment (``_spawn`` passes it on):
-
-* ``FAKE_STEPS`` (30), ``FAKE_DELAY`` seconds between steps (0.02), ``FAKE_EVAL_EVERY`` (5, 0: never),
-  ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
-* ``FAKE_START_DELAY`` seconds before the first event (0), ``FAKE_LINGER`` seconds after the last (0)
-* ``FAKE_SEED``: losses are drawn from ``random.Random(seed + run folder name)``, so each run differs
+* ``FAKE_MODE``: ``train`` (default); ``ignore`` ignores control.json and SIGTERM and hangs after its steps
+  (for the watchdog); ``exit3`` prints and exits with code 3; ``raise`` dies with a traceback. Neither of
+  the last two writes a terminal event.
+* ``FAKE_STEPS`` (30), ``FAKE_DELAY`` seconds between steps (0.02), ``FAKE_START_DELAY`` seconds before the
+  first event (0), ``FAKE_LINGER`` seconds after the last (0: the real worker tears down for a while)
+* ``FAKE_LOSSES``: ``random`` (default) draws losses from ``random.Random(FAKE_SEED + run folder name)``, so a
+  test comparing the event log with the database catches a value written to the wrong step; ``scripted``
+  gives 2/step with NaN at ``FAKE_NAN_STEP`` (3), evals at ``FAKE_EVALS`` ("4:0.75") and checkpoints at
+  ``FAKE_CHECKPOINTS`` ("4"), so a test can assert exact values.
+* random losses only: ``FAKE_EVAL_EVERY`` (5, 0: never) and ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
 * ``FAKE_PAUSE_AT`` step and ``FAKE_PAUSE_UNTIL`` file: after that step, wait until the file exists (a test
   acts mid-run without racing the worker)
-
-Losses are random floats on purpose: a test comparing the event log with the database then catches a
-value written to the wrong step.
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -25,51 +28,96 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core import control
-from trainer_core import events as ev
+from trainer_core.protocol import control
+from trainer_core.protocol import events as ev
 
 
 def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+def steps_of(name: str, default: str) -> list[str]:
+    return [p for p in os.environ.get(name, default).split(",") if p]
+
+
 def main(run_dir: Path) -> int:
+    mode = os.environ.get("FAKE_MODE", "train")
     steps = int(env_float("FAKE_STEPS", 30))
     delay = env_float("FAKE_DELAY", 0.02)
-    eval_every = int(env_float("FAKE_EVAL_EVERY", 5))
-    heartbeat_every = int(env_float("FAKE_HEARTBEAT_EVERY", 7))
     pause_at, pause_until = int(env_float("FAKE_PAUSE_AT", 0)), os.environ.get("FAKE_PAUSE_UNTIL", "")
-    rng = random.Random(f"{os.environ.get('FAKE_SEED', '0')}:{run_dir.name}")
+    print("fake worker started; HF_TOKEN set:", bool(os.environ.get("HF_TOKEN")), flush=True)
+    if mode == "exit3":
+        print("fake worker: cannot go on, exiting with code 3", flush=True)
+        return 3
+    if mode == "raise":
+        raise RuntimeError("fake worker exploded")
     terminated = []
-    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))  # like the real worker: SIGTERM = cancel
+    if mode == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))  # like the real worker: SIGTERM = cancel
+
+    scripted = os.environ.get("FAKE_LOSSES", "random") == "scripted"
+    if scripted:
+        nan_step = int(env_float("FAKE_NAN_STEP", 3))
+        evals = {int(s): float(v) for s, v in (p.split(":") for p in steps_of("FAKE_EVALS", "4:0.75"))}
+        checkpoints = {int(s) for s in steps_of("FAKE_CHECKPOINTS", "4")}
+        heartbeat_every = 0
+
+        def loss(step: int) -> float:
+            return math.nan if step == nan_step else 2.0 / step
+    else:
+        rng = random.Random(f"{os.environ.get('FAKE_SEED', '0')}:{run_dir.name}")
+        every = int(env_float("FAKE_EVAL_EVERY", 5))
+        evals, checkpoints = {}, set()  # evals are drawn as the steps go
+        heartbeat_every = int(env_float("FAKE_HEARTBEAT_EVERY", 7))
+
+        def loss(step: int) -> float:
+            return rng.uniform(0.1, 4.0)
 
     time.sleep(env_float("FAKE_START_DELAY", 0))
     out = ev.EventWriter(run_dir / "events.jsonl")
-    out.emit(ev.StatusEvent(status="starting", phase="loading model", engine="fake"))
+    if not scripted:  # scripted runs keep the shortest timeline: tests assert it exactly
+        out.emit(ev.StatusEvent(status="starting", phase="loading model", engine="fake"))
     out.emit(ev.StatusEvent(status="running", phase="training", engine="fake"))
     done, status, last_loss = 0, "completed", None
     for step in range(1, steps + 1):
-        action = control.Action.CANCEL if terminated else control.read(run_dir)
+        action = None if mode == "ignore" else (control.Action.CANCEL if terminated else control.read(run_dir))
         if action is not None:
             status = "stopped" if action is control.Action.STOP else "cancelled"
             if action is control.Action.STOP:
+                out.emit(ev.StatusEvent(status="stopping", phase="saving", engine="fake"))
                 out.emit(ev.CheckpointEvent(step=done, path=str(run_dir / "checkpoints" / f"checkpoint-{done}")))
             break
-        last_loss = rng.uniform(0.1, 4.0)
-        out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=last_loss,
-                                  learning_rate=rng.uniform(1e-5, 1e-3), grad_norm=rng.uniform(0.1, 2.0),
-                                  tokens_seen=64 * step, elapsed_s=step * delay))
-        if eval_every and step % eval_every == 0:
-            out.emit(ev.EvalEvent(step=step, eval_loss=rng.uniform(0.1, 4.0)))
+        last_loss = loss(step)
+        if scripted:
+            out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=last_loss,
+                                      learning_rate=1e-4, tokens_seen=100 * step))
+        else:
+            out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=last_loss,
+                                      learning_rate=rng.uniform(1e-5, 1e-3), grad_norm=rng.uniform(0.1, 2.0),
+                                      tokens_seen=64 * step, elapsed_s=step * delay))
+            if every and step % every == 0:
+                evals[step] = rng.uniform(0.1, 4.0)
+        if step in evals:
+            out.emit(ev.EvalEvent(step=step, eval_loss=evals[step]))
+        if step in checkpoints:
+            out.emit(ev.CheckpointEvent(step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}")))
         if heartbeat_every and step % heartbeat_every == 0:
             out.emit(ev.HeartbeatEvent(pid=os.getpid()))
         done = step
-        time.sleep(delay)
+        if delay:
+            time.sleep(delay)  # sleep(0) still yields the CPU: on a busy machine that alone cost ~150 us a step
         if step == pause_at:  # a test holds the run here until it has done what must happen mid-run
             while not Path(pause_until).exists():
                 time.sleep(0.01)
-    out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done, final_loss=last_loss))
+    if mode == "ignore":
+        time.sleep(60)  # hang (safety net: a broken watchdog fails the test by timeout, not forever)
+        return 0
+    final = loss(done) if scripted and done else last_loss
+    out.emit(ev.CompleteEvent(status=status, output_dir=str(run_dir / "adapter"), steps=done, final_loss=final))
     out.close()
+    print("fake worker:", status, "at step", done, flush=True)
     time.sleep(env_float("FAKE_LINGER", 0))  # the real worker takes a while to tear down after its last event
     return 0
 

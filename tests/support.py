@@ -3,12 +3,22 @@ the test process plays the dashboard server, which must never import the ML stac
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+from db.entities import RunRecord
+from trainer_core.config import BUNDLED_MODEL, TrainConfig
+from trainer_core.jobs.launcher import WorkerLauncher
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
+
 ROOT = Path(__file__).resolve().parents[1]
+FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 # Shared by every test that trains or previews for real: the bundled GGUF is converted, and the tiny
 # model built, once per checkout.
 MODELS_CACHE = ROOT / ".test-cache" / "models"
@@ -18,7 +28,9 @@ BUILD_TINY = textwrap.dedent("""
     import sys
     from pathlib import Path
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from trainer_core import hardware, model_files, paths
+    from trainer_core import hardware
+    from trainer_core.worker import model_files
+    from trainer_core.protocol import paths
     import torch
 
     target = Path(sys.argv[1])
@@ -48,3 +60,91 @@ def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACH
     result = run_python(BUILD_TINY, str(target), env={"FINETUNE_STUDIO_MODELS": str(models_cache)})
     assert result.returncode == 0, result.stderr[-3000:]
     return target
+
+
+class FakeLauncher(WorkerLauncher):
+    """The real launcher (environment, own session, the run folder as cwd, worker.log) starting a fake worker
+    in place of ``-m trainer_core.worker`` (or torchrun's ``-m trainer_core.worker.launch``), so a test drives
+    the real orchestrator without the ML stack: ``Orchestrator(store, launcher=FakeLauncher())``.
+
+    ``worker`` is a script (default tests/fake_worker.py) or Python source; it gets the run folder as its
+    argument and the worker's environment. ``commands`` holds the real commands the orchestrator asked for,
+    ``spawned`` the processes started."""
+
+    def __init__(self, worker: Path | str = FAKE_WORKER):
+        self.worker = worker
+        self.commands: list[list[str]] = []
+        self.spawned: list[subprocess.Popen] = []
+
+    def command(self, run_dir: Path, processes: int) -> list[str]:
+        real = super().command(run_dir, processes)
+        assert real[1:2] == ["-m"] and real[2] in ("trainer_core.worker", "trainer_core.worker.launch"), \
+            f"unexpected worker command {real}"
+        self.commands.append(real)
+        program = [str(self.worker)] if isinstance(self.worker, Path) else ["-c", self.worker]
+        return [real[0], *program, *real[3:]]
+
+    def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
+        proc = super().spawn(run_dir, cfg)
+        self.spawned.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        """Workers live in their own session on purpose: end (and reap) what a failed test left running."""
+        for proc in self.spawned:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+
+
+FAKE_OPTIONS = ("nan_step", "evals", "checkpoints", "linger")
+
+
+def fake(monkeypatch, mode: str = "train", steps: int = 5, delay: float = 0.0, **options: str) -> TrainConfig:
+    """Choose the fake's behaviour for the next start() (options left out take the script's defaults);
+    returns a matching valid config."""
+    assert set(options) <= set(FAKE_OPTIONS), options
+    monkeypatch.setenv("FAKE_LOSSES", "scripted")
+    monkeypatch.setenv("FAKE_MODE", mode)
+    monkeypatch.setenv("FAKE_STEPS", str(steps))
+    monkeypatch.setenv("FAKE_DELAY", str(delay))
+    for name in FAKE_OPTIONS:
+        if name in options:
+            monkeypatch.setenv(f"FAKE_{name.upper()}", options[name])
+        else:
+            monkeypatch.delenv(f"FAKE_{name.upper()}", raising=False)
+    return TrainConfig(model_name=BUNDLED_MODEL, run_name=f"fake {mode}", max_steps=steps)
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    """The one wait helper: poll ``predicate`` until it holds (wait for a condition, never for a state that a
+    busy machine can skip past, and never sleep for a fixed time instead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for_step(orch: Orchestrator, run_id: str, step: int) -> None:
+    def reached() -> bool:
+        snap = orch.snapshot(run_id)
+        assert not snap.status.is_terminal(), f"run ended early: {snap.status} {snap.error}\n{orch.log_tail(run_id)}"
+        return snap.step >= step
+    wait_until(reached, what=f"step {step} of {run_id}")
+
+
+def orphan_run(store, status: str = RunStatus.RUNNING.value, pid: int | None = None,
+            pid_started_at: float | None = None, make_dir: bool = True) -> str:
+    """A run the database says is active, with no orchestrator following it (a server that went away)."""
+    run_id = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    if make_dir:
+        paths.run_dir(run_id).mkdir(parents=True)
+    store.create_run(RunRecord(id=run_id, name="orphan", status=status, created_at=time.time(), started_at=time.time(),
+                         output_dir=str(paths.run_dir(run_id)), pid=pid, pid_started_at=pid_started_at,
+                         total_steps=10))
+    return run_id

@@ -10,18 +10,19 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from db import users
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from gateway import settings, signin
 from gateway.__main__ import main as share_main
-from tests.test_orchestrator import fake, fake_worker, make_orch, orch  # noqa: F401 (fixtures)
+from tests.support import fake
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import access, paths
+from trainer_core import access
+from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
 from trainer_core.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
 from trainer_core.config import TrainConfig, builtin_loader_names
-from trainer_core.orchestrator import RunRefused
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import RunRefused
+from trainer_core.protocol.status import RunStatus
 from ui import auth
 from ui.state import get_orchestrator
 
@@ -242,11 +243,11 @@ def _app(page: str | None = None, **query):
 
 def _seed_runs(store) -> None:
     now = time.time()
-    store.create_run(Run(id="20250101-000000-bobbob", name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
+    store.create_run(RunRecord(id="20250101-000000-bobbob", name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
                          created_at=now, pid=os.getpid(), pid_started_at=psutil.Process().create_time(), devices="cpu"))
-    store.create_run(Run(id="20250101-000000-oldold", name="bob's old run", owner="bob",
+    store.create_run(RunRecord(id="20250101-000000-oldold", name="bob's old run", owner="bob",
                          status=RunStatus.STOPPED.value, created_at=now - 60, finished_at=now - 30))
-    store.create_run(Run(id="20250101-000000-annann", name="ann's run", owner="ann",
+    store.create_run(RunRecord(id="20250101-000000-annann", name="ann's run", owner="ann",
                          status=RunStatus.STOPPED.value, created_at=now - 90, finished_at=now - 80))
     for run_id in ("20250101-000000-bobbob", "20250101-000000-oldold", "20250101-000000-annann"):
         paths.run_dir(run_id).mkdir(parents=True, exist_ok=True)

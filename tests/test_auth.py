@@ -12,12 +12,12 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
-from tests.test_orchestrator import wait_until
+from tests.support import wait_until
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 from trainer_core import access
 from ui import auth
 from ui.state import get_orchestrator
@@ -62,7 +62,7 @@ def test_the_orchestrator_starts_with_the_first_request_even_before_anyone_signs
     run_id = "20260101-000000-0a0a0a"
     paths.run_dir(run_id).mkdir(parents=True)
     store = Store()
-    store.create_run(Run(id=run_id, name="left behind", status=RunStatus.RUNNING.value, pid=gone.pid,
+    store.create_run(RunRecord(id=run_id, name="left behind", status=RunStatus.RUNNING.value, pid=gone.pid,
                          pid_started_at=started, created_at=time.time()))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert [t.label for t in at.text_input] == ["Password"]  # still at the gate

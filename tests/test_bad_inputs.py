@@ -19,11 +19,12 @@ import yaml
 from db.store import Store
 from tests.support import ROOT, build_tiny_model
 from tests.test_pages import open_page, submit, texts
-from trainer_core import hardware, paths
+from trainer_core import hardware
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig
 from trainer_core.data import DatasetError, loading, sources
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol import paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 
@@ -549,10 +550,10 @@ def test_cli_refuses_settings_far_beyond_the_device_memory_unless_overridden(hom
     ("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x8)", False),
 ])
 def test_a_cpu_allocation_failure_gets_the_out_of_memory_hint(message, oom):
-    from trainer_core import worker  # stdlib and our own modules only: the ML stack loads inside Worker.run
+    from trainer_core.worker import train  # stdlib and our own modules only: the ML stack loads inside Worker.run
 
-    assert worker._is_oom(RuntimeError(message)) is oom
-    assert worker._is_oom(MemoryError()) is True
+    assert train._is_oom(RuntimeError(message)) is oom
+    assert train._is_oom(MemoryError()) is True
 
 
 @pytest.mark.parametrize("text, expected", [

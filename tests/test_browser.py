@@ -23,7 +23,7 @@ from tests.browser_support import (
 )
 from tests.support import MODELS_CACHE, ROOT
 from trainer_core.charts import RAW_LOSS
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[dev]'")

@@ -1,4 +1,4 @@
-"""Checkpoint discovery and safe cleanup, and the path rules they rely on (trainer_core.paths)."""
+"""Checkpoint discovery and safe cleanup, and the path rules they rely on (trainer_core.protocol.paths)."""
 from __future__ import annotations
 
 import os
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.checkpoints import completed_checkpoints, latest_checkpoint, remove_partial_checkpoints
-from trainer_core.paths import UnsafePathError
+from trainer_core.protocol.paths import UnsafePathError
 
 
 def make_checkpoint(folder: Path, name: str, complete: bool = True) -> Path:

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from tests.test_pages import insert_finished_run
 from trainer_core.__main__ import main
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 
 @pytest.fixture
@@ -29,9 +29,9 @@ def runs(home):
 
 def test_runs_show_prints_no_stale_phase_of_a_finished_run(runs, capsys):
     # rows finished before finish_run cleared the phase still say "saving"
-    runs.create_run(Run(id="20260101-000000-cccccc", name="old row", status=RunStatus.COMPLETED.value,
+    runs.create_run(RunRecord(id="20260101-000000-cccccc", name="old row", status=RunStatus.COMPLETED.value,
                         phase="saving"))
-    runs.create_run(Run(id="20260101-000000-dddddd", name="training", status=RunStatus.RUNNING.value,
+    runs.create_run(RunRecord(id="20260101-000000-dddddd", name="training", status=RunStatus.RUNNING.value,
                         phase="saving"))
     assert main(["runs", "show", "20260101-000000-cccccc"]) == 0
     assert "status          Completed\n" in capsys.readouterr().out

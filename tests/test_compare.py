@@ -9,9 +9,9 @@ import pandas as pd
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui.compare import config_diff, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +44,8 @@ def test_config_diff_marks_missing_fields_and_is_empty_for_equal_configs():
 
 
 # ---------------------------------------------------------------------- summary_table
-def make_run(run_id: str, name: str, status: RunStatus = RunStatus.COMPLETED, **values) -> Run:
-    return Run(id=run_id, name=name, status=status.value, created_at=1000.0, started_at=1000.0, **values)
+def make_run(run_id: str, name: str, status: RunStatus = RunStatus.COMPLETED, **values) -> RunRecord:
+    return RunRecord(id=run_id, name=name, status=status.value, created_at=1000.0, started_at=1000.0, **values)
 
 
 def test_summary_table_reads_losses_from_the_metrics():
@@ -78,7 +78,7 @@ def test_summary_table_falls_back_to_the_run_row_and_counts_running_time():
 def insert_run(store: Store, run_id: str, name: str, losses: list[float], evals: dict[int, float],
                config: dict, tokens_per_step: int = 100) -> None:
     now = time.time()
-    store.create_run(Run(id=run_id, name=name, status=RunStatus.RUNNING.value, model="tiny-model",
+    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.RUNNING.value, model="tiny-model",
                          dataset="demo.jsonl", method="LoRA", created_at=now - 60, started_at=now - 50,
                          total_steps=len(losses), config_json=json.dumps(config)))
     rows = [{"step": i + 1, "loss": loss, "tokens_seen": tokens_per_step * (i + 1)} for i, loss in enumerate(losses)]

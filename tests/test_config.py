@@ -241,7 +241,7 @@ def test_optional_loggers_must_be_installed(home, monkeypatch):
 
 
 def test_resume_from_checkpoint(home, tmp_path):
-    from trainer_core import paths
+    from trainer_core.protocol import paths
 
     outside = tmp_path / "elsewhere" / "checkpoint-5"
     found = errors(resume_from_checkpoint=str(outside))

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import run_python
 from trainer_core.config import TrainConfig
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.slow
 

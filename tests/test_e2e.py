@@ -12,8 +12,8 @@ import pytest
 
 from tests.support import MODELS_CACHE, ROOT, run_python
 from trainer_core.config import TrainConfig
-from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,8 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support import run_python
-from trainer_core import engines, hardware, orchestrator, parallel, paths, scheduling, worker
+from tests.support import FakeLauncher, run_python
+from trainer_core import hardware, parallel
+from trainer_core.jobs import queue as scheduling
+from trainer_core.worker import engines, ranks, train
+from trainer_core.protocol import paths
 from trainer_core.config import FieldError, TrainConfig
 
 
@@ -115,27 +117,24 @@ def test_fsdp_only_when_a_copy_does_not_fit():
 
 
 # ====================================================================== launch environment (items 6, 7, 14)
+# The stand-in worker reports where it runs and with which environment, then exits.
+REPORT_SPAWN = "import json, os, sys; print(json.dumps({'cwd': os.getcwd(), 'env': dict(os.environ)}))"
+
+
 @pytest.fixture
-def spawn_args(home, store, monkeypatch):
-    """What ``Orchestrator._spawn`` passes to Popen for a config (nothing is started)."""
-    recorded = []
-
-    def popen(args, **kwargs):
-        recorded.append((args, kwargs))
-        return SimpleNamespace(pid=0)
-
-    monkeypatch.setattr(orchestrator, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
-    orch = orchestrator.Orchestrator(store=store, start_pump=False)
+def spawn_args(home):
+    """The command the launcher would run for a config, and the cwd and environment the process got."""
+    launcher = FakeLauncher(REPORT_SPAWN)
 
     def spawn(cfg: TrainConfig) -> tuple[Path, list[str], dict]:
-        run_dir = paths.run_dir(f"spawn-{len(recorded)}")
+        run_dir = paths.run_dir(f"spawn-{len(launcher.commands)}")
         run_dir.mkdir(parents=True)
-        orch._spawn(run_dir, cfg)
-        args, kwargs = recorded[-1]
-        return run_dir, args, kwargs
+        assert launcher.spawn(run_dir, cfg).wait(timeout=60) == 0
+        got = json.loads((run_dir / "worker.log").read_text().strip().splitlines()[-1])
+        return run_dir, launcher.commands[-1], {"cwd": Path(got["cwd"]), "env": got["env"]}
 
     yield spawn
-    orch.close()
+    launcher.kill_all()
 
 
 def test_a_single_gpu_run_starts_the_worker_in_its_folder_in_pci_order(spawn_args, fake_gpu_host):
@@ -153,7 +152,7 @@ def test_a_single_gpu_run_starts_the_worker_in_its_folder_in_pci_order(spawn_arg
 
 def test_a_two_gpu_run_starts_torchrun(spawn_args, fake_gpu_host):
     run_dir, args, kwargs = spawn_args(TrainConfig(gpu_ids=[0, 1]))
-    assert args == [sys.executable, "-m", "trainer_core.launch", str(run_dir)]
+    assert args == [sys.executable, "-m", "trainer_core.worker.launch", str(run_dir)]
     assert kwargs["env"][parallel.NPROC_ENV] == "2" and kwargs["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     _, _, pinned = spawn_args(TrainConfig(num_processes=1))
     assert pinned["env"]["CUDA_VISIBLE_DEVICES"] == "0"  # one process never sees (and wraps) a second GPU
@@ -161,7 +160,7 @@ def test_a_two_gpu_run_starts_torchrun(spawn_args, fake_gpu_host):
 
 def test_two_cpu_processes_use_the_same_launcher(spawn_args):
     run_dir, args, kwargs = spawn_args(TrainConfig(num_processes=2))
-    assert args == [sys.executable, "-m", "trainer_core.launch", str(run_dir)]
+    assert args == [sys.executable, "-m", "trainer_core.worker.launch", str(run_dir)]
     assert "CUDA_VISIBLE_DEVICES" not in kwargs["env"] or kwargs["env"]["CUDA_VISIBLE_DEVICES"] == \
         os.environ.get("CUDA_VISIBLE_DEVICES")
 
@@ -172,7 +171,7 @@ def failures(**exits: int) -> dict:
 
 
 def write_error(run_dir: Path, rank: int, message: str, ts: float) -> None:
-    path = parallel.rank_error_path(run_dir, rank)
+    path = ranks.rank_error_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"message": message, "exc_type": "RuntimeError", "ts": ts}))
 
@@ -180,16 +179,16 @@ def write_error(run_dir: Path, rank: int, message: str, ts: float) -> None:
 def test_the_rank_killed_by_a_signal_is_blamed_not_the_ranks_stopped_after_it(tmp_path):
     # rank 1 was killed; rank 0 then failed in its collective, rank 2 was stopped by torchrun
     write_error(tmp_path, 0, "RuntimeError: Connection closed by peer", ts=10.0)
-    got = parallel.root_cause(failures(r0=1, r1=-signal.SIGKILL, r2=-signal.SIGTERM), tmp_path)
+    got = ranks.root_cause(failures(r0=1, r1=-signal.SIGKILL, r2=-signal.SIGTERM), tmp_path)
     assert got == (1, "was killed by SIGKILL (often the out-of-memory killer)", "RankKilled")
 
 
 def test_the_earliest_reported_error_is_blamed(tmp_path):
     write_error(tmp_path, 0, "RuntimeError: peer gone", ts=12.0)
     write_error(tmp_path, 1, "OutOfMemoryError: CUDA out of memory", ts=11.0)
-    got = parallel.root_cause(failures(r0=1, r1=1), tmp_path)
+    got = ranks.root_cause(failures(r0=1, r1=1), tmp_path)
     assert got == (1, "failed: OutOfMemoryError: CUDA out of memory", "RuntimeError")
-    assert parallel.root_cause(failures(r0=-signal.SIGTERM, r1=3), tmp_path / "none") == \
+    assert ranks.root_cause(failures(r0=-signal.SIGTERM, r1=3), tmp_path / "none") == \
         (1, "exited with code 3", "RankFailed")
 
 
@@ -198,21 +197,21 @@ def test_rank_log_tail_reads_torchruns_per_rank_files(tmp_path):
     folder.mkdir(parents=True)
     (folder / "stdout.log").write_text("".join(f"line {i}\n" for i in range(100)))
     (folder / "stderr.log").write_text("Traceback\nValueError: boom\n")
-    tail = parallel.rank_log_tail(tmp_path, 1, lines=5)
+    tail = ranks.rank_log_tail(tmp_path, 1, lines=5)
     assert tail.splitlines() == ["line 97", "line 98", "line 99", "Traceback", "ValueError: boom"]
 
 
 # ====================================================================== torch must see the GPUs (item 5)
 def test_a_driver_too_old_for_torch_fails_fast_with_both_versions():
-    with pytest.raises(worker.GpuUnusableError) as info:
-        worker.check_torch_sees_gpus(2, False, "2.14.1+cu130", "13.0", "550.54")
+    with pytest.raises(train.GpuUnusableError) as info:
+        train.check_torch_sees_gpus(2, False, "2.14.1+cu130", "13.0", "550.54")
     assert str(info.value).startswith("This host has 2 NVIDIA GPU(s) (driver 550.54), but torch 2.14.1+cu130 (CUDA "
                                       "13.0) cannot use them. Install a torch build whose CUDA version the driver "
                                       "supports")
-    with pytest.raises(worker.GpuUnusableError, match=r"torch 2.13.0\+cpu \(a CPU-only build\)"):
-        worker.check_torch_sees_gpus(1, False, "2.13.0+cpu", None, "")
-    worker.check_torch_sees_gpus(2, True, "2.14.1+cu128", "12.8", "570.1")  # usable: no error
-    worker.check_torch_sees_gpus(0, False, "2.13.0+cpu", None, "")  # no GPU at all: CPU training
+    with pytest.raises(train.GpuUnusableError, match=r"torch 2.13.0\+cpu \(a CPU-only build\)"):
+        train.check_torch_sees_gpus(1, False, "2.13.0+cpu", None, "")
+    train.check_torch_sees_gpus(2, True, "2.14.1+cu128", "12.8", "570.1")  # usable: no error
+    train.check_torch_sees_gpus(0, False, "2.13.0+cpu", None, "")  # no GPU at all: CPU training
 
 
 # ====================================================================== engines, worker side (items 10-13, 15)
@@ -233,7 +232,7 @@ UNSLOTH_STUB = textwrap.dedent("""
             return model
     sys.modules["unsloth"] = types.SimpleNamespace(FastLanguageModel=FastLanguageModel)
     from trainer_core.config import TrainConfig
-    from trainer_core.engines import unsloth_engine
+    from trainer_core.worker.engines import unsloth_engine
 
     for values in json.loads(sys.argv[1]):
         unsloth_engine.load_model(TrainConfig(**values), "/models/m", None)
@@ -267,7 +266,7 @@ FAKE_CUDA = textwrap.dedent("""
     class Recorder:
         def __init__(self, **kwargs):
             seen["bnb"] = {k: str(v) for k, v in kwargs.items()}
-    from trainer_core.engines import transformers_engine as te
+    from trainer_core.worker.engines import transformers_engine as te
     # the real one needs bitsandbytes; `from transformers import` reads sys.modules' entry, which
     # transformers swaps for another lazy module object while importing
     sys.modules["transformers"].BitsAndBytesConfig = Recorder
@@ -301,7 +300,7 @@ OPTIMIZER = textwrap.dedent("""
     import json, sys
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
-    from trainer_core.engines import transformers_engine as te
+    from trainer_core.worker.engines import transformers_engine as te
 
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
     out = {}
@@ -328,13 +327,13 @@ def test_the_embedding_learning_rate_optimizer_is_the_one_optim_names(tiny_model
 
 ETA = textwrap.dedent("""
     import json, types
-    from trainer_core import worker
+    from trainer_core.worker import train
     clock = [0.0]
-    worker.time = types.SimpleNamespace(time=lambda: clock[0])
+    train.time = types.SimpleNamespace(time=lambda: clock[0])
     emitted = []
     fake = types.SimpleNamespace(events=types.SimpleNamespace(emit=emitted.append), requested=lambda: None,
                                  distributed=False)
-    callback = worker.make_callback(fake)
+    callback = train.make_callback(fake)
     callback.memory_mb = lambda: 0.0
     state = types.SimpleNamespace(global_step=0, max_steps=10, num_input_tokens_seen=0, epoch=0.0)
     callback.on_train_begin(None, state, None)
@@ -357,9 +356,9 @@ WATCH = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     os.environ.update(RANK="1", WORLD_SIZE="2")
-    from trainer_core import worker
-    w = worker.Worker(Path(sys.argv[1]))
-    worker.HEARTBEAT_S = 0.01
+    from trainer_core.worker import train
+    w = train.Worker(Path(sys.argv[1]))
+    train.HEARTBEAT_S = 0.01
     w._watch_launcher(os.getppid() + 1)  # as if re-parented: the launcher that started this rank is gone
     print("still here")
 """)

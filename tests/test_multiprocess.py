@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from db.store import Store
 from trainer_core import memory, model_info, presets, preview
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
-from trainer_core.orchestrator import RunRefused
+from trainer_core.jobs.orchestrator import RunRefused
 from ui.state import get_orchestrator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,11 @@ import pytest
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
-from trainer_core.live import METRIC_COLUMNS, LiveSnapshot
-from trainer_core.status import RunStatus
+from trainer_core.jobs.live import LiveSnapshot
+from trainer_core.protocol.metrics import METRIC_COLUMNS
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.state import get_orchestrator
 
@@ -47,7 +48,7 @@ def insert_finished_run(store: Store, run_id: str, name: str, losses: list[float
                         status: RunStatus = RunStatus.COMPLETED, eval_losses: dict[int, float] | None = None,
                         **values) -> None:
     now = time.time()
-    store.create_run(Run(id=run_id, name=name, status=RunStatus.RUNNING.value, model="tiny-model",
+    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.RUNNING.value, model="tiny-model",
                          dataset="demo.jsonl", method="LoRA", created_at=now - 60, started_at=now - 50,
                          total_steps=len(losses), config_json='{"learning_rate": 0.0002}'))
     rows = [{"step": i + 1, "loss": loss, "learning_rate": 2e-4 * (1 - i / len(losses)), "grad_norm": 1.0 + i}

@@ -1,4 +1,4 @@
-"""trainer_core.preview and trainer_core.token_cache: the data exactly as the trainer sees it, and the
+"""trainer_core.preview and trainer_core.worker.token_cache: the data exactly as the trainer sees it, and the
 tokenized-data cache. Anything that tokenizes runs in a subprocess (this process plays the dashboard)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import MODELS_CACHE, build_tiny_model, run_python
-from trainer_core import preview
+from trainer_core import parallel, preview
 from trainer_core.config import TrainConfig
 from trainer_core.preview import PreviewError, build_preview
 
@@ -107,11 +107,11 @@ def test_preview_with_completions_only_matches_the_tokenizer(studio_env, facts):
 
 ALL_TOKENS = """
 import json, sys
-from trainer_core import preview
 from trainer_core.config import TrainConfig
+from trainer_core.worker import preview_child
 cfg = TrainConfig(local_datasets=[sys.argv[1]], max_seq_length=64, batch_size=1, gradient_accumulation_steps=2,
                   eval_fraction=0.25)
-p = preview.compute(cfg, rows_shown=1)
+p = preview_child.compute(cfg, rows_shown=1)
 print(json.dumps({"lengths": p.lengths, "total": p.total_tokens, "trained": p.trained_tokens, "rows": p.total_rows,
                   "steps": p.steps_per_epoch, "eval": p.eval_rows, "dropped": p.dropped, "truncated": p.truncated,
                   "segments": p.rows[0].segments}))
@@ -167,23 +167,23 @@ def test_token_goes_by_environment_never_stdin(monkeypatch):
 
 def test_steps_per_epoch_follows_the_trainer_under_data_parallelism():
     # 270 rows, batch 4: 68 batches dealt to 3 processes, padded to 23 each; 23 updates per epoch
-    assert preview.steps_per_epoch(270, 4, 1, processes=3) == 23
-    assert preview.steps_per_epoch(270, 4, 4, processes=2) == 9  # 34 batches each, 4 per update
+    assert parallel.steps_per_epoch(270, 4, 1, processes=3) == 23
+    assert parallel.steps_per_epoch(270, 4, 4, processes=2) == 9  # 34 batches each, 4 per update
 
 
 def test_steps_per_epoch_follows_the_trainer():
-    assert preview.steps_per_epoch(270, 4, 1) == 68
-    assert preview.steps_per_epoch(270, 4, 4) == 17  # 68 batches -> 17 updates
-    assert preview.steps_per_epoch(5, 2, 2) == 2  # 3 batches -> 1 full update + 1 partial
-    assert preview.steps_per_epoch(1, 8, 1) == 1
-    assert preview.steps_per_epoch(0, 8, 1) == 0
+    assert parallel.steps_per_epoch(270, 4, 1) == 68
+    assert parallel.steps_per_epoch(270, 4, 4) == 17  # 68 batches -> 17 updates
+    assert parallel.steps_per_epoch(5, 2, 2) == 2  # 3 batches -> 1 full update + 1 partial
+    assert parallel.steps_per_epoch(1, 8, 1) == 1
+    assert parallel.steps_per_epoch(0, 8, 1) == 0
 
 
 # ---------------------------------------------------------------------- token cache
 CACHE = """
 import dataclasses, json, os, sys
 from transformers import AutoTokenizer
-from trainer_core import token_cache
+from trainer_core.worker import token_cache
 from trainer_core.config import TrainConfig
 
 cfg = TrainConfig(train_on_completions=True, max_seq_length=64)
@@ -231,10 +231,10 @@ EQUIVALENT = """
 import json, sys, tempfile
 from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer
-from trainer_core import token_cache
 from trainer_core.data import loading
+from trainer_core.worker import token_cache
 from trainer_core.config import TrainConfig
-from trainer_core.engines import transformers_engine as engine
+from trainer_core.worker.engines import transformers_engine as engine
 
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 results = []

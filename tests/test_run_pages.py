@@ -8,11 +8,11 @@ import time
 import psutil
 import pytest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from tests.test_pages import insert_finished_run, open_page
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 
 
 def buttons(at, label: str):
@@ -22,14 +22,14 @@ def buttons(at, label: str):
 def busy(store: Store) -> str:
     """A run 'training' in this very process (alive pid), so queued runs stay queued."""
     run_id = "20251231-000000-000000"
-    store.create_run(Run(id=run_id, name="busy", status=RunStatus.RUNNING.value, created_at=time.time(),
+    store.create_run(RunRecord(id=run_id, name="busy", status=RunStatus.RUNNING.value, created_at=time.time(),
                          pid=os.getpid(), pid_started_at=psutil.Process().create_time(), devices="cpu"))
     paths.run_dir(run_id).mkdir(parents=True)
     return run_id
 
 
 def queued(store: Store, run_id: str, name: str, position: float) -> None:
-    store.create_run(Run(id=run_id, name=name, status=RunStatus.QUEUED.value, model="m", method="LoRA",
+    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.QUEUED.value, model="m", method="LoRA",
                          created_at=time.time(), queue_position=position, devices="cpu"))
 
 
@@ -84,7 +84,7 @@ def test_delete_asks_first_and_can_remove_the_folder(pages_store, with_files):
 
 def test_delete_is_disabled_for_active_runs_and_refused_by_the_orchestrator(pages_store):
     from ui.state import get_orchestrator
-    from trainer_core.orchestrator import RunRefused
+    from trainer_core.jobs.orchestrator import RunRefused
 
     run_id = busy(pages_store)
     at = open_page("pages/history.py")
@@ -184,7 +184,7 @@ def test_run_page_timeline_can_show_only_alerts(pages_store):
 # ---------------------------------------------------------------------- Live
 def test_live_view_of_a_finished_run_lists_its_alerts(pages_store):
     run_id = "20260101-000000-mmmmmm"
-    pages_store.create_run(Run(id=run_id, name="nan run", status=RunStatus.RUNNING.value, created_at=time.time(),
+    pages_store.create_run(RunRecord(id=run_id, name="nan run", status=RunStatus.RUNNING.value, created_at=time.time(),
                           started_at=time.time()))
     pages_store.append_metrics(run_id, [{"step": 1, "loss": 2.0, "nonfinite": ""},  # as the pump stores a NaN loss:
                                    {"step": 2, "loss": None, "nonfinite": "loss"},  # NULL, with its name kept
@@ -194,4 +194,27 @@ def test_live_view_of_a_finished_run_lists_its_alerts(pages_store):
     assert not at.exception
     text = " ".join(m.value for m in at.markdown)
     assert "1 alert" in text and "Train loss is NaN or inf at step 2." in text
+    assert len(at.get("vega_lite_chart")) >= 1
+
+
+def test_run_page_reads_only_the_columns_it_draws(pages_store, monkeypatch):
+    run_id = "20260101-000000-cccccc"
+    pages_store.create_run(Run(id=run_id, name="narrow", status=RunStatus.RUNNING.value, created_at=time.time(),
+                               started_at=time.time()))
+    pages_store.append_metrics(run_id, [{"step": 1, "loss": 2.0, "memory_mb": 900.0, "wall_time": 1.0},
+                                        {"step": 2, "loss": None, "nonfinite": "loss", "memory_mb": 910.0}])
+    pages_store.finish_run(run_id, RunStatus.COMPLETED)
+    asked = []
+    read = Store.metrics_frame
+
+    def spy(self, wanted, from_step=None, columns=None):
+        if wanted == run_id:
+            asked.append(None if columns is None else set(columns))
+        return read(self, wanted, from_step, columns)
+
+    monkeypatch.setattr(Store, "metrics_frame", spy)
+    at = open_page("pages/run.py", detail_run_id=run_id)
+    # the charts' metrics, the x axis (step) and nonfinite: not memory_mb, wall_time, epoch, ...
+    assert asked == [{"step", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_s", "nonfinite"}]
+    assert any("Non-finite values (loss) first at step 2" in w.value for w in at.warning)
     assert len(at.get("vega_lite_chart")) >= 1

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainer_core.run_rules import can_resume, run_labels, run_name
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 
 

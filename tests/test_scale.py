@@ -8,22 +8,22 @@ import random
 import time
 
 import psutil
-import pytest
 from sqlalchemy import case, func, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, delete
 
-from db.models import Metric, Run
-from db.store import METRIC_FIELDS, Store
-from tests.test_faults import spawned  # noqa: F401 - a fixture
+from db.entities import RunRecord
+from db.models import Metric
+from db.store import Store
 from tests.test_pages import insert_finished_run, open_page
-from trainer_core import events as ev
-from trainer_core import orchestrator, paths
-from trainer_core.alerts import rows_from_frame
+from trainer_core.protocol import events as ev
+from trainer_core.jobs import adoption
+from trainer_core.protocol import paths
+from trainer_core.jobs.alerts import rows_from_frame
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.live import merge_metric, merge_rows, thin
-from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.metrics import METRIC_FIELDS, merge_metric, merge_rows, thin
+from trainer_core.protocol.status import RunStatus
 
 
 def add_runs(store: Store, count: int, start: float = 1.7e9) -> list[str]:
@@ -31,7 +31,7 @@ def add_runs(store: Store, count: int, start: float = 1.7e9) -> list[str]:
     ids = []
     for i in range(count):
         run_id = f"run-{i:04d}"
-        store.create_run(Run(id=run_id, name=f"run number {i}", status=RunStatus.COMPLETED.value, model="tiny",
+        store.create_run(RunRecord(id=run_id, name=f"run number {i}", status=RunStatus.COMPLETED.value, model="tiny",
                              dataset="demo.jsonl", method="LoRA", created_at=start + i, finished_at=start + i + 1))
         ids.append(run_id)
     return ids
@@ -51,8 +51,7 @@ def test_list_runs_pages_searches_and_leaves_heavy_columns_out(store):
     assert store.count_runs("number_") == 0  # LIKE wildcards in a search are plain characters
     assert [r.id for r in store.get_runs(["run-0003", "missing", "run-0001"])] == ["run-0003", "run-0001"]
     listed = store.list_runs(limit=1)[0]
-    with pytest.raises(Exception, match="config_json"):
-        listed.config_json  # noqa: B018 - not loaded for lists: get_run reads it
+    assert (listed.config_json, listed.log_tail) == (None, None)  # not read for lists: get_run reads them
     assert store.get_run(listed.id).config_json == "{}"
     assert [r.id for r in store.find_runs("run-000")] == [f"run-000{i}" for i in range(9, -1, -1)]
 
@@ -95,7 +94,7 @@ def test_a_link_to_a_deleted_run_says_so(app_home):
 def test_sparklines_are_backfilled_once_and_then_read_from_the_run(store):
     insert = [("a", [float(i) for i in range(200)]), ("b", [5.0, None, 4.0]), ("c", [])]
     for run_id, losses in insert:
-        store.create_run(Run(id=run_id, status=RunStatus.RUNNING.value, created_at=time.time()))
+        store.create_run(RunRecord(id=run_id, status=RunStatus.RUNNING.value, created_at=time.time()))
         store.append_metrics(run_id, [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)])
     runs = store.list_runs()
     assert all(r.sparkline is None for r in runs)  # recorded without one (as before the column existed)
@@ -112,7 +111,7 @@ def test_sparklines_are_backfilled_once_and_then_read_from_the_run(store):
 def test_an_old_database_gets_the_column_and_the_indexes(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = Store(url)
-    store.create_run(Run(id="old", created_at=1.0))
+    store.create_run(RunRecord(id="old", created_at=1.0))
     with store.engine.begin() as conn:
         conn.execute(text("DROP INDEX ix_run_created_at"))
         conn.execute(text("DROP INDEX ix_run_parent_run_id"))
@@ -125,10 +124,10 @@ def test_an_old_database_gets_the_column_and_the_indexes(tmp_path):
     assert upgraded.sparklines(upgraded.list_runs()) == {"old": []}
 
 
-def test_the_pump_keeps_the_sparkline_of_a_running_run_current(home, store, spawned, monkeypatch):  # noqa: F811
+def test_the_pump_keeps_the_sparkline_of_a_running_run_current(home, store, fake_launcher, monkeypatch):
     monkeypatch.setenv("FAKE_STEPS", "300")
     monkeypatch.setenv("FAKE_DELAY", "0")
-    orch = Orchestrator(store=store)
+    orch = Orchestrator(store=store, launcher=fake_launcher)
     try:
         run_id = orch.start(TrainConfig(model_name=BUNDLED_MODEL, run_name="sparkline", max_steps=300))
         orch.wait(run_id, timeout=60, interval=0.05)
@@ -163,8 +162,8 @@ def test_batched_upsert_stores_exactly_the_merge_of_every_row(store):
     """Random batches with repeated steps, eval rows for steps already stored, missing and non-finite fields:
     the table ends up as the row-by-row merge of everything written (what the multi-VALUES upsert stored)."""
     rng = random.Random(14)
-    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
-    store.create_run(Run(id="before", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="before", status=RunStatus.RUNNING.value))
     expected: dict[int, dict] = {}
     for batch in range(30):
         rows = []
@@ -203,7 +202,7 @@ def test_batched_upsert_stores_exactly_the_merge_of_every_row(store):
 
 
 def test_finished_frames_are_cached_and_running_ones_are_not(store):
-    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="r", status=RunStatus.RUNNING.value))
     store.append_metrics("r", [{"step": 1, "loss": 1.0}])
     assert store.metrics_frame("r")["loss"].tolist() == [1.0]
     store.append_metrics("r", [{"step": 2, "loss": 0.5}])
@@ -215,15 +214,67 @@ def test_finished_frames_are_cached_and_running_ones_are_not(store):
     assert store._finished_frame.cache_info().hits == 1
 
 
+def test_column_wise_frame_equals_the_row_wise_one(store):
+    """The Arrow read: the same values and order as the row-wise read, also for a column that is NULL for
+    more rows than one of ADBC's default batches before it has values (SQLite infers column types)."""
+    assert store._arrow_connect is not None, "the column-wise reader is not in use on this backend"
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    rng = random.Random(3)
+    rows = [{"step": step, "loss": rng.uniform(0, 3), "tokens_seen": 64 * step, "wall_time": 1.7e9 + step,
+             "grad_norm": rng.uniform(0, 2) if step > 2500 else None,
+             "nonfinite": "eval_loss" if step % 997 == 0 else ""} for step in range(3000, 0, -1)]
+    store.append_metrics("r", rows)
+    column_wise = store._read_arrow("r")
+    assert column_wise is not None and list(column_wise.columns) == ["step", *METRIC_FIELDS]
+    row_wise = store._read_frame("r", from_step=0)  # from_step: always the row-wise read
+    assert rows_from_frame(column_wise) == rows_from_frame(row_wise)
+    assert column_wise["step"].tolist() == list(range(1, 3001))
+    assert column_wise["grad_norm"].iloc[2500] == rows[499]["grad_norm"] and column_wise["grad_norm"].iloc[:2500].isna().all()
+    assert column_wise.loc[column_wise["step"] == 997, "nonfinite"].tolist() == ["eval_loss"]
+
+
+def test_metrics_frame_reads_only_the_columns_asked_for(store, monkeypatch):
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.append_metrics("r", [{"step": 2, "loss": 0.5, "tokens_seen": 128, "grad_norm": 1.0},
+                               {"step": 1, "loss": 1.0, "eval_loss": 1.2, "tokens_seen": 64}])
+    store.finish_run("r", RunStatus.COMPLETED)
+    full = store.metrics_frame("r")
+    few = store.metrics_frame("r", columns=["tokens_seen", "loss", "step"])
+    assert list(few.columns) == ["step", "loss", "tokens_seen"]  # table order, step first
+    assert rows_from_frame(few) == rows_from_frame(full[["step", "loss", "tokens_seen"]])
+    assert list(store.metrics_frame("r").columns) == ["step", *METRIC_FIELDS]  # its own cache entry
+    monkeypatch.setattr(store, "_arrow_connect", None)  # the row-wise read gives the same columns
+    store._finished_frame.cache_clear()
+    assert rows_from_frame(store.metrics_frame("r", columns=["tokens_seen", "loss"])) == rows_from_frame(few)
+    with pytest.raises(ValueError, match="'los' is not a metric field; choose from epoch, loss"):
+        store.metrics_frame("r", columns=["los"])
+
+
+def test_frame_read_row_by_row_when_the_column_wise_driver_refuses(store, monkeypatch):
+    import adbc_driver_manager
+
+    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.append_metrics("r", [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "nonfinite": "eval_loss"}])
+
+    def refuse():
+        raise adbc_driver_manager.OperationalError("server closed the connection unexpectedly",
+                                                   status_code=adbc_driver_manager.AdbcStatusCode.IO)
+
+    monkeypatch.setattr(store, "_arrow_connect", refuse)
+    frame = store.metrics_frame("r")
+    assert frame["loss"].tolist() == [1.0, 0.5] and frame["nonfinite"].tolist() == ["", "eval_loss"]
+    assert store.metrics_frame("missing").empty  # no rows: the row-wise read's empty frame
+
+
 # ====================================================================== a run pumped by another process
 def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, store, monkeypatch):
     """The view reads only rows from the last step it saw; alerts are not replayed; the result equals
     a rebuild from all stored rows (values, merged eval rows, alerts, progress)."""
-    store.create_run(Run(id="remote", name="cli run", status=RunStatus.RUNNING.value, created_at=time.time(),
+    store.create_run(RunRecord(id="remote", name="cli run", status=RunStatus.RUNNING.value, created_at=time.time(),
                          total_steps=400, pid=os.getpid(), pid_started_at=psutil.Process().create_time()))
     run_dir = paths.run_dir("remote")
     run_dir.mkdir(parents=True)
-    pumping_elsewhere = orchestrator._try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
+    pumping_elsewhere = adoption.try_lock(run_dir)  # what the CLI's orchestrator holds while it pumps
     viewer = Orchestrator(store=store, start_pump=False)  # a dashboard that does not pump this run
     reads: list[int | None] = []
     real = store.metric_rows
@@ -255,7 +306,7 @@ def test_incremental_view_of_a_run_pumped_elsewhere_equals_a_full_rebuild(home, 
                                              else 2.0 + batch * 0.1}])
         incremental = viewer.snapshot("remote")
         incremental_reads = list(reads)  # the rebuild below reads everything
-        rebuilt = orchestrator._rebuild(store.get_run("remote"), store)[0].snapshot()
+        rebuilt = adoption.rebuild_view(store.get_run("remote"), store)[0].snapshot()
     finally:
         viewer.close()
         pumping_elsewhere.close()

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
@@ -19,10 +20,11 @@ import yaml
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT
-from trainer_core import hardware, paths
+from trainer_core import hardware
+from trainer_core.protocol import paths
 from trainer_core.config import SECRET_FIELDS, TrainConfig
-from trainer_core.orchestrator import Orchestrator
-from trainer_core.status import RunStatus
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.status import RunStatus
 
 HF_SECRET = "hf_SeCrEt_9f8e7d6c5b4a3210"
 WB_SECRET = "wandbkey_0123456789abcdef0123456789abcdef"
@@ -157,7 +159,7 @@ def test_form_path_keeps_secrets_out_of_argv_database_files_and_logs(studio_env,
 
         run = orch.get_run(run_id)
         exported = {"run_config": json.dumps(orch.run_config(run_id)), "config_json": run.config_json,
-                    "row": run.model_dump_json(), "events": json.dumps([e.model_dump() for e in orch.events(run_id)]),
+                    "row": json.dumps(asdict(run)), "events": json.dumps([asdict(e) for e in orch.events(run_id)]),
                     "metrics": orch.metrics(run_id).to_json(), "log_tail": orch.log_tail(run_id, 10_000),
                     "snapshot": repr(orch.snapshot(run_id)),
                     "yaml": TrainConfig.from_dict(orch.run_config(run_id)).to_yaml()}
@@ -205,7 +207,7 @@ def test_error_message_redacts_a_secret_the_worker_saw(failed_run):
     assert snap.status is RunStatus.FAILED
     assert "arch-***" in run.error  # the message still says what went wrong, with the secret masked
     assert leaks_in(run.error) == [] and leaks_in(snap.error or "") == []
-    assert leaks_in(json.dumps(run.model_dump(exclude={"log_tail"}))) == []  # the row, apart from the log tail
+    assert leaks_in(json.dumps({k: v for k, v in asdict(run).items() if k != "log_tail"})) == []  # the row, apart from the log tail
 
 
 @pytest.mark.slow
@@ -246,7 +248,7 @@ def test_cli_path_takes_secrets_from_the_environment_only(studio_env, tmp_path, 
     assert leaks_in(out + err) == []
     runs = Store().list_runs()
     assert [r.name for r in runs] == ["cli secrets"]
-    assert leaks_in(Store().get_run(runs[0].id).model_dump_json()) == []  # the whole row, config included
+    assert leaks_in(json.dumps(asdict(Store().get_run(runs[0].id)))) == []  # the whole row, config included
     assert sorted(p.name for p in (paths.run_dir(runs[0].id) / "checkpoints").glob("checkpoint-*")) == [
         "checkpoint-2", "checkpoint-3"]  # every save_steps, and the last step
     Store().engine.dispose()

@@ -10,12 +10,12 @@ import time
 
 import psutil
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from tests.browser_support import free_port
 from tests.support import ROOT
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 
 
 def test_server_start_adopts_runs_before_any_request(home, tmp_path):
@@ -25,7 +25,7 @@ def test_server_start_adopts_runs_before_any_request(home, tmp_path):
     store = Store()
     run_id = "20261201-000000-5a17ed"
     paths.run_dir(run_id).mkdir(parents=True)
-    store.create_run(Run(id=run_id, name="left running", status=RunStatus.RUNNING.value, created_at=time.time(),
+    store.create_run(RunRecord(id=run_id, name="left running", status=RunStatus.RUNNING.value, created_at=time.time(),
                          started_at=time.time(), output_dir=str(paths.run_dir(run_id)), pid=gone.pid,
                          pid_started_at=started, total_steps=10))
     log = open(tmp_path / "server.log", "wb")

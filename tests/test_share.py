@@ -31,12 +31,12 @@ from cryptography.x509.oid import NameOID
 from oidc_provider_mock import run_server_in_thread
 
 from db import users
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from gateway.__main__ import Share
 from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
 from trainer_core.access import Role
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -101,7 +101,7 @@ def password_share(tmp_path_factory):
     store = Store(f"sqlite:///{home / 'studio.db'}")  # the database the shared server will use
     users.ensure_user(store, "val", Role.VIEWER)
     users.ensure_user(store, "bob", Role.OPERATOR)
-    store.create_run(Run(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
+    store.create_run(RunRecord(id=BOB_RUN, name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
                          created_at=time.time(), started_at=time.time(), pid=busy.pid,
                          pid_started_at=psutil.Process(busy.pid).create_time(), devices="cpu", total_steps=100))
     (home / "runs" / BOB_RUN).mkdir(parents=True)

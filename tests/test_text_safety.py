@@ -18,12 +18,12 @@ import pytest
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
-from db.models import Run
+from db.entities import RunRecord
 from db.store import Store
 from tests.test_new_run import fake_preview, fakes, open_page as open_new_run, use_local_file  # noqa: F401 (fixture)
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import paths
-from trainer_core.status import RunStatus
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator
 from ui.text import ZWSP, code, safe
 
@@ -126,15 +126,15 @@ def hostile(app_home):
     now = time.time()
     text = dict(model=PAYLOADS["links"], dataset=PAYLOADS["markup"] + " [" + PAYLOADS["emoji"] + "]",
                 method=PAYLOADS["html"], owner=PAYLOADS["emoji"], output_dir=PAYLOADS["links"], devices="cpu")
-    store.create_run(Run(id=PAYLOAD_RUN, name=PAYLOADS["image"], status=RunStatus.FAILED.value, created_at=now - 30,
+    store.create_run(RunRecord(id=PAYLOAD_RUN, name=PAYLOADS["image"], status=RunStatus.FAILED.value, created_at=now - 30,
                          started_at=now - 30, finished_at=now - 20, error=PAYLOADS["lines"] + "\n" + PAYLOADS["html"],
                          **text))
-    store.create_run(Run(id=OTHER_RUN, name=LONG, status=RunStatus.STOPPED.value, created_at=now - 10,
+    store.create_run(RunRecord(id=OTHER_RUN, name=LONG, status=RunStatus.STOPPED.value, created_at=now - 10,
                          parent_run_id=PAYLOAD_RUN, resumed_from_step=3, **text))
-    store.create_run(Run(id=BUSY_RUN, name=PAYLOADS["emoji"], status=RunStatus.RUNNING.value, created_at=now,
+    store.create_run(RunRecord(id=BUSY_RUN, name=PAYLOADS["emoji"], status=RunStatus.RUNNING.value, created_at=now,
                          phase=PAYLOADS["image"], pid=os.getpid(), pid_started_at=psutil.Process().create_time(),
                          **text))
-    store.create_run(Run(id=QUEUED_RUN, name=PAYLOADS["markup"], status=RunStatus.QUEUED.value, created_at=now,
+    store.create_run(RunRecord(id=QUEUED_RUN, name=PAYLOADS["markup"], status=RunStatus.QUEUED.value, created_at=now,
                          queue_position=1.0, **text))  # waits behind the busy run (same device)
     for run_id in (PAYLOAD_RUN, OTHER_RUN, BUSY_RUN, QUEUED_RUN):
         paths.run_dir(run_id).mkdir(parents=True, exist_ok=True)

@@ -25,12 +25,13 @@ from pathlib import Path
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import paths, resource_check
+from trainer_core.jobs import resource_check
+from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig, secrets_in_file
 from trainer_core.data import loading
-from trainer_core.live import LiveSnapshot
-from trainer_core.status import RunStatus
+from trainer_core.jobs.live import LiveSnapshot
+from trainer_core.protocol.status import RunStatus
 
 TOKEN_ENV = "FINETUNE_STUDIO_TOKEN"
 EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
@@ -69,8 +70,8 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
             raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
                                                        "text that contains [ { : or #")]) from None
     cfg = TrainConfig.from_dict(data)
-    cfg.hf_token = os.environ.get("HF_TOKEN", "")
-    cfg.wandb_token = os.environ.get("WANDB_API_KEY", "")
+    for name, value in secrets.from_env(os.environ).items():
+        setattr(cfg, name, value)
     return cfg
 
 
@@ -92,7 +93,7 @@ def cli_actor(store) -> Actor:
 
 def cmd_run(args) -> int:
     from db.users import UnknownToken
-    from trainer_core.orchestrator import Orchestrator, RunRefused
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 
     orch = None
     try:
@@ -195,7 +196,7 @@ def cmd_runs(args) -> int:
 
 
 def _warn_unknown_folders(store) -> None:
-    from trainer_core.rebuild import unknown_run_folders
+    from trainer_core.jobs.rebuild import unknown_run_folders
 
     unknown = unknown_run_folders(store)
     if unknown:
@@ -205,7 +206,7 @@ def _warn_unknown_folders(store) -> None:
 
 
 def cmd_db(args) -> int:
-    from trainer_core.rebuild import RebuildRefused, rebuild
+    from trainer_core.jobs.rebuild import RebuildRefused, rebuild
 
     try:
         report = rebuild()
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SQLAlchemyError as exc:
-        from trainer_core.rebuild import describe_error
+        from trainer_core.jobs.rebuild import describe_error
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 4

@@ -5,7 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
-from trainer_core.paths import UnsafePathError
+from trainer_core.protocol.paths import UnsafePathError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TMP_CHECKPOINT_RE = re.compile(r"^tmp-checkpoint-(\d+)$")

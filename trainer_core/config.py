@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from trainer_core import hardware, paths
+from trainer_core import hardware
+from trainer_core.protocol import paths
+from trainer_core.protocol.secrets import SECRET_FIELDS
 
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
@@ -36,7 +38,6 @@ DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
 EMBEDDING_MODULES = ("embed_tokens", "lm_head")  # trained and saved in full by continued pretraining
-SECRET_FIELDS = ("hf_token", "wandb_token")
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")

@@ -35,7 +35,7 @@ CUDA_OVERHEAD_GB = 0.8  # CUDA context, cuBLAS workspace
 CPU_OVERHEAD_GB = 1.0  # Python, torch and tokenizer libraries resident in the worker
 FRAGMENTATION = 0.10  # allocator slack on top of the counted tensors
 TIGHT_RATIO = 0.85  # above this share of free memory a run is "tight"
-TRANSFORMERS, UNSLOTH = "transformers", "unsloth"  # engine names (trainer_core.engines)
+TRANSFORMERS, UNSLOTH = "transformers", "unsloth"  # engine names (trainer_core.worker.engines)
 UNSLOTH_LAYER_SHARE = 0.5  # share of eager PyTorch's saved activations per layer that Unsloth's kernels keep
 UNSLOTH_LOSS_CHUNKS = 4  # its chunked cross-entropy holds 1/4 of the logits at a time
 

@@ -2,14 +2,12 @@
 
 Dashboard-safe (no torch). One process per GPU of the run's device set, or ``num_processes`` when set;
 on CPU one process unless ``num_processes`` asks for more (the same launcher then uses the gloo backend).
-A run with more than one process is started by torchrun (``trainer_core.launch``); a run with one process
+A run with more than one process is started by torchrun (``trainer_core.worker.launch``); a run with one process
 starts ``trainer_core.worker`` directly, exactly as before.
 """
 from __future__ import annotations
 
-import json
 import math
-import signal
 import sys
 from pathlib import Path
 
@@ -17,7 +15,6 @@ from trainer_core import hardware
 from trainer_core.config import TrainConfig
 
 NPROC_ENV = "FINETUNE_STUDIO_NPROC"  # the launcher's process count, decided by the orchestrator
-RANK_LOG_LINES = 40
 
 
 def run_gpus(cfg: TrainConfig, cuda: bool | None = None, count: int | None = None) -> list[int]:
@@ -61,7 +58,7 @@ def steps_per_epoch(examples: int, batch_size: int, accumulation: int, processes
 
 def worker_command(run_dir: Path, processes: int) -> list[str]:
     """One process: the worker itself. More: the torchrun launcher, which starts ``processes`` workers."""
-    module = "trainer_core.worker" if processes <= 1 else "trainer_core.launch"
+    module = "trainer_core.worker" if processes <= 1 else "trainer_core.worker.launch"
     return [sys.executable, "-m", module, str(run_dir)]
 
 
@@ -82,56 +79,3 @@ def use_fsdp(cfg: TrainConfig, processes: int, need_gb: float, gpu_free_gb: floa
     if processes <= 1 or cfg.effective_4bit or not math.isfinite(gpu_free_gb):
         return False
     return need_gb > gpu_free_gb
-
-
-# ---------------------------------------------------------------------- when a rank fails
-def rank_error_path(run_dir: Path, rank: int) -> Path:
-    """Where a rank writes its own failure (message, type, traceback, time); read back by ``report_failure``."""
-    return run_dir / "ranks" / f"rank-{rank}.error.json"
-
-
-def rank_log_tail(run_dir: Path, rank: int, lines: int = RANK_LOG_LINES) -> str:
-    """The last lines a rank wrote (stdout, then stderr), from torchrun's per-rank log files."""
-    parts = []
-    for stream in ("stdout.log", "stderr.log"):
-        for path in sorted((run_dir / "ranks").glob(f"*/attempt_*/{rank}/{stream}")):
-            text = path.read_text(errors="replace").splitlines()
-            parts.extend(text[-lines:])
-    return "\n".join(parts[-lines:])
-
-
-def root_cause(failures: dict, run_dir: Path) -> tuple[int, str, str]:
-    """(rank, reason, exception type) of the rank that failed first.
-
-    torchrun stops the surviving ranks with SIGTERM, and a rank whose peer vanished fails in its next
-    collective; neither is the cause. So: a rank killed by any other signal first (the OOM killer, a
-    segfault, kill -9), then the earliest error a rank reported itself, then any other exit code."""
-    def describe(rank: int, failure) -> tuple[tuple, str, str]:
-        own = _read_json(rank_error_path(run_dir, rank))
-        if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:
-            name = _signal_name(-failure.exitcode)
-            hint = " (often the out-of-memory killer)" if -failure.exitcode == signal.SIGKILL else ""
-            return (0, 0.0, rank), f"was killed by {name}{hint}", "RankKilled"
-        if own:
-            return (1, float(own.get("ts", 0.0)), rank), f"failed: {own.get('message', '')}", own.get("exc_type", "")
-        if failure.exitcode == -signal.SIGTERM:
-            return (3, 0.0, rank), "was terminated (SIGTERM)", "RankTerminated"
-        return (2, 0.0, rank), f"exited with code {failure.exitcode}", "RankFailed"
-
-    described = sorted(describe(rank, failure) + (rank,) for rank, failure in failures.items())
-    _, reason, exc_type, rank = described[0]
-    return rank, reason, exc_type or "RankFailed"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

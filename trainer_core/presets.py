@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.config import ConfigError, FieldError, TrainConfig, secrets_in_file
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trainer_core.status import RunStatus
+from trainer_core.protocol.status import RunStatus
 
 # Runs compared at once: one run has nothing to compare with; past six the lines and colours blur together.
 COMPARE_MIN, COMPARE_MAX = 2, 6

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from db.models import Run
+from db.entities import RunRecord
 from trainer_core import charts
 from trainer_core.run_rules import run_labels
 from ui import format as fmt
@@ -66,7 +66,7 @@ def _least(values: pd.Series) -> float | None:
     return float(values.min()) if len(values) else None
 
 
-def summary_table(runs: Sequence[Run], frames: dict[str, pd.DataFrame], now: float | None = None) -> pd.DataFrame:
+def summary_table(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], now: float | None = None) -> pd.DataFrame:
     """One row per run: final and best train loss, final and best eval loss, steps, tokens, duration, status.
 
     Losses come from the metrics frames (keyed by run id); a run without metrics falls back to the
@@ -104,7 +104,7 @@ def _has(frames: dict[str, pd.DataFrame], column: str) -> bool:
     return any(len(_finite(df, column)) for df in frames.values())
 
 
-def render_compare(runs: Sequence[Run], frames: dict[str, pd.DataFrame], configs: dict[str, dict],
+def render_compare(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], configs: dict[str, dict],
                    key_prefix: str = "cmp") -> None:
     """Overlay charts (align by step or tokens seen, smoothing), the summary table and the config diff."""
     labels = run_labels(runs)

@@ -6,8 +6,8 @@ import time
 from datetime import datetime
 from typing import Any
 
+from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import run_name
-from trainer_core.status import RunStatus
 
 MISSING = "—"
 

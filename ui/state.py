@@ -4,8 +4,8 @@ from __future__ import annotations
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core import rebuild
-from trainer_core.orchestrator import Orchestrator
+from trainer_core.jobs import rebuild
+from trainer_core.jobs.orchestrator import Orchestrator
 
 
 @st.cache_resource(show_spinner=False)

@@ -13,10 +13,10 @@ import pandas as pd
 import streamlit as st
 
 from trainer_core import charts
-from trainer_core.alerts import LABELS as ALERT_LABELS
-from trainer_core.live import LiveSnapshot
-from trainer_core.resources import ResourceSample
-from trainer_core.status import RunStatus
+from trainer_core.jobs.alerts import LABELS as ALERT_LABELS
+from trainer_core.jobs.live import LiveSnapshot
+from trainer_core.jobs.resources import ResourceSample
+from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.text import code, safe
 

@@ -92,9 +92,9 @@ def test_system_prompt_does_not_replace_a_conversation_system_turn():
 RENDER = """
 import json, sys
 from dataclasses import asdict
-from trainer_core import preview
 from trainer_core.config import TrainConfig
-print(json.dumps([asdict(preview.compute(TrainConfig(**c), rows_shown=5)) for c in json.loads(sys.argv[1])]))
+from trainer_core.worker import preview_child
+print(json.dumps([asdict(preview_child.compute(TrainConfig(**c), rows_shown=5)) for c in json.loads(sys.argv[1])]))
 """
 CASES = {
     "alpaca": {"local_datasets": [str(FIXTURES / "alpaca.jsonl")]},

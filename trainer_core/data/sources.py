@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO
 
-from trainer_core import paths
+from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_DATASET
 from trainer_core.data import DatasetError
 

@@ -1,0 +1,85 @@
+"""The two-process rule, visible in the tree: only trainer_core/worker/ imports the ML stack. Every other
+module of the project (the dashboard's pages and their imports, db/, ui/, the gateway, the jobs package,
+the CLI) is imported in a fresh interpreter, which must end up without torch, transformers & co."""
+from __future__ import annotations
+
+import ast
+import json
+import sys
+
+from tests.support import ROOT, run_python
+
+ML_STACK = ("torch", "transformers", "peft", "trl", "unsloth", "datasets", "accelerate", "bitsandbytes")
+PACKAGES = ("trainer_core", "db", "ui", "gateway")
+SCRIPTS = ("streamlit_app.py", *(f"pages/{p.name}" for p in sorted((ROOT / "pages").glob("*.py"))))
+
+
+def project_modules() -> list[str]:
+    """Every module of the project's packages outside trainer_core/worker/."""
+    names = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[:2] == ("trainer_core", "worker"):
+                continue
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def script_imports() -> list[str]:
+    """What the Streamlit scripts import (running them needs a Streamlit session, importing them does not)."""
+    names = set()
+    for script in SCRIPTS:
+        for node in ast.walk(ast.parse((ROOT / script).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.update(f"{node.module}.{a.name}" if node.module in PACKAGES or "." in node.module else node.module
+                             for a in node.names)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+    return sorted(n for n in names if n.split(".")[0] in PACKAGES)
+
+
+IMPORT_ALL = """
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError:
+        parent, _, attr = name.rpartition(".")  # "from package import name" where name is not a module
+        getattr(importlib.import_module(parent), attr)
+print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)))
+"""
+
+
+def test_only_the_worker_imports_the_ml_stack():
+    modules = project_modules() + script_imports()
+    assert "trainer_core.jobs.orchestrator" in modules and "db.store" in modules and "trainer_core.preview" in modules
+    assert not any(m.startswith("trainer_core.worker.") for m in project_modules())
+    result = run_python(IMPORT_ALL, json.dumps(modules), json.dumps(ML_STACK))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_store_imports_only_the_protocol_from_trainer_core():
+    tree = ast.parse((ROOT / "db" / "store.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    ours = sorted(m for m in imported if m.split(".")[0] == "trainer_core")
+    assert ours and all(m.startswith("trainer_core.protocol") for m in ours), ours
+
+
+# The one exception: the pump decodes every event line with orjson (7x json.loads, its largest cost per
+# event); a small compiled parser that both processes already install, nothing of the ML stack or the UI.
+PROTOCOL_THIRD_PARTY = {"orjson"}
+
+
+def test_the_protocol_needs_only_the_standard_library():
+    for path in sorted((ROOT / "trainer_core" / "protocol").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top in PROTOCOL_THIRD_PARTY \
+                    or name.startswith("trainer_core.protocol") or name == "__future__", f"{path.name} imports {name}"

@@ -1,0 +1,235 @@
+"""Who follows which job, and whether its worker still lives.
+
+A worker outlives the server that started it (DESIGN rule 2). Every orchestrator (a dashboard, the CLI)
+adopts the jobs the database says are active and nobody pumps: a per-run ``flock`` (``.pump.lock`` in the
+run folder) makes sure only one follows a job. Liveness is the process handle when this process started
+the worker, else its pid checked against the process start time (pids are reused). The watchdog
+terminates, then kills, a worker that ignores Stop/Cancel.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+import psutil
+
+from db.entities import RunRecord
+from db.store import Store
+from trainer_core.jobs.alerts import AlertMonitor
+from trainer_core.jobs.live import LiveRun
+from trainer_core.jobs.pump import Tracker, set_terminal
+from trainer_core.jobs.remote_view import RemoteView
+from trainer_core.protocol import control, paths
+from trainer_core.protocol.status import RunStatus
+
+STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
+KILL_GRACE_S = 10.0
+PRESENCE_LOCK = ".orchestrators.lock"  # shared by every pumping orchestrator; `db rebuild` needs it exclusively
+_OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
+
+
+# ====================================================================== adopting
+def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker]:
+    """Trackers for jobs that the database says are active but nobody in this process is pumping. A job
+    whose folder is gone while its worker is dead is marked failed; one another process pumps is left to it."""
+    for stale in store.active_runs():
+        if is_tracked(stale.id):
+            continue
+        try:
+            run_dir = paths.run_dir(stale.id)
+        except paths.UnsafePathError:
+            continue
+        if not run_dir.is_dir():
+            if pid_alive(stale.pid, stale.pid_started_at):
+                continue  # its folder was deleted; whoever pumps it follows its open log (none: it fails at exit)
+            store.finish_run(stale.id, RunStatus.FAILED,
+                             error=f"The run folder {run_dir} is missing, so the run cannot be followed.")
+            continue
+        lock_fh = try_lock(run_dir)
+        if lock_fh is None:
+            continue  # another orchestrator (another server, the CLI) is pumping it
+        run = store.get_run(stale.id)  # re-read under the lock: the owner may have just finished it
+        if run is None or run.status.is_terminal():
+            lock_fh.close()
+            continue
+        view = RemoteView(run, store)
+        tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind,
+                          pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
+                          stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
+                          losses=view.losses)
+        if run.pid is None:
+            set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
+        yield tracked
+
+
+def rebuild_view(run: RunRecord, store: Store) -> tuple[LiveRun, AlertMonitor]:
+    """Live state rebuilt from the database: the run's last known progress, metrics and alerts, and the
+    alert monitor's state (the rules are deterministic: replaying the stored rows gives back exactly
+    the alerts raised before, without storing them again)."""
+    view = RemoteView(run, store)
+    return view.live, view.monitor
+
+
+# ====================================================================== liveness and the watchdog
+def exited(t: Tracker) -> tuple[bool, str]:
+    """Whether the job's worker has exited, and how."""
+    if t.proc is not None:
+        code = t.proc.poll()
+        if code is None:
+            return False, ""
+        return True, describe_exit(code)
+    if pid_alive(t.pid, t.pid_started_at):
+        return False, ""
+    return True, "process disappeared (it was started by an earlier dashboard; exit code unknown)"
+
+
+def watchdog(t: Tracker, store: Store) -> None:
+    """Terminate, then kill, a worker that ignores Stop/Cancel for STOP_TIMEOUT_S."""
+    if t.stop_requested_at is None or t.terminal is not None:
+        return
+    waited = time.time() - t.stop_requested_at
+    if waited > STOP_TIMEOUT_S and t.terminated_at is None:
+        t.terminated_at = time.time()
+        signal_group(t.pid, signal.SIGTERM)
+        store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
+    elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
+        signal_group(t.pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int | None, started_at: float | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if started_at and abs(proc.create_time() - started_at) > 1.0:
+            return False  # the pid was reused by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (what tells it from a later process given the same pid); None if gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def signal_group(pid: int | None, sig: signal.Signals) -> None:
+    if not pid:
+        return
+    # torchrun starts each rank in a session of its own: a SIGTERM reaches them through the launcher, which
+    # stops its ranks; a SIGKILL leaves it no chance, so the ranks are killed by pid as well.
+    ranks = _descendants(pid) if sig == signal.SIGKILL else []
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session/process group
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in ranks:
+        try:
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (often the out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+# ====================================================================== locks
+def try_lock(run_dir: Path) -> IO | None:
+    """The run's pump lock, or None when another orchestrator holds it."""
+    fh = open(run_dir / ".pump.lock", "w")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+def relock(t: Tracker) -> None:
+    """The run folder was deleted (and maybe recreated): hold the pump lock in the folder that exists now,
+    so no other orchestrator adopts the run while this one follows it."""
+    if not t.run_dir.is_dir():
+        return
+    fresh = try_lock(t.run_dir)
+    if fresh is not None:
+        t.lock_fh.close()
+        t.lock_fh = fresh
+
+
+def hold_presence() -> IO:
+    """A shared lock on the data root's presence file, held while an orchestrator pumps."""
+    fh = open(paths.data_root() / PRESENCE_LOCK, "a")
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
+
+
+# ====================================================================== secret holders
+def process_token() -> str:
+    """This process, as other processes can recognise it: host, pid and start time (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def _parse_holder(token: str) -> tuple[str, int, float] | None:
+    """(host, pid, process start time) of an orchestrator's holder token "host:pid:start:instance"."""
+    parts = token.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        return parts[0], int(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+
+
+def holder_alive(token: str) -> bool:
+    """Whether the orchestrator named by ``token`` may still launch its run: one of this process that is not
+    closed, or one in another process that still runs. A process on another host cannot be checked: it is
+    assumed alive (the run waits for it, or for someone to remove it from the queue)."""
+    parsed = _parse_holder(token)
+    if parsed is None:
+        return False
+    host, pid, started = parsed
+    if host != socket.gethostname():
+        return True
+    if pid == os.getpid():
+        return token in _OPEN_HOLDERS
+    return pid_alive(pid, started)
+
+
+def holder_gone(token: str) -> str:
+    parsed = _parse_holder(token)
+    if parsed is None:
+        return "the dashboard or CLI that queued it is gone"
+    if parsed[1] == os.getpid():
+        return "the orchestrator that queued it and held the secret in memory was closed"
+    return f"the process that queued it and held the secret in memory (pid {parsed[1]} on {parsed[0]}) has exited"
+
+
+def open_holder(token: str) -> None:
+    _OPEN_HOLDERS.add(token)
+
+
+def close_holder(token: str) -> None:
+    _OPEN_HOLDERS.discard(token)

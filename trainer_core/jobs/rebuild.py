@@ -1,0 +1,271 @@
+"""The database is a cache of the run folders (DESIGN rule 12): rebuild it, and notice when it is broken.
+
+``rebuild()`` moves the current SQLite file aside (never deletes it), creates an empty database and, for
+every run folder, replays
+
+* ``journal.jsonl`` -- what the orchestrator wrote (the row as created, process id, queue moves, Stop
+  requests, the outcome it decided, a deletion from History), through the store's own write functions;
+* ``events.jsonl`` -- what the worker reported, through the pump's own event handlers
+  (``pump.drain`` and ``pump.flush`` on a ``pump.Tracker``), so metrics, timeline and alerts come out exactly as the
+  pump stored them.
+
+A run that had not ended is left active at the end of its log; the next orchestrator adopts it like any
+run left behind by a restart (a live worker is followed again, a dead one is marked failed).
+Run folders from before the journal existed are rebuilt from config.yaml and events.jsonl alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+from db.entities import RunRecord
+from db.store import Store, default_url
+from trainer_core.config import ConfigError, TrainConfig
+from trainer_core.jobs import adoption, pump, queue
+from trainer_core.jobs.live import LiveRun
+from trainer_core.protocol import events as ev
+from trainer_core.protocol import journal, paths
+from trainer_core.protocol.status import RunStatus, read_kind
+
+SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
+CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)
+
+
+class RebuildRefused(RuntimeError):
+    """The rebuild cannot go ahead safely; the message says why and what to do."""
+
+
+@dataclass
+class RebuildReport:
+    runs: list[str] = field(default_factory=list)  # rebuilt, oldest first
+    active: list[str] = field(default_factory=list)  # left active for the next orchestrator to adopt
+    skipped: list[str] = field(default_factory=list)  # "run id: reason"
+    moved_aside: list[str] = field(default_factory=list)  # files of the old database, kept
+
+    def summary(self) -> str:
+        text = f"Rebuilt {len(self.runs)} run(s) from their folders"
+        if self.active:
+            text += f"; {len(self.active)} not finished (followed again when the dashboard or CLI starts)"
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)}: " + "; ".join(self.skipped[:5])
+        if self.moved_aside:
+            text += ". The previous database was kept as " + ", ".join(self.moved_aside)
+        return text + "."
+
+
+# ====================================================================== diagnosis
+def describe_error(exc: BaseException, url: str | None = None) -> str:
+    """What went wrong with the database, in one paragraph that names the way out."""
+    url = url or default_url()
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).splitlines() or [""]
+    text = f"The database ({database_label(url)}) cannot be used: {type(cause).__name__}: {lines[0][:300]}. "
+    if _sqlite_path(url) is None:  # a server that is down is not a lost database
+        return text + ("Check that the database server is running and DATABASE_URL is right. If the database "
+                       "itself was lost, create an empty one and rebuild it from the run folders: the Rebuild "
+                       "button on the Settings page, or `python -m trainer_core db rebuild`.")
+    return text + ("Runs, metrics and timelines are all kept in the run folders, so it can be rebuilt from them "
+                   "(the current file is moved aside and kept, never deleted): use the Rebuild button on the "
+                   "Settings page, or run `python -m trainer_core db rebuild`.")
+
+
+def unknown_run_folders(store: Store) -> list[str]:
+    """Run folders (with a config.yaml) the database does not know and that were not deleted from History:
+    a database that was deleted (SQLite recreates it empty) or replaced. Empty when all is well."""
+    settled = time.time() - CREATING_S
+    folders = [p for p in _run_folders() if (p / "config.yaml").stat().st_mtime < settled]
+    if not folders:
+        return []
+    known = store.run_ids()
+    return sorted(p.name for p in folders if p.name not in known and not journal.deleted(p))
+
+
+# ====================================================================== rebuild
+def rebuild(url: str | None = None) -> RebuildReport:
+    """Rebuild the database at ``url`` (default: the configured one) from the run folders.
+
+    Refused (RebuildRefused) while another dashboard or CLI follows a run, or when a PostgreSQL database
+    already holds runs. Call it with no orchestrator running in this process (close it first)."""
+    url = url or default_url()
+    report = RebuildReport()
+    with _no_orchestrators(), _start_lock(), _pump_locks() as held:
+        report.moved_aside = _set_aside(url)
+        store = Store(url, journal=False)
+        try:
+            if store.count_runs():
+                raise RebuildRefused(
+                    f"The database {_redact_url(url)} already holds runs. Rebuild into an empty PostgreSQL "
+                    "database (create one and point DATABASE_URL at it); this one is left untouched.")
+            _rebuild_all(store, held, report)
+        finally:
+            store.engine.dispose()
+    return report
+
+
+def _rebuild_all(store: Store, held: list[tuple[Path, IO]], report: RebuildReport) -> None:
+    for run_dir, lock_fh in held:
+        try:
+            outcome = _rebuild_run(store, run_dir, lock_fh)
+        except (ConfigError, OSError, ValueError, TypeError, KeyError) as exc:
+            # one unreadable folder must not cost the others their rebuild; the report names it
+            report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
+            continue
+        if outcome == "deleted":
+            continue
+        report.runs.append(run_dir.name)
+        if outcome == "active":
+            report.active.append(run_dir.name)
+
+
+def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
+    """Restore one run; returns "deleted", "active" or "finished"."""
+    records = journal.read(run_dir)
+    if any(r["op"] == "delete" for r in records):
+        return "deleted"
+    created = next((r["row"] for r in records if r["op"] == "create"), None)
+    row = RunRecord.from_dict(created) if created is not None else _row_from_config(run_dir)
+    store.create_run(row)
+    for record in records:
+        if record["op"] == "update":
+            store.update_run(row.id, **record["values"])
+        elif record["op"] == "event":
+            store.add_event(row.id, record["kind"], record["message"], ts=record["ts"])
+    tracked = _replay_events(store, run_dir, lock_fh)
+    finish = next((r for r in records if r["op"] == "finish"), None)
+    if finish is not None:
+        store.finish_run(row.id, RunStatus(finish["status"]), **finish["values"])
+        return "finished"
+    if created is None:  # a folder from before the journal: the log's outcome is all there is
+        status, values = tracked.terminal or (RunStatus.FAILED, {
+            "error": "Rebuilt from its folder, which records no outcome (the run predates the journal)."})
+        last = ev.last_terminal_event(run_dir / "events.jsonl")
+        store.finish_run(row.id, status, finished_at=last.ts if last else None, **values)
+        return "finished"
+    return "active"
+
+
+def _replay_events(store: Store, run_dir: Path, lock_fh: IO) -> pump.Tracker:
+    """Feed the whole event log through the pump's handlers and store what they produce, like the pump."""
+    run = store.get_run(run_dir.name)
+    live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase)
+    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind)
+    pump.drain(tracked, store, max_reads=None)
+    pump.flush(tracked, store)
+    tracked.log.close()
+    return tracked
+
+
+def _row_from_config(run_dir: Path) -> RunRecord:
+    """The row ``Orchestrator.start`` would have created, from config.yaml (folders without a journal)."""
+    cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
+    run_id = run_dir.name
+    try:
+        created = time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        created = (run_dir / "config.yaml").stat().st_mtime
+    parent, step = _resumed_from(cfg)
+    return RunRecord(id=run_id, name=cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}", status=RunStatus.STARTING,
+               phase="launching worker", model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
+               created_at=created, started_at=created, output_dir=str(run_dir), total_steps=cfg.max_steps,
+               config_json=json.dumps(cfg.to_public_dict(), sort_keys=True),
+               devices=queue.devices_of(cfg), parent_run_id=parent, resumed_from_step=step, kind=read_kind(run_dir))
+
+
+def _resumed_from(cfg: TrainConfig) -> tuple[str | None, int | None]:
+    """(parent run id, step) when the config resumes from ``runs/<parent>/checkpoints/checkpoint-<step>``."""
+    if not cfg.resume_from_checkpoint:
+        return None, None
+    checkpoint = Path(cfg.resume_from_checkpoint)
+    parent = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else None
+    _, _, step = checkpoint.name.rpartition("-")
+    return parent, int(step) if step.isdigit() else None
+
+
+def _run_folders() -> list[Path]:
+    """Folders under runs/ that hold a run (a config.yaml), by name (oldest run first)."""
+    return sorted(p for p in paths.runs_dir().iterdir()
+                  if paths.RUN_ID_RE.fullmatch(p.name) and (p / "config.yaml").is_file())
+
+
+# ====================================================================== safety
+@contextlib.contextmanager
+def _no_orchestrators() -> Iterator[None]:
+    """Exclusive use of the presence lock: no dashboard or CLI pumps into the database meanwhile (they hold it
+    shared while they run, and a new one waits until the rebuild is done)."""
+    with open(paths.data_root() / adoption.PRESENCE_LOCK, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RebuildRefused(
+                "A dashboard or CLI is running on this data folder and writing to the database. Stop it (workers "
+                "keep training; it follows them again when it comes back) and rebuild again; nothing was "
+                "changed.") from None
+        yield  # closing the file releases the lock
+
+
+@contextlib.contextmanager
+def _start_lock() -> Iterator[None]:
+    with queue.start_lock():  # nobody launches a queued run meanwhile
+        yield
+
+
+@contextlib.contextmanager
+def _pump_locks() -> Iterator[list[tuple[Path, IO]]]:
+    """The pump lock of every run folder, held for the whole rebuild; refused if anyone else holds one."""
+    held: list[tuple[Path, IO]] = []
+    try:
+        for run_dir in _run_folders():
+            lock_fh = adoption.try_lock(run_dir)
+            if lock_fh is None:
+                raise RebuildRefused(
+                    f"Run {run_dir.name} is being followed by a running dashboard or CLI. Stop it (the workers "
+                    "keep training) and rebuild again; nothing was changed.")
+            held.append((run_dir, lock_fh))
+        yield held
+    finally:
+        for _, lock_fh in held:
+            lock_fh.close()
+
+
+def _set_aside(url: str) -> list[str]:
+    """Move the SQLite database (and its WAL files) to ``<name>.moved-aside-<time>``; PostgreSQL is checked,
+    not moved. Returns the new names."""
+    db_path = _sqlite_path(url)
+    if db_path is None:
+        return []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for suffix in SQLITE_FILES:
+        source = Path(f"{db_path}{suffix}")
+        if source.exists():
+            target = source.with_name(f"{db_path.name}.moved-aside-{stamp}{suffix}")
+            source.rename(target)
+            moved.append(str(target))
+    return moved
+
+
+def database_label(url: str) -> str:
+    """The database for people: the SQLite file, or the URL without its password."""
+    return str(_sqlite_path(url) or _redact_url(url))
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url[len("sqlite:///"):])
+
+
+def _redact_url(url: str) -> str:
+    """A database URL without its password, for messages."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, sep, creds = head.partition("://")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{tail}"
+

@@ -1,0 +1,61 @@
+"""The orchestrator's half of a run's durable record: ``runs/<id>/journal.jsonl``.
+
+``events.jsonl`` holds what the worker reported; everything else the database knows about a run (its
+row as created, the process id, queue moves, Stop requests, the final outcome the orchestrator decided,
+a deletion from History) is appended here by the store as it writes it. The two logs together are the
+truth; the database is a cache that ``db rebuild`` (trainer_core.jobs.rebuild) restores from them.
+
+One JSON object per line: ``{"op": "create"|"update"|"event"|"finish"|"delete", ...}``. Stdlib only.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trainer_core.protocol import paths
+
+JOURNAL_FILE = "journal.jsonl"
+
+
+def append(run_id: str, op: str, **data: Any) -> None:
+    """Append one record to the run's journal; a run without a folder (a bare store in tests) has none."""
+    try:
+        folder = paths.run_dir(run_id)
+    except paths.UnsafePathError:
+        return
+    if not folder.is_dir():
+        return
+    line = json.dumps({"op": op, **data}, sort_keys=True, default=_plain) + "\n"
+    # One write of one line in append mode: two processes appending never interleave inside a line.
+    with open(folder / JOURNAL_FILE, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())  # rare writes (a handful per run): worth surviving a power loss
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """The journal's records in order; a torn last line (a crash mid-write) is skipped."""
+    try:
+        text = (Path(run_dir) / JOURNAL_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.split("\n"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("op"), str):
+            records.append(record)
+    return records
+
+
+def deleted(run_dir: Path) -> bool:
+    """Whether the run was deleted from History (its folder was kept)."""
+    return any(r["op"] == "delete" for r in read(run_dir))
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", str(value))  # enums (RunStatus) as their value

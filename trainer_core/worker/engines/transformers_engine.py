@@ -1,0 +1,175 @@
+"""transformers + peft + trl (SFTTrainer): the engine that runs everywhere. Worker-only."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from peft import LoftQConfig, LoraConfig
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
+from trl import SFTConfig, SFTTrainer
+
+from trainer_core.worker import token_cache
+from trainer_core.config import EMBEDDING_MODULES, TrainConfig
+
+NAME = "transformers"
+
+
+def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: bool = False):
+    """``sharded``: FSDP places the weights itself (the model is loaded on the CPU first)."""
+    kwargs: dict[str, Any] = {"token": token, "trust_remote_code": cfg.trust_remote_code}
+    tokenizer = token_cache.load_tokenizer(cfg, model_ref, token)  # the preview loads it the same way
+    if cfg.effective_4bit:
+        from transformers import BitsAndBytesConfig  # only reachable on CUDA hosts with the gpu extra
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype())
+    kwargs["dtype"] = load_dtype(cfg)
+    if torch.cuda.is_available() and not sharded:
+        # One GPU per process: CUDA_VISIBLE_DEVICES holds the run's GPUs and torchrun's LOCAL_RANK picks this
+        # process's one (0 for a single process). Without it the Trainer would wrap the model in
+        # nn.DataParallel over every visible GPU.
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
+    if cfg.effective_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+    return model, tokenizer
+
+
+def compute_dtype() -> torch.dtype:
+    """The dtype matmuls run in: bf16 where the GPU has it, fp16 on older GPUs, fp32 on a CPU."""
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32  # CPU: fp32 is the fast and exact path
+
+
+def load_dtype(cfg: TrainConfig) -> torch.dtype:
+    """Full fine-tuning keeps fp32 master weights (autocast computes in bf16/fp16): in pure bf16 an update
+    smaller than 1/256 of a weight rounds away, and at 2e-5 most do. Frozen bases under LoRA load in the
+    compute dtype; their adapters are fp32 anyway (PEFT)."""
+    if not cfg.effective_use_lora:
+        return torch.float32
+    return compute_dtype()
+
+
+def peft_config(cfg: TrainConfig) -> LoraConfig | None:
+    if not cfg.effective_use_lora:
+        return None
+    modules_to_save = list(EMBEDDING_MODULES) if cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0 else None
+    return LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.effective_target_modules, use_rslora=cfg.use_rslora, bias="none",
+        task_type="CAUSAL_LM", modules_to_save=modules_to_save,
+        init_lora_weights="loftq" if cfg.use_loftq else True,
+        loftq_config=LoftQConfig(loftq_bits=4) if cfg.use_loftq else {})
+
+
+def to_dataset(rows: list[dict], completions_only: bool) -> Dataset:
+    """Rows are {"messages": [...]} or {"text": ...}. For completions-only loss each conversation is
+    split into prompt (everything before the last assistant turn) and completion."""
+    shaped, _ = token_cache.training_rows(rows, completions_only)
+    return Dataset.from_list(shaped)
+
+
+def pretokenize(ds: Dataset, tokenizer, cfg: TrainConfig, log=print) -> Dataset:
+    """``ds`` tokenized the way SFTTrainer would, from the on-disk cache when the same data, tokenizer
+    and settings were tokenized before. SFTTrainer then only builds labels, truncates and packs."""
+    tokenized, _ = token_cache.tokenize(ds.to_list(), tokenizer, cfg, log=log)
+    return tokenized
+
+
+def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
+                  output_dir: Path, run_dir: Path, callbacks: list[TrainerCallback], apply_peft: bool = True,
+                  sharded: bool = False):
+    report_to = []
+    if cfg.enable_wandb:
+        report_to.append("wandb")
+        os.environ.setdefault("WANDB_PROJECT", cfg.wandb_project)
+        os.environ.setdefault("WANDB_DIR", str(run_dir))
+    if cfg.enable_tensorboard:
+        report_to.append("tensorboard")
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir / cfg.tensorboard_dir)
+    on_cuda = torch.cuda.is_available()
+    half = compute_dtype() if on_cuda else None
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    train_ds = pretokenize(train_ds, tokenizer, cfg)
+    eval_ds = pretokenize(eval_ds, tokenizer, cfg) if eval_ds is not None else None
+    args = SFTConfig(
+        output_dir=str(output_dir),
+        run_name=cfg.run_name or None,
+        num_train_epochs=cfg.num_epochs,
+        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_ratio if cfg.warmup_ratio > 0 else cfg.warmup_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        optim=cfg.optim,
+        seed=cfg.random_seed,
+        data_seed=cfg.random_seed,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps" if cfg.save_steps > 0 else "no",
+        save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
+        eval_strategy="steps" if eval_ds is not None else "no",
+        eval_steps=cfg.eval_steps,
+        report_to=report_to,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        max_length=cfg.max_seq_length,
+        packing=cfg.packing,
+        packing_strategy=token_cache.packing_strategy(cfg),  # the preview counts packed rows the same way
+        dataset_text_field="text",
+        completion_only_loss=True if cfg.train_on_completions else None,
+        bf16=half == torch.bfloat16,
+        fp16=half == torch.float16,
+        use_cpu=not on_cuda,
+        dataloader_num_workers=0,
+        disable_tqdm=True,  # progress goes through our events; tqdm bars only bloat worker.log
+        # Rows arrive tokenized (token_cache); what SFTTrainer still maps is cheap. One process, said
+        # explicitly: Unsloth's patched config otherwise forks a pool per CPU core, in every rank.
+        dataset_num_proc=1,
+        **(data_parallel_args(on_cuda, sharded) if world_size > 1 else {}),
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer,
+        peft_config=peft_config(cfg) if apply_peft else None, callbacks=callbacks)
+    if cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0:
+        # Built after SFTTrainer wrapped the model with PEFT, so it sees the trainable parameters;
+        # Trainer.create_optimizer keeps an optimizer that is already set.
+        trainer.optimizer = embedding_aware_optimizer(trainer.model, args, cfg.embedding_learning_rate)
+    return trainer
+
+
+def data_parallel_args(on_cuda: bool, sharded: bool) -> dict[str, Any]:
+    """SFTConfig settings for a run under torchrun (RANK/WORLD_SIZE set): the Trainer then trains with DDP,
+    or FSDP when ``sharded``."""
+    return {
+        # DDP cannot re-enter autograd per bucket: checkpointing must be the non-reentrant kind.
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        "ddp_backend": "nccl" if on_cuda else "gloo",
+        "ddp_find_unused_parameters": False,  # every trainable weight gets a gradient each step
+        "fsdp": "full_shard auto_wrap" if sharded else "",  # layers to wrap: the model's _no_split_modules
+    }
+
+
+def embedding_aware_optimizer(model, args: SFTConfig, embedding_learning_rate: float):
+    """The optimizer ``args.optim`` names (the Trainer's own choice of class and settings, so adamw_8bit
+    stays 8-bit), with embeddings and lm_head in a group of their own at ``embedding_learning_rate``."""
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    embed, rest = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (embed if any(m in name for m in EMBEDDING_MODULES) else rest).append(param)
+    # weight decay per group, as Trainer.create_optimizer does (its kwargs carry lr, betas, eps, ...)
+    groups = [{"params": rest, "lr": args.learning_rate, "weight_decay": args.weight_decay}]
+    if embed:
+        groups.append({"params": embed, "lr": embedding_learning_rate, "weight_decay": args.weight_decay})
+    return optimizer_cls(groups, **kwargs)
