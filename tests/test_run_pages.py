@@ -199,7 +199,7 @@ def test_live_view_of_a_finished_run_lists_its_alerts(pages_store):
 
 def test_run_page_reads_only_the_columns_it_draws(pages_store, monkeypatch):
     run_id = "20260101-000000-cccccc"
-    pages_store.create_run(Run(id=run_id, name="narrow", status=RunStatus.RUNNING.value, created_at=time.time(),
+    pages_store.create_run(RunRecord(id=run_id, name="narrow", status=RunStatus.RUNNING.value, created_at=time.time(),
                                started_at=time.time()))
     pages_store.append_metrics(run_id, [{"step": 1, "loss": 2.0, "memory_mb": 900.0, "wall_time": 1.0},
                                         {"step": 2, "loss": None, "nonfinite": "loss", "memory_mb": 910.0}])

@@ -8,6 +8,7 @@ import random
 import time
 
 import psutil
+import pytest
 from sqlalchemy import case, func, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, delete
@@ -218,7 +219,7 @@ def test_column_wise_frame_equals_the_row_wise_one(store):
     """The Arrow read: the same values and order as the row-wise read, also for a column that is NULL for
     more rows than one of ADBC's default batches before it has values (SQLite infers column types)."""
     assert store._arrow_connect is not None, "the column-wise reader is not in use on this backend"
-    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="r", status=RunStatus.RUNNING.value))
     rng = random.Random(3)
     rows = [{"step": step, "loss": rng.uniform(0, 3), "tokens_seen": 64 * step, "wall_time": 1.7e9 + step,
              "grad_norm": rng.uniform(0, 2) if step > 2500 else None,
@@ -234,7 +235,7 @@ def test_column_wise_frame_equals_the_row_wise_one(store):
 
 
 def test_metrics_frame_reads_only_the_columns_asked_for(store, monkeypatch):
-    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="r", status=RunStatus.RUNNING.value))
     store.append_metrics("r", [{"step": 2, "loss": 0.5, "tokens_seen": 128, "grad_norm": 1.0},
                                {"step": 1, "loss": 1.0, "eval_loss": 1.2, "tokens_seen": 64}])
     store.finish_run("r", RunStatus.COMPLETED)
@@ -253,7 +254,7 @@ def test_metrics_frame_reads_only_the_columns_asked_for(store, monkeypatch):
 def test_frame_read_row_by_row_when_the_column_wise_driver_refuses(store, monkeypatch):
     import adbc_driver_manager
 
-    store.create_run(Run(id="r", status=RunStatus.RUNNING.value))
+    store.create_run(RunRecord(id="r", status=RunStatus.RUNNING.value))
     store.append_metrics("r", [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "nonfinite": "eval_loss"}])
 
     def refuse():
