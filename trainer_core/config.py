@@ -20,7 +20,7 @@ import yaml
 
 from trainer_core import hardware
 from trainer_core.protocol import paths
-from trainer_core.protocol.secrets import SECRET_FIELDS
+from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
@@ -373,7 +373,7 @@ class TrainConfig:
 def secrets_in_file(data: dict, file_name: str) -> list[FieldError]:
     """One error per secret field a config file (a run YAML, a preset) holds: secrets are never written to
     files, so one found there is refused rather than used (it may be committed or shared with the file)."""
-    return [FieldError(name, "secrets do not belong in YAML; set HF_TOKEN / WANDB_API_KEY in the environment "
+    return [FieldError(name, f"secrets do not belong in YAML; set {ENV_NAMES} in the environment "
                              f"(or enter it in the form), and remove it from {file_name}")
             for name in SECRET_FIELDS if data.get(name)]
 
