@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets as pysecrets
 import shutil
 import sys
@@ -37,7 +36,7 @@ from trainer_core.jobs.launcher import Launcher, WorkerLauncher
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
 from trainer_core.jobs.resources import ResourceSample, ResourceSampler
-from trainer_core.protocol import control, paths
+from trainer_core.protocol import control, files, paths
 from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 
@@ -307,12 +306,8 @@ class Orchestrator:
     def log_text(self, run_id: str, max_bytes: int = 8 << 20) -> str:
         """The worker log (its last ``max_bytes`` when longer), for download and filtering."""
         try:
-            path = paths.run_dir(run_id) / "worker.log"
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - max_bytes))
-                return fh.read().decode("utf-8", errors="replace")
-        except (paths.UnsafePathError, FileNotFoundError):
+            return files.read_end(paths.run_dir(run_id) / "worker.log", max_bytes)
+        except paths.UnsafePathError:
             return ""
 
     def wait(self, run_id: str, timeout: float | None = None, on_tick: Callable[[LiveSnapshot], None] | None = None,

@@ -9,7 +9,6 @@ same functions, so a rebuilt database holds what the pump would have stored.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from db.store import SPARKLINE_POINTS, Store
 from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun, metric_row
 from trainer_core.protocol import events as ev
+from trainer_core.protocol import files
 from trainer_core.protocol.metrics import merge_metric, thin
 from trainer_core.protocol.status import JobKind, RunStatus
 
@@ -238,12 +238,4 @@ HANDLERS: dict[JobKind, dict[str, Handler]] = {
 
 def tail(path: Path, lines: int) -> str:
     """The last ``lines`` lines of a log file (read from its end: a worker log can be large)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
+    return "\n".join(files.tail_lines(path, lines))

@@ -7,6 +7,8 @@ import json
 import signal
 from pathlib import Path
 
+from trainer_core.protocol import files
+
 RANK_LOG_LINES = 40
 
 
@@ -20,8 +22,7 @@ def rank_log_tail(run_dir: Path, rank: int, lines: int = RANK_LOG_LINES) -> str:
     parts = []
     for stream in ("stdout.log", "stderr.log"):
         for path in sorted((run_dir / "ranks").glob(f"*/attempt_*/{rank}/{stream}")):
-            text = path.read_text(errors="replace").splitlines()
-            parts.extend(text[-lines:])
+            parts.extend(files.tail_lines(path, lines))  # rank logs can be large: read from the end
     return "\n".join(parts[-lines:])
 
 
