@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass, field
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, delete, select
 
 from db.models import ApiToken, User
@@ -107,3 +110,39 @@ def user_for_token(store: Store, token: str) -> Actor:
             session.add(stored)
             session.commit()
     return actor_for(store, row.user)
+
+
+@dataclass
+class Accounts:
+    """Users (with the roles admins gave them) and API token hashes: they live only in the database (no run
+    folder records them), so ``db rebuild`` carries them over from the database it sets aside."""
+
+    users: list[dict] = field(default_factory=list)
+    tokens: list[dict] = field(default_factory=list)
+
+
+def read_accounts(url: str) -> Accounts | None:
+    """The users and tokens of the database at ``url``, read without changing it; None when it cannot be
+    read (a corrupt file). A database from before users existed has none."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            tables = inspect(conn)
+            users = ([dict(r._mapping) for r in conn.execute(User.__table__.select())]
+                     if tables.has_table(User.__tablename__) else [])
+            tokens = ([dict(r._mapping) for r in conn.execute(ApiToken.__table__.select())]
+                      if tables.has_table(ApiToken.__tablename__) else [])
+        return Accounts(users, tokens)
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+
+
+def restore_accounts(store: Store, accounts: Accounts) -> None:
+    """Write ``accounts`` into a rebuilt (empty) database."""
+    with store._write_lock, Session(store.engine) as session:
+        session.add_all(User(**row) for row in accounts.users)
+        session.flush()  # tokens refer to their users
+        session.add_all(ApiToken(**row) for row in accounts.tokens)
+        session.commit()

@@ -10,10 +10,12 @@ import pytest
 from sqlmodel import Session, SQLModel, select
 from streamlit.testing.v1 import AppTest
 
+from db import users
 from db.models import Metric, Run, RunEvent
 from db.store import Store
 from tests.support import ROOT, fake, wait_for_step
 from trainer_core import __main__ as cli
+from trainer_core.access import Actor, Role
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.status import RunStatus
@@ -287,3 +289,31 @@ def test_pages_notice_a_deleted_database_and_offer_the_rebuild(app_home):
     assert not any("not in the database" in w.value for w in at.warning)
     run = Store().get_run(run_dir.name)
     assert (run.name, run.status, run.steps_done, run.final_loss) == ("before the accident", "completed", 2, 1.25)
+
+
+def test_rebuild_carries_users_roles_and_api_tokens_over(home, store):
+    """Users, roles and token hashes are kept nowhere but the database: the rebuild copies them across."""
+    if not store.is_sqlite:
+        pytest.skip("a PostgreSQL rebuild fills an empty database and leaves the old one, users and all, in place")
+    users.ensure_user(store, "ann", Role.VIEWER)
+    users.set_role(store, "ann", Role.OPERATOR)  # an admin's decision, recorded only here
+    token = users.create_token(store, "ann", label="laptop")
+    store.engine.dispose()
+    report = rebuild.rebuild(store.url)
+    assert report.accounts == (1, 1)
+    assert "Carried over 1 user(s) and 1 API token(s)" in report.summary()
+    fresh = Store(store.url)
+    try:
+        assert users.get_user(fresh, "ann").role == Role.OPERATOR.value
+        assert users.user_for_token(fresh, token) == Actor("ann", Role.OPERATOR)
+    finally:
+        fresh.engine.dispose()
+
+
+def test_rebuild_of_a_corrupt_file_says_users_and_tokens_are_lost(home):
+    db_file = paths.data_root() / "studio.db"
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    db_file.write_bytes(b"not a database at all")
+    report = rebuild.rebuild()
+    assert report.accounts is None
+    assert "Users, roles and API tokens could not be read from it" in report.summary()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
 
+from db import users
 from db.entities import RunRecord
 from db.store import Store, default_url
 from trainer_core.config import ConfigError, TrainConfig
@@ -46,6 +47,7 @@ class RebuildReport:
     active: list[str] = field(default_factory=list)  # left active for the next orchestrator to adopt
     skipped: list[str] = field(default_factory=list)  # "run id: reason"
     moved_aside: list[str] = field(default_factory=list)  # files of the old database, kept
+    accounts: tuple[int, int] | None = None  # (users, API tokens) carried over; None: the old file was unreadable
 
     def summary(self) -> str:
         text = f"Rebuilt {len(self.runs)} run(s) from their folders"
@@ -55,6 +57,12 @@ class RebuildReport:
             text += f"; skipped {len(self.skipped)}: " + "; ".join(self.skipped[:5])
         if self.moved_aside:
             text += ". The previous database was kept as " + ", ".join(self.moved_aside)
+        if self.accounts is None and self.moved_aside:
+            text += (". Users, roles and API tokens could not be read from it (they are kept nowhere else): people "
+                     "get the default role when they next sign in (admins from FINETUNE_STUDIO_ADMINS) and create "
+                     "their API tokens again")
+        elif self.accounts and any(self.accounts):
+            text += f". Carried over {self.accounts[0]} user(s) and {self.accounts[1]} API token(s)"
         return text + "."
 
 
@@ -94,6 +102,8 @@ def rebuild(url: str | None = None) -> RebuildReport:
     url = url or default_url()
     report = RebuildReport()
     with _no_orchestrators(), _start_lock(), _pump_locks() as held:
+        db_path = _sqlite_path(url)  # only a SQLite file is set aside; PostgreSQL keeps its users where they are
+        accounts = users.read_accounts(url) if db_path is not None and db_path.exists() else None
         report.moved_aside = _set_aside(url)
         store = Store(url, journal=False)
         try:
@@ -102,6 +112,9 @@ def rebuild(url: str | None = None) -> RebuildReport:
                     f"The database {_redact_url(url)} already holds runs. Rebuild into an empty PostgreSQL "
                     "database (create one and point DATABASE_URL at it); this one is left untouched.")
             _rebuild_all(store, held, report)
+            if accounts is not None:
+                users.restore_accounts(store, accounts)
+                report.accounts = (len(accounts.users), len(accounts.tokens))
         finally:
             store.engine.dispose()
     return report
