@@ -42,3 +42,12 @@ def test_bounds_are_checked():
         BoundedCache(0)
     with pytest.raises(ValueError, match="both"):
         BoundedCache(2, max_weight=10)
+
+
+def test_pop_drops_an_entry_and_its_weight():
+    cache: BoundedCache[str, int] = BoundedCache(10, max_weight=10, weight=lambda key, value: value)
+    cache.put("a", 6)
+    assert cache.pop("a") == 6 and "a" not in cache
+    assert cache.pop("a") is None
+    cache.put("b", 10)  # fits only if the weight of "a" went with it
+    assert cache.get("b") == 10 and len(cache) == 1

@@ -1,6 +1,7 @@
 """The one in-memory cache of the dashboard: least recently used entries go first, thread-safe.
 
-Parsed dataset files, dataset checks and data previews are cached for the reruns of a page; each cache
+Parsed dataset files, dataset checks and data previews are cached for the reruns of a page, and the
+orchestrator keeps live views of finished runs and of runs pumped elsewhere; each cache
 is bounded by its number of entries and, where entries differ a lot in size, by their total weight
 (e.g. file bytes), because a few large files must not pin gigabytes of Python objects in the server.
 """
@@ -51,6 +52,15 @@ class BoundedCache(Generic[K, V]):
             while len(self._entries) > 1 and (len(self._entries) > self.max_items or self._too_heavy()):
                 old_key, old_value = self._entries.popitem(last=False)
                 self._total -= self._weigh(old_key, old_value)
+
+    def pop(self, key: K) -> V | None:
+        """Drop ``key`` (e.g. its data changed); its value, or None when it was not cached."""
+        with self._lock:
+            if key not in self._entries:
+                return None
+            value = self._entries.pop(key)
+            self._total -= self._weigh(key, value)
+            return value
 
     def clear(self) -> None:
         with self._lock:

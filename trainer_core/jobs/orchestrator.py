@@ -18,7 +18,6 @@ import shutil
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
@@ -27,6 +26,7 @@ import pandas as pd
 from db.entities import EventRecord, RunRecord
 from db.store import Store
 from trainer_core import access, checkpoints
+from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError, loading
 from trainer_core.data.fingerprint import data_fingerprint
@@ -58,8 +58,7 @@ class Orchestrator:
         self.launcher = launcher or WorkerLauncher()
         self._lock = threading.RLock()
         self._tracked: dict[str, pump.Tracker] = {}
-        self._finished: dict[str, LiveRun] = {}
-        self._finished_order: deque[str] = deque()
+        self._finished: BoundedCache[str, LiveRun] = BoundedCache(LIVE_KEEP)
         self._remote = RemoteViews(self.store, REMOTE_KEEP)  # runs pumped by another process
         self._closing = threading.Event()
         self._last_adopt = 0.0
@@ -199,7 +198,7 @@ class Orchestrator:
             print(f"[finetune-studio] run {run_id} ({run.name!r}) deleted by {actor.name}"
                   + (" with its folder" if delete_files else ""), file=sys.stderr, flush=True)
         with self._lock:
-            self._finished.pop(run_id, None)
+            self._finished.pop(run_id)
         self._remote.forget(run_id)
         if delete_files and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
@@ -283,9 +282,6 @@ class Orchestrator:
 
     def events(self, run_id: str) -> list[EventRecord]:
         return self.store.get_events(run_id)
-
-    def loss_series(self, run_ids: list[str]) -> dict[str, list[float]]:
-        return self.store.loss_series(run_ids)
 
     def sparklines(self, runs: list[RunRecord]) -> dict[str, list[float]]:
         """History's loss sparklines, stored with the runs (computed once for runs recorded before)."""
@@ -489,10 +485,7 @@ class Orchestrator:
                       **{k: v for k, v in values.items() if k in ("error", "log_tail", "output_dir")})
         with self._lock:
             self._tracked.pop(t.run_id, None)
-            self._finished[t.run_id] = t.live
-            self._finished_order.append(t.run_id)
-            while len(self._finished_order) > LIVE_KEEP:
-                self._finished.pop(self._finished_order.popleft(), None)
+            self._finished.put(t.run_id, t.live)
         t.lock_fh.close()
         t.log.close()
 

@@ -9,12 +9,12 @@ replayed; the rules are deterministic, so the result equals a full rebuild (test
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import pandas as pd
 
 from db.entities import RunRecord
 from db.store import Store
+from trainer_core.bounded_cache import BoundedCache
 from trainer_core.jobs.alerts import AlertMonitor, rows_from_frame
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.protocol.status import RunStatus
@@ -62,33 +62,24 @@ class RemoteViews:
 
     def __init__(self, store: Store, keep: int):
         self._store = store
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._views: OrderedDict[str, RemoteView] = OrderedDict()
+        self._views: BoundedCache[str, RemoteView] = BoundedCache(keep)
 
     def snapshot(self, run_id: str) -> LiveSnapshot | None:
         run = self._store.get_run(run_id)
-        with self._lock:
-            view = self._views.get(run_id)
-            if run is None:
-                self._views.pop(run_id, None)
-                return None
-            if view is not None:
-                self._views.move_to_end(run_id)
+        if run is None:
+            self._views.pop(run_id)
+            return None
+        view = self._views.get(run_id)
         if view is None:
-            view = RemoteView(run, self._store)  # outside the lock: the first build reads every row
-            with self._lock:
-                self._views[run_id] = view
-                while len(self._views) > self._keep:
-                    self._views.popitem(last=False)
+            view = RemoteView(run, self._store)  # outside any lock: the first build reads every row
+            self._views.put(run_id, view)
         else:
             view.refresh(run)
         return view.live.snapshot()
 
     def forget(self, run_id: str) -> None:
         """The run is pumped here now, or was deleted."""
-        with self._lock:
-            self._views.pop(run_id, None)
+        self._views.pop(run_id)
 
 
 def seed_lineage(live: LiveRun, run: RunRecord, store: Store) -> None:
