@@ -12,13 +12,14 @@ from typing import Protocol
 
 from trainer_core import access, parallel
 from trainer_core.config import TrainConfig
+from trainer_core.jobspec import JobSpec
 from trainer_core.protocol import paths, secrets
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the worker's PYTHONPATH
 
 
 class Launcher(Protocol):
-    def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen: ...
+    def spawn(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> subprocess.Popen: ...
 
 
 class WorkerLauncher:
@@ -28,12 +29,17 @@ class WorkerLauncher:
     def command(self, run_dir: Path, processes: int) -> list[str]:
         return parallel.worker_command(run_dir, processes)
 
-    def environment(self, run_dir: Path, cfg: TrainConfig, processes: int) -> dict[str, str]:
+    def environment(self, run_dir: Path, cfg: TrainConfig | JobSpec, processes: int) -> dict[str, str]:
         env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         env.update(secrets.to_env(cfg.secrets()))  # the job's secrets travel in its environment only
+        if isinstance(cfg, JobSpec):  # the variables a serve/eval/export job names (a judge key, a hub token),
+            # never the server's own secrets: a spec is user input, and a judge URL is anywhere
+            refused = set(access.SERVER_SECRET_ENV) | access.secrets_file_keys()
+            env.update({name: os.environ[name] for name in cfg.env_names()
+                        if name in os.environ and name not in refused})
         env.update(parallel.worker_env(cfg, processes))
         # The worker runs in its run folder (below), so the roots it allows are pinned to ours, cwd included.
         env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
@@ -42,7 +48,7 @@ class WorkerLauncher:
         env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
         return env
 
-    def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
+    def spawn(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> subprocess.Popen:
         processes = parallel.process_count(cfg)
         env = self.environment(run_dir, cfg, processes)
         with open(run_dir / "worker.log", "ab") as log:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from db.entities import EventRecord, RunRecord
 from db.store import Store
-from trainer_core import access, checkpoints
+from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError, loading
@@ -33,6 +33,7 @@ from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
 from trainer_core.jobs import adoption, pump, queue, resource_check
 from trainer_core.jobs.launcher import Launcher, WorkerLauncher
+from trainer_core.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
 from trainer_core.jobs.resources import ResourceSample, ResourceSampler
@@ -94,40 +95,64 @@ class Orchestrator:
         if errors:
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
-        fingerprint = data_fingerprint(cfg)
-        devices = queue.devices_of(cfg)
+        name = cfg.run_name or f"{cfg.method_label} · {{stamp}}"
+        row = dict(model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
+                   total_steps=cfg.max_steps, config_json=_json(cfg.to_public_dict()),
+                   data_fingerprint=data_fingerprint(cfg), needs_secrets=tuple(cfg.secrets()),
+                   parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
+                   steps_done=resumed_from_step or 0)
+        run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
+                              lambda run_dir: (run_dir / "config.yaml").write_text(cfg.to_yaml()),
+                              note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + _by(actor))
+                              if parent is not None else "")
+        return run_id
+
+    def submit(self, spec: JobSpec, actor: access.Actor | None = None) -> str:
+        """Record a job of a kind other than training (serve, eval, export) and start it now, or queue it
+        when its devices are busy, exactly like ``start``. Returns the job id; ConfigError lists every
+        problem of the spec."""
+        _authorize(actor, access.Action.START, "")
+        errors = spec.validate()
+        if errors:
+            raise ConfigError(errors)
+        label = spec.KIND.label
+        row = dict(model=spec.model_label, dataset=spec.dataset_label, method=label, total_steps=spec.total_steps,
+                   config_json=_json(spec.to_dict()), data_fingerprint="", needs_secrets=(),
+                   parent_run_id=spec.source.run_id or None)
+        return self._record(spec.KIND, spec, spec.name or f"{label} · {{stamp}}", row, actor,
+                            lambda run_dir: jobspec.write_spec(run_dir, spec))
+
+    def _record(self, kind: JobKind, job: TrainConfig | JobSpec, name: str, row: dict[str, Any],
+                actor: access.Actor | None, write: Callable[[Path], None], note: str = "") -> str:
+        """Write the job folder, create its row, and launch it now or leave it queued."""
+        devices = queue.devices_of(job)
         with queue.start_lock():
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + pysecrets.token_hex(3)
             run_dir = paths.run_dir(run_id)
             run_dir.mkdir(parents=True)
-            (run_dir / "config.yaml").write_text(cfg.to_yaml())
-            write_kind(run_dir, JobKind.TRAIN)
+            write(run_dir)
+            write_kind(run_dir, kind)
             if actor is not None:  # the database is a cache of the run folder: who started it lives there too
                 (run_dir / "owner.txt").write_text(actor.name + "\n")
-            name = cfg.run_name or f"{cfg.method_label} · {run_id[9:15]}"
             waiting = [(r.id, r.devices) for r in self.store.queued_runs()]
             now_free = queue.startable(waiting + [(run_id, devices)], [r.devices for r in self.store.active_runs()])
-            run = RunRecord(id=run_id, name=name, status=RunStatus.QUEUED, kind=JobKind.TRAIN, phase="waiting in the queue",
-                            model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
-                            created_at=time.time(), output_dir=str(run_dir), total_steps=cfg.max_steps,
-                            config_json=_json(cfg.to_public_dict()), devices=devices, data_fingerprint=fingerprint,
-                            queue_position=self.store.next_queue_position(), needs_secrets=tuple(cfg.secrets()),
-                            parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
-                            steps_done=resumed_from_step or 0, owner=actor.name if actor else "")
+            run = RunRecord(id=run_id, name=name.replace("{stamp}", run_id[9:15]), status=RunStatus.QUEUED,
+                            kind=kind, phase="waiting in the queue", created_at=time.time(), output_dir=str(run_dir),
+                            devices=devices, queue_position=self.store.next_queue_position(),
+                            owner=actor.name if actor else "", **row)
             lock_fh = None
             if run_id in now_free:
                 run = run.replace(status=RunStatus.STARTING, phase="launching worker", queue_position=None,
                                   started_at=time.time())
                 lock_fh = adoption.try_lock(run_dir)  # held before the row exists, so no other pump adopts it
-            elif cfg.secrets():
-                self._secrets[run_id] = cfg.secrets()  # memory only: secrets never reach the disk
+            elif job.secrets():
+                self._secrets[run_id] = job.secrets()  # memory only: secrets never reach the disk
                 run = run.replace(secrets_holder=self.holder)  # so other orchestrators leave this run to us
             self.store.create_run(run)
-            if parent is not None:
-                self.store.add_event(run_id, "resume", f"resumed from run '{parent.name}' at step {resumed_from_step}"
-                                     + _by(actor))
+            if note:
+                self.store.add_event(run_id, "resume", note)
             if lock_fh is not None:
-                self._launch(run, cfg, lock_fh)
+                self._launch(run, job, lock_fh)
         return run_id
 
     def resume(self, run_id: str, secrets: dict[str, str] | None = None, actor: access.Actor | None = None) -> str:
@@ -344,7 +369,7 @@ class Orchestrator:
             self._presence = None
 
     # ================================================================== spawning
-    def _launch(self, run: RunRecord, cfg: TrainConfig, lock_fh: IO) -> None:
+    def _launch(self, run: RunRecord, cfg: TrainConfig | JobSpec, lock_fh: IO) -> None:
         """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
         run_dir = paths.run_dir(run.id)
         try:
@@ -357,7 +382,7 @@ class Orchestrator:
         self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
-                       total_steps=cfg.max_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
+                       total_steps=run.total_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         seed_lineage(live, run, self.store)
         with self._lock:
             self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, proc=proc,

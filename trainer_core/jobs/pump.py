@@ -233,6 +233,9 @@ LIFECYCLE: dict[str, Handler] = {
 # A new kind of job adds its own events next to the lifecycle ones here.
 HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint},
+    JobKind.SERVE: {**LIFECYCLE},
+    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
+    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
 }
 
 

@@ -20,12 +20,13 @@ from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import loading
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths, secrets
-from trainer_core.protocol.status import RunStatus
+from trainer_core.jobspec import JobSpec, read_spec
+from trainer_core.protocol.status import JobKind, RunStatus
 
 ALL_GPUS = "gpu*"
 
 
-def devices_of(cfg: TrainConfig, cuda: bool | None = None) -> str:
+def devices_of(cfg: TrainConfig | JobSpec, cuda: bool | None = None) -> str:
     cuda = hardware.cuda_available() if cuda is None else cuda
     if not cuda:
         return "cpu"
@@ -94,11 +95,14 @@ def secret_values(names: list[str], given: dict[str, str] | None) -> dict[str, s
     return {name: given.get(name) or env.get(name, "") for name in names if name in env}
 
 
-def config_when_due(run: RunRecord, store: Store, held: dict[str, str] | None, holder: str) -> TrainConfig | None:
+def config_when_due(run: RunRecord, store: Store, held: dict[str, str] | None,
+                    holder: str) -> TrainConfig | JobSpec | None:
     """The config to launch a queued run with now that its devices are free, its secrets filled in from
     ``held`` (what this orchestrator, named ``holder``, keeps in memory) or the environment. None when the
     run is left to the orchestrator that holds its secrets, or when it cannot start (then it is failed, with
     the reason)."""
+    if run.kind is not JobKind.TRAIN:
+        return _spec_when_due(run, store)
     try:
         cfg = TrainConfig.from_yaml((paths.run_dir(run.id) / "config.yaml").read_text())
     except (OSError, ConfigError) as exc:
@@ -121,3 +125,19 @@ def config_when_due(run: RunRecord, store: Store, held: dict[str, str] | None, h
                          "; ".join(str(e) for e in errors))
         return None
     return cfg
+
+
+def _spec_when_due(run: RunRecord, store: Store) -> JobSpec | None:
+    """The spec of a queued serve/eval/export job, checked again now that its turn came (its source run may
+    have been deleted while it waited); None (and the job failed, with the reason) when it cannot start."""
+    try:
+        spec = read_spec(paths.run_dir(run.id))
+    except ConfigError as exc:
+        store.finish_run(run.id, RunStatus.FAILED, error=f"its job.json cannot be read: {exc}")
+        return None
+    errors = spec.validate()
+    if errors:
+        store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
+                         "; ".join(str(e) for e in errors))
+        return None
+    return spec

@@ -58,13 +58,17 @@ class JobKind(StrEnum):
     its own event handlers (trainer_core.jobs.pump) and its own page."""
 
     TRAIN = "train"
+    SERVE = "serve"
+    EVAL = "eval"
+    EXPORT = "export"
 
     @property
     def label(self) -> str:
         return _KIND_LABELS[self]
 
 
-_KIND_LABELS = {JobKind.TRAIN: "Training"}
+_KIND_LABELS = {JobKind.TRAIN: "Training", JobKind.SERVE: "Serving", JobKind.EVAL: "Evaluation",
+                JobKind.EXPORT: "Export"}
 
 
 KIND_FILE = "kind.txt"  # in the run folder; a folder without one (recorded before kinds existed) is a train job

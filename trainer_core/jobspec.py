@@ -1,0 +1,295 @@
+"""What a job other than training is asked to do, and the model sources such jobs work on.
+
+A training job is described by its ``TrainConfig`` (config.yaml). Every other kind (serve, eval, export)
+is described by a ``JobSpec`` subclass, saved as ``job.json`` in the job folder next to ``kind.txt``; the
+orchestrator's ``submit`` records, queues and launches it like a training run, and the worker entry point
+of its kind reads it back with ``read_spec``.
+
+A ``ModelSource`` names what to load: a base model, the final model of a run (its adapter, or its full
+weights), or one completed ``checkpoint-<step>`` of a run. ``resolve`` turns it into folders, or a
+``SourceError`` naming what is missing and the fix. Nothing here imports the ML stack: the dashboard, the
+CLI and the worker all use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from trainer_core import checkpoints
+from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, read_kind
+
+SPEC_FILE = "job.json"
+SPEC_BYTES_MAX = 1 << 20  # a spec is a few fields and prompts; a bigger file is not one of ours
+
+
+class SourceError(ValueError):
+    """A model source that cannot be loaded: names what is missing and the fix."""
+
+    def __init__(self, message: str, field: str = "source"):
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """``run_id`` empty: the base model ``model`` (the bundled model, a local folder or a hub id).
+    ``run_id`` set: that run's final model, or its ``checkpoint-<checkpoint>`` when ``checkpoint`` is set."""
+
+    run_id: str = ""
+    checkpoint: int | None = None
+    model: str = ""
+
+    @property
+    def is_base(self) -> bool:
+        return not self.run_id
+
+    @property
+    def key(self) -> str:
+        """A stable text form: ``base:<model>``, ``run:<id>`` or ``run:<id>@<step>`` (parse with ``from_key``)."""
+        if self.is_base:
+            return f"base:{self.model}"
+        return f"run:{self.run_id}" + (f"@{self.checkpoint}" if self.checkpoint is not None else "")
+
+    @classmethod
+    def from_key(cls, key: str) -> "ModelSource":
+        if key.startswith("base:") and len(key) > 5:
+            return cls(model=key[5:])
+        match = re.fullmatch(r"run:([A-Za-z0-9][A-Za-z0-9_-]{0,63})(?:@(\d{1,9}))?", key)
+        if not match:
+            raise SourceError(f"{key[:80]!r} is not a model source; use base:<model>, run:<id> or run:<id>@<step>")
+        return cls(run_id=match.group(1), checkpoint=int(match.group(2)) if match.group(2) else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ModelSource":
+        if not isinstance(data, dict):
+            raise SourceError("a model source must be an object with run_id, checkpoint and model")
+        run_id, checkpoint, model = data.get("run_id") or "", data.get("checkpoint"), data.get("model") or ""
+        if not isinstance(run_id, str) or not isinstance(model, str):
+            raise SourceError("run_id and model of a model source are text")
+        if checkpoint is not None and (isinstance(checkpoint, bool) or not isinstance(checkpoint, int) or checkpoint < 0):
+            raise SourceError(f"checkpoint must be a step number, not {checkpoint!r}", "checkpoint")
+        if not run_id and not model:
+            raise SourceError("a model source names a run or a base model")
+        return cls(run_id=run_id, checkpoint=checkpoint, model=model)
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """A model source, found on disk. ``adapter_dir`` is a PEFT adapter folder to apply on ``base_model``;
+    ``model_dir`` a folder of full weights (a full fine-tune); both None for a base model. ``base_model``
+    is a model name as ``TrainConfig.model_name`` takes it (the worker's ``resolve_model`` makes it a folder)."""
+
+    source: ModelSource
+    label: str
+    base_model: str
+    adapter_dir: Path | None = None
+    model_dir: Path | None = None
+    run_name: str = ""
+    config: TrainConfig | None = None
+
+    @property
+    def weights_dir(self) -> Path | None:
+        return self.adapter_dir or self.model_dir
+
+    @property
+    def served_name(self) -> str:
+        """The model name a client asks an OpenAI-compatible endpoint for: short, stable, no slashes."""
+        if self.source.is_base:
+            return slug(self.base_model.removeprefix("bundled:").rsplit("/", 1)[-1]) or "base"
+        name = slug(self.run_name) or self.source.run_id
+        return name + (f"-step{self.source.checkpoint}" if self.source.checkpoint is not None else "")
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60]
+
+
+def run_config(run_id: str) -> TrainConfig:
+    """The saved config of run ``run_id`` (SourceError when its folder or config is gone)."""
+    try:
+        folder = paths.run_dir(run_id)
+    except paths.UnsafePathError as exc:
+        raise SourceError(str(exc), "run") from None
+    if not folder.is_dir():
+        raise SourceError(f"run {run_id}: its folder {folder} is gone (deleted from disk); pick another run", "run")
+    try:
+        if read_kind(folder) is not JobKind.TRAIN:
+            raise SourceError(f"{run_id} is not a training run: pick a run that trained a model", "run")
+        return TrainConfig.from_yaml((folder / "config.yaml").read_text())
+    except (OSError, ValueError, ConfigError) as exc:
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"run {run_id}: its config.yaml cannot be read ({exc})", "run") from None
+
+
+def checkpoint_steps(run_id: str) -> list[int]:
+    """Steps of the completed checkpoints of a run, oldest first (empty when none, or no folder)."""
+    try:
+        found = checkpoints.completed_checkpoints(paths.run_dir(run_id) / "checkpoints")
+    except (OSError, paths.UnsafePathError):
+        return []
+    return [int(checkpoints.CHECKPOINT_RE.fullmatch(p.name).group(1)) for p in found]
+
+
+def has_weights(folder: Path) -> bool:
+    return (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file()
+
+
+def final_dir(run_id: str, cfg: TrainConfig) -> Path:
+    return paths.run_dir(run_id) / ("adapter" if cfg.effective_use_lora else "model")
+
+
+def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
+    """Where the weights of ``source`` are, or SourceError naming what is missing and the fix."""
+    if source.is_base:
+        model = source.model.strip()
+        if not model:
+            raise SourceError("name a base model: the bundled model, a local folder or a hub id", "model")
+        label = "Bundled SmolLM2-135M-Instruct" if model == BUNDLED_MODEL else model
+        return ResolvedSource(source, f"Base · {label}", model)
+    cfg = run_config(source.run_id)
+    name = run_name or cfg.run_name or source.run_id
+    if source.checkpoint is None:
+        folder = final_dir(source.run_id, cfg)
+        if not has_weights(folder):
+            steps = checkpoint_steps(source.run_id)
+            hint = (f"pick one of its checkpoints ({', '.join(map(str, steps[-5:]))})" if steps
+                    else "wait until it finishes, or train it again")
+            raise SourceError(f"run '{name}' has no saved {'adapter' if cfg.effective_use_lora else 'model'} yet "
+                              f"(it is queued, still training, or failed before saving): {hint}", "run")
+        label = f"{name} · final"
+    else:
+        folder = paths.run_dir(source.run_id) / "checkpoints" / f"checkpoint-{source.checkpoint}"
+        if not has_weights(folder):
+            steps = checkpoint_steps(source.run_id)
+            known = f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps else "it has no checkpoints"
+            raise SourceError(f"run '{name}' has no checkpoint at step {source.checkpoint}: {known}", "checkpoint")
+        label = f"{name} · step {source.checkpoint}"
+    is_adapter = (folder / "adapter_config.json").is_file()
+    return ResolvedSource(source, label, cfg.model_name, adapter_dir=folder if is_adapter else None,
+                          model_dir=None if is_adapter else folder, run_name=name, config=cfg)
+
+
+# ====================================================================== job specs
+@dataclass
+class JobSpec:
+    """The base of every non-training job's spec. Subclasses set ``KIND``, add fields (JSON-friendly
+    types, nested ``ModelSource``s allowed) and extend ``validate``.
+
+    ``env_names`` lists the environment variables the worker needs from the dashboard's environment (an
+    HF token for a hub push, a judge's API key): the launcher passes those and nothing else secret."""
+
+    KIND: ClassVar[JobKind]
+    name: str = ""
+    source: ModelSource = field(default_factory=ModelSource)
+    # Devices, read by the scheduler and the launcher as for training (parallel.run_gpus): by default a job
+    # holds the first GPU on a GPU host, and "cpu" on a CPU host (so it waits while a run trains there).
+    gpu_ids: list[int] = field(default_factory=list)
+    num_processes: int = 1
+
+    def secrets(self) -> dict[str, str]:
+        """Secret config fields (training's hf_token, ...): a spec holds none; see ``env_names``."""
+        return {}
+
+    # ---- labels the queue and History show (override as fits)
+    @property
+    def model_label(self) -> str:
+        return self.source.key
+
+    @property
+    def dataset_label(self) -> str:
+        return ""
+
+    @property
+    def total_steps(self) -> int:
+        return 0
+
+    def env_names(self) -> list[str]:
+        return []
+
+    def validate(self) -> list[FieldError]:
+        """Every problem at once (field errors), like TrainConfig.validate. Checks the source exists."""
+        errors: list[FieldError] = []
+        if len(self.name) > 80 or "\x00" in self.name:
+            errors.append(FieldError("name", "at most 80 characters, no NUL"))
+        if not isinstance(self.gpu_ids, list) or not all(isinstance(g, int) and 0 <= g < 1024 for g in self.gpu_ids):
+            errors.append(FieldError("gpu_ids", "a list of GPU indices like [0]"))
+        if self.num_processes != 1:
+            errors.append(FieldError("num_processes", f"{self.KIND.label} jobs run in one process"))
+        try:
+            resolve(self.source)
+        except SourceError as exc:
+            errors.append(FieldError(exc.field, str(exc)))
+        return errors
+
+    # ---- the file
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError([FieldError(k, "unknown field") for k in unknown[:10]])
+        values = dict(data)
+        try:
+            for name, f in known.items():
+                if name in values and _is_source_field(f):
+                    raw = values[name]
+                    values[name] = ([ModelSource.from_dict(item) for item in raw] if isinstance(raw, list)
+                                    else ModelSource.from_dict(raw))
+        except SourceError as exc:
+            raise ConfigError([FieldError(exc.field, str(exc))]) from None
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError([FieldError("job.json", str(exc))]) from None
+
+
+def _is_source_field(f: dataclasses.Field) -> bool:
+    return "ModelSource" in str(f.type)
+
+
+SPEC_TYPES: dict[JobKind, type[JobSpec]] = {}
+
+
+def register(cls: type[JobSpec]) -> type[JobSpec]:
+    """Class decorator: ``read_spec`` builds specs of ``cls.KIND`` with ``cls``."""
+    SPEC_TYPES[cls.KIND] = cls
+    return cls
+
+
+def write_spec(run_dir: Path, spec: JobSpec) -> None:
+    (Path(run_dir) / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True))
+
+
+def read_spec(run_dir: Path) -> JobSpec:
+    """The spec in ``run_dir/job.json`` as its kind's class (ConfigError names the problem)."""
+    import trainer_core.jobkinds  # noqa: F401  (registers every kind's spec class)
+
+    kind = read_kind(run_dir)
+    cls = SPEC_TYPES.get(kind)
+    if cls is None:
+        raise ConfigError([FieldError("kind", f"{kind.value} jobs have no job.json spec")])
+    path = Path(run_dir) / SPEC_FILE
+    try:
+        if path.stat().st_size > SPEC_BYTES_MAX:
+            raise ConfigError([FieldError(SPEC_FILE, f"{path} is larger than {SPEC_BYTES_MAX:,} bytes")])
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError([FieldError(SPEC_FILE, f"{path} cannot be read: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([FieldError(SPEC_FILE, f"{path} must hold a JSON object")])
+    return cls.from_dict(data)
