@@ -1,0 +1,95 @@
+"""Loading a model source (jobspec.ResolvedSource) in a worker: the base model, a run's adapter on its base,
+or full weights; and merging an adapter into a plain 16-bit model folder (served by engines that cannot
+apply an adapter, exported as merged weights). Worker-only: imports torch, transformers and peft.
+
+A QLoRA run trained on a 4-bit base; its adapter is applied to (and merged into) the base in 16 bits, never
+into 4-bit weights, which would degrade the model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+from trainer_core.config import TrainConfig
+from trainer_core.jobspec import ResolvedSource
+from trainer_core.worker.model_files import resolve_model
+
+MERGED_MARKER = ".merged-from"  # in a merged folder: which adapter files (and sizes/mtimes) it was made from
+
+
+def base_folder(resolved: ResolvedSource, log=print) -> str:
+    """A from_pretrained-able folder (or hub id) of the source's base model."""
+    cfg = resolved.config or TrainConfig()
+    return resolve_model(dataclasses.replace(cfg, model_name=resolved.base_model), log=log)
+
+
+def torch_dtype(device: str):
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_source(resolved: ResolvedSource, device: str = "cpu", log=print):
+    """(model, tokenizer) of ``resolved`` on ``device``, in eval mode; an adapter stays unmerged (PeftModel)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch_dtype(device)
+    if resolved.model_dir is not None:
+        folder = str(resolved.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    else:
+        base = base_folder(resolved, log=log)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        # The run saved its tokenizer (with the chat template it trained with) next to the adapter.
+        tokenizer_dir = resolved.adapter_dir if resolved.adapter_dir and (resolved.adapter_dir / "tokenizer_config.json").exists() else base
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        if resolved.adapter_dir is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(resolved.adapter_dir))
+    model.to(device)
+    model.eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _adapter_stamp(adapter_dir: Path) -> str:
+    files = sorted(p for p in adapter_dir.iterdir() if p.is_file())
+    return json.dumps([[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files])
+
+
+MERGE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def merge_adapter(resolved: ResolvedSource, target: Path, dtype: str = "bfloat16", log=print) -> Path:
+    """Write the base model with ``resolved``'s adapter merged in, as safetensors in ``dtype`` (16-bit for an
+    export; float32 keeps a CPU server's answers identical to the unmerged adapter's) plus the run's
+    tokenizer, into ``target`` (atomically: a folder appears complete or not at all). A folder already made
+    from the same adapter files in the same dtype is reused. Returns ``target``."""
+    assert resolved.adapter_dir is not None, "only an adapter is merged"
+    assert dtype in MERGE_DTYPES, dtype
+    stamp = dtype + " " + _adapter_stamp(resolved.adapter_dir)
+    marker = target / MERGED_MARKER
+    if marker.exists() and marker.read_text() == stamp:
+        return target
+    import torch
+
+    log(f"Merging the adapter {resolved.adapter_dir} into its base model ({target})")
+    model, tokenizer = load_source(resolved, device="cpu", log=log)
+    merged = model.merge_and_unload().to(getattr(torch, dtype))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / MERGED_MARKER).write_text(stamp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
