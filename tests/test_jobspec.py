@@ -130,6 +130,9 @@ def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after
     orch.wait(train_id, timeout=30, interval=0.05)
     wait_until(lambda: orch.get_run(job_id).status is not RunStatus.QUEUED, what="the job left the queue")
     orch.wait(job_id, timeout=30, interval=0.05)  # the fake worker plays any kind's lifecycle
+    assert [r.id for r in orch.list_runs(kinds=[JobKind.EXPORT])] == [job_id]
+    assert [r.id for r in orch.list_runs(kinds=[JobKind.TRAIN])] == [train_id]
+    assert orch.count_runs(kinds=[JobKind.TRAIN, JobKind.EXPORT]) == 2 and orch.count_runs(kinds=[JobKind.SERVE]) == 0
     done = orch.get_run(job_id)
     assert done.status is RunStatus.COMPLETED, f"{done.error}\n{orch.log_tail(job_id)}"
 
@@ -163,3 +166,9 @@ def test_a_submitted_job_comes_back_with_its_kind_after_a_database_rebuild(make_
     after = dump(type(store)(store.url))
     assert [r for r in after["runs"] if r["id"] == job_id] == before["runs"]
     assert [e for e in after["events"] if e[0] == job_id] == before["events"]
+
+
+def test_a_running_job_reads_as_what_it_does():
+    assert JobKind.SERVE.status_label(RunStatus.RUNNING) == "Serving"
+    assert JobKind.TRAIN.status_label(RunStatus.RUNNING) == "Training"
+    assert JobKind.EXPORT.status_label(RunStatus.FAILED) == "Failed"
