@@ -237,6 +237,8 @@ class KeyGate:
                                       "must be numbers") from None
         for name in SAMPLING_EXTRAS:
             body.pop(name, None)
+        if body.get("temperature") == 0:
+            body.pop("temperature")  # greedy is do_sample=False above; a 0 temperature only earns a warning
         body["generation_config"] = config
         return body
 
