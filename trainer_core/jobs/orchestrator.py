@@ -40,6 +40,8 @@ from trainer_core.jobs.resources import ResourceSample, ResourceSampler
 from trainer_core.protocol import control, files, paths
 from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
+from trainer_core.serving import endpoint as endpoint_file
+from trainer_core.serving import spec as serve_spec
 
 POLL_S = 0.25
 ADOPT_EVERY_S = 2.0
@@ -65,6 +67,7 @@ class Orchestrator:
         self._last_adopt = 0.0
         self._last_queue_check = 0.0
         self._secrets: dict[str, dict[str, str]] = {}  # secrets of queued runs, in memory only
+        self._server_keys: dict[str, str] = {}  # API keys of the playground servers it started, memory only
         # Names this orchestrator in the rows of runs whose secrets only it holds: other orchestrators (the
         # CLI, another server, a hot reload's second one) leave those runs to it while it is open.
         self.holder = f"{adoption.process_token()}:{pysecrets.token_hex(4)}"
@@ -527,6 +530,64 @@ class Orchestrator:
     def _is_tracked(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._tracked
+
+    # ================================================================== serving (serve jobs)
+    def start_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None,
+                     purpose: str = "playground", host: str = "127.0.0.1", port: int = 0,
+                     idle_timeout_s: int = serve_spec.DEFAULT_IDLE_S, engine: str = "auto",
+                     name: str = "") -> tuple[str, str]:
+        """Start (or queue) a serve job for ``sources``; returns (job id, API key). The key is generated
+        here and only its sha256 is stored; a playground server's key stays in this orchestrator's memory
+        (``server_key``), an endpoint's is shown once by the caller. ConfigError lists every problem."""
+        key = pysecrets.token_urlsafe(32)
+        labels = ", ".join(s.key.removeprefix("run:").removeprefix("base:") for s in sources)
+        spec = serve_spec.ServeSpec(
+            name=name or f"{'Playground' if purpose == 'playground' else 'Endpoint'} · {labels}"[:80],
+            sources=list(sources), host=host, port=port, api_key_hash=serve_spec.hash_key(key),
+            idle_timeout_s=idle_timeout_s, engine=engine, purpose=purpose)
+        job_id = self.submit(spec, actor)
+        if purpose == "playground":
+            with self._lock:
+                self._server_keys[job_id] = key
+        return job_id, key
+
+    def server_key(self, job_id: str) -> str | None:
+        """The API key of a playground server this orchestrator started (None otherwise, or once it ended)."""
+        with self._lock:
+            key = self._server_keys.get(job_id)
+        run = self.store.get_run(job_id) if key else None
+        if run is None or run.status.is_terminal():
+            with self._lock:
+                self._server_keys.pop(job_id, None)
+            return None
+        return key
+
+    def endpoint(self, job_id: str) -> endpoint_file.Endpoint | None:
+        """Where a serve job listens and what it serves, while it runs (None before it is ready and after)."""
+        run = self.store.get_run(job_id)
+        if run is None or run.kind is not JobKind.SERVE or run.status not in (RunStatus.STARTING, RunStatus.RUNNING):
+            return None
+        try:
+            found = endpoint_file.read(paths.run_dir(job_id))
+        except paths.UnsafePathError:
+            return None
+        alive = found is not None and found.pid == run.pid and adoption.pid_alive(run.pid, run.pid_started_at)
+        return found if alive else None
+
+    def find_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None) -> str | None:
+        """A queued or active playground server of ``actor`` serving exactly ``sources``, whose key this
+        orchestrator holds (to reuse rather than load the same models twice); None when there is none."""
+        wanted = sorted(s.key for s in sources)
+        for run in self.store.active_runs() + self.store.queued_runs():
+            if run.kind is not JobKind.SERVE or (actor is not None and run.owner != actor.name):
+                continue
+            if run.status is RunStatus.STOPPING or self.server_key(run.id) is None:
+                continue
+            spec = json.loads(self.store.get_run(run.id).config_json or "{}")
+            if spec.get("purpose") == "playground" and sorted(
+                    jobspec.ModelSource.from_dict(s).key for s in spec.get("sources", [])) == wanted:
+                return run.id
+        return None
 
 
 # ====================================================================== helpers

@@ -217,6 +217,16 @@ def _on_heartbeat(t: Tracker, e: ev.HeartbeatEvent) -> None:
     t.run_values["heartbeat_at"] = e.ts
 
 
+def _on_serve_ready(t: Tracker, e: ev.ServeReadyEvent) -> None:
+    phase = f"serving at {e.url}"
+    if t.live.status is RunStatus.STOPPING:
+        return  # a stop was requested while it loaded: it ends without serving
+    t.live.update(status=RunStatus.RUNNING, phase=phase, **({"engine": e.engine} if e.engine else {}))
+    t.run_values.update(status=RunStatus.RUNNING.value, phase=phase, **({"engine": e.engine} if e.engine else {}))
+    t.timeline.append((e.ts, "status", f"serving {', '.join(e.models)} at {e.url}"))
+    t.urgent = True
+
+
 def on_log_problem(t: Tracker, problem: str) -> None:
     """An invalid line (skipped on its own) or a change to the log file itself: a warning in the timeline."""
     t.live.add_warning(problem)
@@ -233,7 +243,7 @@ LIFECYCLE: dict[str, Handler] = {
 # A new kind of job adds its own events next to the lifecycle ones here.
 HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint},
-    JobKind.SERVE: {**LIFECYCLE},
+    JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
     JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
     JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
 }

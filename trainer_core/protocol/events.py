@@ -107,10 +107,20 @@ class HeartbeatEvent(Event):
     pid: int = 0
 
 
+@dataclass
+class ServeReadyEvent(Event):
+    """A serve job's server listens at ``url`` (its OpenAI base URL); ``models``: served name -> label."""
+
+    kind: ClassVar[str] = "serve_ready"
+    url: str
+    models: dict = field(default_factory=dict)
+    engine: str = ""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (StatusEvent, WarningEvent, ProgressEvent, EvalEvent, CheckpointEvent, CompleteEvent, ErrorEvent,
-                HeartbeatEvent)
+                HeartbeatEvent, ServeReadyEvent)
 }
 
 

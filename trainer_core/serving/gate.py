@@ -1,0 +1,271 @@
+"""The key gate: a small ASGI middleware in front of the serving engine's own OpenAI-compatible app.
+
+Neither ``transformers serve`` nor a bare app checks an API key, and both expose routes a teammate must
+not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). The gate:
+
+* requires ``Authorization: Bearer <key>`` on every request (sha256 compared with hmac.compare_digest;
+  401 otherwise, /v1/models and /health included);
+* lets through only GET /health, POST /v1/chat/completions and POST /v1/completions, and answers
+  GET /v1/models itself with the served names (404 for everything else);
+* reads at most ``max_body_bytes`` of a request body (413 beyond), refuses a ``model`` that is not served
+  (404 naming the served ones) and, when ``limits`` can count tokens, a prompt longer than the context
+  (400), shortening ``max_tokens`` to what the context leaves;
+* for transformers serve, turns top_k/min_p/repetition_penalty into its ``generation_config`` JSON, built
+  on the model folder's own generation_config.json (so eos/pad tokens are kept), and drops the fields it
+  rejects (``stream_options``: it always sends usage in the last chunk);
+* records activity (requests in flight and the last request's end) for the idle timeout.
+
+Standard library only: it runs in the serve worker and, for vLLM, inside vLLM's process (``--middleware``,
+configured through the GATE_ENV file).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+GATE_ENV = "FINETUNE_STUDIO_SERVE_GATE"  # a gate.json path, for a gate built by vLLM as KeyGate(app)
+MAX_BODY_BYTES = 4 << 20  # a long conversation is well under 1 MB of JSON
+ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")}
+# transformers serve rejects these OpenAI fields (it always reports usage in the last chunk).
+TRANSFORMERS_DROPPED = ("stream_options",)
+SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class GateConfig:
+    key_hash: str
+    models: dict[str, str]  # served name -> model folder ("" when unknown: no generation_config translation)
+    translate_sampling: bool = True  # transformers serve: True; vLLM takes top_k/min_p/... itself
+    max_body_bytes: int = MAX_BODY_BYTES
+    activity_file: str = ""  # touched on each request (vLLM: the worker reads its mtime)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "GateConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass
+class Activity:
+    """Requests in flight and when the last one ended, for the idle timeout (thread-safe)."""
+
+    in_flight: int = 0
+    last: float = field(default_factory=time.monotonic)
+    touch_file: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def begin(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.last = time.monotonic()
+        self._touch()
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_flight = max(0, self.in_flight - 1)
+            self.last = time.monotonic()
+        self._touch()
+
+    def idle_s(self) -> float:
+        """Seconds without a request in flight (0 while one is)."""
+        with self._lock:
+            return 0.0 if self.in_flight else time.monotonic() - self.last
+
+    def _touch(self) -> None:
+        if self.touch_file:
+            try:
+                Path(self.touch_file).touch()
+            except OSError:
+                pass  # the job folder went away: the worker is ending anyway
+
+
+class RequestRefused(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+        self.status, self.message, self.code = status, message, code
+        super().__init__(message)
+
+
+# (model name, request body) -> (prompt tokens, context length), or None when the count is unknown
+Limits = Callable[[str, dict], "tuple[int, int] | None"]
+
+
+def generation_config_json(folder: str, body: dict) -> str:
+    """transformers serve's ``generation_config`` for ``body``: the folder's generation_config.json (eos,
+    pad, bos kept) with the request's sampling fields on top; temperature 0 means greedy."""
+    base: dict[str, Any] = {}
+    if folder:
+        try:
+            base = json.loads((Path(folder) / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            base = {}
+    base = {k: v for k, v in base.items() if not k.startswith("_") and k != "transformers_version"}
+    temperature = body.get("temperature")
+    temperature = 1.0 if temperature is None else float(temperature)
+    base["do_sample"] = temperature > 0
+    if temperature > 0:
+        base["temperature"] = temperature
+        base["top_p"] = float(body["top_p"]) if body.get("top_p") is not None else 1.0
+        base["top_k"] = int(body["top_k"]) if body.get("top_k") is not None else 0
+        base["min_p"] = float(body["min_p"]) if body.get("min_p") else None
+    else:  # greedy: sampling fields would only earn a warning from generate()
+        for name in ("temperature", "top_p", "top_k", "min_p"):
+            base.pop(name, None)
+    if body.get("repetition_penalty") is not None:
+        base["repetition_penalty"] = float(body["repetition_penalty"])
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        base["max_new_tokens"] = int(max_tokens)
+    return json.dumps({k: v for k, v in base.items() if v is not None})
+
+
+class KeyGate:
+    """ASGI middleware: ``KeyGate(app, config, activity, limits)``; with only ``app`` (vLLM's
+    ``--middleware``), the config comes from the file named by GATE_ENV."""
+
+    def __init__(self, app, config: GateConfig | None = None, activity: Activity | None = None,
+                 limits: Limits | None = None):
+        self.app = app
+        self.config = config or GateConfig.from_file(os.environ[GATE_ENV])
+        self.activity = activity or Activity(touch_file=self.config.activity_file)
+        self.limits = limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # lifespan: the engine's own startup and shutdown
+            return
+        try:
+            self._check_key(scope)  # only a caller with the key keeps the server from its idle timeout
+        except RequestRefused as exc:
+            await _refuse(send, exc)
+            return
+        self.activity.begin()
+        try:
+            await self._handle(scope, receive, send)
+        finally:
+            self.activity.end()
+
+    async def _handle(self, scope, receive, send) -> None:
+        method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        try:
+            if (method, path) not in ROUTES:
+                raise RequestRefused(404, f"{method} {path} is not served here; this endpoint serves "
+                                          "GET /v1/models, POST /v1/chat/completions, POST /v1/completions",
+                                     "not_found")
+            if path == "/v1/models":
+                await _json(send, 200, {"object": "list", "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "finetune-studio"}
+                    for name in self.config.models]})
+                return
+            if method == "POST":
+                body = await self._read_body(scope, receive)
+                raw = json.dumps(self._rewrite(body)).encode()
+                headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
+                scope = {**scope, "headers": headers + [(b"content-length", str(len(raw)).encode())]}
+                receive = _replay(raw, receive)
+        except RequestRefused as exc:
+            await _refuse(send, exc)
+            return
+        await self.app(scope, receive, send)
+
+    def _check_key(self, scope) -> None:
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, key = header.partition(" ")
+        digest = hashlib.sha256(key.strip().encode("latin-1")).hexdigest()
+        if scheme.lower() != "bearer" or not key.strip() or not hmac.compare_digest(digest, self.config.key_hash):
+            raise RequestRefused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+                                      "with the key printed when the server started", "invalid_api_key")
+
+    async def _read_body(self, scope, receive) -> dict:
+        cap = self.config.max_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise RequestRefused(413, f"the request body is {int(declared):,} bytes; at most {cap:,} are accepted")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestRefused(400, "the client disconnected before sending the whole request")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > cap:
+                raise RequestRefused(413, f"the request body is over {cap:,} bytes, the most accepted")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError):
+            raise RequestRefused(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise RequestRefused(400, "the request body must be a JSON object")
+        return body
+
+    def _rewrite(self, body: dict) -> dict:
+        model = body.get("model")
+        served = ", ".join(self.config.models)
+        if not isinstance(model, str) or model not in self.config.models:
+            shown = repr(model)[:80] if model is not None else "no model"
+            raise RequestRefused(404, f"model {shown} is not served here; served: {served}", "model_not_found")
+        limits = self.limits(model, body) if self.limits else None
+        if limits is not None:
+            prompt, context = limits
+            if prompt >= context:
+                raise RequestRefused(400, f"the prompt has {prompt:,} tokens but {model} reads at most {context:,} "
+                                          "(its context length): shorten the conversation or the system prompt",
+                                     "context_length_exceeded")
+            wanted = body.get("max_completion_tokens", body.get("max_tokens"))
+            room = context - prompt
+            if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted > room:
+                body = {**body, "max_tokens": room}
+                body.pop("max_completion_tokens", None)
+        if not self.config.translate_sampling:
+            return body
+        body = {k: v for k, v in body.items() if k not in TRANSFORMERS_DROPPED}
+        try:
+            config = generation_config_json(self.config.models[model], body)
+        except (TypeError, ValueError):
+            raise RequestRefused(400, "temperature, top_p, top_k, min_p, repetition_penalty and max_tokens "
+                                      "must be numbers") from None
+        for name in SAMPLING_EXTRAS:
+            body.pop(name, None)
+        if body.get("temperature") == 0:
+            body.pop("temperature")  # greedy is do_sample=False above; a 0 temperature only earns a warning
+        body["generation_config"] = config
+        return body
+
+
+def _replay(raw: bytes, original: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
+    """The rewritten body first, then the connection's own messages (a streaming answer listens on them
+    for the client's disconnect, which aborts the generation)."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await original()
+
+    return receive
+
+
+async def _refuse(send, exc: RequestRefused) -> None:
+    extra = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+    await _json(send, exc.status, {"error": {"message": exc.message, "type": exc.code, "code": exc.status}}, extra)
+
+
+async def _json(send, status: int, data: dict, headers: list | None = None) -> None:
+    raw = json.dumps(data).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": raw})

@@ -1,0 +1,360 @@
+"""The serve worker: one process per serve job, running an existing OpenAI-compatible server.
+
+Lifecycle, top to bottom: read the spec, resolve every model source, bind the port (a port in use is a
+clear error at once), make each source a plain model folder (an adapter is merged once into its run's
+``serving/`` folder, since transformers serve cannot load adapter folders), expose the folders under their
+served names in ``models/``, then serve until Stop/Cancel, SIGTERM or the idle timeout:
+
+* transformers (default, CPU): transformers serve's own FastAPI app (its ``build_server``), run by uvicorn
+  in this process on the bound socket, wrapped by our key gate (serving/gate.py);
+* vLLM (CUDA host with the ``vllm`` extra): ``vllm serve BASE --enable-lora --lora-modules ...`` as a child
+  process, with the same gate added through vLLM's ``--middleware`` (the key is never on its command line:
+  the gate reads the key's hash from a file named in its environment).
+
+When it listens, ``endpoint.json`` (url, models, engine, pid; never the key) is written in the job folder
+and a ``ServeReadyEvent`` emitted. The worker heartbeats like the training worker, so a restarted dashboard
+adopts it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from trainer_core import hardware
+from trainer_core.jobspec import ResolvedSource, SourceError, read_spec
+from trainer_core.protocol import control, events as ev
+from trainer_core.protocol.status import RunStatus
+from trainer_core.serving import endpoint as endpoint_file
+from trainer_core.serving.gate import GATE_ENV, Activity, GateConfig, KeyGate
+from trainer_core.serving.spec import VLLM, ServeSpec, adapter_rank, choose_serve_engine, served_names
+
+HEARTBEAT_S = 2.0
+WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
+VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class Cancelled(Exception):
+    pass
+
+
+class PortInUse(OSError):
+    pass
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one). PortInUse names the fix."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as exc:
+        raise OSError(f"cannot bind to {host!r}: {exc.strerror}; use 127.0.0.1 or 0.0.0.0") from None
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        if exc.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
+            raise PortInUse(f"port {port} is in use: pick another or 0 (a free port)") from None
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def public_host(host: str) -> str:
+    """The host a client uses: loopback for a wildcard bind, brackets around IPv6."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1" if host != "::" else "::1"
+    return f"[{host}]" if ":" in host else host
+
+
+def merged_target(resolved: ResolvedSource) -> Path:
+    """Where an adapter source is merged: ``runs/<src>/serving/final`` or ``serving/checkpoint-<step>``."""
+    from trainer_core.protocol import paths
+
+    leaf = "final" if resolved.source.checkpoint is None else f"checkpoint-{resolved.source.checkpoint}"
+    return paths.run_dir(resolved.source.run_id) / "serving" / leaf
+
+
+def vllm_command(base: str, base_name: str, adapters: list[tuple[str, Path]], host: str, port: int,
+                 max_rank: int, vllm_bin: str = "") -> list[str]:
+    """``vllm serve`` for one base model and its LoRA adapters, gated by our KeyGate (no key on argv)."""
+    command = [vllm_bin or shutil.which("vllm") or "vllm", "serve", base, "--host", host, "--port", str(port),
+               "--served-model-name", base_name, "--middleware", "trainer_core.serving.gate.KeyGate",
+               "--disable-uvicorn-access-log"]
+    if adapters:
+        rank = next((r for r in VLLM_LORA_RANKS if r >= max_rank), VLLM_LORA_RANKS[-1])
+        command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(rank),
+                    "--lora-modules", *(f"{name}={folder}" for name, folder in adapters)]
+    return command
+
+
+class ServeWorker:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.events = ev.EventWriter(run_dir / ev.LOG_NAME)
+        self.sigterm = threading.Event()
+        self._done = threading.Event()
+        self.engine = ""
+        self.end_reason: tuple[RunStatus, str] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
+        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        sock = None
+        try:
+            spec = read_spec(self.run_dir)
+            assert isinstance(spec, ServeSpec), type(spec)
+            self.status(RunStatus.STARTING, "finding the models")
+            resolved = spec.resolved()
+            names = served_names(resolved)
+            self.engine = choose_serve_engine(spec.engine, resolved)
+            sock = bind(spec.host, spec.port)
+            port = sock.getsockname()[1]
+            self.check_cancel()
+            if self.engine == VLLM:
+                sock.close()  # vLLM binds the port itself; ours only proved it free
+                sock = None
+                self.serve_vllm(spec, resolved, names, port)
+            else:
+                self.serve_transformers(spec, resolved, names, sock)
+            status, reason = self.end_reason or (RunStatus.COMPLETED, "the server ended")
+            self.log(f"finished: {status.value} ({reason})")
+            self.events.emit(ev.CompleteEvent(status=status.value))
+            return 0
+        except Cancelled:
+            self.events.emit(ev.CompleteEvent(status=RunStatus.CANCELLED.value))
+            return 0
+        except BaseException as exc:  # process boundary: report every failure, then exit non-zero
+            self.fail(exc)
+            return 1
+        finally:
+            if sock is not None:
+                sock.close()
+            endpoint_file.remove(self.run_dir)
+            self._done.set()
+            self.events.close()
+
+    # ------------------------------------------------------------------ transformers serve
+    def serve_transformers(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str],
+                           sock: socket.socket) -> None:
+        import uvicorn
+
+        from trainer_core.worker.sources import base_folder, merge_adapter
+
+        device = "cuda" if hardware.cuda_available() else "cpu"
+        merge_dtype = "float32" if device == "cpu" else "bfloat16"
+        folders = []
+        for item in resolved:
+            self.check_cancel()
+            if item.adapter_dir is not None:
+                self.status(RunStatus.STARTING, f"merging the adapter of {item.label}")
+                folders.append(merge_adapter(item, merged_target(item), merge_dtype, log=self.log))
+            elif item.model_dir is not None:
+                folders.append(item.model_dir)
+            else:
+                folders.append(Path(base_folder(item, log=self.log)))
+        models_dir = self.link_models(names, folders)
+        os.chdir(models_dir)  # transformers serve resolves a request's relative model path against cwd
+        self.status(RunStatus.STARTING, "loading the models")
+        app, manager = build_transformers_app(device)
+        for name in names:
+            self.check_cancel()
+            manager.load_model_and_processor(manager.process_model_name(name))
+        activity = Activity()
+        config = GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, map(str, folders))),
+                            translate_sampling=True)
+        gated = KeyGate(app, config, activity, limits=prompt_limits(manager))
+        server = uvicorn.Server(uvicorn.Config(gated, log_level="warning", access_log=False,
+                                               timeout_graceful_shutdown=5, lifespan="on"))
+        watcher = threading.Thread(target=self.watch, args=(spec, activity.idle_s, lambda: setattr(server, "should_exit", True)),
+                                   daemon=True, name="serve-watch")
+        announced = threading.Thread(target=self._announce_when_started,
+                                     args=(server, spec, resolved, names, sock.getsockname()[1]), daemon=True)
+        watcher.start()
+        announced.start()
+        server.run(sockets=[sock])
+
+    def _announce_when_started(self, server, spec, resolved, names, port) -> None:
+        while not server.started and not self._done.is_set() and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            self.announce(spec, resolved, names, port)
+
+    # ------------------------------------------------------------------ vLLM
+    def serve_vllm(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
+        import httpx
+
+        from trainer_core.worker.sources import base_folder
+
+        base = base_folder(resolved[0], log=self.log)
+        base_name = next((n for n, r in zip(names, resolved) if r.adapter_dir is None), "base")
+        adapters = [(n, r.adapter_dir) for n, r in zip(names, resolved) if r.adapter_dir is not None]
+        activity_file = self.run_dir / "activity"
+        activity_file.touch()
+        gate_file = self.run_dir / "gate.json"
+        gate_file.write_text(GateConfig(key_hash=spec.api_key_hash, models={n: "" for n in names},
+                                        translate_sampling=False, activity_file=str(activity_file)).to_json())
+        command = vllm_command(base, base_name, adapters, spec.host, port,
+                               max((adapter_rank(a) for _, a in adapters), default=0))
+        self.log("starting: " + " ".join(command))
+        self.status(RunStatus.STARTING, "loading the models into vLLM")
+        env = {**os.environ, GATE_ENV: str(gate_file)}
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        url = f"http://{public_host(spec.host)}:{port}"
+        try:
+            deadline = time.monotonic() + VLLM_READY_S
+            while True:  # any HTTP answer (401 from the gate) means vLLM serves: its engine is loaded
+                if child.poll() is not None:
+                    raise RuntimeError(f"vLLM exited with code {child.returncode} while loading; worker.log says why")
+                self.check_cancel()
+                try:
+                    httpx.get(f"{url}/health", timeout=2.0)
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"vLLM did not answer within {VLLM_READY_S:.0f} s") from None
+                    time.sleep(1.0)
+            self.announce(spec, resolved, names, port)
+
+            def idle_s() -> float:
+                try:
+                    return time.time() - activity_file.stat().st_mtime
+                except OSError:
+                    return 0.0
+
+            stop = threading.Event()
+            watcher = threading.Thread(target=self.watch, args=(spec, idle_s, stop.set), daemon=True)
+            watcher.start()
+            while not stop.is_set() and child.poll() is None:
+                stop.wait(WATCH_S)
+            if child.poll() is not None and self.end_reason is None:
+                raise RuntimeError(f"vLLM exited with code {child.returncode}; worker.log says why")
+        finally:
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+
+    # ------------------------------------------------------------------ shared steps
+    def link_models(self, names: list[str], folders: list[Path]) -> Path:
+        """``models/<served name>`` -> model folder, so a request's ``model`` is a short name."""
+        models_dir = self.run_dir / "models"
+        models_dir.mkdir(exist_ok=True)
+        for name, folder in zip(names, folders):
+            link = models_dir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path(folder).resolve(), target_is_directory=True)
+        return models_dir
+
+    def announce(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
+        url = f"http://{public_host(spec.host)}:{port}/v1"
+        models = [{"name": n, "label": r.label, "source_key": r.source.key} for n, r in zip(names, resolved)]
+        endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid())
+        self.log(f"serving at {url}: {', '.join(names)}")
+        self.events.emit(ev.ServeReadyEvent(url=url, models={m["name"]: m["label"] for m in models},
+                                            engine=self.engine))
+
+    def watch(self, spec: ServeSpec, idle_s, stop) -> None:
+        """Ends the server on Stop/Cancel, SIGTERM or the idle timeout."""
+        while not self._done.wait(WATCH_S):
+            action = control.read(self.run_dir)
+            if self.sigterm.is_set() or action is control.Action.CANCEL:
+                self.end_reason = (RunStatus.CANCELLED, "cancelled")
+            elif action is control.Action.STOP:
+                self.end_reason = (RunStatus.STOPPED, "stopped on request")
+            elif spec.idle_timeout_s and idle_s() > spec.idle_timeout_s:
+                self.end_reason = (RunStatus.COMPLETED, f"no request for {spec.idle_timeout_s} s")
+            if self.end_reason is not None:
+                self.status(RunStatus.STOPPING, f"shutting down: {self.end_reason[1]}")
+                stop()
+                return
+
+    def check_cancel(self) -> None:
+        if self.sigterm.is_set() or control.read(self.run_dir) is not None:
+            raise Cancelled()
+
+    def status(self, status: RunStatus, phase: str) -> None:
+        self.log(f"[{status.value}] {phase}")
+        self.events.emit(ev.StatusEvent(status=status.value, phase=phase, engine=self.engine))
+
+    def fail(self, exc: BaseException) -> None:
+        known = isinstance(exc, (SourceError, PortInUse, OSError)) and not isinstance(exc, MemoryError)
+        message = str(exc) if known and str(exc) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+            message = f"not enough memory to load the models ({type(exc).__name__}): serve fewer sources at once, " \
+                      "or stop a run that holds the memory"
+        tb = "".join(traceback.format_exception(exc))
+        print(tb, file=sys.stderr, flush=True)
+        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
+
+    def log(self, message: str) -> None:
+        print(message, flush=True)
+
+    def _heartbeat(self) -> None:
+        pid = os.getpid()
+        while not self._done.wait(HEARTBEAT_S):
+            self.events.emit(ev.HeartbeatEvent(pid=pid))
+
+
+def build_transformers_app(device: str):
+    """transformers serve's own FastAPI app (as ``transformers serve`` builds it), every model kept loaded."""
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.response import ResponseHandler
+    from transformers.cli.serving.server import build_server
+    from transformers.cli.serving.systemone import SystemOneHandler
+    from transformers.cli.serving.transcription import TranscriptionHandler
+    from transformers.cli.serving.utils import GenerationState
+
+    # float32 on CPU: bf16 matmuls are slow there, and the merged adapters are float32 (same answers).
+    manager = ModelManager(device=device, dtype="float32" if device == "cpu" else "auto", model_timeout=-1)
+    state = GenerationState(continuous_batching=False, compile=False, cb_config=None)
+    app = build_server(
+        manager, ChatCompletionHandler(model_manager=manager, generation_state=state),
+        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
+        response_handler=ResponseHandler(model_manager=manager, generation_state=state),
+        transcription_handler=TranscriptionHandler(manager, state),
+        systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
+        generation_state=state)
+    return app, manager
+
+
+def prompt_limits(manager):
+    """The gate's token count: (prompt tokens with the chat template, the model's context length)."""
+    def limits(name: str, body: dict):
+        loaded = manager.loaded_models.get(name)
+        if loaded is None or loaded.model is None:
+            return None
+        context = getattr(loaded.model.config, "max_position_embeddings", None)
+        tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
+        if not context:
+            return None
+        try:
+            if isinstance(body.get("messages"), list):
+                ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"]
+            elif isinstance(body.get("prompt"), str):
+                ids = tokenizer(body["prompt"])["input_ids"]
+            else:
+                return None
+        except Exception:  # noqa: BLE001 - a malformed conversation: the engine answers with its own error
+            return None
+        return len(ids), int(context)
+
+    return limits
+
+
+def main(run_dir: Path) -> int:
+    return ServeWorker(Path(run_dir)).run()
