@@ -19,12 +19,14 @@ ALL_EVENTS = [
     ev.CompleteEvent(status="completed", output_dir="/runs/x/adapter", steps=10, final_loss=0.9, ts=6.0),
     ev.ErrorEvent(message="CUDA out of memory", exc_type="OutOfMemoryError", traceback="Traceback ...", ts=7.0),
     ev.HeartbeatEvent(pid=4242, ts=8.0),
+    ev.SampleEvent(step=20, index=1, prompt="Say <b>hi</b> *now*", text="hi<|im_end|>", new_tokens=3,
+                   flags={"template_leak": "the answer contains <|im_end|>"}, ts=9.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "status",
-                                      "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "sample",
+                                      "status", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 
