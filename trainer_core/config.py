@@ -613,6 +613,8 @@ def _check_samples(cfg: TrainConfig, bad) -> None:
         bad(field_name, str(exc))
         return
     where = f"prompt set {cfg.sample_prompt_set.strip()!r}" if field_name == "sample_prompt_set" else "the list"
+    if field_name == "sample_prompt_set" and not prompts:
+        bad(field_name, f"{where} has no prompts: add some to it, or choose another set")
     if len(prompts) > SAMPLE_PROMPTS_MAX:
         bad(field_name, f"{where} has {len(prompts)} prompts; samples take at most {SAMPLE_PROMPTS_MAX} (each is "
                         "generated at every sampling step): keep the most telling ones")
@@ -620,6 +622,6 @@ def _check_samples(cfg: TrainConfig, bad) -> None:
     if long:
         bad(field_name, f"prompt {long[0]} of {where} has {len(prompts[long[0] - 1]):,} characters; sample prompts "
                         f"are at most {SAMPLE_PROMPT_CHARS:,}: shorten it")
-    if cfg.sample_every_steps and not prompts:
+    if _finite(cfg.sample_every_steps) and cfg.sample_every_steps > 0 and not prompts:
         bad("sample_every_steps", "there are no sample prompts: list some in sample_prompts or name a "
                                   "sample_prompt_set, or set sample_every_steps to 0")
