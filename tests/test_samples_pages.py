@@ -6,14 +6,21 @@ import json
 import time
 
 import pandas as pd
+import pytest
 
 from db.entities import RunRecord, SampleRecord
 from db.store import Store
 from tests.test_pages import open_page
-from tests.test_run_pages import pages_store  # noqa: F401 - the fixture
 from trainer_core.protocol.status import RunStatus
 from ui import samples as ui_samples
 from ui.text import safe
+
+@pytest.fixture
+def pages_store(app_home):
+    store = Store()
+    yield store
+    store.engine.dispose()
+
 
 PROMPTS = ["What is the capital of France?", "Say <b>hi</b> and **bold**"]
 
@@ -40,7 +47,7 @@ def samples_frame(at) -> pd.DataFrame:
 EXPECTED_COLUMNS = ["step", "#1 What is the capital of France?", "#2 Say <b>hi</b> and **bold**"]
 
 
-def test_live_shows_the_samples_table_newest_step_first(pages_store):  # noqa: F811
+def test_live_shows_the_samples_table_newest_step_first(pages_store):
     sampled_run(pages_store, "20260101-000000-llllll", "live samples",
                 {2: ["Paris.", "<b>hi</b> **bold**"], 4: ["Paris!", ""]})
     at = open_page("pages/live.py", live_run_id="20260101-000000-llllll")
@@ -51,7 +58,7 @@ def test_live_shows_the_samples_table_newest_step_first(pages_store):  # noqa: F
                                      [2, "Paris.", "<b>hi</b> **bold**"]]  # as typed: a text cell, not markdown
 
 
-def test_live_of_a_run_without_sample_prompts_shows_no_samples_section(pages_store):  # noqa: F811
+def test_live_of_a_run_without_sample_prompts_shows_no_samples_section(pages_store):
     pages_store.create_run(RunRecord(id="20260101-000000-nnnnnn", name="plain", status=RunStatus.RUNNING.value,
                                      created_at=time.time()))
     pages_store.finish_run("20260101-000000-nnnnnn", RunStatus.COMPLETED)
@@ -59,7 +66,7 @@ def test_live_of_a_run_without_sample_prompts_shows_no_samples_section(pages_sto
     assert "Samples during training" not in [s.value for s in at.subheader]
 
 
-def test_run_details_show_the_samples_table(pages_store):  # noqa: F811
+def test_run_details_show_the_samples_table(pages_store):
     sampled_run(pages_store, "20260101-000000-rrrrrr", "detail samples", {3: ["Paris.", "hi"], 6: ["Lyon?", "hi!"]})
     at = open_page("pages/run.py", detail_run_id="20260101-000000-rrrrrr")
     assert "Samples during training" in [e.label for e in at.expander]
@@ -68,13 +75,13 @@ def test_run_details_show_the_samples_table(pages_store):  # noqa: F811
     assert frame.values.tolist() == [[6, "Lyon?", "hi!"], [3, "Paris.", "hi"]]
 
 
-def test_run_details_of_a_finished_run_that_recorded_none_says_so(pages_store):  # noqa: F811
+def test_run_details_of_a_finished_run_that_recorded_none_says_so(pages_store):
     sampled_run(pages_store, "20260101-000000-eeeeee", "no samples", {})
     at = open_page("pages/run.py", detail_run_id="20260101-000000-eeeeee")
     assert "This run recorded no samples." in [c.value for c in at.caption]
 
 
-def test_compare_shows_one_prompt_across_runs_with_each_runs_latest_answer(pages_store):  # noqa: F811
+def test_compare_shows_one_prompt_across_runs_with_each_runs_latest_answer(pages_store):
     sampled_run(pages_store, "20260101-000000-aaaaaa", "run a", {2: ["Paris.", "hi"], 4: ["Paris!", "hey"]})
     sampled_run(pages_store, "20260101-000001-bbbbbb", "run b", {2: ["Rome?", ""]})
     at = open_page("pages/compare.py", compare_ids=["20260101-000000-aaaaaa", "20260101-000001-bbbbbb"])

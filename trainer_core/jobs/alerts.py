@@ -13,6 +13,9 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
   i.e. on the (patience + 1)-th evaluation of a rising streak; once per streak (a value that is not
   higher ends it). Non-finite eval losses are ignored.
 
+* ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
+  during training was flagged degenerate (``trainer_core.samples_check``); once per kind per run.
+
 Each metric of a step is taken once: a field is only read from a row whose step is later than the last
 step that field was read at, so a train row and an eval row of one step, or a row sent twice, never
 count twice. Missing values are None (use ``rows_from_frame`` for DataFrames, where missing is NaN).

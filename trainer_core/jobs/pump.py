@@ -227,7 +227,7 @@ SAMPLE_TEXT_MAX = 20_000  # characters of one stored answer (max_new_tokens boun
 
 def _on_sample(t: Tracker, e: ev.SampleEvent) -> None:
     """A sample answer: stored with the next flush; a degenerate one raises its kind's alert once per run."""
-    flags = {str(k): str(v) for k, v in e.flags.items()}
+    flags = {str(k)[:50]: str(v)[:500] for k, v in list(e.flags.items())[:10]}  # a worker only sends a few
     t.samples.append({"step": e.step, "index": e.index, "ts": e.ts, "prompt": _storable(e.prompt, SAMPLE_TEXT_MAX),
                       "text": _storable(e.text, SAMPLE_TEXT_MAX), "new_tokens": e.new_tokens, "flags": flags})
     for alert in t.sample_alerts.observe(e.step, e.index, flags):

@@ -54,16 +54,18 @@ class Sampler:
             self.warn(f"Samples at step {step} failed ({type(exc).__name__}: {str(exc)[:300]}); training goes on "
                       "without samples.")
             return
-        for index, (prompt, (text, new_tokens)) in enumerate(zip(self.prompts, answers)):
+        for index, (prompt, (text, new_tokens, _)) in enumerate(zip(self.prompts, answers)):
             flags = samples_check.check(text, self.special_tokens)
             self.emit(ev.SampleEvent(step=step, index=index, prompt=prompt, text=text, new_tokens=new_tokens,
                                      flags=flags))
-        if len(answers) < len(self.prompts):
-            self.warn(f"Samples at step {step}: only {len(answers)} of {len(self.prompts)} prompts answered within "
-                      f"{BUDGET_S:.0f} s; lower sample_max_new_tokens or use fewer prompts.")
+        complete = sum(1 for *_, cut in answers if not cut)
+        if complete < len(self.prompts):
+            self.warn(f"Samples at step {step} reached their time limit of {BUDGET_S:.0f} s: {complete} of "
+                      f"{len(self.prompts)} answers are complete (the rest are cut short or missing). Lower "
+                      "sample_max_new_tokens or use fewer sample prompts.")
         self.log(f"samples at step {step}: {len(answers)} answers in {time.monotonic() - started:.1f} s")
 
-    def _generate(self, model, started: float) -> list[tuple[str, int]]:
+    def _generate(self, model, started: float) -> list[tuple[str, int, bool]]:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
@@ -82,7 +84,8 @@ class Sampler:
                 model.train()
         return answers
 
-    def _answer(self, model, ids: list[int], device, max_time: float) -> tuple[str, int]:
+    def _answer(self, model, ids: list[int], device, max_time: float) -> tuple[str, int, bool]:
+        """(text, new tokens, cut short by the time limit)."""
         stops = stop_ids(model, self.tokenizer)
         config = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1, use_cache=True,
                                   eos_token_id=sorted(stops) or None, pad_token_id=self.tokenizer.pad_token_id,
@@ -90,9 +93,10 @@ class Sampler:
         input_ids = torch.tensor([ids], device=device)
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
         new = out[0, len(ids):].tolist()
+        cut = len(new) < self.max_new_tokens and not (new and new[-1] in stops)
         while new and new[-1] in stops:  # the token that ended the answer is not part of it
             new.pop()
-        return self.tokenizer.decode(new, skip_special_tokens=False), len(new)
+        return self.tokenizer.decode(new, skip_special_tokens=False), len(new), cut
 
 
 def render(tokenizer, prompt: str, system_prompt: str, chat: bool) -> list[int]:
