@@ -4,12 +4,13 @@ status is a ``RunStatus``, a kind a ``JobKind`` and the names of a run's secrets
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from sqlalchemy import inspect
 
-from db.models import Run, RunEvent
+from db.models import Run, RunEvent, Sample
 from trainer_core.protocol.status import JobKind, RunStatus
 
 
@@ -101,3 +102,26 @@ class EventRecord:
     @classmethod
     def from_row(cls, row: RunEvent) -> "EventRecord":
         return cls(run_id=row.run_id, ts=row.ts, kind=row.kind, message=row.message, id=row.id)
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One greedy answer to a sample prompt at a training step; ``flags``: degeneration kind -> finding."""
+
+    run_id: str
+    step: int
+    index: int
+    prompt: str
+    text: str
+    new_tokens: int = 0
+    flags: dict = dataclasses.field(default_factory=dict)
+    ts: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: Sample) -> "SampleRecord":
+        try:
+            flags = json.loads(row.flags) if row.flags else {}
+        except ValueError:
+            flags = {}
+        return cls(run_id=row.run_id, step=row.step, index=row.idx, prompt=row.prompt, text=row.text,
+                   new_tokens=row.new_tokens, flags=flags if isinstance(flags, dict) else {}, ts=row.ts)

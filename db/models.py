@@ -93,3 +93,16 @@ class ApiToken(SQLModel, table=True):
     token_hash: str = ""
     created_at: float = 0.0
     last_used_at: Optional[float] = None
+
+
+class Sample(SQLModel, table=True):
+    """One greedy answer to a sample prompt at a training step (samples during training)."""
+
+    run_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
+    step: int = Field(primary_key=True)
+    idx: int = Field(primary_key=True)  # the prompt's place in the run's sample prompts
+    ts: float = 0.0
+    prompt: str = ""
+    text: str = ""
+    new_tokens: int = 0
+    flags: str = ""  # JSON object: degeneration kind -> what was found ("" or "{}": none)

@@ -23,8 +23,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
-from db.entities import EventRecord, RunRecord
-from db.models import Metric, Run, RunEvent
+from db.entities import EventRecord, RunRecord, SampleRecord
+from db.models import Metric, Run, RunEvent, Sample
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
@@ -184,6 +184,7 @@ class Store:
             self._journal(run_id, "delete")  # a rebuild must not bring back a run deleted with its folder kept
             session.exec(delete(Metric).where(Metric.run_id == run_id))
             session.exec(delete(RunEvent).where(RunEvent.run_id == run_id))
+            session.exec(delete(Sample).where(Sample.run_id == run_id))
             session.delete(run)
             session.commit()
             return True
@@ -466,6 +467,55 @@ class Store:
         updates["nonfinite"] = case((new == "", old), (old == "", new),
                                     (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
         return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
+
+
+    # ------------------------------------------------------------------ samples during training
+    def append_samples(self, run_id: str, rows: Iterable[dict[str, Any]]) -> None:
+        """Upsert sample answers on (run, step, index): a replayed event log rewrites the same rows."""
+        values = [{"run_id": run_id, "step": int(r["step"]), "idx": int(r["index"]), "ts": float(r.get("ts") or 0.0),
+                   "prompt": r["prompt"], "text": r["text"], "new_tokens": int(r.get("new_tokens") or 0),
+                   "flags": json.dumps(r.get("flags") or {}, sort_keys=True)} for r in rows]
+        if not values:
+            return
+        by_key = {(v["step"], v["idx"]): v for v in values}  # PostgreSQL refuses the same key twice in one statement
+        stmt = (sqlite if self.is_sqlite else postgresql).insert(Sample.__table__)
+        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "idx"],
+                                          set_={c: stmt.excluded[c] for c in ("ts", "prompt", "text", "new_tokens",
+                                                                              "flags")})
+        with self._write_lock, Session(self.engine) as session:
+            session.connection().execute(stmt, list(by_key.values()))
+            session.commit()
+
+    def samples(self, run_id: str, max_steps: int = 50) -> list[SampleRecord]:
+        """A run's sample answers of its newest ``max_steps`` sampling steps: newest step first, prompts in order."""
+        with Session(self.engine) as session:
+            steps = session.exec(select(Sample.step).where(Sample.run_id == run_id).distinct()
+                                 .order_by(col(Sample.step).desc()).limit(max_steps)).all()
+            if not steps:
+                return []
+            rows = session.exec(select(Sample).where(Sample.run_id == run_id, col(Sample.step) >= min(steps))
+                                .order_by(col(Sample.step).desc(), Sample.idx))
+            return [SampleRecord.from_row(row) for row in rows]
+
+    def sample_prompts(self, run_ids: list[str]) -> list[str]:
+        """The distinct prompts these runs sampled, in the order they first appear (by run, then index)."""
+        if not run_ids:
+            return []
+        with Session(self.engine) as session:
+            rows = session.exec(select(Sample.run_id, Sample.idx, Sample.prompt).where(col(Sample.run_id).in_(run_ids))
+                                .distinct()).all()
+        order = {run_id: i for i, run_id in enumerate(run_ids)}
+        return list(dict.fromkeys(prompt for _, _, prompt in sorted(rows, key=lambda r: (order[r[0]], r[1]))))
+
+    def prompt_samples(self, run_ids: list[str], prompt: str) -> list[SampleRecord]:
+        """Every answer these runs gave to ``prompt``: by run in the order asked for, newest step first."""
+        if not run_ids:
+            return []
+        with Session(self.engine) as session:
+            rows = session.exec(select(Sample).where(col(Sample.run_id).in_(run_ids), Sample.prompt == prompt)
+                                .order_by(col(Sample.step).desc(), Sample.idx)).all()
+        order = {run_id: i for i, run_id in enumerate(run_ids)}
+        return sorted((SampleRecord.from_row(row) for row in rows), key=lambda r: order[r.run_id])
 
 
 def _add_missing_columns(engine) -> None:

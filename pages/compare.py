@@ -7,6 +7,7 @@ from trainer_core.charts import COMPARE_ALIGN, COMPARE_METRICS
 from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
 from ui import format as fmt
 from ui.compare import render_compare
+from ui.samples import render_prompt_compare
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.views import stop_without_runs
@@ -52,3 +53,5 @@ picked = [by_id[i] for i in chosen]
 drawn = (*COMPARE_METRICS, *COMPARE_ALIGN)  # the overlays and the summary need no other column: read only these
 render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn) for r in picked},
                {r.id: orch.run_config(r.id) for r in picked})
+render_prompt_compare(picked, labels, orch.sample_prompts([r.id for r in picked]),
+                      lambda prompt: orch.prompt_samples([r.id for r in picked], prompt))

@@ -10,6 +10,7 @@ from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
 from ui.text import safe
+from ui.samples import render_samples, sampling_configured
 from ui.views import chart_controls, render_live
 
 require_entrypoint("pages/live.py")
@@ -76,6 +77,16 @@ with st.expander("Chart options", icon="⚙️"):
 st.session_state.setdefault("live_alerts_seen", {}).setdefault(run_id, len(snapshot.alerts))  # old ones: no toast
 
 
+sampling = sampling_configured(orch.run_config(run_id))
+LIVE_SAMPLE_STEPS = 10  # the newest sampling steps shown here; Run details shows more
+
+
+def samples_panel() -> None:
+    if sampling:
+        st.subheader("Samples during training")
+        render_samples(orch.samples(run_id, max_steps=LIVE_SAMPLE_STEPS), expected=True)
+
+
 @st.fragment(run_every=REFRESH_S if shown_active else None)
 def live_panel() -> None:
     latest = orch.snapshot(run_id)
@@ -83,6 +94,7 @@ def live_panel() -> None:
         _toast_new_alerts(run_id, latest.alerts)
     render_live(latest, options, alerts=latest.alerts if latest else (),
                 resources=orch.resources(run_id) if shown_active else None)
+    samples_panel()
     if shown_active and latest is not None and RunStatus(latest.status).is_terminal():
         st.rerun()  # the run just ended: redraw the whole page so Stop/Cancel go away
 

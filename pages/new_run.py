@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trainer_core import hardware, memory, model_info, parallel, presets, preview
+from trainer_core import hardware, memory, model_info, parallel, presets, preview, promptsets
 from trainer_core.access import Action, allowed
 from trainer_core.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError,
@@ -497,6 +497,20 @@ with st.expander("Logging"):
     tb_cols = st.columns(3)
     tb_cols[0].toggle("TensorBoard", key=K + "enable_tensorboard", help=H("enable_tensorboard"))
     tb_cols[1].text_input("TensorBoard folder", key=K + "tensorboard_dir", help=H("tensorboard_dir"))
+
+with st.expander("Samples during training"):
+    st.text_area(f"Sample prompts (one per line; a line holding only `{form.PROMPT_SEPARATOR}` separates prompts of "
+                 "several lines)", key=K + "sample_prompts", help=H("sample_prompts"),
+                 placeholder="What is the capital of France?\nWrite one sentence about the ocean.")
+    sample_cols = st.columns(3)
+    sample_cols[0].selectbox("Or a prompt set", form.prompt_set_options(st.session_state[K + "sample_prompt_set"],
+                                                                        promptsets.names()),
+                             key=K + "sample_prompt_set", format_func=lambda n: n or "— none —",
+                             help=H("sample_prompt_set"))
+    sample_cols[1].number_input("Sample every N steps (0: at each evaluation)", min_value=0,
+                                key=K + "sample_every_steps", help=H("sample_every_steps"))
+    sample_cols[2].number_input("Max new tokens per answer", min_value=0, key=K + "sample_max_new_tokens",
+                                help=H("sample_max_new_tokens"))
 
 memory_panel(info, config)
 remember_state()

@@ -12,6 +12,7 @@ from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import run_name
 from ui import format as fmt
 from ui.entry import require_entrypoint
+from ui.samples import render_samples, sampling_configured
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
@@ -128,3 +129,15 @@ with config_tab:
     json_col.download_button("Download JSON", json.dumps(config, indent=2), file_name=f"{run.id}.json",
                              mime="application/json", icon="⬇️")
     st.caption(f"Output folder: {code(run.output_dir)}" if run.output_dir else "No output folder.")
+
+
+def samples_section() -> None:
+    samples = orch.samples(run.id)
+    if samples or sampling_configured(orch.run_config(run.id)):
+        with st.expander("Samples during training", icon="💬", expanded=True):
+            render_samples(samples, expected=not status.is_terminal())
+            if not samples and status.is_terminal():
+                st.caption("This run recorded no samples.")
+
+
+samples_section()

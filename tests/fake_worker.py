@@ -17,6 +17,9 @@ second. Behaviour comes from the environment (the launcher passes it on; ``tests
 * random losses only: ``FAKE_EVAL_EVERY`` (5, 0: never) and ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
 * ``FAKE_PAUSE_AT`` step and ``FAKE_PAUSE_UNTIL`` file: after that step, wait until the file exists (a test
   acts mid-run without racing the worker)
+* ``FAKE_SAMPLE_EVERY`` steps (0: never): sample events for two prompts (``SAMPLE_PROMPTS``); the first answer
+  is always healthy, the second cycles through ``SAMPLE_ANSWERS`` (healthy, empty, a loop, a template leak),
+  flagged by the real ``samples_check`` as the worker flags them
 """
 from __future__ import annotations
 
@@ -28,8 +31,12 @@ import sys
 import time
 from pathlib import Path
 
+from trainer_core import samples_check
 from trainer_core.protocol import control
 from trainer_core.protocol import events as ev
+
+SAMPLE_PROMPTS = ("What is the capital of France?", "Say **hi** <b>now</b>")
+SAMPLE_ANSWERS = ("Hi!", "", "hi hi hi hi hi hi hi hi", "Hi<|im_end|>")
 
 
 def env_float(name: str, default: float) -> float:
@@ -75,6 +82,7 @@ def main(run_dir: Path) -> int:
         def loss(step: int) -> float:
             return rng.uniform(0.1, 4.0)
 
+    sample_every = int(env_float("FAKE_SAMPLE_EVERY", 0))
     time.sleep(env_float("FAKE_START_DELAY", 0))
     out = ev.EventWriter(run_dir / "events.jsonl")
     if not scripted:  # scripted runs keep the shortest timeline: tests assert it exactly
@@ -103,6 +111,8 @@ def main(run_dir: Path) -> int:
             out.emit(ev.EvalEvent(step=step, eval_loss=evals[step]))
         if step in checkpoints:
             out.emit(ev.CheckpointEvent(step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}")))
+        if sample_every and step % sample_every == 0:
+            emit_samples(out, step, step // sample_every - 1)
         if heartbeat_every and step % heartbeat_every == 0:
             out.emit(ev.HeartbeatEvent(pid=os.getpid()))
         done = step
@@ -120,6 +130,13 @@ def main(run_dir: Path) -> int:
     print("fake worker:", status, "at step", done, flush=True)
     time.sleep(env_float("FAKE_LINGER", 0))  # the real worker takes a while to tear down after its last event
     return 0
+
+
+def emit_samples(out: ev.EventWriter, step: int, round_: int) -> None:
+    answers = ("The capital of France is Paris.", SAMPLE_ANSWERS[round_ % len(SAMPLE_ANSWERS)])
+    for index, (prompt, text) in enumerate(zip(SAMPLE_PROMPTS, answers)):
+        out.emit(ev.SampleEvent(step=step, index=index, prompt=prompt, text=text, new_tokens=len(text.split()),
+                                flags=samples_check.check(text)))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
 
 
 def test_two_processes_train_one_run_with_one_metrics_row_per_step(studio, tiny_model):
-    run_id = studio.start(tiny_two_process(tiny_model))
+    # Rank 0 alone samples (at steps 3 and 6) while the other rank waits in its next collective.
+    run_id = studio.start(tiny_two_process(tiny_model, sample_prompts=["Hi?"], sample_every_steps=3,
+                                           sample_max_new_tokens=4))
     snap = studio.wait(run_id, timeout=300)
     assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
     frame = studio.metrics(run_id)
@@ -63,6 +65,7 @@ def test_two_processes_train_one_run_with_one_metrics_row_per_step(studio, tiny_
     log = studio.log_text(run_id)
     assert "[default0]:" in log and "[default1]:" in log  # both ranks trained, their output tagged
     assert (run_dir / "adapter" / "adapter_config.json").exists()
+    assert [(s.step, s.index) for s in studio.samples(run_id)] == [(6, 0), (3, 0)]  # once each, from rank 0
 
 
 def test_stop_and_save_reaches_every_rank(studio, tiny_model):

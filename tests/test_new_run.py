@@ -412,9 +412,10 @@ def test_a_refused_run_is_a_warning(fakes, monkeypatch):
 
 
 # Left at their defaults below: secrets (never in presets), hub fields (the built-in presets cover them),
-# trust_remote_code (needs its confirmation) and the unsupported switches, which have no widget.
+# trust_remote_code (needs its confirmation), the unsupported switches, which have no widget, and
+# sample_prompt_set (a run samples either a set or inline prompts; the prompts are set here).
 UNTOUCHED = {"hf_token", "wandb_token", "hf_dataset", "subset", "train_split", "eval_split", "trust_remote_code",
-             "finetune_vision_layers", "is_dataset_image", "is_dataset_audio", "is_embedding"}
+             "finetune_vision_layers", "is_dataset_image", "is_dataset_audio", "is_embedding", "sample_prompt_set"}
 
 
 def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
@@ -434,7 +435,9 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
                       gradient_checkpointing=True, logging_steps=3, save_steps=20, use_lora=False, lora_r=4,
                       lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "my_proj"], use_rslora=True,
                       finetune_attention_modules=False, finetune_mlp_modules=False, gpu_ids=[1], num_processes=1,
-                      enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2", allow_memory_overcommit=True)
+                      enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2", allow_memory_overcommit=True,
+                      sample_prompts=["Say hi, briefly.", "Two lines:\nfirst\n\nsecond"], sample_every_steps=5,
+                      sample_max_new_tokens=32)
     untouched = {name for name in TrainConfig.field_names() if getattr(cfg, name) == getattr(TrainConfig(), name)}
     assert untouched == UNTOUCHED  # every other field is set away from its default here
     presets.save_preset("everything", cfg)

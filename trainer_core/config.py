@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from trainer_core import hardware
+from trainer_core import hardware, promptsets
 from trainer_core.protocol import paths
 from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
@@ -48,8 +48,10 @@ TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval
 MAPPING_VALUE_MAX = 200
 
 
-def _f(default: Any, help: str, group: str = "basic", secret: bool = False, **kw: Any) -> Any:
-    meta = {"help": help, "group": group, "secret": secret}
+def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whole_items: bool = False,
+       **kw: Any) -> Any:
+    # whole_items: a list field whose items are free text (prompts): a string is one item, never split at commas
+    meta = {"help": help, "group": group, "secret": secret, "whole_items": whole_items}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -145,6 +147,16 @@ class TrainConfig:
     wandb_project: str = _f("finetune-studio", "W&B project name.", "logging")
     enable_tensorboard: bool = _f(False, "Write TensorBoard logs (pip install tensorboard).", "logging")
     tensorboard_dir: str = _f("tensorboard", "TensorBoard folder, relative to the run folder.", "logging")
+    # --- samples during training ---
+    sample_prompts: list = _f([], "Prompts the model answers while it trains (greedy, fixed seed), at most 8 of "
+                              "at most 2,000 characters each; shown on Live and Run details.", "samples",
+                              whole_items=True)
+    sample_prompt_set: str = _f("", "A saved or built-in prompt set to sample instead of sample_prompts "
+                                "(e.g. quick-check).", "samples")
+    sample_every_steps: int = _f(0, "Sample every N steps. 0: at each evaluation, or at each checkpoint save when "
+                                 "the run has no eval set; always once at the end.", "samples")
+    sample_max_new_tokens: int = _f(64, "Longest answer per sample prompt, in new tokens (bounds the time "
+                                    "sampling takes).", "samples")
 
     # ------------------------------------------------------------------ helpers
     @classmethod
@@ -361,6 +373,7 @@ class TrainConfig:
             bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
         if self.resume_from_checkpoint:
             _check_checkpoint(self.resume_from_checkpoint, bad)
+        _check_samples(self, bad)
         return errors
 
     def check(self) -> "TrainConfig":
@@ -558,6 +571,8 @@ def _coerce(f: dataclasses.Field, raw: Any) -> Any:
             raise ValueError(f"expected text, got {type(raw).__name__}")
         return str(raw)
     if kind == "list":
+        if isinstance(raw, str) and f.metadata.get("whole_items"):
+            return [raw] if raw.strip() else []
         if isinstance(raw, str):
             return [part.strip() for part in raw.split(",") if part.strip()]
         if isinstance(raw, (list, tuple)):
@@ -568,3 +583,45 @@ def _coerce(f: dataclasses.Field, raw: Any) -> Any:
             raise ValueError("expected a mapping of role names to column names")
         return dict(raw)
     return raw
+
+
+# ---------------------------------------------------------------------- samples during training
+SAMPLE_PROMPTS_MAX = 8  # each one costs a greedy generation at every sampling step
+SAMPLE_PROMPT_CHARS = 2_000
+SAMPLE_NEW_TOKENS_MAX = 1_024
+
+
+def sample_prompts_of(cfg: TrainConfig) -> tuple[str, ...]:
+    """The prompts a run samples: its prompt set's (read now) or its inline ones. PromptSetError when the
+    set cannot be read."""
+    if cfg.sample_prompt_set.strip():
+        return promptsets.load(cfg.sample_prompt_set).prompts
+    return promptsets.check_prompts(cfg.sample_prompts, "sample_prompts")
+
+
+def _check_samples(cfg: TrainConfig, bad) -> None:
+    _check_range(cfg, bad, "sample_every_steps", 0, 10_000_000)
+    _check_range(cfg, bad, "sample_max_new_tokens", 1, SAMPLE_NEW_TOKENS_MAX,
+                 fix="let each answer have at least 1 new token (64 is a good start)")
+    if cfg.sample_prompts and cfg.sample_prompt_set.strip():
+        bad("sample_prompt_set", "choose either inline sample_prompts or a prompt set, not both (clear one)")
+        return
+    field_name = "sample_prompt_set" if cfg.sample_prompt_set.strip() else "sample_prompts"
+    try:
+        prompts = sample_prompts_of(cfg)
+    except promptsets.PromptSetError as exc:
+        bad(field_name, str(exc))
+        return
+    where = f"prompt set {cfg.sample_prompt_set.strip()!r}" if field_name == "sample_prompt_set" else "the list"
+    if field_name == "sample_prompt_set" and not prompts:
+        bad(field_name, f"{where} has no prompts: add some to it, or choose another set")
+    if len(prompts) > SAMPLE_PROMPTS_MAX:
+        bad(field_name, f"{where} has {len(prompts)} prompts; samples take at most {SAMPLE_PROMPTS_MAX} (each is "
+                        "generated at every sampling step): keep the most telling ones")
+    long = [i for i, p in enumerate(prompts, 1) if len(p) > SAMPLE_PROMPT_CHARS]
+    if long:
+        bad(field_name, f"prompt {long[0]} of {where} has {len(prompts[long[0] - 1]):,} characters; sample prompts "
+                        f"are at most {SAMPLE_PROMPT_CHARS:,}: shorten it")
+    if _finite(cfg.sample_every_steps) and cfg.sample_every_steps > 0 and not prompts:
+        bad("sample_every_steps", "there are no sample prompts: list some in sample_prompts or name a "
+                                  "sample_prompt_set, or set sample_every_steps to 0")

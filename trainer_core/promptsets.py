@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,12 +112,15 @@ def load(name: str) -> PromptSet:
     try:
         if path.stat().st_size > FILE_BYTES_MAX:
             raise PromptSetError(f"{path} is larger than {FILE_BYTES_MAX >> 20} MiB: it is not a prompt set")
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise PromptSetError(f"{path} cannot be read ({str(exc)[:200]}): fix or delete the file") from None
     if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
         raise PromptSetError(f"{path} must be a mapping with a 'prompts' list")
-    return PromptSet(path.stem, check_prompts(data["prompts"]))
+    try:
+        return PromptSet(path.stem, check_prompts(data["prompts"]))
+    except PromptSetError as exc:  # a file edited by hand: say which one
+        raise PromptSetError(f"{path}: {exc}: fix or delete the file") from None
 
 
 def save(name: str, prompts: list[str] | tuple[str, ...]) -> PromptSet:
@@ -125,9 +129,16 @@ def save(name: str, prompts: list[str] | tuple[str, ...]) -> PromptSet:
     cleaned = check_prompts(prompts)
     if not cleaned:
         raise PromptSetError("a prompt set needs at least one non-empty prompt", "prompts")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump({"name": path.stem, "prompts": list(cleaned)}, allow_unicode=True, sort_keys=False))
-    os.replace(tmp, path)
+    text = yaml.safe_dump({"name": path.stem, "prompts": list(cleaned)}, allow_unicode=True, sort_keys=False)
+    # A temporary file of its own: two sessions of one dashboard (threads of one process) may save at once.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return PromptSet(path.stem, cleaned)
 
 

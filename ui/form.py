@@ -142,12 +142,13 @@ def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
     state[K + "target_modules"] = [m for m in cfg.target_modules if m in MODULE_CHOICES]
     state[K + "extra_modules"] = ", ".join(m for m in cfg.target_modules if m not in MODULE_CHOICES)
     state[K + "gpu_ids"] = ", ".join(str(g) for g in cfg.gpu_ids)
+    state.update(sample_state(cfg))
     return state
 
 
 def remembered_keys(state: Mapping) -> list[str]:
     """The widget keys whose values are kept while the user visits another page (role pickers included)."""
-    keys = [K + name for name in OTHER_WIDGETS + PLAIN_FIELDS]
+    keys = [K + name for name in OTHER_WIDGETS + PLAIN_FIELDS + SAMPLE_FIELDS]
     return keys + [key for key in state if str(key).startswith(K + "map_")]
 
 
@@ -255,6 +256,7 @@ def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[Trai
                                           + split_list(state.get(K + "extra_modules", "")))),
         gpu_ids=gpu_ids,
     )
+    values.update(sample_values(state))
     if with_secrets:
         values.update({name: state.get(K + name, "").strip() for name in SECRET_FIELDS})
     base = (state.get(BASE) or TrainConfig()).to_public_dict()
@@ -285,3 +287,48 @@ def config_key(cfg: TrainConfig) -> str:
     keeps the shown preview current."""
     data = cfg.to_public_dict()
     return json.dumps({name: data[name] for name in PREVIEW_FIELDS}, sort_keys=True, default=str)
+
+
+# ---------------------------------------------------------------------- samples during training
+SAMPLE_FIELDS = ("sample_prompts", "sample_prompt_set", "sample_every_steps", "sample_max_new_tokens")
+PROMPT_SEPARATOR = "---"  # a line holding only this separates prompts that span several lines
+
+
+def prompts_text(prompts: list[str]) -> str:
+    """The sample prompts as the text area shows them: one a line, or separated by '---' lines when one of
+    them spans several lines (so a multi-line prompt from a preset comes back whole)."""
+    if any("\n" in p for p in prompts):
+        return f"\n{PROMPT_SEPARATOR}\n".join(prompts)
+    return "\n".join(prompts)
+
+
+def parse_prompts(text: str) -> list[str]:
+    lines = text.splitlines()
+    if any(line.strip() == PROMPT_SEPARATOR for line in lines):
+        parts, current = [], []
+        for line in lines + [PROMPT_SEPARATOR]:
+            if line.strip() == PROMPT_SEPARATOR:
+                parts.append("\n".join(current).strip())
+                current = []
+            else:
+                current.append(line)
+        return [p for p in parts if p]
+    return [line.strip() for line in lines if line.strip()]
+
+
+def sample_state(cfg: TrainConfig) -> dict[str, Any]:
+    return {K + "sample_prompts": prompts_text(cfg.sample_prompts), K + "sample_prompt_set": cfg.sample_prompt_set,
+            K + "sample_every_steps": cfg.sample_every_steps, K + "sample_max_new_tokens": cfg.sample_max_new_tokens}
+
+
+def sample_values(state: Mapping) -> dict[str, Any]:
+    defaults = TrainConfig()
+    return {"sample_prompts": parse_prompts(state.get(K + "sample_prompts", "")),
+            "sample_prompt_set": (state.get(K + "sample_prompt_set") or "").strip(),
+            "sample_every_steps": state.get(K + "sample_every_steps", defaults.sample_every_steps),
+            "sample_max_new_tokens": state.get(K + "sample_max_new_tokens", defaults.sample_max_new_tokens)}
+
+
+def prompt_set_options(current: str, names: list[str]) -> list[str]:
+    """"" (none), every set, and the chosen one even when it no longer exists (validation names it)."""
+    return ["", *names, *([current] if current and current not in names else [])]

@@ -68,7 +68,7 @@ def test_every_kind_handles_every_lifecycle_event_and_training_its_own():
     for kind, table in HANDLERS.items():
         assert set(LIFECYCLE) <= set(table), kind
     assert set(HANDLERS[JobKind.TRAIN]) == {"status", "warning", "complete", "error", "heartbeat", "progress",
-                                            "eval", "checkpoint"}
+                                            "eval", "checkpoint", "sample"}
 
 
 def _tracker(tmp_path, kind: JobKind) -> Tracker:

@@ -20,12 +20,14 @@ ALL_EVENTS = [
     ev.ErrorEvent(message="CUDA out of memory", exc_type="OutOfMemoryError", traceback="Traceback ...", ts=7.0),
     ev.HeartbeatEvent(pid=4242, ts=8.0),
     ev.ServeReadyEvent(url="http://127.0.0.1:8000/v1", models={"tuned": "my run · final"}, engine="transformers", ts=9.0),
+    ev.SampleEvent(step=20, index=1, prompt="Say <b>hi</b> *now*", text="hi<|im_end|>", new_tokens=3,
+                   flags={"template_leak": "the answer contains <|im_end|>"}, ts=10.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "serve_ready",
-                                      "status", "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "sample",
+                                      "serve_ready", "status", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 

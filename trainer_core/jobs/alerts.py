@@ -13,6 +13,9 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
   i.e. on the (patience + 1)-th evaluation of a rising streak; once per streak (a value that is not
   higher ends it). Non-finite eval losses are ignored.
 
+* ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
+  during training was flagged degenerate (``trainer_core.samples_check``); once per kind per run.
+
 Each metric of a step is taken once: a field is only read from a row whose step is later than the last
 step that field was read at, so a train row and an eval row of one step, or a row sent twice, never
 count twice. Missing values are None (use ``rows_from_frame`` for DataFrames, where missing is NaN).
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from trainer_core import samples_check
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
@@ -177,3 +182,37 @@ def replay(rows: Iterable[dict[str, Any]], **settings: Any) -> list[Alert]:
 def rows_from_frame(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Metric rows of a DataFrame with missing values as None (a NaN cell is a gap, not a NaN loss)."""
     return df.astype(object).where(df.notna(), None).to_dict("records")
+
+
+# ---------------------------------------------------------------------- samples during training
+# Degenerate sample answers (the worker finds them with trainer_core.samples_check and sends them as a
+# sample event's flags): one alert per kind per run, at the first sample that shows it.
+SAMPLE_EMPTY = "sample_empty"
+SAMPLE_REPETITION = "sample_repetition"
+SAMPLE_TEMPLATE_LEAK = "sample_template_leak"
+SAMPLE_KINDS = {samples_check.EMPTY: SAMPLE_EMPTY, samples_check.REPETITION: SAMPLE_REPETITION,
+                samples_check.TEMPLATE_LEAK: SAMPLE_TEMPLATE_LEAK}
+KINDS += tuple(SAMPLE_KINDS.values())
+LABELS.update({SAMPLE_EMPTY: "empty sample answer", SAMPLE_REPETITION: "sample answer loops",
+               SAMPLE_TEMPLATE_LEAK: "chat-template tokens in a sample answer"})
+_SAMPLE_TEXT = {SAMPLE_EMPTY: "is empty", SAMPLE_REPETITION: "loops", SAMPLE_TEMPLATE_LEAK: "leaks template tokens"}
+
+
+class SampleAlerts:
+    """The degeneration rules of one run's sample answers, fed one sample at a time."""
+
+    def __init__(self) -> None:
+        self._raised: set[str] = set()
+
+    def observe(self, step: int, index: int, flags: dict[str, Any]) -> list[Alert]:
+        """Alerts for the flag kinds this run has not alerted on yet (flags of unknown kinds are ignored)."""
+        alerts = []
+        for flag, detail in flags.items():
+            kind = SAMPLE_KINDS.get(flag)
+            if kind is None or kind in self._raised:
+                continue
+            self._raised.add(kind)
+            detail = str(detail)[:200]
+            alerts.append(Alert(kind, step, f"Sample answer {index + 1} at step {step} {_SAMPLE_TEXT[kind]}"
+                                            + (f": {detail}." if detail else ".")))
+        return alerts

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterable
 
 import pandas as pd
 
-from db.entities import EventRecord, RunRecord
+from db.entities import EventRecord, RunRecord, SampleRecord
 from db.store import Store
 from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
@@ -588,6 +588,16 @@ class Orchestrator:
                     jobspec.ModelSource.from_dict(s).key for s in spec.get("sources", [])) == wanted:
                 return run.id
         return None
+    # ================================================================== samples during training
+    def samples(self, run_id: str, max_steps: int = 50) -> list[SampleRecord]:
+        """A run's sample answers, newest sampling step first (the store holds what the pump has read)."""
+        return self.store.samples(run_id, max_steps)
+
+    def sample_prompts(self, run_ids: list[str]) -> list[str]:
+        return self.store.sample_prompts(run_ids)
+
+    def prompt_samples(self, run_ids: list[str], prompt: str) -> list[SampleRecord]:
+        return self.store.prompt_samples(run_ids, prompt)
 
 
 # ====================================================================== helpers

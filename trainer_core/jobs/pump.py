@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from db.store import SPARKLINE_POINTS, Store
-from trainer_core.jobs.alerts import AlertMonitor
+from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts
 from trainer_core.jobs.live import LiveRun, metric_row
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import files
@@ -83,6 +83,8 @@ class Tracker:
     log: ev.LogFollower | None = None  # reads events.jsonl through its own descriptor (see LogFollower)
     losses: dict = field(default_factory=dict)  # step -> train loss of this run: its History sparkline
     sparkline_stale: bool = False
+    samples: list = field(default_factory=list)  # sample answers not yet stored (samples during training)
+    sample_alerts: SampleAlerts = field(default_factory=SampleAlerts)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -114,6 +116,9 @@ def flush(t: Tracker, store: Store) -> None:
     if t.sparkline_stale:
         t.run_values["sparkline"] = json.dumps(thin(list(t.losses.values()), SPARKLINE_POINTS))
         t.sparkline_stale = False
+    if t.samples:  # before the offset moves past their lines (append_metrics): a crash replays them, never loses them
+        store.append_samples(t.run_id, t.samples)
+        t.samples = []
     rows = t.buffer.take()
     store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
     t.timeline, t.run_values, t.urgent = [], {}, False
@@ -225,6 +230,24 @@ def _on_serve_ready(t: Tracker, e: ev.ServeReadyEvent) -> None:
     t.run_values.update(status=RunStatus.RUNNING.value, phase=phase, **({"engine": e.engine} if e.engine else {}))
     t.timeline.append((e.ts, "status", f"serving {', '.join(e.models)} at {e.url}"))
     t.urgent = True
+SAMPLE_TEXT_MAX = 20_000  # characters of one stored answer (max_new_tokens bounds it far below this)
+
+
+def _on_sample(t: Tracker, e: ev.SampleEvent) -> None:
+    """A sample answer: stored with the next flush; a degenerate one raises its kind's alert once per run."""
+    flags = {str(k)[:50]: str(v)[:500] for k, v in list(e.flags.items())[:10]}  # a worker only sends a few
+    t.samples.append({"step": e.step, "index": e.index, "ts": e.ts, "prompt": _storable(e.prompt, SAMPLE_TEXT_MAX),
+                      "text": _storable(e.text, SAMPLE_TEXT_MAX), "new_tokens": e.new_tokens, "flags": flags})
+    for alert in t.sample_alerts.observe(e.step, e.index, flags):
+        t.live.add_alert(alert)
+        t.timeline.append((e.ts, "alert", alert.message))
+    t.urgent = True  # a few per sampling step: shown without waiting for the next metrics batch
+
+
+def _storable(text: str, limit: int) -> str:
+    """Text as every database takes it: no NUL (PostgreSQL refuses it in text), at most ``limit`` characters."""
+    text = text.replace("\x00", "\ufffd")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def on_log_problem(t: Tracker, problem: str) -> None:
@@ -242,7 +265,8 @@ LIFECYCLE: dict[str, Handler] = {
 }
 # A new kind of job adds its own events next to the lifecycle ones here.
 HANDLERS: dict[JobKind, dict[str, Handler]] = {
-    JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint},
+    JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint,
+                    "sample": _on_sample},
     JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
     JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
     JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},

@@ -124,6 +124,23 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+@dataclass
+class SampleEvent(Event):
+    """One greedy answer to a sample prompt at a training step (samples during training). ``flags`` maps each
+    degeneration found (trainer_core.samples_check kinds) to what was found."""
+
+    kind: ClassVar[str] = "sample"
+    step: int
+    index: int  # the prompt's place in the run's sample prompts (0-based)
+    prompt: str
+    text: str
+    new_tokens: int = 0
+    flags: dict = field(default_factory=dict)
+
+
+EVENT_TYPES[SampleEvent.kind] = SampleEvent
+
+
 def clean_numbers(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Replace non-finite floats with None; return the cleaned payload and {field: 'nan'|'inf'|'-inf'}."""
     cleaned: dict[str, Any] = {}

@@ -115,6 +115,7 @@ class Worker:
             # Import the engine only now: unsloth must be imported before transformers when it is used.
             engine = importlib.import_module(f"trainer_core.worker.engines.{self.engine_name}_engine")
             from trainer_core.worker import model_files  # imports transformers; after the engine on purpose
+            from trainer_core.worker import samples
 
             self.check_gpus()
             model_ref = model_files.resolve_model(cfg, log=self.log)
@@ -135,8 +136,10 @@ class Worker:
 
             output_dir = self.run_dir / "checkpoints"
             callback = make_callback(self)
+            chat = bool(train_rows) and "messages" in train_rows[0]  # samples are rendered like the training rows
+            sampling = samples.make_callback(cfg, tokenizer, chat, eval_ds is not None, sharded, self)
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
-                                           [callback], sharded=sharded)
+                                           [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")
             trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint or None)
             callback.log_peak_memory()

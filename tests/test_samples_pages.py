@@ -1,0 +1,102 @@
+"""Samples on the pages through AppTest: Live and Run details show step x prompt (newest step first), Compare
+shows one prompt across runs; answers holding markdown or HTML are plain text in the tables."""
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from db.entities import RunRecord, SampleRecord
+from db.store import Store
+from tests.test_pages import open_page
+from trainer_core.protocol.status import RunStatus
+from ui import samples as ui_samples
+from ui.text import safe
+
+@pytest.fixture
+def pages_store(app_home):
+    store = Store()
+    yield store
+    store.engine.dispose()
+
+
+PROMPTS = ["What is the capital of France?", "Say <b>hi</b> and **bold**"]
+
+
+def sampled_run(store: Store, run_id: str, name: str, answers: dict[int, list[str]],
+                status: RunStatus = RunStatus.COMPLETED) -> None:
+    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.RUNNING.value, created_at=time.time(),
+                               started_at=time.time(), config_json=json.dumps({"sample_prompts": PROMPTS})))
+    store.append_metrics(run_id, [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}])
+    store.append_samples(run_id, [
+        {"step": step, "index": i, "prompt": PROMPTS[i], "text": text, "new_tokens": 3, "ts": 1.0,
+         "flags": {"empty": "the answer is empty"} if not text else {}}
+        for step, texts in answers.items() for i, text in enumerate(texts)])
+    if status.is_terminal():
+        store.finish_run(run_id, status)
+
+
+def samples_frame(at) -> pd.DataFrame:
+    [frame] = [d.value for d in at.dataframe if "step" in d.value.columns and any(
+        str(c).startswith("#1") for c in d.value.columns)]
+    return frame
+
+
+EXPECTED_COLUMNS = ["step", "#1 What is the capital of France?", "#2 Say <b>hi</b> and **bold**"]
+
+
+def test_live_shows_the_samples_table_newest_step_first(pages_store):
+    sampled_run(pages_store, "20260101-000000-llllll", "live samples",
+                {2: ["Paris.", "<b>hi</b> **bold**"], 4: ["Paris!", ""]})
+    at = open_page("pages/live.py", live_run_id="20260101-000000-llllll")
+    assert "Samples during training" in [s.value for s in at.subheader]
+    frame = samples_frame(at)
+    assert list(frame.columns) == EXPECTED_COLUMNS
+    assert frame.values.tolist() == [[4, "Paris!", "⚠️ empty sample answer | (empty)"],
+                                     [2, "Paris.", "<b>hi</b> **bold**"]]  # as typed: a text cell, not markdown
+
+
+def test_live_of_a_run_without_sample_prompts_shows_no_samples_section(pages_store):
+    pages_store.create_run(RunRecord(id="20260101-000000-nnnnnn", name="plain", status=RunStatus.RUNNING.value,
+                                     created_at=time.time()))
+    pages_store.finish_run("20260101-000000-nnnnnn", RunStatus.COMPLETED)
+    at = open_page("pages/live.py", live_run_id="20260101-000000-nnnnnn")
+    assert "Samples during training" not in [s.value for s in at.subheader]
+
+
+def test_run_details_show_the_samples_table(pages_store):
+    sampled_run(pages_store, "20260101-000000-rrrrrr", "detail samples", {3: ["Paris.", "hi"], 6: ["Lyon?", "hi!"]})
+    at = open_page("pages/run.py", detail_run_id="20260101-000000-rrrrrr")
+    assert "Samples during training" in [e.label for e in at.expander]
+    frame = samples_frame(at)
+    assert list(frame.columns) == EXPECTED_COLUMNS
+    assert frame.values.tolist() == [[6, "Lyon?", "hi!"], [3, "Paris.", "hi"]]
+
+
+def test_run_details_of_a_finished_run_that_recorded_none_says_so(pages_store):
+    sampled_run(pages_store, "20260101-000000-eeeeee", "no samples", {})
+    at = open_page("pages/run.py", detail_run_id="20260101-000000-eeeeee")
+    assert "This run recorded no samples." in [c.value for c in at.caption]
+
+
+def test_compare_shows_one_prompt_across_runs_with_each_runs_latest_answer(pages_store):
+    sampled_run(pages_store, "20260101-000000-aaaaaa", "run a", {2: ["Paris.", "hi"], 4: ["Paris!", "hey"]})
+    sampled_run(pages_store, "20260101-000001-bbbbbb", "run b", {2: ["Rome?", ""]})
+    at = open_page("pages/compare.py", compare_ids=["20260101-000000-aaaaaa", "20260101-000001-bbbbbb"])
+    assert "Samples during training" in [s.value for s in at.subheader]
+    [table] = [d.value for d in at.dataframe if list(d.value.columns) == ["run", "step", "answer"]]
+    assert table[["step", "answer"]].values.tolist() == [[4, "Paris!"], [2, "Rome?"]]
+    at.selectbox(key="compare_sample_prompt").set_value(PROMPTS[1]).run()
+    [table] = [d.value for d in at.dataframe if list(d.value.columns) == ["run", "step", "answer"]]
+    assert table[["step", "answer"]].values.tolist() == [[4, "hey"], [2, "⚠️ empty sample answer | (empty)"]]
+    assert safe(PROMPTS[1], 500) in [c.value for c in at.caption]  # the prompt above the table, escaped
+
+
+def test_answers_are_cut_for_a_cell_and_labels_stay_unique():
+    long = SampleRecord("r", 1, 0, "p", "x" * 5000)
+    assert len(ui_samples.answer_cell(long)) == ui_samples.CELL_CHARS
+    same = [SampleRecord("r", 1, 0, "Same prompt", "a"), SampleRecord("r", 1, 1, "Same prompt", "b")]
+    table, prompts = ui_samples.samples_table(same)
+    assert list(table.columns) == ["step", "#1 Same prompt", "#2 Same prompt"] and len(prompts) == 2

@@ -1,0 +1,104 @@
+"""Samples during training on the Live, Run details and Compare pages.
+
+``samples_table`` and ``prompt_table`` are plain functions from sample records to DataFrames (tested without
+Streamlit); the renderers draw them with ``st.dataframe``, whose cells are plain text: an answer or a prompt
+holding markdown or HTML shows as the characters it is. Tooltips are markdown, so they go through ``safe``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import streamlit as st
+
+from db.entities import RunRecord, SampleRecord
+from trainer_core.jobs.alerts import LABELS, SAMPLE_KINDS
+from ui import format as fmt
+from ui.text import safe
+
+CELL_CHARS = 2_000  # an answer cut to this in a table cell (a 1,024-token answer is far longer than a cell)
+HEADER_CHARS = 40
+EMPTY_ANSWER = "(empty)"
+
+
+def flag_text(flags: dict) -> str:
+    """"⚠️ sample answer loops; ..." for an answer's degenerations; "" when there are none."""
+    labels = [LABELS.get(SAMPLE_KINDS.get(kind, ""), kind) for kind in flags]
+    return "⚠️ " + "; ".join(labels) if labels else ""
+
+
+def answer_cell(sample: SampleRecord) -> str:
+    text = sample.text if sample.text.strip() else EMPTY_ANSWER
+    if len(text) > CELL_CHARS:
+        text = text[:CELL_CHARS - 1] + "…"
+    warning = flag_text(sample.flags)
+    return f"{warning} | {text}" if warning else text
+
+
+def prompt_label(index: int, prompt: str) -> str:
+    """A column header: the prompt's number (unique) and its start."""
+    short = " ".join(prompt.split())
+    short = short if len(short) <= HEADER_CHARS else short[:HEADER_CHARS - 1] + "…"
+    return f"#{index + 1} {short}"
+
+
+def samples_table(samples: Sequence[SampleRecord]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """(step x prompt table, newest step first; {column: full prompt}) of one run's samples."""
+    prompts: dict[int, str] = {}
+    for sample in samples:
+        prompts.setdefault(sample.index, sample.prompt)
+    labels = {index: prompt_label(index, prompt) for index, prompt in sorted(prompts.items())}
+    rows: dict[int, dict[str, str]] = {}
+    for sample in samples:
+        rows.setdefault(sample.step, {"step": sample.step})[labels[sample.index]] = answer_cell(sample)
+    table = pd.DataFrame([rows[step] for step in sorted(rows, reverse=True)], columns=["step", *labels.values()])
+    return table.fillna(""), {labels[i]: prompts[i] for i in labels}
+
+
+def prompt_table(runs: Sequence[RunRecord], labels: dict[str, str], samples: Sequence[SampleRecord]) -> pd.DataFrame:
+    """One row per run: its latest answer to one prompt (runs that never sampled it read "—")."""
+    latest: dict[str, SampleRecord] = {}
+    for sample in samples:
+        if sample.run_id not in latest or sample.step > latest[sample.run_id].step:
+            latest[sample.run_id] = sample
+    rows = []
+    for run in runs:
+        sample = latest.get(run.id)
+        rows.append({"run": labels.get(run.id, run.id), "step": sample.step if sample else None,
+                     "answer": answer_cell(sample) if sample else fmt.MISSING})
+    return pd.DataFrame(rows, columns=["run", "step", "answer"])
+
+
+# ---------------------------------------------------------------------- renderers
+def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
+    """The step x prompt table of one run; ``expected``: the run samples (says so while none arrived yet)."""
+    if not samples:
+        if expected:
+            st.caption("No samples yet: the first greedy answers come at the first sampling step.")
+        return
+    table, prompts = samples_table(samples)
+    config = {"step": st.column_config.NumberColumn("step", width="small")}
+    for label, prompt in prompts.items():
+        config[label] = st.column_config.TextColumn(label, help=safe(prompt, 500), width="large")
+    st.dataframe(table, hide_index=True, column_config=config)
+    flagged = sum(1 for s in samples if s.flags)
+    st.caption(f"Greedy answers with a fixed seed, newest step first; {len(table)} sampling step(s)"
+               + (f", {flagged} degenerate answer(s) marked ⚠️." if flagged else "."))
+
+
+def render_prompt_compare(runs: Sequence[RunRecord], labels: dict[str, str], prompts: Sequence[str],
+                          samples_of) -> None:
+    """Pick a sample prompt; one row per run with its latest answer. ``samples_of(prompt)`` reads them."""
+    if not prompts:
+        return
+    st.subheader("Samples during training")
+    prompt = st.selectbox("Sample prompt", list(prompts), key="compare_sample_prompt",
+                          format_func=lambda p: prompt_label(list(prompts).index(p), p))
+    st.caption(safe(prompt, 500))
+    st.dataframe(prompt_table(runs, labels, samples_of(prompt)), hide_index=True,
+                 column_config={"answer": st.column_config.TextColumn("latest answer", width="large")})
+
+
+def sampling_configured(config: dict) -> bool:
+    """Whether a run's (public) config asks for samples."""
+    return bool(config.get("sample_prompts") or str(config.get("sample_prompt_set") or "").strip())
