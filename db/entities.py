@@ -4,6 +4,7 @@ status is a ``RunStatus``, a kind a ``JobKind`` and the names of a run's secrets
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -101,3 +102,28 @@ class EventRecord:
     @classmethod
     def from_row(cls, row: RunEvent) -> "EventRecord":
         return cls(run_id=row.run_id, ts=row.ts, kind=row.kind, message=row.message, id=row.id)
+
+
+@dataclass(frozen=True)
+class EvalResultRecord:
+    """An eval job's result (db.models.EvalResult) with the job's status; ``metrics`` is None until it ends."""
+
+    job_id: str
+    source_key: str
+    source_run_id: str
+    checkpoint: Optional[int]
+    base_model: str
+    data_fingerprint: str
+    settings_hash: str
+    data_label: str
+    metrics: Optional[dict]
+    created_at: float
+    status: RunStatus = RunStatus.QUEUED
+
+    @classmethod
+    def from_row(cls, row: Any, status: str) -> "EvalResultRecord":
+        return cls(job_id=row.job_id, source_key=row.source_key, source_run_id=row.source_run_id,
+                   checkpoint=row.checkpoint, base_model=row.base_model, data_fingerprint=row.data_fingerprint,
+                   settings_hash=row.settings_hash, data_label=row.data_label,
+                   metrics=json.loads(row.metrics_json) if row.metrics_json else None, created_at=row.created_at,
+                   status=RunStatus(status))

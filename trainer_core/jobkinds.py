@@ -2,3 +2,4 @@
 A new kind adds its spec module here, its worker entry point to ``worker.ENTRY_POINTS`` and its event
 handlers to ``jobs.pump.HANDLERS``."""
 from __future__ import annotations
+from trainer_core.evaluation import spec as _eval_spec  # noqa: F401  (JobKind.EVAL)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from db.store import SPARKLINE_POINTS, Store
+from trainer_core.jobs import eval_results
 from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun, metric_row
 from trainer_core.protocol import events as ev
@@ -83,6 +84,7 @@ class Tracker:
     log: ev.LogFollower | None = None  # reads events.jsonl through its own descriptor (see LogFollower)
     losses: dict = field(default_factory=dict)  # step -> train loss of this run: its History sparkline
     sparkline_stale: bool = False
+    writes: list = field(default_factory=list)  # store calls of other job kinds' results (eval), at the next flush
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -114,6 +116,9 @@ def flush(t: Tracker, store: Store) -> None:
     if t.sparkline_stale:
         t.run_values["sparkline"] = json.dumps(thin(list(t.losses.values()), SPARKLINE_POINTS))
         t.sparkline_stale = False
+    for write in t.writes:  # idempotent upserts, stored before the offset moves past their lines
+        write(store)
+    t.writes = []
     rows = t.buffer.take()
     store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
     t.timeline, t.run_values, t.urgent = [], {}, False
@@ -234,7 +239,8 @@ LIFECYCLE: dict[str, Handler] = {
 HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint},
     JobKind.SERVE: {**LIFECYCLE},
-    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
+    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress, "eval_sample": eval_results.on_sample,
+                   "eval_result": eval_results.on_result},
     JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
 }
 
