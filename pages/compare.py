@@ -8,6 +8,7 @@ from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
 from ui import format as fmt
 from ui.compare import render_compare
 from ui.entry import require_entrypoint
+from ui.evaluation import render_eval_compare
 from ui.state import get_orchestrator
 from ui.views import stop_without_runs
 
@@ -52,3 +53,4 @@ picked = [by_id[i] for i in chosen]
 drawn = (*COMPARE_METRICS, *COMPARE_ALIGN)  # the overlays and the summary need no other column: read only these
 render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn) for r in picked},
                {r.id: orch.run_config(r.id) for r in picked})
+render_eval_compare(picked, orch.latest_eval_metrics([r.id for r in picked]))

@@ -4,6 +4,7 @@
     python -m trainer_core validate --config run.yaml
     python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
+    python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
@@ -30,6 +31,7 @@ from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig, secrets_in_file
 from trainer_core.data import loading
+from trainer_core.evaluation import cli as eval_cli
 from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.status import RunStatus
 
@@ -322,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     db_sub.add_parser("rebuild", help="move the database aside (kept, never deleted) and rebuild it from every "
                                       "run folder's config.yaml, journal.jsonl and events.jsonl")
     db.set_defaults(func=cmd_db)
+    eval_cli.add_parser(sub, _find, cli_actor)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
