@@ -91,7 +91,7 @@ def render_evaluation(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         if result is None:
             st.caption("This eval job has no recorded result.")
             return
-        render_result(orch, result, run)
+        render_result(orch, result, None)  # the page above already shows this job's outcome and error
         return
     if run.kind is not JobKind.TRAIN:
         st.caption("Evaluations are for training runs and their checkpoints.")
