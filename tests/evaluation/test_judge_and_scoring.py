@@ -102,3 +102,21 @@ def test_overall_metrics_agree_with_the_libraries_called_directly():
     assert result["perplexity"] == pytest.approx(math.exp(1.25))
     assert result["exact"] == pytest.approx(1 / 3) and result["samples"] == 3
     assert "judge" not in result
+
+
+def test_the_judge_key_reaches_the_worker_by_name_only(home, monkeypatch, tmp_path):
+    from trainer_core.config import BUNDLED_MODEL
+    from trainer_core.evaluation.spec import EvalSpec
+    from trainer_core.jobs.launcher import WorkerLauncher
+    from trainer_core.jobspec import ModelSource
+
+    monkeypatch.setenv("JUDGE_API_KEY", "sk-judge-secret")
+    monkeypatch.setenv("FINETUNE_STUDIO_PASSWORD", "server-password")
+    judged = EvalSpec(source=ModelSource(model=BUNDLED_MODEL), data="x.jsonl", metrics=["judge"],
+                      judge_url="http://127.0.0.1:1/v1", judge_model="m", judge_key_env="JUDGE_API_KEY")
+    env = WorkerLauncher().environment(tmp_path, judged, 1)
+    assert env["JUDGE_API_KEY"] == "sk-judge-secret" and "FINETUNE_STUDIO_PASSWORD" not in env
+    assert "sk-judge-secret" not in json.dumps(judged.to_dict())  # job.json holds the variable's name
+    # A spec naming the server's own secret does not get it.
+    grab = EvalSpec(**{**judged.to_dict(), "source": judged.source, "judge_key_env": "FINETUNE_STUDIO_PASSWORD"})
+    assert "FINETUNE_STUDIO_PASSWORD" not in WorkerLauncher().environment(tmp_path, grab, 1)
