@@ -72,7 +72,8 @@ class Evaluator:
             model, tokenizer, device = self.load(resolved)
             self.check_cancel()
 
-            self.status(RunStatus.RUNNING, "generating")
+            if samples:
+                self.status(RunStatus.RUNNING, "generating")
             rows, action = self.evaluate(spec, samples, model, tokenizer, device)
             metrics = scoring.overall([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], spec.metrics) \
                 if samples else {}
