@@ -125,3 +125,28 @@ class SampleRecord:
             flags = {}
         return cls(run_id=row.run_id, step=row.step, index=row.idx, prompt=row.prompt, text=row.text,
                    new_tokens=row.new_tokens, flags=flags if isinstance(flags, dict) else {}, ts=row.ts)
+
+
+@dataclass(frozen=True)
+class EvalResultRecord:
+    """An eval job's result (db.models.EvalResult) with the job's status; ``metrics`` is None until it ends."""
+
+    job_id: str
+    source_key: str
+    source_run_id: str
+    checkpoint: Optional[int]
+    base_model: str
+    data_fingerprint: str
+    settings_hash: str
+    data_label: str
+    metrics: Optional[dict]
+    created_at: float
+    status: RunStatus = RunStatus.QUEUED
+
+    @classmethod
+    def from_row(cls, row: Any, status: str) -> "EvalResultRecord":
+        return cls(job_id=row.job_id, source_key=row.source_key, source_run_id=row.source_run_id,
+                   checkpoint=row.checkpoint, base_model=row.base_model, data_fingerprint=row.data_fingerprint,
+                   settings_hash=row.settings_hash, data_label=row.data_label,
+                   metrics=json.loads(row.metrics_json) if row.metrics_json else None, created_at=row.created_at,
+                   status=RunStatus(status))

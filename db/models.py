@@ -106,3 +106,35 @@ class Sample(SQLModel, table=True):
     text: str = ""
     new_tokens: int = 0
     flags: str = ""  # JSON object: degeneration kind -> what was found ("" or "{}": none)
+
+
+class EvalResult(SQLModel, table=True):
+    """An eval job's overall result. Created when the job is submitted (metrics_json NULL until it ends), so
+    a baseline being computed is found and not queued twice; filled from its eval_result event."""
+
+    job_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
+    source_key: str = ""  # jobspec.ModelSource.key: base:<model>, run:<id> or run:<id>@<step>
+    source_run_id: str = Field(default="", index=True, max_length=64)  # "" for a base model
+    checkpoint: Optional[int] = None
+    base_model: str = ""
+    data_fingerprint: str = Field(default="", index=True)
+    settings_hash: str = ""
+    data_label: str = ""
+    metrics_json: Optional[str] = None
+    created_at: float = 0.0
+
+
+class EvalSample(SQLModel, table=True):
+    """One scored test sample of an eval job."""
+
+    job_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
+    index: int = Field(primary_key=True)
+    prompt: str = ""
+    reference: str = ""
+    answer: str = ""
+    exact: Optional[float] = None
+    rouge_l: Optional[float] = None
+    bleu: Optional[float] = None
+    loss: Optional[float] = None
+    tokens: int = 0
+    judge: Optional[float] = None

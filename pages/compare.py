@@ -9,6 +9,7 @@ from ui import format as fmt
 from ui.compare import render_compare
 from ui.samples import render_prompt_compare
 from ui.entry import require_entrypoint
+from ui.evaluation import render_eval_compare
 from ui.state import get_orchestrator
 from ui.views import stop_without_runs
 
@@ -55,3 +56,4 @@ render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn) for r in picked}
                {r.id: orch.run_config(r.id) for r in picked})
 render_prompt_compare(picked, labels, orch.sample_prompts([r.id for r in picked]),
                       lambda prompt: orch.prompt_samples([r.id for r in picked], prompt))
+render_eval_compare(picked, orch.latest_eval_metrics([r.id for r in picked]))

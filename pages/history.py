@@ -15,6 +15,7 @@ from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_nam
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
+from ui.evaluation import headline as eval_headline
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import stop_without_runs
@@ -78,6 +79,7 @@ names = {r.id: r.name for r in [*runs, *orch.get_runs(missing_parents)]}
 
 sparklines = orch.sparklines(runs)
 alerts = orch.alert_counts([r.id for r in runs])
+latest_evals = orch.latest_eval_metrics([r.id for r in runs])
 now = time.time()
 table = pd.DataFrame([{
     "id": r.id,
@@ -96,14 +98,15 @@ table = pd.DataFrame([{
     "loss": sparklines.get(r.id, []),
     "resumed from": names.get(r.parent_run_id, r.parent_run_id or ""),
     "output": r.output_dir,
+    "eval": eval_headline(latest_evals.get(r.id)),
 } for r in runs], columns=["id", "name", "owner", "status", "alerts", "model", "dataset", "method", "started", "duration",
-                          "steps", "final loss", "best eval loss", "loss", "resumed from", "output"])
+                          "steps", "final loss", "best eval loss", "loss", "resumed from", "output", "eval"])
 
 st.dataframe(
     table,
     hide_index=True,
     column_order=["name", "owner", "status", "alerts", "model", "dataset", "method", "started", "duration", "steps",
-                  "final loss", "best eval loss", "loss", "resumed from", "output"],
+                  "final loss", "best eval loss", "loss", "eval", "resumed from", "output"],
     column_config={
         "name": st.column_config.TextColumn("Name", pinned=True),
         "owner": st.column_config.TextColumn("Started by"),
@@ -122,6 +125,8 @@ st.dataframe(
         "loss": st.column_config.LineChartColumn("Loss", width="medium"),
         "resumed from": st.column_config.TextColumn("Resumed from"),
         "output": st.column_config.TextColumn("Output folder"),
+        "eval": st.column_config.TextColumn("Latest eval", help="The newest completed evaluation of the run's model "
+                                                                "(Run details > Evaluation)"),
     },
 )
 

@@ -11,8 +11,10 @@ from trainer_core.charts import LINE_METRICS
 from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import run_name
 from ui import format as fmt
+from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.samples import render_samples, sampling_configured
+from ui.evaluation import render_evaluation
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
@@ -81,7 +83,8 @@ if run.parent_run_id:
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")
 
-charts_tab, timeline_tab, log_tab, config_tab = st.tabs(["Charts", "Timeline", "Worker log", "Config"])
+charts_tab, timeline_tab, log_tab, config_tab, eval_tab = st.tabs(["Charts", "Timeline", "Worker log", "Config",
+                                                                   "Evaluation"])
 with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
@@ -141,3 +144,5 @@ def samples_section() -> None:
 
 
 samples_section()
+with eval_tab:
+    render_evaluation(orch, run, current_actor())

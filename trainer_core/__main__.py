@@ -6,6 +6,7 @@
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
     python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
     python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P]        (an endpoint for teammates)
+    python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
@@ -32,6 +33,7 @@ from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
 from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig, secrets_in_file
 from trainer_core.data import loading
+from trainer_core.evaluation import cli as eval_cli
 from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.status import RunStatus
 
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "run folder's config.yaml, journal.jsonl and events.jsonl")
     db.set_defaults(func=cmd_db)
     _add_serving_commands(sub)
+    eval_cli.add_parser(sub, _find, cli_actor)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

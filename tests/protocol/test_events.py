@@ -22,12 +22,17 @@ ALL_EVENTS = [
     ev.ServeReadyEvent(url="http://127.0.0.1:8000/v1", models={"tuned": "my run · final"}, engine="transformers", ts=9.0),
     ev.SampleEvent(step=20, index=1, prompt="Say <b>hi</b> *now*", text="hi<|im_end|>", new_tokens=3,
                    flags={"template_leak": "the answer contains <|im_end|>"}, ts=10.0),
+    ev.EvalSampleEvent(index=0, prompt="2+2?", reference="4", answer="four", exact=0.0, rouge_l=0.0, bleu=0.0,
+                       loss=1.5, tokens=3, ts=9.0),
+    ev.EvalResultEvent(source_key="run:r", base_model="bundled:x", data_fingerprint="fp", settings_hash="sh",
+                       metrics={"exact": 0.5, "lm_eval": {"t": {"acc,none": 1.0}}}, source_run_id="r", checkpoint=4,
+                       ts=10.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "sample",
-                                      "serve_ready", "status", "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "eval_result", "eval_sample",
+                                      "heartbeat", "progress", "sample", "serve_ready", "status", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterable
 
 import pandas as pd
 
-from db.entities import EventRecord, RunRecord, SampleRecord
+from db.entities import EvalResultRecord, EventRecord, RunRecord, SampleRecord
 from db.store import Store
 from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
@@ -31,8 +31,9 @@ from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like
 from trainer_core.data import DatasetError, loading
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
-from trainer_core.jobs import adoption, pump, queue, resource_check
+from trainer_core.jobs import adoption, evals, pump, queue, resource_check
 from trainer_core.jobs.launcher import Launcher, WorkerLauncher
+from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
@@ -598,6 +599,34 @@ class Orchestrator:
 
     def prompt_samples(self, run_ids: list[str], prompt: str) -> list[SampleRecord]:
         return self.store.prompt_samples(run_ids, prompt)
+
+    # ================================================================== evaluation (issue 11)
+    def start_eval(self, spec: EvalSpec, actor: access.Actor | None = None) -> tuple[str, str | None]:
+        """Submit an eval job, and the base model's baseline on the same data and settings when the source is
+        a run's model and no such baseline exists or is under way. Returns (eval job id, baseline job id)."""
+        return evals.start(self, spec, actor)
+
+    def eval_result(self, job_id: str) -> EvalResultRecord | None:
+        return self.store.eval_result(job_id)
+
+    def eval_results(self, run_id: str) -> list[EvalResultRecord]:
+        """Every eval of a run's models, newest first."""
+        return self.store.eval_results(run_id)
+
+    def eval_baseline(self, result: EvalResultRecord) -> EvalResultRecord | None:
+        """The base model's eval on the same data and settings (None when there is none, or it is the same job)."""
+        found = self.store.find_eval(f"base:{result.base_model}", result.data_fingerprint, result.settings_hash)
+        return found if found is not None and found.job_id != result.job_id else None
+
+    def eval_samples(self, job_id: str) -> pd.DataFrame:
+        return self.store.eval_samples(job_id)
+
+    def eval_predictions(self, job_id: str) -> list[dict]:
+        """What a running eval has written to its predictions file so far."""
+        return evals.read_predictions(job_id)
+
+    def latest_eval_metrics(self, run_ids: list[str]) -> dict[str, dict]:
+        return self.store.latest_eval_metrics(run_ids)
 
 
 # ====================================================================== helpers

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from db.store import SPARKLINE_POINTS, Store
+from trainer_core.jobs import eval_results
 from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts
 from trainer_core.jobs.live import LiveRun, metric_row
 from trainer_core.protocol import events as ev
@@ -85,6 +86,7 @@ class Tracker:
     sparkline_stale: bool = False
     samples: list = field(default_factory=list)  # sample answers not yet stored (samples during training)
     sample_alerts: SampleAlerts = field(default_factory=SampleAlerts)
+    writes: list = field(default_factory=list)  # store calls of other job kinds' results (eval), at the next flush
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -119,6 +121,9 @@ def flush(t: Tracker, store: Store) -> None:
     if t.samples:  # before the offset moves past their lines (append_metrics): a crash replays them, never loses them
         store.append_samples(t.run_id, t.samples)
         t.samples = []
+    for write in t.writes:  # idempotent upserts, stored before the offset moves past their lines
+        write(store)
+    t.writes = []
     rows = t.buffer.take()
     store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
     t.timeline, t.run_values, t.urgent = [], {}, False
@@ -268,7 +273,8 @@ HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint,
                     "sample": _on_sample},
     JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
-    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
+    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress, "eval_sample": eval_results.on_sample,
+                   "eval_result": eval_results.on_result},
     JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
 }
 

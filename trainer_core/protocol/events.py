@@ -117,10 +117,43 @@ class ServeReadyEvent(Event):
     engine: str = ""
 
 
+@dataclass
+class EvalSampleEvent(Event):
+    """One scored test sample of an eval job (also a line of its predictions.jsonl). Scores are None when
+    their metric was not asked for; ``judge`` also when the judge gave no score or was unreachable."""
+
+    kind: ClassVar[str] = "eval_sample"
+    index: int
+    prompt: str
+    reference: str
+    answer: str
+    exact: float | None = None
+    rouge_l: float | None = None
+    bleu: float | None = None
+    loss: float | None = None
+    tokens: int = 0
+    judge: float | None = None
+
+
+@dataclass
+class EvalResultEvent(Event):
+    """The overall metrics of an eval job, and what it evaluated (the keys of the cached baseline)."""
+
+    kind: ClassVar[str] = "eval_result"
+    source_key: str
+    base_model: str
+    data_fingerprint: str
+    settings_hash: str
+    metrics: dict
+    source_run_id: str = ""
+    checkpoint: int | None = None
+    data_label: str = ""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (StatusEvent, WarningEvent, ProgressEvent, EvalEvent, CheckpointEvent, CompleteEvent, ErrorEvent,
-                HeartbeatEvent, ServeReadyEvent)
+                HeartbeatEvent, ServeReadyEvent, EvalSampleEvent, EvalResultEvent)
 }
 
 

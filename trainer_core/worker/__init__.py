@@ -13,4 +13,5 @@ from trainer_core.protocol.status import JobKind
 ENTRY_POINTS: dict[JobKind, str] = {
     JobKind.TRAIN: "trainer_core.worker.train",
     JobKind.SERVE: "trainer_core.worker.serve",
+    JobKind.EVAL: "trainer_core.worker.evaluate",
 }

@@ -1,0 +1,120 @@
+"""The Evaluation tab of Run details, History's eval column and Compare's eval table, with results in the store."""
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+
+from db.entities import RunRecord
+from db.store import Store
+from tests.test_pages import insert_finished_run, open_page, texts
+from trainer_core.config import BUNDLED_MODEL
+from trainer_core.jobs import adoption
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus
+from ui.evaluation import compare_table, headline, metric_rows, worst_first
+from ui.text import safe
+
+BASE_KEY = f"base:{BUNDLED_MODEL}"
+TRICKY = "<b>bold</b> [click](http://evil.example) **not bold**"
+
+
+def add_eval(store: Store, job_id: str, source_key: str, source_run_id: str, metrics: dict | None,
+             samples: list[dict] = (), status: RunStatus = RunStatus.COMPLETED, created: float = 0.0) -> None:
+    store.create_run(RunRecord(id=job_id, name=f"Eval {job_id}", kind=JobKind.EVAL, status=RunStatus.RUNNING,
+                               model=source_key, method="Evaluation", created_at=created or time.time()))
+    store.save_eval_result(job_id, source_key=source_key, source_run_id=source_run_id, base_model=BUNDLED_MODEL,
+                           data_fingerprint="fp", settings_hash="sh", data_label="test.jsonl", metrics=metrics,
+                           created_at=created or time.time())
+    for row in samples:
+        store.save_eval_sample(job_id, row["index"], **{k: v for k, v in row.items() if k != "index"})
+    if status.is_terminal():
+        store.finish_run(job_id, status)
+
+
+def samples_table(at) -> pd.DataFrame:
+    return next(d.value for d in at.dataframe if "answer" in d.value.columns)
+
+
+SAMPLES = [
+    {"index": 0, "prompt": "Capital of France?", "reference": "Paris.", "answer": "Paris.", "exact": 1.0,
+     "rouge_l": 1.0, "bleu": 100.0, "loss": 0.2, "tokens": 3},
+    {"index": 1, "prompt": "Say hi", "reference": "Hello!", "answer": TRICKY, "exact": 0.0, "rouge_l": 0.0,
+     "bleu": 0.0, "loss": 3.0, "tokens": 2},
+    {"index": 2, "prompt": "2+2?", "reference": "It is 4.", "answer": "It is four.", "exact": 0.0, "rouge_l": 0.5,
+     "bleu": 20.0, "loss": 1.0, "tokens": 4},
+]
+
+
+def test_the_evaluation_tab_shows_metrics_against_the_baseline_and_samples_worst_first(app_home):
+    store = Store()
+    insert_finished_run(store, "run-a", "alpha run", [2.0, 1.0])
+    add_eval(store, "eval-base", BASE_KEY, "", {"samples": 3, "exact": 0.0, "rouge_l": 0.25, "loss": 2.0},
+             created=time.time() - 100)
+    add_eval(store, "eval-a", "run:run-a", "run-a", {"samples": 3, "exact": 1 / 3, "rouge_l": 0.5, "loss": 1.4},
+             SAMPLES)
+    at = open_page("pages/run.py", detail_run_id="run-a")
+    metrics = {m.label: (m.value, m.proto.delta) for m in at.metric if m.label in ("Exact match", "ROUGE-L", "Loss")}
+    assert metrics == {"Exact match": ("0.3333", "+0.3333"), "ROUGE-L": ("0.5", "+0.2500"),
+                       "Loss": ("1.4", "-0.6000")}
+    assert any("Deltas against the base model" in c for c in texts(at, "caption"))
+    table = samples_table(at)
+    assert table["index"].tolist() == [1, 2, 0]  # ROUGE-L, worst first
+    assert table.loc[table["index"] == 1, "answer"].item() == TRICKY  # a dataframe cell is plain text
+    at.selectbox(key="evaltab_sort_done").set_value("loss").run()
+    assert samples_table(at)["index"].tolist() == [1, 2, 0]  # highest loss first
+    markdown = texts(at, "markdown")
+    assert any(safe(TRICKY, 4000) in m for m in markdown) and not any(TRICKY in m for m in markdown)
+
+
+def test_an_eval_job_page_and_a_running_eval(app_home):
+    store = Store()
+    insert_finished_run(store, "run-a", "alpha run", [2.0, 1.0])
+    add_eval(store, "eval-live", "run:run-a", "run-a", None, status=RunStatus.RUNNING)
+    store.update_run("eval-live", steps_done=1, total_steps=3, phase="generating")
+    folder = paths.run_dir("eval-live")
+    folder.mkdir(parents=True)
+    (folder / "predictions.jsonl").write_text(json.dumps({**SAMPLES[1], "judge": None}) + "\n" + '{"index": 1, "pro')
+    lock = adoption.try_lock(folder)  # "another process pumps it": the page's orchestrator leaves it alone
+    try:
+        at = open_page("pages/run.py", detail_run_id="eval-live")
+    finally:
+        lock.close()
+    assert any("1 of 3 samples" in p.proto.text for p in at.get("progress"))
+    live = samples_table(at)  # read from predictions.jsonl; the half-written last line is not shown
+    assert live["answer"].tolist() == [TRICKY] and "1 prediction(s) so far" in texts(at, "caption")
+    add_eval(store, "eval-failed", "run:run-a", "run-a", None, status=RunStatus.RUNNING)
+    store.finish_run("eval-failed", RunStatus.FAILED, error="ValueError: the judge <endpoint>")
+    at = open_page("pages/run.py", detail_run_id="eval-failed")
+    assert texts(at, "error") == [safe("ValueError: the judge <endpoint>")]  # once, escaped
+    at = open_page("pages/run.py", detail_run_id="run-a")  # from the run's tab: the eval's error is shown there
+    at.selectbox(key="evaltab_pick").set_value("eval-failed").run()
+    assert texts(at, "error") == [safe("ValueError: the judge <endpoint>")]
+
+
+def test_history_and_compare_show_the_latest_completed_eval(app_home):
+    store = Store()
+    insert_finished_run(store, "run-a", "alpha run", [2.0, 1.0])
+    insert_finished_run(store, "run-b", "beta run", [3.0, 2.0])
+    add_eval(store, "eval-old", "run:run-a", "run-a", {"samples": 3, "rouge_l": 0.1}, created=time.time() - 100)
+    add_eval(store, "eval-new", "run:run-a", "run-a", {"samples": 3, "rouge_l": 0.75})
+    add_eval(store, "eval-stopped", "run:run-b", "run-b", {"samples": 1, "rouge_l": 0.9, "partial": True},
+             status=RunStatus.RUNNING)
+    store.finish_run("eval-stopped", RunStatus.STOPPED)
+    at = open_page("pages/history.py")
+    table = at.dataframe[0].value
+    shown = dict(zip(table["name"], table["eval"]))
+    assert shown["alpha run"] == "ROUGE-L 0.750" and shown["beta run"] == ""  # a stopped eval is partial: not shown
+    latest = store.latest_eval_metrics(["run-a", "run-b"])
+    runs = store.get_runs(["run-a", "run-b"])
+    assert compare_table(runs, latest)[["run", "ROUGE-L"]].values.tolist()[0] == ["alpha run", 0.75]
+    assert pd.isna(compare_table(runs, latest)["ROUGE-L"].tolist()[1])
+
+
+def test_pure_helpers():
+    rows = metric_rows({"exact": 0.5, "loss": 1.0, "perplexity": None}, {"exact": 0.25, "loss": 2.0})
+    assert [(r["key"], r["delta"]) for r in rows] == [("exact", 0.25), ("loss", -1.0), ("perplexity", None)]
+    frame = pd.DataFrame({"index": [0, 1, 2], "judge": [5.0, None, 2.0]})
+    assert worst_first(frame, "judge")["index"].tolist() == [2, 0, 1]  # unscored last
+    assert headline({"exact": 1.0}) == "Exact match 1.000" and headline(None) == ""

@@ -1,0 +1,123 @@
+"""``python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]``:
+evaluate a run's final model, one of its checkpoints or its base model on a test file, wait for the result
+and print the overall metrics (with the base-model baseline and the difference when there is one).
+
+Exit codes as for ``run``: 0 completed, 1 failed, 2 bad input or refused, 3 stopped or cancelled."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Callable
+
+from trainer_core import jobspec
+from trainer_core.config import ConfigError
+from trainer_core.evaluation.spec import DEFAULT_METRICS, EvalSpec
+from trainer_core.protocol.status import JobKind, RunStatus
+
+EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
+SHOWN = ("exact", "rouge_l", "bleu", "loss", "perplexity", "judge")
+
+
+def add_parser(sub, find: Callable, actor_of: Callable) -> None:
+    """The ``eval`` subcommand; ``find(store, ref)`` resolves RUN like ``runs show``, ``actor_of(store)`` is
+    the CLI's user."""
+    parser = sub.add_parser("eval", help="evaluate a run's model (or a checkpoint, or its base model) on a test file")
+    parser.add_argument("run", help="run id, unique id prefix, or name")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=int, metavar="STEP", help="evaluate checkpoint-STEP instead of the final model")
+    which.add_argument("--base", action="store_true", help="evaluate the run's base model")
+    parser.add_argument("--data", default="", help="test file (.jsonl/.json/.csv/.parquet, any training format), "
+                                                  "eval_split:<run id>, or hub:<dataset id>")
+    parser.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
+                        help="comma-separated: exact, rouge, bleu, perplexity, judge (default: %(default)s)")
+    parser.add_argument("--max-samples", type=int, default=200, help="test rows evaluated, 0 for all (default 200)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--lm-eval", action="append", default=[], metavar="TASK",
+                        help="an lm-evaluation-harness task name or local task YAML (repeatable)")
+    parser.add_argument("--no-baseline", action="store_true", help="do not evaluate the base model for comparison")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with a key per metric")
+    parser.set_defaults(func=lambda args: cmd_eval(args, find, actor_of))
+
+
+def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
+    from db.users import UnknownToken
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+
+    orch = Orchestrator()
+    try:
+        run = find(orch.store, args.run)
+        if run is None:
+            return 2
+        if run.kind is not JobKind.TRAIN:
+            print(f"error: run: {run.id} is a {run.kind.label.lower()} job; evaluate a training run", file=sys.stderr)
+            return 2
+        try:
+            source = _source(run.id, args)
+            spec = EvalSpec(source=source, data=args.data, metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
+                            max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
+                            baseline=not (args.no_baseline or args.base))
+            actor = actor_of(orch.store)
+            job_id, baseline_id = orch.start_eval(spec, actor=actor)
+        except ConfigError as exc:
+            for error in exc.errors:
+                print(f"error: {error.field}: {error.message}", file=sys.stderr)
+            return 2
+        except jobspec.SourceError as exc:
+            print(f"error: {exc.field}: {exc}", file=sys.stderr)
+            return 2
+        except (RunRefused, UnknownToken) as exc:
+            print(f"refused: {exc}", file=sys.stderr)
+            return 2
+        print(f"eval job {job_id} submitted" + (f"; baseline {baseline_id}" if baseline_id else ""), file=sys.stderr)
+        return _follow(orch, job_id, baseline_id, actor, args.json)
+    finally:
+        orch.close()
+
+
+def _source(run_id: str, args) -> jobspec.ModelSource:
+    if args.base:
+        return jobspec.ModelSource(model=jobspec.run_config(run_id).model_name)
+    return jobspec.ModelSource(run_id=run_id, checkpoint=args.checkpoint)
+
+
+def _follow(orch, job_id: str, baseline_id: str | None, actor, as_json: bool) -> int:
+    def on_sigint(*_):
+        print("\ncancelling the eval", file=sys.stderr)
+        orch.cancel(job_id, actor=actor)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    shown = {"step": -1}
+
+    def tick(snap) -> None:
+        if snap.step != shown["step"] and snap.total_steps:
+            shown["step"] = snap.step
+            print(f"{snap.step}/{snap.total_steps} samples", file=sys.stderr, flush=True)
+
+    snap = orch.wait(job_id, on_tick=tick)
+    result = orch.eval_result(job_id)
+    if snap.status is not RunStatus.COMPLETED or result is None or result.metrics is None:
+        print(f"eval {snap.status.value}" + (f": {snap.error}" if snap.error else ""), file=sys.stderr)
+        return EXIT.get(snap.status, 1)
+    baseline = orch.eval_baseline(result) if baseline_id else None
+    base_metrics = baseline.metrics if baseline is not None and baseline.status is RunStatus.COMPLETED else None
+    if as_json:
+        print(json.dumps({**result.metrics, "job_id": job_id, "baseline": base_metrics}, sort_keys=True))
+        return 0
+    for key in SHOWN:
+        if key not in result.metrics:
+            continue
+        value = result.metrics[key]
+        line = f"{key:<11} {_num(value)}"
+        base = (base_metrics or {}).get(key)
+        if base is not None and value is not None:
+            line += f"   base {_num(base)}   delta {value - base:+.4f}"
+        print(line)
+    print(f"{'samples':<11} {result.metrics.get('samples', 0)}")
+    for task, values in (result.metrics.get("lm_eval") or {}).items():
+        print(f"lm-eval {task}: " + ", ".join(f"{k} {_num(v)}" for k, v in values.items()))
+    return 0
+
+
+def _num(value) -> str:
+    return "—" if value is None else f"{value:.4f}"

@@ -1,0 +1,79 @@
+"""Scores of generated answers against reference answers, with maintained metric libraries only:
+ROUGE-L from ``rouge-score`` (Google's reference implementation), BLEU from ``sacrebleu`` (sentence BLEU per
+sample, corpus BLEU overall). Exact match compares the texts with whitespace runs collapsed. Loss and
+perplexity come from the model (worker/evaluate.py); ``overall`` only aggregates them here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sacrebleu
+from rouge_score import rouge_scorer
+
+_ROUGE = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def exact(answer: str, reference: str) -> float:
+    return 1.0 if normalize(answer) == normalize(reference) else 0.0
+
+
+def rouge_l(answer: str, reference: str) -> float:
+    """ROUGE-L F-measure in [0, 1] (rouge-score tokenizes on lower-cased ASCII letters and digits)."""
+    return _ROUGE.score(reference, answer)["rougeL"].fmeasure
+
+
+def sentence_bleu(answer: str, reference: str) -> float:
+    """sacrebleu's sentence BLEU (0-100, with its default exponential smoothing)."""
+    return sacrebleu.sentence_bleu(answer, [reference]).score
+
+
+def corpus_bleu(answers: list[str], references: list[str]) -> float:
+    return sacrebleu.corpus_bleu(answers, [references]).score
+
+
+@dataclass
+class SampleScores:
+    exact: float | None = None
+    rouge_l: float | None = None
+    bleu: float | None = None
+    loss: float | None = None  # mean negative log-likelihood of the reference answer's tokens
+    tokens: int = 0  # reference answer tokens the loss is over
+    judge: float | None = None
+
+
+def score_text(answer: str, reference: str, metrics: list[str]) -> SampleScores:
+    return SampleScores(exact=exact(answer, reference) if "exact" in metrics else None,
+                        rouge_l=rouge_l(answer, reference) if "rouge" in metrics else None,
+                        bleu=sentence_bleu(answer, reference) if "bleu" in metrics else None)
+
+
+def overall(scores: list[SampleScores], answers: list[str], references: list[str], metrics: list[str]) -> dict:
+    """Metrics over every sample scored so far: means of exact match, ROUGE-L and judge scores, corpus BLEU,
+    and loss as the token-weighted mean NLL of all reference tokens with perplexity = exp(loss)."""
+    result: dict[str, float | int | None] = {"samples": len(scores)}
+    if "exact" in metrics:
+        result["exact"] = _mean([s.exact for s in scores])
+    if "rouge" in metrics:
+        result["rouge_l"] = _mean([s.rouge_l for s in scores])
+    if "bleu" in metrics:
+        result["bleu"] = corpus_bleu(answers, references) if answers else None
+    if "perplexity" in metrics:
+        counted = [s for s in scores if s.loss is not None and s.tokens]
+        tokens = sum(s.tokens for s in counted)
+        loss = sum(s.loss * s.tokens for s in counted) / tokens if tokens else None
+        result["loss"] = loss
+        result["perplexity"] = math.exp(loss) if loss is not None and loss < 700 else None
+    if "judge" in metrics:
+        result["judge"] = _mean([s.judge for s in scores])
+        result["judged"] = sum(s.judge is not None for s in scores)
+    return result
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None

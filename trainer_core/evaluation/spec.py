@@ -1,0 +1,211 @@
+"""The eval job's spec (job.json): what to evaluate, on what data, with which metrics and settings."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_core import hardware, jobspec, memory, model_info
+from trainer_core.config import FORMAT_TYPES, FieldError, TrainConfig
+from trainer_core.data import DatasetError
+from trainer_core.evaluation import samples as eval_samples
+from trainer_core.jobspec import JobSpec, register
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind
+
+METRICS = ("exact", "rouge", "bleu", "perplexity", "judge")
+DEFAULT_METRICS = ["exact", "rouge", "bleu", "perplexity"]
+DEFAULT_RUBRIC = (
+    "You are grading an assistant's answer against a reference answer.\n\n"
+    "Question:\n{prompt}\n\nReference answer:\n{reference}\n\nAssistant's answer:\n{answer}\n\n"
+    "Rate how well the assistant's answer matches the reference in correctness and completeness on a scale "
+    "from 1 (wrong or unrelated) to 10 (equivalent to the reference). Reply with the number only.")
+RUBRIC_FIELDS = ("{prompt}", "{reference}", "{answer}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+TASK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+MEMORY_HEADROOM = 1.2  # weights plus activations and the KV cache of short generations
+
+
+@register
+@dataclass
+class EvalSpec(JobSpec):
+    """An eval job: generate answers for a test set with ``source`` and score them."""
+
+    KIND = JobKind.EVAL
+    # A local test file (any training format: .jsonl/.json/.csv/.parquet, alpaca/chatml/sharegpt),
+    # "eval_split:<run id>" (that run's held-out rows) or "hub:<dataset id>" (a hub split, online).
+    data: str = ""
+    hub_split: str = "test"
+    hub_subset: str = ""
+    # How rows map onto prompt and reference; an eval of a run takes its run's settings (Orchestrator.start_eval).
+    format_type: str = "auto"
+    custom_format_mapping: dict = field(default_factory=dict)
+    system_prompt: str = ""
+    metrics: list = field(default_factory=lambda: list(DEFAULT_METRICS))
+    max_samples: int = 200  # 0: every row
+    # Generation, as in the Playground: temperature 0 is greedy decoding (the default, reproducible).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    batch_size: int = 4  # prompts generated together (left-padded)
+    # LLM judge (metric "judge"): any OpenAI-compatible chat endpoint; the key is read by the worker from the
+    # environment variable named here, never stored.
+    judge_url: str = ""
+    judge_model: str = ""
+    judge_key_env: str = ""
+    judge_rubric: str = DEFAULT_RUBRIC
+    # lm-evaluation-harness: task names (online) or paths to local task YAML files; run after the test set.
+    lm_eval_tasks: list = field(default_factory=list)
+    lm_eval_limit: int = 0  # examples per task (0: all)
+    baseline: bool = True  # also evaluate the run's base model on the same data and settings (cached)
+
+    @property
+    def dataset_label(self) -> str:
+        shown = self.data if eval_samples.data_kind(self.data) != "file" else Path(self.data).name
+        tasks = f"lm-eval: {', '.join(Path(t).stem if t.endswith(('.yaml', '.yml')) else t for t in self.lm_eval_tasks)}"
+        return " + ".join(filter(None, [shown, tasks if self.lm_eval_tasks else ""]))
+
+    @property
+    def total_steps(self) -> int:
+        return self.max_samples
+
+    def env_names(self) -> list[str]:
+        return [self.judge_key_env] if self.judge_key_env and "judge" in self.metrics else []
+
+    def validate(self) -> list[FieldError]:
+        errors = super().validate()
+        errors += self._field_errors()
+        if not errors and self.data:
+            errors += self._data_errors()
+        if not errors:
+            errors += self.memory_errors()
+        return errors
+
+    def _field_errors(self) -> list[FieldError]:
+        errors: list[FieldError] = []
+
+        def bad(name: str, message: str) -> None:
+            errors.append(FieldError(name, message))
+
+        if not isinstance(self.data, str) or "\x00" in self.data:
+            bad("data", "a file path, eval_split:<run id> or hub:<dataset id>")
+        elif not self.data.strip() and not self.lm_eval_tasks:
+            bad("data", "choose a test file (or eval_split:<run id>, hub:<dataset id>), or name lm_eval_tasks")
+        if not isinstance(self.metrics, list) or not all(isinstance(m, str) for m in self.metrics):
+            bad("metrics", f"a list of metric names from {', '.join(METRICS)}")
+        else:
+            unknown = [m for m in self.metrics if m not in METRICS]
+            if unknown:
+                bad("metrics", f"unknown metric {', '.join(map(repr, unknown))}: choose from {', '.join(METRICS)}")
+            elif self.data.strip() and not self.metrics:
+                bad("metrics", f"choose at least one of {', '.join(METRICS)}")
+        if self.format_type not in FORMAT_TYPES or self.format_type == "text":
+            bad("format_type", f"choose one of {', '.join(f for f in FORMAT_TYPES if f != 'text')} (raw text has "
+                               "no reference answers)")
+        if not isinstance(self.custom_format_mapping, dict):
+            bad("custom_format_mapping", "a mapping such as {instruction: question, output: answer}")
+        if _int(self.max_samples) is None or self.max_samples < 0:
+            bad("max_samples", "a whole number of test rows, 0 for all")
+        if not _number(self.temperature) or not 0 <= self.temperature <= 2:
+            bad("temperature", "between 0 (greedy, the default) and 2")
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "above 0 and at most 1")
+        if _int(self.top_k) is None or self.top_k < 0:
+            bad("top_k", "0 (off) or a positive whole number")
+        if _int(self.max_new_tokens) is None or not 1 <= self.max_new_tokens <= 4096:
+            bad("max_new_tokens", "between 1 and 4096")
+        if not _number(self.repetition_penalty) or not 0.5 <= self.repetition_penalty <= 2:
+            bad("repetition_penalty", "between 0.5 and 2 (1 is off)")
+        if _int(self.seed) is None or self.seed < 0:
+            bad("seed", "a whole number, 0 or more")
+        if _int(self.batch_size) is None or not 1 <= self.batch_size <= 64:
+            bad("batch_size", "between 1 and 64")
+        if _int(self.lm_eval_limit) is None or self.lm_eval_limit < 0:
+            bad("lm_eval_limit", "examples per task, 0 for all")
+        if not isinstance(self.baseline, bool):
+            bad("baseline", "true or false")
+        if isinstance(self.metrics, list) and "judge" in self.metrics:
+            errors.extend(self._judge_errors())
+        if not isinstance(self.lm_eval_tasks, list):
+            bad("lm_eval_tasks", "a list of task names or local task YAML paths")
+        else:
+            errors.extend(task_errors(self.lm_eval_tasks))
+        return errors
+
+    def _judge_errors(self) -> list[FieldError]:
+        errors = []
+        if not re.fullmatch(r"https?://[^\s]+", self.judge_url or ""):
+            errors.append(FieldError("judge_url", "the judge needs the base URL of an OpenAI-compatible endpoint, "
+                                                  "e.g. http://127.0.0.1:8000/v1 (or drop 'judge' from metrics)"))
+        if not (self.judge_model or "").strip():
+            errors.append(FieldError("judge_model", "name the model the judge endpoint should use"))
+        if self.judge_key_env and not ENV_NAME_RE.fullmatch(self.judge_key_env):
+            errors.append(FieldError("judge_key_env", "the NAME of an environment variable holding the key "
+                                                      "(e.g. JUDGE_API_KEY), not the key itself"))
+        missing = [f for f in RUBRIC_FIELDS if f not in (self.judge_rubric or "")]
+        if missing:
+            errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "
+                                                     "judge grades)"))
+        return errors
+
+    def _data_errors(self) -> list[FieldError]:
+        """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
+        if eval_samples.data_kind(self.data) == "hub":
+            return [] if self.data[len(eval_samples.HUB_PREFIX):].strip() else [
+                FieldError("data", "hub:<dataset id>, e.g. hub:tatsu-lab/alpaca")]
+        try:
+            eval_samples.load_samples(self)
+        except DatasetError as exc:
+            return [FieldError(exc.field, exc.message)]
+        return []
+
+    def memory_errors(self) -> list[FieldError]:
+        """The model's weights must fit the device's free memory (GPU, or RAM on a CPU host)."""
+        try:
+            resolved = jobspec.resolve(self.source)
+            info = model_info.inspect_model(resolved.base_model)
+        except (jobspec.SourceError, model_info.ModelInfoError):
+            return []  # nothing to estimate from (an unreachable hub id): the worker reports what happens
+        cuda = hardware.cuda_available()
+        need_gb = info.num_parameters * (2 if cuda else 4) * MEMORY_HEADROOM / memory.GB
+        dev = memory.device_memory(TrainConfig(gpu_ids=list(self.gpu_ids)))
+        if not math.isfinite(dev.free_gb) or need_gb <= dev.free_gb:
+            return []
+        return [FieldError("memory", f"{resolved.base_model} needs about {need_gb:,.1f} GB to evaluate "
+                                     f"({info.num_parameters / 1e9:,.2f}B parameters in {'16' if cuda else '32'}-bit), "
+                                     f"but {dev.label} has {dev.free_gb:,.1f} GB free: stop other jobs, pick a GPU "
+                                     "with more free memory (gpu_ids), or evaluate a smaller model")]
+
+
+def task_errors(tasks: list) -> list[FieldError]:
+    errors = []
+    for task in tasks:
+        if not isinstance(task, str) or not task.strip():
+            errors.append(FieldError("lm_eval_tasks", "each task is a name or a path to a task YAML file"))
+        elif task.endswith((".yaml", ".yml")):
+            problem = paths.path_problem(task)
+            try:
+                if problem:
+                    raise paths.UnsafePathError(problem)
+                found = paths.resolve_inside(Path(task).expanduser(), paths.allowed_data_roots())
+            except paths.UnsafePathError as exc:
+                errors.append(FieldError("lm_eval_tasks", f"{task}: {exc}"))
+                continue
+            if not found.is_file():
+                errors.append(FieldError("lm_eval_tasks", f"{task} does not exist: check the path"))
+        elif not TASK_NAME_RE.fullmatch(task):
+            errors.append(FieldError("lm_eval_tasks", f"{task[:60]!r} is not a task name (letters, digits, _ . -) "
+                                                      "nor a .yaml task file"))
+    return errors
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,116 @@
+"""Eval jobs on the orchestrator's side: an eval spec completed from its run (the same format mapping as
+training), the cached base-model baseline (one per base model, test data and settings), and the
+predictions file of a running eval. No ML stack, no SQL: the store and ``Orchestrator.submit`` do the work."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer_core import access, jobspec
+from trainer_core.config import ConfigError, FieldError
+from trainer_core.data import DatasetError
+from trainer_core.data.sources import resolve_source
+from trainer_core.evaluation import samples as eval_samples
+from trainer_core.evaluation.spec import EvalSpec
+from trainer_core.jobs import queue
+from trainer_core.protocol import paths
+
+if TYPE_CHECKING:
+    from trainer_core.jobs.orchestrator import Orchestrator
+
+PREDICTIONS = "predictions.jsonl"  # written by worker/evaluate.py, a line per sample as it is scored
+PREDICTIONS_SHOWN = 2_000  # lines of a running eval's predictions file read for the page
+
+
+def prepared(spec: EvalSpec) -> EvalSpec:
+    """The spec as it will run: an eval of a run reads rows with that run's format settings (unless the spec
+    sets its own), a local file by its absolute path, and it gets a name."""
+    values: dict = {}
+    if not spec.source.is_base and (spec.format_type, spec.custom_format_mapping, spec.system_prompt) == ("auto", {}, ""):
+        try:
+            cfg = jobspec.run_config(spec.source.run_id)
+            values.update(format_type=cfg.format_type if cfg.format_type != "text" else "auto",
+                          custom_format_mapping=dict(cfg.custom_format_mapping), system_prompt=cfg.system_prompt)
+        except jobspec.SourceError:
+            pass  # validation names the missing run
+    if spec.data.strip() and eval_samples.data_kind(spec.data) == "file":
+        try:
+            values["data"] = str(resolve_source(spec.data.strip(), "data"))
+        except DatasetError:
+            pass  # validation says what is wrong with the path
+    if not spec.name:
+        values["name"] = f"Eval · {_source_label(spec.source)}"
+    return dataclasses.replace(spec, **values)
+
+
+def _source_label(source: jobspec.ModelSource) -> str:
+    try:
+        return jobspec.resolve(source).label
+    except jobspec.SourceError:
+        return source.key
+
+
+def start(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> tuple[str, str | None]:
+    """Submit an eval (and, for a run's model, its base-model baseline unless one exists or is under way).
+    Returns (eval job id, baseline job id or None)."""
+    spec = prepared(spec)
+    errors = spec.validate()
+    if errors:
+        raise ConfigError(errors)
+    resolved = jobspec.resolve(spec.source)
+    try:
+        fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
+    except DatasetError as exc:
+        raise ConfigError([FieldError(exc.field, exc.message)]) from None
+    settings = eval_samples.settings_hash(spec)
+    baseline_id = None
+    # One lock around "is there a baseline? if not, queue one": two submissions at once queue it once.
+    with queue.FileLock(paths.data_root() / ".eval-baseline.lock"):
+        if spec.baseline and not spec.source.is_base and fingerprint:
+            base_source = jobspec.ModelSource(model=resolved.base_model)
+            found = orch.store.find_eval(base_source.key, fingerprint, settings)
+            if found is not None:
+                baseline_id = found.job_id
+            else:
+                base_spec = dataclasses.replace(spec, source=base_source, baseline=False,
+                                                name=f"Baseline · {_source_label(base_source)}")
+                baseline_id = _submit(orch, base_spec, resolved.base_model, fingerprint, settings, actor)
+        job_id = _submit(orch, spec, resolved.base_model, fingerprint, settings, actor)
+    return job_id, baseline_id
+
+
+def _submit(orch: "Orchestrator", spec: EvalSpec, base_model: str, fingerprint: str, settings: str,
+            actor: access.Actor | None) -> str:
+    job_id = orch.submit(spec, actor)
+    # The result row exists from now on (metrics NULL until the job reports them): a baseline under way is found.
+    orch.store.save_eval_result(job_id, source_key=spec.source.key, source_run_id=spec.source.run_id,
+                                checkpoint=spec.source.checkpoint, base_model=base_model,
+                                data_fingerprint=fingerprint, settings_hash=settings, data_label=spec.dataset_label,
+                                created_at=time.time())
+    return job_id
+
+
+def read_predictions(job_id: str, limit: int = PREDICTIONS_SHOWN) -> list[dict]:
+    """The lines of an eval job's predictions file written so far (a line still being written is skipped)."""
+    try:
+        path = paths.run_dir(job_id) / PREDICTIONS
+        with open(path, "rb") as fh:
+            data = fh.read(64 << 20)
+    except (OSError, paths.UnsafePathError):
+        return []
+    rows = []
+    for raw in data.split(b"\n")[:-1][:limit]:  # the part after the last newline may be half-written
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def predictions_path(job_id: str) -> Path:
+    return paths.run_dir(job_id) / PREDICTIONS

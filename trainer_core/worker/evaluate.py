@@ -1,0 +1,287 @@
+"""The eval worker: one process per eval job (``python -m trainer_core.worker RUN_DIR`` for kind eval).
+
+Lifecycle, top to bottom: read the spec -> read the test data -> load the model source -> per batch of
+samples: generate, score, write a line of predictions.jsonl and report -> lm-evaluation-harness tasks ->
+results.json -> report. Prompts are built exactly as training builds them (the run's chat template, its
+format mapping, the prompt/completion split of ``token_cache``), so the loss here is the loss training
+reports on the same rows. Stop ends between samples and keeps the results so far; Cancel ends without them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from trainer_core import jobspec
+from trainer_core.evaluation import samples as eval_samples
+from trainer_core.evaluation import scoring
+from trainer_core.evaluation.judge import Judge, JudgeUnavailable
+from trainer_core.evaluation.spec import EvalSpec
+from trainer_core.protocol import control, events as ev
+from trainer_core.protocol.status import RunStatus
+
+HEARTBEAT_S = 2.0
+PREDICTIONS = "predictions.jsonl"
+RESULTS = "results.json"
+TEXT_CAP = 20_000  # characters of a prompt/answer kept in an event (predictions.jsonl keeps them whole)
+
+
+class Cancelled(Exception):
+    pass
+
+
+def prompt_text(messages: list[dict]) -> str:
+    """A prompt's turns as plain text: the one user turn alone, or 'role: content' per turn."""
+    if len(messages) == 1:
+        return messages[0]["content"]
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+class Evaluator:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.events = ev.EventWriter(self.run_dir / ev.LOG_NAME)
+        self.sigterm = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self.secrets: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
+        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        try:
+            spec = jobspec.read_spec(self.run_dir)
+            assert isinstance(spec, EvalSpec)
+            if spec.judge_key_env and os.environ.get(spec.judge_key_env):
+                self.secrets.append(os.environ[spec.judge_key_env])
+            self.status(RunStatus.STARTING, "reading test data")
+            samples, skipped = eval_samples.load_samples(spec) if spec.data.strip() else ([], 0)
+            if skipped:
+                self.warn(f"Left out {skipped:,} test row(s): {eval_samples.NO_REFERENCE}")
+            fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
+            self.check_cancel()
+
+            self.status(RunStatus.STARTING, "loading model")
+            resolved = jobspec.resolve(spec.source)
+            model, tokenizer, device = self.load(resolved)
+            self.check_cancel()
+
+            if samples:
+                self.status(RunStatus.RUNNING, "generating")
+            rows, action = self.evaluate(spec, samples, model, tokenizer, device)
+            metrics = scoring.overall([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], spec.metrics) \
+                if samples else {}
+            if action is control.Action.CANCEL:
+                self.finish(RunStatus.CANCELLED, len(rows))
+                return 0
+            if spec.lm_eval_tasks and action is None:
+                self.status(RunStatus.RUNNING, "lm-evaluation-harness")
+                from trainer_core.worker import benchmarks
+
+                metrics["lm_eval"] = benchmarks.run_tasks(spec, model, tokenizer, log=self.log)
+            metrics["partial"] = action is not None
+            self.write_results(spec, resolved, fingerprint, metrics, len(samples))
+            self.events.emit(ev.EvalResultEvent(
+                source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
+                settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
+                checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
+            self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
+            return 0
+        except Cancelled:
+            self.finish(RunStatus.CANCELLED, 0)
+            return 0
+        except BaseException as exc:  # process boundary: report every failure, then exit non-zero
+            self.fail(exc)
+            return 1
+        finally:
+            self._stop_heartbeat.set()
+            self.events.close()
+
+    def load(self, resolved: jobspec.ResolvedSource):
+        import torch
+
+        from trainer_core.worker.sources import load_source
+
+        device = "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"
+        model, tokenizer = load_source(resolved, device, log=self.log)
+        if not tokenizer.chat_template:
+            raise ValueError(f"{resolved.label} has no chat template, so prompts cannot be built as in training: "
+                             "evaluate an instruct/chat model, or a run (its tokenizer carries the template it "
+                             "trained with)")
+        tokenizer.padding_side = "left"  # generation continues every prompt of a batch from its last token
+        self.log(f"Loaded {resolved.label} on {device}")
+        return model, tokenizer, device
+
+    def evaluate(self, spec: EvalSpec, samples: list, model, tokenizer, device: str):
+        """Generate and score every sample; returns ([(scores, answer, reference)], the control action that
+        ended it early or None)."""
+        judge = self.make_judge(spec)
+        rows: list[tuple[scoring.SampleScores, str, str]] = []
+        started = time.time()
+        action = None
+        # "w": the worker runs once per job folder; the file grows a line per sample, flushed as it goes.
+        with open(self.run_dir / PREDICTIONS, "w", encoding="utf-8") as out:
+            for first in range(0, len(samples), spec.batch_size):
+                action = self.requested()
+                if action is not None:
+                    break
+                batch = samples[first:first + spec.batch_size]
+                answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device)
+                for sample, answer in zip(batch, answers):
+                    action = self.requested()
+                    if action is not None:
+                        break
+                    scores = scoring.score_text(answer, sample.reference, spec.metrics)
+                    if "perplexity" in spec.metrics:
+                        scores.loss, scores.tokens = answer_loss(model, tokenizer, sample.prompt, sample.reference,
+                                                                 device)
+                    prompt = prompt_text(sample.prompt)
+                    if judge is not None:
+                        judge = self.judge_one(judge, scores, prompt, sample.reference, answer)
+                    rows.append((scores, answer, sample.reference))
+                    line = {"index": sample.index, "prompt": prompt, "reference": sample.reference, "answer": answer,
+                            **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens}
+                    out.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
+                    out.flush()
+                    self.events.emit(ev.EvalSampleEvent(
+                        index=sample.index, prompt=prompt[:TEXT_CAP], reference=sample.reference[:TEXT_CAP],
+                        answer=answer[:TEXT_CAP], exact=scores.exact, rouge_l=scores.rouge_l, bleu=scores.bleu,
+                        loss=scores.loss, tokens=scores.tokens, judge=scores.judge))
+                    done = len(rows)
+                    elapsed = time.time() - started
+                    self.events.emit(ev.ProgressEvent(step=done, total_steps=len(samples), elapsed_s=elapsed,
+                                                      eta_s=elapsed / done * (len(samples) - done)))
+                if action is not None:
+                    break
+        if judge is not None:
+            judge.close()
+        if rows:
+            self.log(f"{len(rows)} sample(s) in {time.time() - started:.1f} s "
+                     f"({(time.time() - started) / len(rows):.2f} s per sample)")
+        return rows, action
+
+    def make_judge(self, spec: EvalSpec) -> Judge | None:
+        if "judge" not in spec.metrics:
+            return None
+        key = os.environ.get(spec.judge_key_env, "") if spec.judge_key_env else ""
+        if spec.judge_key_env and not key:
+            self.warn(f"{spec.judge_key_env} is not set in the worker's environment: calling the judge without a key")
+        return Judge(spec.judge_url, spec.judge_model, spec.judge_rubric, api_key=key)
+
+    def judge_one(self, judge: Judge, scores: scoring.SampleScores, prompt: str, reference: str,
+                  answer: str) -> Judge | None:
+        """Score one answer; an unreachable judge is one warning for the run and no more calls."""
+        try:
+            scores.judge, reply = judge.score(prompt, reference, answer)
+        except JudgeUnavailable as exc:
+            self.warn(f"LLM judge unavailable, the judge column stays empty for this eval: {exc}")
+            judge.close()
+            return None
+        if scores.judge is None:
+            self.log(f"the judge gave no 1-10 score: {reply[:200]!r}")
+        return judge
+
+    def write_results(self, spec: EvalSpec, resolved, fingerprint: str, metrics: dict, total: int) -> None:
+        data = {"source": spec.source.key, "label": resolved.label, "base_model": resolved.base_model,
+                "data": spec.data, "data_fingerprint": fingerprint, "settings_hash": eval_samples.settings_hash(spec),
+                "samples_total": total, "metrics": metrics}
+        tmp = self.run_dir / f".{RESULTS}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, allow_nan=False))
+        os.replace(tmp, self.run_dir / RESULTS)  # complete or absent, never half-written
+
+    # ------------------------------------------------------------------ reporting and control
+    def status(self, status: RunStatus, phase: str) -> None:
+        self.log(f"[{status.value}] {phase}")
+        self.events.emit(ev.StatusEvent(status=status.value, phase=phase))
+
+    def warn(self, message: str) -> None:
+        message = self.redact(message)
+        self.log(f"warning: {message}")
+        self.events.emit(ev.WarningEvent(message=message))
+
+    def finish(self, status: RunStatus, done: int) -> None:
+        self.events.emit(ev.CompleteEvent(status=status.value, output_dir=str(self.run_dir), steps=done))
+        self.log(f"finished: {status.value} after {done} sample(s)")
+
+    def fail(self, exc: BaseException) -> None:
+        message = self.redact(f"{type(exc).__name__}: {exc}")
+        tb = self.redact("".join(traceback.format_exception(exc)))
+        print(tb, file=sys.stderr, flush=True)
+        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
+
+    def log(self, message: str) -> None:
+        print(self.redact(message), flush=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def requested(self) -> control.Action | None:
+        if self.sigterm.is_set():
+            return control.Action.CANCEL
+        return control.read(self.run_dir)
+
+    def check_cancel(self) -> None:
+        if self.requested() is not None:  # before any sample: nothing to keep
+            raise Cancelled()
+
+    def _heartbeat(self) -> None:
+        pid = os.getpid()
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            self.events.emit(ev.HeartbeatEvent(pid=pid))
+
+
+# ---------------------------------------------------------------------- model calls
+def generate(model, tokenizer, prompts: list[list[dict]], spec: EvalSpec, device: str) -> list[str]:
+    """Answers to a batch of chat prompts (left-padded), greedy unless the spec sets a temperature."""
+    import torch
+    from transformers import set_seed
+
+    set_seed(spec.seed)
+    inputs = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           padding=True, return_tensors="pt").to(device)
+    sampling = spec.temperature > 0
+    options = dict(max_new_tokens=spec.max_new_tokens, do_sample=sampling, repetition_penalty=spec.repetition_penalty,
+                   pad_token_id=tokenizer.pad_token_id)
+    if sampling:
+        options.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k or None)
+    else:  # the model's generation_config may carry sampling values; greedy must not warn about or use them
+        options.update(temperature=None, top_p=None, top_k=None)
+    with torch.inference_mode():
+        output = model.generate(**inputs, **options)
+    new_tokens = output[:, inputs["input_ids"].shape[1]:]
+    return [text.strip() for text in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+
+
+def answer_loss(model, tokenizer, prompt: list[dict], reference: str, device: str) -> tuple[float | None, int]:
+    """(mean negative log-likelihood of the reference answer's tokens given the prompt, their count): the
+    tokens training on completions trains on (``token_cache.encode``, end-of-turn token included); the
+    prompt's tokens are masked out."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer_core.worker.token_cache import encode
+
+    encoded = encode(tokenizer, {"prompt": prompt, "completion": [{"role": "assistant", "content": reference}]})
+    ids = torch.tensor([encoded.input_ids], device=device)
+    mask = torch.tensor(encoded.completion_mask[1:], dtype=torch.bool, device=device)
+    tokens = int(mask.sum())
+    if not tokens:
+        return None, 0
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    nll = F.cross_entropy(logits[mask], ids[0, 1:][mask], reduction="sum")
+    loss = float(nll) / tokens
+    return (loss if math.isfinite(loss) else None), tokens
+
+
+def main(run_dir: Path) -> int:
+    """The entry point of an eval job (``python -m trainer_core.worker RUN_DIR`` picks it by kind)."""
+    return Evaluator(run_dir).run()

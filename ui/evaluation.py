@@ -1,0 +1,285 @@
+"""The Evaluation tab of Run details, the eval block of Compare and History's eval column.
+
+Pure helpers (``metric_rows``, ``worst_first``, ``headline``, ``compare_table``) build what is shown and are
+tested on their own; the ``render_*`` functions lay them out. Every text from a test file or a model is
+rendered as text (``ui.text.safe``, or dataframe cells, which Streamlit never reads as markdown).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+import streamlit as st
+
+from db.entities import EvalResultRecord, RunRecord
+from trainer_core import jobspec
+from trainer_core.access import Action, Actor, allowed
+from trainer_core.config import ConfigError
+from trainer_core.data import DatasetError
+from trainer_core.data.sources import save_upload
+from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
+from trainer_core.evaluation.spec import DEFAULT_METRICS, DEFAULT_RUBRIC, METRICS, EvalSpec
+from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.protocol.status import JobKind, RunStatus
+from ui import format as fmt
+from ui.form import UPLOAD_TYPES
+from ui.text import code, safe
+
+# metric key -> (label, higher is better)
+METRIC_LABELS = {"exact": ("Exact match", True), "rouge_l": ("ROUGE-L", True), "bleu": ("BLEU", True),
+                 "loss": ("Loss", False), "perplexity": ("Perplexity", False), "judge": ("Judge (1-10)", True)}
+SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss"}
+K = "evaltab_"
+
+
+# ---------------------------------------------------------------------- pure helpers
+def metric_rows(metrics: dict, baseline: dict | None) -> list[dict[str, Any]]:
+    """One row per overall metric present: label, value, the baseline's value and the difference."""
+    rows = []
+    for key, (label, _) in METRIC_LABELS.items():
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        base = (baseline or {}).get(key)
+        rows.append({"metric": label, "key": key, "value": value, "baseline": base,
+                     "delta": value - base if value is not None and base is not None else None})
+    return rows
+
+
+def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Samples sorted so the worst come first: lowest score, or highest loss; unscored ones last."""
+    if samples.empty or by not in samples:
+        return samples
+    higher_is_better = by != "loss"
+    return samples.sort_values(by, ascending=higher_is_better, na_position="last", kind="stable")
+
+
+def headline(metrics: dict | None) -> str:
+    """History's short text for an eval: its ROUGE-L, else exact match, BLEU or judge score."""
+    for key in ("rouge_l", "exact", "bleu", "judge"):
+        if metrics and metrics.get(key) is not None:
+            return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
+    return ""
+
+
+def compare_table(runs: Sequence[RunRecord], latest: dict[str, dict]) -> pd.DataFrame:
+    """The newest completed eval of each run, a column per metric (runs without one: empty cells)."""
+    rows = []
+    for run in runs:
+        metrics = latest.get(run.id, {})
+        rows.append({"run": run.name or run.id,
+                     **{label: metrics.get(key) for key, (label, _) in METRIC_LABELS.items()},
+                     "samples": metrics.get("samples")})
+    return pd.DataFrame(rows)
+
+
+def render_eval_compare(runs: Sequence[RunRecord], latest: dict[str, dict]) -> None:
+    """Compare's eval block: the newest completed eval of each run."""
+    st.subheader("Evaluation")
+    if not latest:
+        st.caption("None of these runs has a completed evaluation (Run details > Evaluation).")
+        return
+    table = compare_table(runs, latest)
+    shown = [c for c in table.columns if c in ("run", "samples") or table[c].notna().any()]
+    st.dataframe(table[shown], hide_index=True, column_config={"run": st.column_config.TextColumn("Run", pinned=True)})
+
+
+# ---------------------------------------------------------------------- the tab
+def render_evaluation(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
+    if run.kind is JobKind.EVAL:
+        result = orch.eval_result(run.id)
+        if result is None:
+            st.caption("This eval job has no recorded result.")
+            return
+        render_result(orch, result, None)  # the page above already shows this job's outcome and error
+        return
+    if run.kind is not JobKind.TRAIN:
+        st.caption("Evaluations are for training runs and their checkpoints.")
+        return
+    results = orch.eval_results(run.id)
+    if allowed(actor, Action.START):
+        with st.expander("Start an evaluation", icon="🧪", expanded=not results):
+            render_start_form(orch, run, actor)
+    if not results:
+        st.caption("No evaluation of this run yet.")
+        return
+    labels = {r.job_id: _result_label(r) for r in results}
+    picked = st.selectbox("Evaluation", list(labels), format_func=labels.get, key=K + "pick")
+    result = next(r for r in results if r.job_id == picked)
+    render_result(orch, result, orch.get_run(result.job_id))
+
+
+def _result_label(result: EvalResultRecord) -> str:
+    where = "final model" if result.checkpoint is None else f"step {result.checkpoint}"
+    return f"{fmt.timestamp(result.created_at)} · {where} · {result.data_label} · {result.status.label}"
+
+
+def render_result(orch: Orchestrator, result: EvalResultRecord, job: RunRecord | None) -> None:
+    status = result.status
+    st.markdown(f"**{safe(result.source_key)}** on {code(result.data_label or '—')} · {status.icon} {status.label}")
+    if job is not None and status is RunStatus.FAILED and job.error:
+        st.error(safe(job.error), icon="❌")
+    if not status.is_terminal():
+        _live_progress(orch, result.job_id)
+        return
+    if result.metrics is None:
+        st.caption("The eval ended before reporting metrics.")
+    else:
+        render_metrics(result.metrics, orch.eval_baseline(result))
+    render_samples(orch.eval_samples(result.job_id))
+
+
+@st.fragment(run_every=2.0)
+def _live_progress(orch: Orchestrator, job_id: str) -> None:
+    """While the eval runs: progress and the predictions written so far (read from predictions.jsonl)."""
+    job = orch.get_run(job_id)
+    if job is None:
+        return
+    if job.status.is_terminal():
+        st.caption("The eval has ended: reload to see its results.")
+    done, total = job.steps_done or 0, job.total_steps or 0
+    st.progress(min(done / total, 1.0) if total else 0.0, text=f"{done} of {total} samples · {safe(job.phase)}")
+    partial = orch.eval_predictions(job_id)
+    if partial:
+        st.caption(f"{len(partial)} prediction(s) so far")
+        render_samples(pd.DataFrame(partial), key="live")
+
+
+def render_metrics(metrics: dict, baseline: EvalResultRecord | None) -> None:
+    base = baseline.metrics if baseline is not None and baseline.status is RunStatus.COMPLETED else None
+    rows = metric_rows(metrics, base)
+    if metrics.get("partial"):
+        st.warning("Stopped early: these metrics cover the samples done before the stop.", icon="💾")
+    if rows:
+        cols = st.columns(len(rows))
+        for col, row in zip(cols, rows):
+            higher = METRIC_LABELS[row["key"]][1]
+            col.metric(row["metric"], fmt.number(row["value"]),
+                       delta=None if row["delta"] is None else f"{row['delta']:+.4f}",
+                       delta_color="normal" if higher else "inverse", border=True,
+                       help=f"base model: {fmt.number(row['baseline'])}" if row["baseline"] is not None else None)
+    if base is not None:
+        st.caption(f"Deltas against the base model {safe(baseline.base_model)} on the same data and settings.")
+    elif baseline is not None:
+        st.caption(f"Base-model baseline: {baseline.status.label.lower()}.")
+    else:
+        st.caption("No base-model baseline on the same data and settings.")
+    st.caption(f"{metrics.get('samples', 0)} sample(s)")
+    lm_eval = metrics.get("lm_eval") or {}
+    if lm_eval:
+        st.markdown("**lm-evaluation-harness**")
+        st.dataframe(pd.DataFrame([{"task": task, "metric": name, "value": value}
+                                   for task, values in lm_eval.items() for name, value in values.items()]),
+                     hide_index=True)
+
+
+def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
+    if samples.empty:
+        st.caption("No scored samples.")
+        return
+    choices = [c for c in SORTABLE if c in samples and samples[c].notna().any()]
+    by = st.selectbox("Sort by (worst first)", choices, format_func=SORTABLE.get, key=f"{K}sort_{key}") \
+        if choices else None
+    shown = worst_first(samples, by) if by else samples
+    columns = [c for c in ("index", "rouge_l", "bleu", "exact", "judge", "loss", "prompt", "reference", "answer")
+               if c in shown and (c not in SORTABLE or shown[c].notna().any())]
+    st.dataframe(shown[columns], hide_index=True, column_config={
+        "index": st.column_config.NumberColumn("#"),
+        "rouge_l": st.column_config.NumberColumn("ROUGE-L", format="%.3f"),
+        "bleu": st.column_config.NumberColumn("BLEU", format="%.1f"),
+        "exact": st.column_config.NumberColumn("Exact", format="%.0f"),
+        "judge": st.column_config.NumberColumn("Judge", format="%.0f"),
+        "loss": st.column_config.NumberColumn("Loss", format="%.3f"),
+        "prompt": st.column_config.TextColumn("Prompt", width="medium"),
+        "reference": st.column_config.TextColumn("Reference", width="medium"),
+        "answer": st.column_config.TextColumn("Answer", width="medium"),
+    })
+    indices = list(shown["index"])
+    pick = st.selectbox("Reference vs answer", indices, key=f"{K}detail_{key}",
+                        format_func=lambda i: f"sample {i}")
+    row = shown[shown["index"] == pick].iloc[0]
+    st.markdown("**Prompt**  \n" + safe(row["prompt"], 4000))
+    ref_col, ans_col = st.columns(2)
+    ref_col.markdown("**Reference**  \n" + safe(row["reference"], 4000))
+    ans_col.markdown("**Answer**  \n" + safe(row["answer"], 4000))
+
+
+# ---------------------------------------------------------------------- starting one
+def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
+    steps = jobspec.checkpoint_steps(run.id)
+    sources = ["final", *[f"step {s}" for s in steps], "base"]
+    which = st.selectbox("Model", sources, key=K + "source",
+                         format_func=lambda s: {"final": "Final model", "base": "Base model (no fine-tuning)"}.get(s, s))
+    data_kind = st.radio("Test data", ["upload", "path", "eval_split", "hub"], horizontal=True, key=K + "data_kind",
+                         format_func={"upload": "Upload a file", "path": "Local file", "eval_split": "This run's eval split",
+                                      "hub": "Hub dataset (online)"}.get)
+    if data_kind == "upload":
+        st.file_uploader("Test file", type=UPLOAD_TYPES, key=K + "upload",
+                         help="Any training format: alpaca (instruction/output), chatml messages or sharegpt; the "
+                              "last assistant reply is the reference answer")
+    elif data_kind == "path":
+        st.text_input("Path to a test file", key=K + "path")
+    elif data_kind == "hub":
+        hub_col, split_col = st.columns([3, 1])
+        hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")
+        split_col.text_input("Split", value="test", key=K + "hub_split")
+    metrics = st.multiselect("Metrics", list(METRICS), default=DEFAULT_METRICS, key=K + "metrics")
+    a, b, c = st.columns(3)
+    max_samples = a.number_input("Max samples (0: all)", min_value=0, value=200, step=10, key=K + "max_samples")
+    max_new = b.number_input("Max new tokens", min_value=1, max_value=4096, value=128, key=K + "max_new")
+    temperature = c.number_input("Temperature (0: greedy)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
+                                 key=K + "temperature")
+    with st.expander("LLM judge and benchmarks"):
+        judge_url = st.text_input("Judge URL (OpenAI-compatible)", key=K + "judge_url", placeholder="http://127.0.0.1:8000/v1")
+        judge_model = st.text_input("Judge model", key=K + "judge_model")
+        judge_key_env = st.text_input("Environment variable holding the judge's API key", key=K + "judge_key_env",
+                                      help="Its name, e.g. JUDGE_API_KEY: the key itself is never stored")
+        rubric = st.text_area("Rubric", value=DEFAULT_RUBRIC, key=K + "rubric", height=160)
+        tasks = st.text_input("lm-evaluation-harness tasks (comma-separated names or local task YAML paths)",
+                              key=K + "tasks")
+    baseline = st.checkbox("Compare with the base model (computed once per test data and settings)", value=True,
+                           key=K + "baseline", disabled=which == "base")
+    if not st.button("Start evaluation", type="primary", icon="🧪", key=K + "start"):
+        return
+    data, problem = _data_value(data_kind, run.id)
+    if problem:
+        st.error(safe(problem))
+        return
+    try:
+        source = (jobspec.ModelSource(model=jobspec.run_config(run.id).model_name) if which == "base" else
+                  jobspec.ModelSource(run_id=run.id, checkpoint=None if which == "final" else int(which.split()[1])))
+        spec = EvalSpec(source=source, data=data, metrics=list(metrics), max_samples=int(max_samples),
+                        max_new_tokens=int(max_new), temperature=float(temperature), judge_url=judge_url.strip(),
+                        judge_model=judge_model.strip(), judge_key_env=judge_key_env.strip(), judge_rubric=rubric,
+                        lm_eval_tasks=[t.strip() for t in tasks.split(",") if t.strip()],
+                        hub_split=st.session_state.get(K + "hub_split", "test") or "test",
+                        baseline=bool(baseline) and which != "base")
+        job_id, baseline_id = orch.start_eval(spec, actor=actor)
+    except ConfigError as exc:
+        st.error("  \n".join(f"**{safe(e.field)}**: {safe(e.message)}" for e in exc.errors))
+        return
+    except (jobspec.SourceError, RunRefused) as exc:
+        st.error(safe(exc))
+        return
+    st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
+               icon="🧪")
+
+
+def _data_value(kind: str, run_id: str) -> tuple[str, str]:
+    """(the spec's data value, a problem to show)."""
+    state = st.session_state
+    if kind == "eval_split":
+        return EVAL_SPLIT_PREFIX + run_id, ""
+    if kind == "hub":
+        hub = (state.get(K + "hub") or "").strip()
+        return (HUB_PREFIX + hub, "") if hub else ("", "data: enter a hub dataset id")
+    if kind == "path":
+        path = (state.get(K + "path") or "").strip()
+        return (path, "") if path else ("", "data: enter the path of a test file")
+    upload = state.get(K + "upload")
+    if upload is None:
+        return "", "data: choose a test file to upload (.jsonl, .json, .csv or .parquet)"
+    try:
+        return str(save_upload(upload.name, upload)), ""  # content-addressed: the same file is stored once
+    except DatasetError as exc:
+        return "", f"data: {exc.message}"
