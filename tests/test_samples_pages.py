@@ -1,6 +1,6 @@
 """Samples on the pages through AppTest: New run names their problems, Live and Run details show step x prompt
-(newest step first), Compare
-shows one prompt across runs; answers holding markdown or HTML are plain text in the tables."""
+(newest step first), Compare shows one prompt across runs; answers holding markdown or HTML are plain text in
+the tables."""
 from __future__ import annotations
 
 import json
