@@ -573,6 +573,14 @@ class Store:
                                 .order_by(col(Sample.step).desc(), Sample.idx))
             return [SampleRecord.from_row(row) for row in rows]
 
+    def samples_from(self, run_id: str, from_step: int | None = None) -> list[SampleRecord]:
+        """A run's sample answers in step order, those from ``from_step`` on when given (views kept current)."""
+        query = select(Sample).where(Sample.run_id == run_id)
+        if from_step is not None:
+            query = query.where(col(Sample.step) >= from_step)
+        with Session(self.engine) as session:
+            return [SampleRecord.from_row(row) for row in session.exec(query.order_by(Sample.step, Sample.idx))]
+
     def sample_prompts(self, run_ids: list[str]) -> list[str]:
         """The distinct prompts these runs sampled, in the order they first appear (by run, then index)."""
         if not run_ids:

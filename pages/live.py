@@ -8,9 +8,9 @@ from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
+from ui.samples import render_samples, sampling_configured
 from ui.state import get_orchestrator
 from ui.text import safe
-from ui.samples import render_samples, sampling_configured
 from ui.views import chart_controls, render_live
 
 require_entrypoint("pages/live.py")

@@ -92,3 +92,11 @@ def test_the_form_reads_one_prompt_a_line_or_separated_blocks():
 def test_the_prompt_set_picker_keeps_a_chosen_set_that_is_gone():
     assert form.prompt_set_options("", ["a", "b"]) == ["", "a", "b"]
     assert form.prompt_set_options("gone", ["a"]) == ["", "a", "gone"]
+
+
+def test_a_loaded_preset_prompt_with_a_separator_line_of_its_own_comes_back_whole():
+    preset = TrainConfig(sample_prompts=["Format:\n---\nthen a table", "Short."])
+    state = {form.BASE: preset, **form.sample_state(preset)}
+    assert form.sample_values(state)["sample_prompts"] == preset.sample_prompts
+    state[form.K + "sample_prompts"] += "\n---\nAdded."  # edited in the form: read as typed
+    assert form.sample_values(state)["sample_prompts"] == ["Format:", "then a table", "Short.", "Added."]

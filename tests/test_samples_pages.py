@@ -1,5 +1,6 @@
-"""Samples on the pages through AppTest: Live and Run details show step x prompt (newest step first), Compare
-shows one prompt across runs; answers holding markdown or HTML are plain text in the tables."""
+"""Samples on the pages through AppTest: New run names their problems, Live and Run details show step x prompt
+(newest step first), Compare shows one prompt across runs; answers holding markdown or HTML are plain text in
+the tables."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import pytest
 
 from db.entities import RunRecord, SampleRecord
 from db.store import Store
-from tests.test_pages import open_page
+from tests.test_pages import open_page, submit
 from trainer_core.protocol.status import RunStatus
 from ui import samples as ui_samples
 from ui.text import safe
@@ -100,3 +101,16 @@ def test_answers_are_cut_for_a_cell_and_labels_stay_unique():
     same = [SampleRecord("r", 1, 0, "Same prompt", "a"), SampleRecord("r", 1, 1, "Same prompt", "b")]
     table, prompts = ui_samples.samples_table(same)
     assert list(table.columns) == ["step", "#1 Same prompt", "#2 Same prompt"] and len(prompts) == 2
+
+
+def test_new_run_form_names_sample_problems_and_starts_nothing(pages_store):
+    at = open_page("pages/new_run.py")
+    at.text_area(key="nr_sample_prompts").input("What is 2+2?\nSay <b>hi</b>")
+    at.selectbox(key="nr_sample_prompt_set").set_value("quick-check")
+    at.number_input(key="nr_sample_max_new_tokens").set_value(0)
+    submit(at)
+    errors = [e.value for e in at.error]
+    assert errors == ["The run was not started: 2 problem(s) to fix.",
+                      "**sample_max_new_tokens**: let each answer have at least 1 new token (64 is a good start) (got 0)",
+                      "**sample_prompt_set**: choose either inline sample_prompts or a prompt set, not both (clear one)"]
+    assert pages_store.list_runs() == []

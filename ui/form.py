@@ -323,7 +323,12 @@ def sample_state(cfg: TrainConfig) -> dict[str, Any]:
 
 def sample_values(state: Mapping) -> dict[str, Any]:
     defaults = TrainConfig()
-    return {"sample_prompts": parse_prompts(state.get(K + "sample_prompts", "")),
+    base = state.get(BASE) or defaults
+    text = state.get(K + "sample_prompts", "")
+    # The loaded preset's own prompts while the text is as it showed them: a prompt holding a '---' line of
+    # its own (a markdown rule) comes back whole, not split in two.
+    prompts = list(base.sample_prompts) if text == prompts_text(base.sample_prompts) else parse_prompts(text)
+    return {"sample_prompts": prompts,
             "sample_prompt_set": (state.get(K + "sample_prompt_set") or "").strip(),
             "sample_every_steps": state.get(K + "sample_every_steps", defaults.sample_every_steps),
             "sample_max_new_tokens": state.get(K + "sample_max_new_tokens", defaults.sample_max_new_tokens)}

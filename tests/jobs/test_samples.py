@@ -12,9 +12,11 @@ from db.models import RunEvent, Sample
 from db.store import Store
 from tests.fake_worker import SAMPLE_PROMPTS
 from tests.jobs.test_rebuild import wipe
-from tests.support import fake
+from tests.support import fake, wait_until
 from trainer_core.jobs import pump, rebuild
 from trainer_core.jobs.live import LiveRun
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.jobs.remote_view import RemoteView
 from trainer_core.protocol import events as ev
 from trainer_core.protocol.status import JobKind, RunStatus
 
@@ -114,3 +116,43 @@ def test_a_runs_samples_reach_the_store_with_alerts_and_come_back_after_rebuild(
     wipe(store)
     rebuild.rebuild(store.url)
     assert sample_rows(Store(store.url)) == before
+
+
+# ---------------------------------------------------------------------- views from the database, adoption
+def test_a_view_from_the_database_lists_sample_alerts_once_per_kind(store):
+    new_run(store)
+    store.append_samples(RUN, [sample(2, 0), sample(2, 1, "", flags={"empty": "the answer is empty"})])
+    view = RemoteView(store.get_run(RUN), store)
+    assert [a.message for a in view.live.snapshot().alerts] == [
+        "Sample answer 2 at step 2 is empty: the answer is empty."]
+    store.append_samples(RUN, [sample(2, 2, "", flags={"empty": "the answer is empty"}),  # the same step grew
+                               sample(4, 0, "no no no", flags={"repetition": "'no' repeated 3 times"})])
+    view.refresh(store.get_run(RUN))
+    assert [a.kind for a in view.live.snapshot().alerts] == ["sample_empty", "sample_repetition"]
+    assert [s.step for s in store.samples_from(RUN, 4)] == [4]
+    assert view.sample_alerts.observe(6, 0, {"empty": "again"}) == []
+
+
+def test_a_run_adopted_after_a_restart_does_not_raise_a_sample_alert_twice(make_orch, fake_worker, store,
+                                                                           monkeypatch, tmp_path):
+    first = make_orch()
+    cfg = fake(monkeypatch, steps=12, nan_step="0")
+    go = tmp_path / "go"
+    monkeypatch.setenv("FAKE_SAMPLE_EVERY", "2")  # empty at step 4 (before the restart) and again at step 12
+    monkeypatch.setenv("FAKE_PAUSE_AT", "4")
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(go))
+    run_id = first.start(cfg)
+    wait_until(lambda: any(s.step == 4 for s in store.samples(run_id)), timeout=30, what="the samples of step 4")
+    first.close()  # the server goes away; the worker waits at step 4, then trains on
+    go.touch()
+    second = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
+    try:
+        wait_until(lambda: second.pump_once() or second.get_run(run_id).status == "completed", timeout=60,
+                   what="the adopted run to complete")
+    finally:
+        second.close()
+    alerts = [e.message for e in store.get_events(run_id) if e.kind == "alert"]
+    assert [s.step for s in store.samples(run_id) if s.index == 1 and not s.text] == [12, 4]
+    assert alerts == ["Sample answer 2 at step 4 is empty: the answer is empty.",
+                      "Sample answer 2 at step 6 loops: 'hi' repeated 8 times, 100% of the answer.",
+                      "Sample answer 2 at step 8 leaks template tokens: the answer contains <|im_end|>."]

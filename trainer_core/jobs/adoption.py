@@ -61,7 +61,7 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
         tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind,
                           pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
                           stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
-                          losses=view.losses)
+                          losses=view.losses, sample_alerts=view.sample_alerts)
         if run.pid is None:
             set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
         yield tracked

@@ -15,7 +15,7 @@ import pandas as pd
 from db.entities import RunRecord
 from db.store import Store
 from trainer_core.bounded_cache import BoundedCache
-from trainer_core.jobs.alerts import AlertMonitor, rows_from_frame
+from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts, rows_from_frame
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.protocol.status import RunStatus
 
@@ -29,6 +29,8 @@ class RemoteView:
         self.monitor = AlertMonitor()
         self.losses: dict[int, float] = {}  # this run's own train losses by step (its sparkline)
         self._last_step: int | None = None
+        self.sample_alerts = SampleAlerts()  # degenerate sample answers: once per kind, however often seen
+        self._last_sample_step: int | None = None
         self._complete = False  # the run was terminal before its rows were last read: nothing more comes
         seed_lineage(self.live, run, store)
         self.refresh(run)
@@ -54,6 +56,14 @@ class RemoteView:
                     self.live.add_alert(alert)
             if rows:
                 self._last_step = rows[-1]["step"]
+            self._observe_samples(run.id)
+
+    def _observe_samples(self, run_id: str) -> None:
+        """Sample answers stored since the last refresh (their last step again: it may have grown)."""
+        for sample in self._store.samples_from(run_id, self._last_sample_step):
+            for alert in self.sample_alerts.observe(sample.step, sample.index, sample.flags):
+                self.live.add_alert(alert)
+            self._last_sample_step = sample.step
 
 
 class RemoteViews:

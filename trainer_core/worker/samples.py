@@ -22,7 +22,7 @@ from trainer_core.config import TrainConfig, sample_prompts_of
 from trainer_core.promptsets import PromptSetError
 from trainer_core.protocol import control, events as ev
 
-SEED = 1234  # greedy decoding draws nothing, but a model whose forward does (dropout in eval mode) stays fixed
+SEED = 1234  # greedy decoding draws nothing; the seed pins a model whose forward draws even in eval mode
 BUDGET_S = 120.0  # the most one sampling step may take, all prompts together (generation's max_time)
 
 
@@ -159,7 +159,12 @@ def make_callback(cfg: TrainConfig, tokenizer, chat: bool, has_eval: bool, shard
         worker.warn("No samples during training: the model is sharded across processes (FSDP), and sampling "
                     "runs on one process.")
         return None
-    sampler = Sampler(prompts, tokenizer, cfg, chat, worker.events.emit, worker.warn, worker.log)
+    try:
+        sampler = Sampler(prompts, tokenizer, cfg, chat, worker.events.emit, worker.warn, worker.log)
+    except Exception as exc:  # noqa: BLE001 - e.g. a chat template refusing a role: samples are optional
+        worker.warn(f"No samples during training: the sample prompts cannot be rendered ({type(exc).__name__}: "
+                    f"{str(exc)[:300]}).")
+        return None
     def cancelled() -> bool:  # under torchrun, what the ranks agreed on at this step
         action = worker.agreed_action if worker.distributed else worker.requested()
         return action is control.Action.CANCEL
