@@ -544,7 +544,6 @@ class Store:
             latest.setdefault(run_id, json.loads(metrics))
         return latest
 
-
     # ------------------------------------------------------------------ samples during training
     def append_samples(self, run_id: str, rows: Iterable[dict[str, Any]]) -> None:
         """Upsert sample answers on (run, step, index): a replayed event log rewrites the same rows."""
