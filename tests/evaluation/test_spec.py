@@ -140,3 +140,21 @@ def test_baseline_keys_follow_the_data_and_the_scored_settings(files):
     (files / "alpaca.jsonl").write_text((files / "alpaca.jsonl").read_text() + '{"instruction": "a", "output": "b"}\n')
     assert eval_samples.fingerprint(first) != fp
     assert jobspec.ModelSource(model=BUNDLED_MODEL).key == f"base:{BUNDLED_MODEL}"
+
+
+def test_a_runs_own_eval_split(files, home):
+    from trainer_core.data.loading import load_for_training
+
+    run_id = "20260101-000000-bbbbbb"
+    folder = paths.run_dir(run_id)
+    folder.mkdir(parents=True)
+    cfg = TrainConfig(model_name=BUNDLED_MODEL, local_datasets=[str(files / "alpaca.jsonl")], eval_fraction=0.34)
+    (folder / "config.yaml").write_text(cfg.to_yaml())
+    samples, _ = eval_samples.load_samples(spec(data=f"eval_split:{run_id}"))
+    held = load_for_training(cfg).eval_rows  # the rows the run held out, chosen by the same function
+    assert [s.reference for s in samples] == [r["messages"][-1]["content"] for r in held] and len(samples) == 1
+    (folder / "config.yaml").write_text(dataclasses.replace(cfg, eval_fraction=0.0).to_yaml())
+    assert spec(data=f"eval_split:{run_id}").validate() == [
+        FieldError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): give a test file instead")]
+    missing = spec(data="eval_split:20260101-000000-cccccc").validate()
+    assert [e.field for e in missing] == ["data"] and "is gone" in missing[0].message

@@ -154,9 +154,16 @@ class EvalSpec(JobSpec):
 
     def _data_errors(self) -> list[FieldError]:
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
-        if eval_samples.data_kind(self.data) == "hub":
+        kind = eval_samples.data_kind(self.data)
+        if kind == "hub":
             return [] if self.data[len(eval_samples.HUB_PREFIX):].strip() else [
                 FieldError("data", "hub:<dataset id>, e.g. hub:tatsu-lab/alpaca")]
+        if kind == "eval_split":
+            try:
+                if jobspec.run_config(eval_samples.split_run(self.data)).hf_dataset:
+                    return []  # the run's split comes from the hub: the worker reads it (no hub access here)
+            except jobspec.SourceError as exc:
+                return [FieldError("data", str(exc))]
         try:
             eval_samples.load_samples(self)
         except DatasetError as exc:
