@@ -79,7 +79,8 @@ class EvalSpec(JobSpec):
     def validate(self) -> list[FieldError]:
         errors = super().validate()
         errors += self._field_errors()
-        if not errors and self.data:
+        reading = {"data", "format_type", "custom_format_mapping", "max_samples"}  # fields the data check needs
+        if self.data.strip() and not any(e.field in reading for e in errors):
             errors += self._data_errors()
         if not errors:
             errors += self.memory_errors()
