@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 
@@ -98,7 +99,7 @@ def test_the_judge_needs_an_endpoint_a_model_and_a_key_name_not_a_key(files):
     assert "{prompt}, {reference}" in judged.validate()[3].message
 
 
-def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files, tmp_path):
+def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files, tmp_path, monkeypatch):
     task = files / "task.yaml"
     task.write_text("task: tiny\n")
     ok = spec(data="", lm_eval_tasks=["hellaswag", str(task)])
@@ -106,6 +107,10 @@ def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files,
     bad = spec(data="", lm_eval_tasks=["../etc; rm", str(files / "missing.yaml"), "/etc/task.yaml"])
     assert [e.field for e in bad.validate()] == ["lm_eval_tasks"] * 3
     assert "does not exist" in bad.validate()[1].message and "outside the allowed folders" in bad.validate()[2].message
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # lm-eval not installed
+    assert ok.validate() == [FieldError("lm_eval_tasks", "benchmarks need lm-evaluation-harness: pip install "
+                                                         "'finetune-studio[eval]' (or pip install lm-eval), or clear "
+                                                         "lm_eval_tasks")]
 
 
 def test_sources_that_cannot_be_evaluated(files, home):

@@ -1,6 +1,7 @@
 """The eval job's spec (job.json): what to evaluate, on what data, with which metrics and settings."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -190,6 +191,9 @@ class EvalSpec(JobSpec):
 
 
 def task_errors(tasks: list) -> list[FieldError]:
+    if tasks and importlib.util.find_spec("lm_eval") is None:  # found without importing it (the dashboard never does)
+        return [FieldError("lm_eval_tasks", "benchmarks need lm-evaluation-harness: pip install 'finetune-studio[eval]' "
+                                            "(or pip install lm-eval), or clear lm_eval_tasks")]
     errors = []
     for task in tasks:
         if not isinstance(task, str) or not task.strip():
