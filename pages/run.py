@@ -78,7 +78,7 @@ render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
 notices = st.container()  # the non-finite warning and the alerts, once the metrics are read below
 events = orch.events(run.id)
 alerts = [e for e in events if e.kind == "alert"]
-if run.parent_run_id:
+if run.parent_run_id and run.resumed_from_step is not None:  # an eval/serve/export job names its source run here too
     parent = orch.get_run(run.parent_run_id)
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")

@@ -25,6 +25,13 @@ from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """Workers and the loss subprocess on one torch thread: two OpenMP threads stall whenever another process
+    holds a core, which made a sample 5-8x slower on the shared test machine (README, Evaluation)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
 QUESTIONS = [("What is the capital of France?", "The capital of France is Paris."),
              ("Name a primary colour.", "Red is a primary colour."),
              ("What is 2 + 2?", "2 + 2 equals 4."),

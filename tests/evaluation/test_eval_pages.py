@@ -9,7 +9,7 @@ import pandas as pd
 from db.entities import RunRecord
 from db.store import Store
 from tests.test_pages import insert_finished_run, open_page, texts
-from trainer_core.config import BUNDLED_MODEL
+from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
@@ -118,3 +118,24 @@ def test_pure_helpers():
     frame = pd.DataFrame({"index": [0, 1, 2], "judge": [5.0, None, 2.0]})
     assert worst_first(frame, "judge")["index"].tolist() == [2, 0, 1]  # unscored last
     assert headline({"exact": 1.0}) == "Exact match 1.000" and headline(None) == ""
+
+
+def test_the_start_form_lists_every_problem_and_submits_nothing(app_home, tmp_path):
+    store = Store()
+    insert_finished_run(store, "run-a", "alpha run", [2.0, 1.0])
+    adapter = paths.run_dir("run-a") / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter.parent / "config.yaml").write_text(TrainConfig(model_name=BUNDLED_MODEL, run_name="alpha run").to_yaml())
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    at = open_page("pages/run.py", detail_run_id="run-a")
+    at.radio(key="evaltab_data_kind").set_value("path").run()
+    at.text_input(key="evaltab_path").set_value(str(empty))
+    at.multiselect(key="evaltab_metrics").set_value(["exact", "judge"])
+    at.button(key="evaltab_start").click().run()
+    assert texts(at, "error") == ["  \n".join([
+        "**judge_url**: the judge needs the base URL of an OpenAI-compatible endpoint, e.g. http\\://127.0.0.1\\:8000/v1 "
+        "(or drop 'judge' from metrics)", "**judge_model**: name the model the judge endpoint should use",
+        "**data**: empty.jsonl has no rows"])]
+    assert [r.id for r in store.list_runs()] == ["run-a"]  # nothing queued

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 
@@ -98,7 +99,7 @@ def test_the_judge_needs_an_endpoint_a_model_and_a_key_name_not_a_key(files):
     assert "{prompt}, {reference}" in judged.validate()[3].message
 
 
-def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files, tmp_path):
+def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files, tmp_path, monkeypatch):
     task = files / "task.yaml"
     task.write_text("task: tiny\n")
     ok = spec(data="", lm_eval_tasks=["hellaswag", str(task)])
@@ -106,6 +107,10 @@ def test_lm_eval_tasks_are_names_or_yaml_files_inside_the_allowed_folders(files,
     bad = spec(data="", lm_eval_tasks=["../etc; rm", str(files / "missing.yaml"), "/etc/task.yaml"])
     assert [e.field for e in bad.validate()] == ["lm_eval_tasks"] * 3
     assert "does not exist" in bad.validate()[1].message and "outside the allowed folders" in bad.validate()[2].message
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # lm-eval not installed
+    assert ok.validate() == [FieldError("lm_eval_tasks", "benchmarks need lm-evaluation-harness: pip install "
+                                                         "'finetune-studio[eval]' (or pip install lm-eval), or clear "
+                                                         "lm_eval_tasks")]
 
 
 def test_sources_that_cannot_be_evaluated(files, home):
@@ -140,3 +145,21 @@ def test_baseline_keys_follow_the_data_and_the_scored_settings(files):
     (files / "alpaca.jsonl").write_text((files / "alpaca.jsonl").read_text() + '{"instruction": "a", "output": "b"}\n')
     assert eval_samples.fingerprint(first) != fp
     assert jobspec.ModelSource(model=BUNDLED_MODEL).key == f"base:{BUNDLED_MODEL}"
+
+
+def test_a_runs_own_eval_split(files, home):
+    from trainer_core.data.loading import load_for_training
+
+    run_id = "20260101-000000-bbbbbb"
+    folder = paths.run_dir(run_id)
+    folder.mkdir(parents=True)
+    cfg = TrainConfig(model_name=BUNDLED_MODEL, local_datasets=[str(files / "alpaca.jsonl")], eval_fraction=0.34)
+    (folder / "config.yaml").write_text(cfg.to_yaml())
+    samples, _ = eval_samples.load_samples(spec(data=f"eval_split:{run_id}"))
+    held = load_for_training(cfg).eval_rows  # the rows the run held out, chosen by the same function
+    assert [s.reference for s in samples] == [r["messages"][-1]["content"] for r in held] and len(samples) == 1
+    (folder / "config.yaml").write_text(dataclasses.replace(cfg, eval_fraction=0.0).to_yaml())
+    assert spec(data=f"eval_split:{run_id}").validate() == [
+        FieldError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): give a test file instead")]
+    missing = spec(data="eval_split:20260101-000000-cccccc").validate()
+    assert [e.field for e in missing] == ["data"] and "is gone" in missing[0].message

@@ -113,7 +113,7 @@ def test_start_eval_refuses_bad_input_with_every_problem(orch, trained, tmp_path
     with pytest.raises(ConfigError) as refused:
         orch.start_eval(EvalSpec(source=ModelSource(run_id=trained, checkpoint=3), data=str(tmp_path / "none.jsonl"),
                                  metrics=["exact", "f1"]))
-    assert [e.field for e in refused.value.errors] == ["checkpoint", "metrics"]
+    assert [e.field for e in refused.value.errors] == ["checkpoint", "metrics", "data"]
     assert orch.list_runs() and all(r.kind is JobKind.TRAIN for r in orch.list_runs())  # nothing half-submitted
 
 

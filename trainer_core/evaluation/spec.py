@@ -1,6 +1,7 @@
 """The eval job's spec (job.json): what to evaluate, on what data, with which metrics and settings."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -79,7 +80,8 @@ class EvalSpec(JobSpec):
     def validate(self) -> list[FieldError]:
         errors = super().validate()
         errors += self._field_errors()
-        if not errors and self.data:
+        reading = {"data", "format_type", "custom_format_mapping", "max_samples"}  # fields the data check needs
+        if self.data.strip() and not any(e.field in reading for e in errors):
             errors += self._data_errors()
         if not errors:
             errors += self.memory_errors()
@@ -154,9 +156,16 @@ class EvalSpec(JobSpec):
 
     def _data_errors(self) -> list[FieldError]:
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
-        if eval_samples.data_kind(self.data) == "hub":
+        kind = eval_samples.data_kind(self.data)
+        if kind == "hub":
             return [] if self.data[len(eval_samples.HUB_PREFIX):].strip() else [
                 FieldError("data", "hub:<dataset id>, e.g. hub:tatsu-lab/alpaca")]
+        if kind == "eval_split":
+            try:
+                if jobspec.run_config(eval_samples.split_run(self.data)).hf_dataset:
+                    return []  # the run's split comes from the hub: the worker reads it (no hub access here)
+            except jobspec.SourceError as exc:
+                return [FieldError("data", str(exc))]
         try:
             eval_samples.load_samples(self)
         except DatasetError as exc:
@@ -182,6 +191,9 @@ class EvalSpec(JobSpec):
 
 
 def task_errors(tasks: list) -> list[FieldError]:
+    if tasks and importlib.util.find_spec("lm_eval") is None:  # found without importing it (the dashboard never does)
+        return [FieldError("lm_eval_tasks", "benchmarks need lm-evaluation-harness: pip install 'finetune-studio[eval]' "
+                                            "(or pip install lm-eval), or clear lm_eval_tasks")]
     errors = []
     for task in tasks:
         if not isinstance(task, str) or not task.strip():
