@@ -62,7 +62,7 @@ st.subheader("Models")
 offered = pg.offered_runs(orch.list_runs(limit=RUNS_LISTED))
 run_names = run_labels(offered)
 runs_by_id = {r.id: r for r in offered}
-count = st.radio("Side by side", [1, 2, 3], index=1, key=K + "count", horizontal=True)
+count = st.radio("Side by side", [1, 2, 3], index=1 if offered else 0, key=K + "count", horizontal=True)
 picked = []
 for i, col in enumerate(st.columns(count)):
     with col:
@@ -74,19 +74,24 @@ for problem in problems:
     st.error(safe(problem), icon="🚫")
 
 server = st.session_state.get(SERVER)  # {"job", "key", "columns"} of this session's server
+batch_info = st.session_state.get(BATCH)  # {"kind": "chat"|"set", "batch": Batch, ...} while answers come in
+busy = batch_info is not None
 wanted_keys = [c.key for c in columns]
 loaded_keys = [c.key for c in server["columns"]] if server else []
 may_start = allowed(actor, Action.START)
 load_help = ("Start a model server for these models (it queues while a run trains on the device)" if may_start
              else f"Loading models starts a job: you are {actor.role.value}; an operator or admin can")
 if st.button("Load models", icon="▶️", type="primary", help=load_help,
-             disabled=bool(problems) or None in picked or not may_start
+             disabled=bool(problems) or None in picked or not may_start or busy
              or (server is not None and wanted_keys == loaded_keys and pg.job_alive(orch, server["job"]))):
     sources = [ModelSource.from_key(c.key) for c in columns]
     try:
         job_id = orch.find_server(sources, actor)  # the same models already up (another tab): reuse them
         api_key = orch.server_key(job_id) if job_id else None
         if job_id is None or api_key is None:
+            if server and pg.job_alive(orch, server["job"]):
+                # Other models are loaded: end that server first, else the new one would queue behind it.
+                orch.stop(server["job"], actor=actor)
             job_id, api_key = orch.start_server(sources, actor=actor, purpose="playground")
     except ConfigError as exc:
         for error in exc.errors:
@@ -124,7 +129,19 @@ def server_panel() -> None:
         st.code(state.log_tail, language=None)
 
 
+def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
+    """Keep what a batch produced (a chat turn, or the prompt-set table) and forget the batch."""
+    if info["kind"] == "chat":
+        st.session_state.setdefault(CONVO, []).append(pg.Turn(info["user"], answers[0]))
+    else:
+        st.session_state[TABLE] = pg.prompt_set_table(info["prompts"], info["columns"], answers)
+    del st.session_state[BATCH]
+
+
 server_panel()
+if busy and not state.ready:  # the server went away while answers came in (another tab, a reload)
+    batch_info["batch"].abandon(state.message)
+    finish(batch_info, batch_info["batch"].answers())
 if not state.ready:
     st.stop()
 loaded = [pg.Column(c.key, c.label, state.models.get(c.key, "")) for c in server["columns"]]
@@ -152,8 +169,6 @@ setting_errors = sampling.validate() + pg.check_message(system, "system prompt")
 for error in setting_errors:
     st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
 
-batch_info = st.session_state.get(BATCH)  # {"kind": "chat"|"set", "batch": Batch, ...} while answers come in
-busy = batch_info is not None
 placeholders: dict[str, object] = {}
 
 
@@ -270,7 +285,7 @@ greedy = st.checkbox("Greedy (temperature 0)", value=True, key=K + "greedy",
                      help="Off: the sampling settings above")
 if st.button("Run the set on every model", icon="▶️", disabled=busy or not chosen_set or bool(setting_errors)):
     run_sampling = dataclasses.replace(sampling, temperature=0.0) if greedy else sampling
-    st.session_state[BATCH] = {"kind": "set", "prompts": chosen_set.prompts, "batch": pg.prompt_set_batch(
+    st.session_state[BATCH] = {"kind": "set", "prompts": chosen_set.prompts, "columns": loaded, "batch": pg.prompt_set_batch(
         state.url, server["key"], loaded, system, chosen_set.prompts, run_sampling)}
     st.rerun()
 placeholders["set"] = st.empty()
@@ -325,12 +340,7 @@ def follow(info: dict) -> None:
         else:
             placeholders["set"].dataframe(pg.prompt_set_table(info["prompts"], loaded, batch.answers()))
         time.sleep(POLL_S)
-    answers = batch.answers()
-    if info["kind"] == "chat":
-        turns.append(pg.Turn(info["user"], answers[0]))
-    else:
-        st.session_state[TABLE] = pg.prompt_set_table(info["prompts"], loaded, answers)
-    del st.session_state[BATCH]
+    finish(info, batch.answers())
     st.rerun()
 
 

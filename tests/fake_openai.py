@@ -140,6 +140,12 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                                            "total_tokens": 5 + len(words)}})
 
         def _stream(self, model: str, text: str) -> None:
+            try:
+                self._send_stream(model, text)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client hung up (Stop, or its page went away): what a real server sees too
+
+        def _send_stream(self, model: str, text: str) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -178,7 +184,7 @@ FAKE_JOB_ID = "20260101-000000-fa4e00"
 
 class FakeServeJob:
     """Plays the serve job behind the Playground: replaces the orchestrator's serve methods (``start_server``,
-    ``find_server``, ``server_key``, ``endpoint``), and answers ``Orchestrator.get_run`` for its job id (every other id goes to the real store). This is the
+    ``find_server``, ``server_key``, ``endpoint``) and ``stop``, and answers ``Orchestrator.get_run`` for its job id (every other id goes to the real store). This is the
     seam the Playground tests use: the page talks to ``FakeOpenAI`` over real HTTP, with the key
     ``start_server`` returned, exactly as it talks to a real serve job's endpoint.
 
@@ -187,14 +193,17 @@ class FakeServeJob:
 
     def __init__(self, url: str, api_key: str, served: dict[str, str]):
         self.url, self.api_key, self.served = url, api_key, dict(served)
+        self.start_status = RunStatus.RUNNING  # what a started job is: RUNNING, or QUEUED behind a run
         self.status = RunStatus.RUNNING
         self.ready = True
         self.error = ""
         self.log_tail = ""
         self.started: list[list[str]] = []  # source keys of every start_server call
+        self.stops = 0  # Stop requests for the job
         self._sources: list[str] = []
 
     def start_server(self, orch: Any, sources: list, actor: Any = None, purpose: str = "playground") -> tuple[str, str]:
+        self.status = self.start_status
         self._sources = [s.key for s in sources]
         self.started.append(list(self._sources))
         return FAKE_JOB_ID, self.api_key
@@ -212,6 +221,11 @@ class FakeServeJob:
 
     def server_key(self, orch: Any, job_id: str) -> str | None:
         return self.api_key if job_id == FAKE_JOB_ID and not self.status.is_terminal() else None
+
+    def stop(self, orch: Any, run_id: str, actor: Any = None) -> None:
+        assert run_id == FAKE_JOB_ID, run_id
+        self.stops += 1
+        self.status = RunStatus.STOPPED
 
     def row(self) -> RunRecord:
         return RunRecord(id=FAKE_JOB_ID, name="playground server", kind=JobKind.SERVE, status=self.status,
@@ -232,3 +246,4 @@ class FakeServeJob:
         setattr_(Orchestrator, "find_server", lambda orch, sources, actor=None: job.find_server(orch, sources, actor))
         setattr_(Orchestrator, "server_key", lambda orch, job_id: job.server_key(orch, job_id))
         setattr_(Orchestrator, "get_run", get_run)
+        setattr_(Orchestrator, "stop", lambda orch, run_id, actor=None: job.stop(orch, run_id, actor))

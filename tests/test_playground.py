@@ -150,7 +150,7 @@ def test_the_same_model_twice_is_refused(serve_job, runs):
 
 
 def test_queued_loading_and_failed_servers_are_shown(serve_job, runs):
-    serve_job.status = RunStatus.QUEUED
+    serve_job.start_status = RunStatus.QUEUED
     at = base_and_tuned(open_page())
     assert any(i.startswith("Queued") for i in texts(at, "info")), texts(at, "info")
     assert not at.chat_input  # no chat before the server is ready
@@ -174,6 +174,17 @@ def test_a_second_tab_reuses_the_running_server(serve_job, runs):
     assert any("has completed" in e and "press Load" in e for e in texts(other, "error"))
     load(other)
     assert len(serve_job.started) == 2
+
+
+def test_loading_other_models_stops_the_previous_server(serve_job, runs):
+    at = base_and_tuned(open_page())
+    pick(at, 1, "run", TUNED_ID, 5)
+    assert any("not the ones loaded" in i for i in texts(at, "info"))
+    load(at)
+    assert serve_job.stops == 1  # else the new server would wait behind the old one for the device
+    assert serve_job.started == [[BASE_KEY, TUNED_KEY], [BASE_KEY, f"{TUNED_KEY}@5"]]
+    ask(at, "q")
+    assert safe("step five says q") in texts(at, "markdown")
 
 
 # ====================================================================== chat
@@ -383,3 +394,45 @@ def test_server_state_for_a_gone_job(app_home):
 
     state = pg.server_state(get_orchestrator(), FAKE_JOB_ID)
     assert state.phase == pg.ENDED and "press Load" in state.message
+
+
+class _Jobs:
+    """The orchestrator calls server_state makes, answered from a dict of rows."""
+
+    def __init__(self, rows: dict[str, RunRecord], active: str | None = None):
+        self.rows, self.active = rows, active
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        return self.rows.get(run_id)
+
+    def active_run_id(self) -> str | None:
+        return self.active
+
+    def endpoint(self, job_id: str) -> None:
+        return None
+
+
+def test_server_state_says_what_a_queued_server_waits_for():
+    serve = RunRecord(id="s1", kind=JobKind.SERVE, status=RunStatus.QUEUED)
+    training = RunRecord(id="t1", name="big run", kind=JobKind.TRAIN, status=RunStatus.RUNNING)
+    state = pg.server_state(_Jobs({"s1": serve, "t1": training}, active="t1"), "s1")
+    assert state.phase == pg.QUEUED
+    assert state.message.startswith("Queued behind 'big run' (training job), which holds the device")
+    loading = RunRecord(id="s1", kind=JobKind.SERVE, status=RunStatus.RUNNING, phase="merging adapter")
+    assert pg.server_state(_Jobs({"s1": loading}), "s1").message.startswith("Loading the models (merging adapter)")
+
+
+@pytest.mark.slow
+def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # the converted bundled model
+    at = base_and_tuned(open_page())
+    at.text_area(key="pg_system").input("Be <b>brief</b>.")
+    ask(at, "What is 2+2?")
+    at.toggle(key="pg_show_prompt").set_value(True).run()
+    assert not at.exception, at.exception
+    assert texts(at, "error") == []
+    shown = [c.value for c in at.code]
+    expected = ("<|im_start|>system\nBe <b>brief</b>.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                "<|im_start|>assistant")  # st.code drops the final line break
+    assert shown == [expected, expected]  # the base and the run (trained from the bundled model) share the template
+    assert any(c.startswith("29 tokens · SmolLM2-135M-Instruct (bundled)") for c in texts(at, "caption")), texts(at, "caption")

@@ -44,7 +44,9 @@ def training_config(resolved: ResolvedSource) -> TrainConfig:
 
 def render(resolved: ResolvedSource, messages: list[dict[str, str]], timeout_s: float = TIMEOUT_S) -> RenderedPrompt:
     cfg = training_config(resolved)
-    request = json.dumps({"config": cfg.to_public_dict(), "messages": messages}, sort_keys=True)
+    # Only what picks the tokenizer: a run and its base model share one rendering (and one child process).
+    tokenizer_fields = {"model_name": cfg.model_name, "trust_remote_code": cfg.trust_remote_code}
+    request = json.dumps({"config": tokenizer_fields, "messages": messages}, sort_keys=True)
     cached = _cache.get(request)
     if cached is not None:
         return cached

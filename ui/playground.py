@@ -115,7 +115,7 @@ def server_state(orch: Any, job_id: str) -> ServerState:
     if row.status is RunStatus.QUEUED:
         ahead = orch.active_run_id()
         behind = orch.get_run(ahead) if ahead and ahead != job_id else None
-        why = (f"behind '{behind.name or behind.id}' ({behind.kind.label}), which holds the device" if behind
+        why = (f"behind '{behind.name or behind.id}' ({behind.kind.label.lower()} job), which holds the device" if behind
                else "until the device is free")
         return ServerState(QUEUED, f"Queued {why}: it starts by itself when that ends (Stop it in History to "
                                    "chat sooner).")
