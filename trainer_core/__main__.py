@@ -4,6 +4,8 @@
     python -m trainer_core validate --config run.yaml
     python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
+    python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
+    python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P]        (an endpoint for teammates)
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
@@ -322,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     db_sub.add_parser("rebuild", help="move the database aside (kept, never deleted) and rebuild it from every "
                                       "run folder's config.yaml, journal.jsonl and events.jsonl")
     db.set_defaults(func=cmd_db)
+    _add_serving_commands(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -330,6 +333,34 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 4
+
+
+def _add_serving_commands(sub) -> None:
+    """`chat` and `serve`: a serve job for a run's model (trainer_core/serving/cli.py)."""
+    from trainer_core.serving import cli as serving_cli
+
+    def model_args(p, base: bool) -> None:
+        p.add_argument("run", help="run id, unique id prefix, or name")
+        which = p.add_mutually_exclusive_group()
+        which.add_argument("--checkpoint", type=int, metavar="STEP", help="a completed checkpoint of the run")
+        if base:
+            which.add_argument("--base", action="store_true", help="the run's base model, without its adapter")
+        else:
+            p.set_defaults(base=False)
+
+    chat = sub.add_parser("chat", help="chat with a run's model (streamed); --prompt for one answer, else a terminal chat")
+    model_args(chat, base=True)
+    chat.add_argument("--prompt", help="ask this, print the answer and exit")
+    chat.add_argument("--system", default="", help="system prompt")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    chat.add_argument("--max-new-tokens", type=int, default=256)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.set_defaults(func=lambda a: serving_cli.cmd_chat(a, _find, cli_actor))
+    serve = sub.add_parser("serve", help="serve a run's model as an OpenAI-compatible endpoint until Ctrl-C")
+    model_args(serve, base=True)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: reachable from the network)")
+    serve.add_argument("--port", type=int, default=0, help="port (0: a free one)")
+    serve.set_defaults(func=lambda a: serving_cli.cmd_serve(a, _find, cli_actor))
 
 
 if __name__ == "__main__":

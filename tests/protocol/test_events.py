@@ -19,12 +19,13 @@ ALL_EVENTS = [
     ev.CompleteEvent(status="completed", output_dir="/runs/x/adapter", steps=10, final_loss=0.9, ts=6.0),
     ev.ErrorEvent(message="CUDA out of memory", exc_type="OutOfMemoryError", traceback="Traceback ...", ts=7.0),
     ev.HeartbeatEvent(pid=4242, ts=8.0),
+    ev.ServeReadyEvent(url="http://127.0.0.1:8000/v1", models={"tuned": "my run · final"}, engine="transformers", ts=9.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "status",
-                                      "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "serve_ready",
+                                      "status", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 

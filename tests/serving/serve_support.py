@@ -44,4 +44,5 @@ def fake_trained_run(run_id: str, name: str, steps: tuple[int, ...] = ()) -> Pat
         import shutil
 
         shutil.copytree(run_dir / "adapter", run_dir / "checkpoints" / f"checkpoint-{step}")
+        (run_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     return run_dir

@@ -1,0 +1,200 @@
+"""``python -m trainer_core chat`` and ``serve``: a serve job started through the orchestrator, like
+``runs start`` starts a training run, then a terminal chat or an endpoint for teammates.
+
+Exit codes: 0 done, 1 the server failed or died, 2 bad input or refused, 3 interrupted while starting.
+Every failure is one clear line on stderr, never a traceback.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Callable
+
+from trainer_core import jobspec
+from trainer_core.config import ConfigError
+from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.serving.client import Sampling, ServeError, stream_chat
+from trainer_core.serving.endpoint import Endpoint
+
+READY_POLL_S = 0.25
+STOP_WAIT_S = 60.0
+
+
+class CliError(Exception):
+    """A message for stderr and an exit code."""
+
+    def __init__(self, message: str, code: int = 2):
+        self.code = code
+        super().__init__(message)
+
+
+def source_for(store, ref: str, find: Callable, checkpoint: int | None, base: bool) -> ModelSource:
+    """The model source RUN [--checkpoint STEP | --base] names, checked on disk (CliError says why not)."""
+    run = find(store, ref)
+    if run is None:
+        raise CliError("", 2)  # find printed why
+    if run.kind is not JobKind.TRAIN:
+        raise CliError(f"{run.name!r} is a {run.kind.label.lower()} job, not a training run: pick a run that "
+                       "trained a model (`python -m trainer_core runs`)")
+    try:
+        if base:
+            source = ModelSource(model=jobspec.run_config(run.id).model_name)
+        else:
+            source = ModelSource(run_id=run.id, checkpoint=checkpoint)
+        jobspec.resolve(source, run_name=run.name)
+    except SourceError as exc:
+        raise CliError(str(exc)) from None
+    return source
+
+
+def start_and_wait(orch, sources: list[ModelSource], actor, purpose: str, host: str = "127.0.0.1",
+                   port: int = 0) -> tuple[str, str, Endpoint]:
+    """Start a serve job and wait until it answers, printing its phase on stderr as it changes."""
+    try:
+        job_id, key = orch.start_server(sources, actor=actor, purpose=purpose, host=host, port=port)
+    except ConfigError as exc:
+        raise CliError("; ".join(f"{e.field}: {e.message}" for e in exc.errors)) from None
+    shown = ""
+    while True:
+        run = orch.get_run(job_id)
+        endpoint = orch.endpoint(job_id)
+        if endpoint is not None:
+            return job_id, key, endpoint
+        if run is not None and run.status.is_terminal():
+            detail = run.error or f"it ended {run.status.label.lower()} before serving"
+            raise CliError(f"the model server (job {job_id}) did not start: {detail}", 1)
+        phase = "waiting for its device (a job holds it)" if run and run.status is RunStatus.QUEUED else (
+            run.phase if run else "")
+        if phase and phase != shown:
+            print(f"model server {job_id}: {phase}", file=sys.stderr, flush=True)
+            shown = phase
+        time.sleep(READY_POLL_S)
+
+
+def stop(orch, job_id: str, actor) -> None:
+    orch.stop(job_id, actor=actor)
+    try:
+        orch.wait(job_id, timeout=STOP_WAIT_S, interval=0.25)
+    except TimeoutError:
+        print(f"note: the model server {job_id} is still stopping", file=sys.stderr)
+
+
+def answer(endpoint: Endpoint, key: str, messages: list[dict], sampling: Sampling) -> str:
+    """Stream one answer to stdout; returns its text (ServeError when the server fails)."""
+    stream = stream_chat(endpoint.url, key, endpoint.models[0].name, messages, sampling, timeout_s=120.0)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    stats = stream.stats
+    rate = f", {stats.tokens_per_s:.1f} tokens/s" if stats.tokens_per_s else ""
+    ttft = f", first token after {stats.ttft_s:.2f} s" if stats.ttft_s is not None else ""
+    print(f"({stats.tokens} tokens{ttft}{rate})", file=sys.stderr, flush=True)
+    return stream.text
+
+
+def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
+    from db.users import UnknownToken
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+
+    sampling = Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    problems = sampling.validate()
+    if problems:
+        for p in problems:
+            print(f"error: --{p.field.replace('_', '-')}: {p.message}", file=sys.stderr)
+        return 2
+    orch = Orchestrator()
+    job_id = None
+    actor = None
+    try:
+        actor = actor_of(orch.store)
+        source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
+        job_id, key, endpoint = start_and_wait(orch, [source], actor, "playground")
+        print(f"chatting with {endpoint.models[0].label} ({endpoint.url}, model {endpoint.models[0].name})",
+              file=sys.stderr, flush=True)
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        if args.prompt is not None:
+            answer(endpoint, key, messages + [{"role": "user", "content": args.prompt}], sampling)
+            return 0
+        print("type a message, Enter to send; /exit or Ctrl-D to quit", file=sys.stderr)
+        while True:
+            try:
+                text = input("you> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+            if text.strip() in ("/exit", "/quit"):
+                return 0
+            if not text.strip():
+                continue
+            messages.append({"role": "user", "content": text})
+            messages.append({"role": "assistant", "content": answer(endpoint, key, messages, sampling)})
+    except CliError as exc:
+        if str(exc):
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (RunRefused, UnknownToken) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 3
+    finally:
+        if job_id is not None:
+            stop(orch, job_id, actor)
+        orch.close()
+
+
+def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
+    from db.users import UnknownToken
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+
+    orch = Orchestrator()
+    job_id = None
+    actor = None
+    try:
+        actor = actor_of(orch.store)
+        source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
+        job_id, key, endpoint = start_and_wait(orch, [source], actor, "endpoint", host=args.host, port=args.port)
+        print(f"URL:     {endpoint.url}")
+        print(f"model:   {endpoint.models[0].name}   ({endpoint.models[0].label})")
+        print(f"API key: {key}")
+        print("The key is shown once and never stored. Serving until Ctrl-C "
+              f"(job {job_id}; it also stops after 30 minutes without a request).", flush=True)
+        del key
+        stopping = {"asked": False}
+
+        def on_sigint(*_):
+            if not stopping["asked"]:
+                stopping["asked"] = True
+                print("\nstopping the server", file=sys.stderr, flush=True)
+                orch.stop(job_id, actor=actor)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        snap = orch.wait(job_id, interval=0.5)
+        if stopping["asked"] or snap.status in (RunStatus.STOPPED, RunStatus.COMPLETED):
+            print(f"model server {job_id} {snap.status.label.lower()}", file=sys.stderr)
+            job_id = None
+            return 0
+        print(f"error: the model server ended: {snap.error or snap.status.label}", file=sys.stderr)
+        job_id = None
+        return 1
+    except CliError as exc:
+        if str(exc):
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except (RunRefused, UnknownToken) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 3
+    finally:
+        if job_id is not None:
+            stop(orch, job_id, actor)
+        orch.close()
