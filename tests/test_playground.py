@@ -436,3 +436,30 @@ def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeyp
                 "<|im_start|>assistant")  # st.code drops the final line break
     assert shown == [expected, expected]  # the base and the run (trained from the bundled model) share the template
     assert any(c.startswith("29 tokens · SmolLM2-135M-Instruct (bundled)") for c in texts(at, "caption")), texts(at, "caption")
+
+
+@pytest.mark.slow
+def test_the_page_chats_with_a_real_serve_job(app_home, monkeypatch):
+    """No fakes: Load starts a real serve job on the bundled model; the greedy answer comes back through it."""
+    from ui.state import get_orchestrator
+
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))
+    at = load(open_page())  # one column: the bundled base model (no runs yet)
+    job_id = at.session_state["pg_server"]["job"]
+    try:
+        deadline = time.monotonic() + 240
+        while not at.chat_input and time.monotonic() < deadline:  # the fragment refreshes the job's state
+            assert not any("failed" in e for e in texts(at, "error")), texts(at, "error") + [c.value for c in at.code]
+            time.sleep(1)
+            at.run()
+        at.number_input(key="pg_temperature").set_value(0.0)
+        at.number_input(key="pg_max_new").set_value(12)
+        ask(at, "What is the capital of France?")
+        answer = next(iter(at.session_state["pg_turns"][0].answers.values()))
+        assert answer.status == pg.DONE and "Paris" in answer.text, answer
+        assert answer.stats.tokens > 1 and answer.stats.ttft_s > 0
+        assert "torch" not in sys.modules
+    finally:
+        orch = get_orchestrator()
+        orch.stop(job_id)
+        orch.wait(job_id, timeout=60)
