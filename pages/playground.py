@@ -29,6 +29,7 @@ K = "pg_"
 SERVER, CONVO, BATCH, TABLE = K + "server", K + "turns", K + "batch", K + "table"
 RUNS_LISTED = 200  # recent jobs read to find the runs offered as sources
 POLL_S = 0.1  # how often streaming answers are redrawn
+SET_POLL_S = 0.5  # a prompt-set table is redrawn whole: less often
 JOB_CHECK_S = 1.0  # how often the serve job's status is read while answers stream
 STATE_REFRESH_S = 1.0
 
@@ -67,9 +68,7 @@ picked = []
 for i, col in enumerate(st.columns(count)):
     with col:
         picked.append(source_picker(i, runs_by_id, run_names))
-columns, problems = pg.check_sources([s for s in picked if s is not None])
-if any(s is None for s in picked):
-    problems = [p for p in problems if p != "Pick at least one model"]
+columns, problems = pg.check_sources(picked)
 for problem in problems:
     st.error(safe(problem), icon="🚫")
 
@@ -114,25 +113,25 @@ state = pg.server_state(orch, server["job"])
 # Refreshes only while the job is queued or loading: a fragment rerun must never cut into the answer loop below.
 @st.fragment(run_every=STATE_REFRESH_S if state.phase in (pg.QUEUED, pg.LOADING) else None)
 def server_panel() -> None:
-    """The serve job's state; refreshes itself while it is queued or loading, and redraws the page once ready."""
-    state = pg.server_state(orch, server["job"])
-    if state.ready:
-        if not st.session_state.get(K + "was_ready"):
-            st.session_state[K + "was_ready"] = True
-            st.rerun()
-        st.caption(safe(f"{state.message} · job {server['job']}"))
+    """The serve job's state; refreshes itself while it is queued or loading, and redraws the whole page when
+    that changes (ready: the chat appears)."""
+    now = pg.server_state(orch, server["job"])
+    if now.phase != state.phase:
+        st.rerun()
+    if now.ready:
+        st.caption(safe(f"{now.message} · job {server['job']}"))
         return
-    st.session_state[K + "was_ready"] = False
-    show = st.error if state.phase in (pg.FAILED, pg.ENDED) else st.info
-    show(safe(state.message), icon="⏳" if state.phase in (pg.QUEUED, pg.LOADING) else "🛑")
-    if state.log_tail:
-        st.code(state.log_tail, language=None)
+    show = st.error if now.phase in (pg.FAILED, pg.ENDED) else st.info
+    show(safe(now.message), icon="⏳" if now.phase in (pg.QUEUED, pg.LOADING) else "🛑")
+    if now.log_tail:
+        st.code(now.log_tail, language=None)
 
 
 def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
     """Keep what a batch produced (a chat turn, or the prompt-set table) and forget the batch."""
     if info["kind"] == "chat":
-        st.session_state.setdefault(CONVO, []).append(pg.Turn(info["user"], answers[0]))
+        st.session_state.setdefault(CONVO, []).append(pg.Turn(info["user"], answers[0], info["system"],
+                                                              info["sampling"]))
     else:
         st.session_state[TABLE] = pg.prompt_set_table(info["prompts"], info["columns"], answers)
     del st.session_state[BATCH]
@@ -180,7 +179,10 @@ def stop_batch() -> None:
 
 def answer_block(answer: pg.Answer) -> None:
     """One answer as text (model output is untrusted: escaped), its stats, and why it is incomplete."""
-    st.markdown(safe(answer.text) if answer.text else "…")
+    if answer.text:
+        st.markdown(safe(answer.text))
+    elif answer.status == pg.DONE:
+        st.caption("(an empty answer)")
     if answer.stats:
         st.caption(pg.stats_line(answer))
     if answer.status == pg.INTERRUPTED:
@@ -244,7 +246,7 @@ tools = st.columns([1, 1, 1, 3])
 if tools[0].button("New conversation", icon="🧹", disabled=busy or not turns):
     st.session_state[CONVO] = []
     st.rerun()
-tools[1].download_button("Download JSONL", pg.conversation_jsonl(system, turns, sampling), icon="⬇️",
+tools[1].download_button("Download JSONL", pg.conversation_jsonl(turns), icon="⬇️",
                          file_name="conversation.jsonl", mime="application/jsonl", disabled=not turns)
 if tools[2].toggle("Show prompt", key=K + "show_prompt", disabled=not turns,
                    help="The last question as each model read it: rendered with the chat template used for training"):
@@ -266,7 +268,8 @@ if user_text:
     if message_errors:
         st.error(f"**message**: {safe(message_errors[0].message)}", icon="🚫")
     else:
-        st.session_state[BATCH] = {"kind": "chat", "user": user_text, "batch": pg.chat_batch(
+        st.session_state[BATCH] = {"kind": "chat", "user": user_text, "system": system, "sampling": sampling,
+                                   "batch": pg.chat_batch(
             state.url, server["key"], loaded, system, turns, user_text, sampling)}
         st.rerun()
 
@@ -339,7 +342,7 @@ def follow(info: dict) -> None:
             draw_answers(placeholders["chat"], batch.answers()[0], streaming=True)
         else:
             placeholders["set"].dataframe(pg.prompt_set_table(info["prompts"], loaded, batch.answers()))
-        time.sleep(POLL_S)
+        time.sleep(POLL_S if info["kind"] == "chat" else SET_POLL_S)
     finish(info, batch.answers())
     st.rerun()
 

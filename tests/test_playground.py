@@ -237,7 +237,7 @@ def test_a_server_dying_mid_answer_keeps_the_other_column(serve_job, runs, fake_
     assert safe("Tuned answer:") in texts(at, "markdown")  # the two pieces that came before the server died
     warnings = texts(at, "warning")
     assert len(warnings) == 1 and warnings[0].startswith("Interrupted: the model server at") and "mid" in warnings[0]
-    lines = [json.loads(line) for line in pg.conversation_jsonl("", at.session_state["pg_turns"]).splitlines()]
+    lines = [json.loads(line) for line in pg.conversation_jsonl(at.session_state["pg_turns"]).splitlines()]
     assert [(line["source"], line["status"]) for line in lines if line["role"] == "assistant"] == \
         [(BASE_KEY, pg.DONE), (TUNED_KEY, pg.INTERRUPTED)]
 
@@ -339,6 +339,21 @@ def test_messages_skip_turns_a_model_did_not_answer():
         {"role": "system", "content": "sys"}, {"role": "user", "content": "q2"},
         {"role": "assistant", "content": "z"}, {"role": "user", "content": "q3"}]
     assert pg.messages_for("  ", turns, "a")[0] == {"role": "user", "content": "q1"}
+
+
+def test_jsonl_repeats_the_system_prompt_where_it_changed():
+    stats = pg.AnswerStats(tokens=3, ttft_s=0.5, total_s=1.0, tokens_per_s=4.0, finish_reason="stop")
+    turns = [pg.Turn("q1", {"a": pg.Answer("a", "A", "x", pg.DONE, stats=stats)}, "s1", Sampling(temperature=0.0)),
+             pg.Turn("q2", {"a": pg.Answer("a", "A", "", pg.FAILED, "refused")}, "s1", Sampling()),
+             pg.Turn("q3", {}, "", Sampling())]
+    lines = [json.loads(line) for line in pg.conversation_jsonl(turns).splitlines()]
+    assert [(line["role"], line["content"], line["turn"]) for line in lines] == [
+        ("system", "s1", 1), ("user", "q1", 1), ("assistant", "x", 1), ("user", "q2", 2), ("assistant", "", 2),
+        ("system", "", 3), ("user", "q3", 3)]
+    assert lines[2] == {"role": "assistant", "content": "x", "turn": 1, "source": "a", "model": "A", "status": "done",
+                        "error": "", "tokens": 3, "ttft_s": 0.5, "total_s": 1.0, "tokens_per_s": 4.0,
+                        "finish_reason": "stop"}
+    assert lines[1]["sampling"]["temperature"] == 0.0 and lines[4]["error"] == "refused"
 
 
 def test_check_message_refuses_nul_and_huge_text():

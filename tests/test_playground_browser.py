@@ -80,3 +80,15 @@ def test_an_answer_streams_into_the_page(page, dashboard, fake_server, tmp_path)
     whole = wait_until(page, lambda: ANSWER in main_text(page) and "first token" in main_text(page)
                        and main_text(page), PAGE_TIMEOUT_S, "the whole answer with its stats", diagnostics)
     assert "7 tokens · first token" in whole
+
+    # Stop: the next answer is held back again, and Stop ends it with the part that came.
+    fake_server.gate = threading.Event()
+    box.fill("Once more?")
+    box.press("Enter")
+    wait_until(page, lambda: main_text(page).count(FIRST) == 2, PAGE_TIMEOUT_S, "the second partial answer",
+               diagnostics, poll_ms=100)
+    page.get_by_role("button", name="Stop").click()
+    stopped = wait_until(page, lambda: "Stopped." in main_text(page) and main_text(page), PAGE_TIMEOUT_S,
+                         "the stopped answer", diagnostics)
+    second = stopped[stopped.index("Once more?"):]
+    assert FIRST in second and "nicely" not in second and "2 tokens · first token" in second, second

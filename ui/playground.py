@@ -63,13 +63,16 @@ class Column:
     model: str = ""  # the served model name, known once the server is ready
 
 
-def check_sources(sources: list[ModelSource]) -> tuple[list[Column], list[str]]:
+def check_sources(sources: list[ModelSource | None]) -> tuple[list[Column], list[str]]:
     """Columns for ``sources``, and every problem (a source that cannot be loaded, the same one twice),
-    each naming the column and the fix."""
+    each naming the column and the fix. A None (a column whose picker already said what is missing) is
+    skipped, keeping the other columns' numbers."""
     columns: list[Column] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
     for i, source in enumerate(sources, 1):
+        if source is None:
+            continue
         if source.key in seen:
             problems.append(f"Column {i} shows the same model as column {seen[source.key]}: pick another "
                             "model, checkpoint or base")
@@ -157,8 +160,12 @@ class Answer:
 
 @dataclass
 class Turn:
+    """One user message, every model's answer, and the system prompt and sampling they were asked with."""
+
     user: str
     answers: dict[str, Answer] = field(default_factory=dict)  # source key -> answer
+    system: str = ""
+    sampling: Sampling | None = None
 
 
 def check_message(text: str, field_name: str = "message") -> list[FieldError]:
@@ -183,14 +190,17 @@ def messages_for(system: str, turns: list[Turn], key: str, new_user: str | None 
     return messages
 
 
-def conversation_jsonl(system: str, turns: list[Turn], sampling: Sampling | None = None) -> str:
-    """One JSON line per message: role and content; each answer adds its turn, source, model, status and stats."""
+def conversation_jsonl(turns: list[Turn]) -> str:
+    """One JSON line per message: role and content. A system line comes first, and again wherever the system
+    prompt changed; a user line adds its turn and sampling; an answer its turn, source, model, status and stats."""
     lines: list[dict[str, Any]] = []
-    if system.strip():
-        lines.append({"role": "system", "content": system})
+    system = ""
     for n, turn in enumerate(turns, 1):
+        if turn.system != system:
+            system = turn.system
+            lines.append({"role": "system", "content": system, "turn": n})
         lines.append({"role": "user", "content": turn.user, "turn": n,
-                      **({"sampling": asdict(sampling)} if sampling else {})})
+                      **({"sampling": asdict(turn.sampling)} if turn.sampling else {})})
         for answer in turn.answers.values():
             lines.append({"role": "assistant", "content": answer.text, "turn": n, **answer.to_record()})
     return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
