@@ -16,7 +16,7 @@ from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.run_rules import run_labels
-from trainer_core.serving.client import Sampling, ServeError
+from trainer_core.serving.client import Sampling
 from ui import playground as pg
 from ui.auth import current_actor
 from ui.entry import require_entrypoint

@@ -184,9 +184,10 @@ FAKE_JOB_ID = "20260101-000000-fa4e00"
 
 class FakeServeJob:
     """Plays the serve job behind the Playground: replaces the orchestrator's serve methods (``start_server``,
-    ``find_server``, ``server_key``, ``endpoint``) and ``stop``, and answers ``Orchestrator.get_run`` for its job id (every other id goes to the real store). This is the
-    seam the Playground tests use: the page talks to ``FakeOpenAI`` over real HTTP, with the key
-    ``start_server`` returned, exactly as it talks to a real serve job's endpoint.
+    ``find_server``, ``server_key``, ``endpoint``) and ``stop``, and answers ``Orchestrator.get_run`` for its
+    job id (every other id goes to the real store). This is the seam the Playground tests use: the page talks
+    to ``FakeOpenAI`` over real HTTP, with the key ``start_server`` returned, exactly as it talks to a real
+    serve job's endpoint.
 
     ``status``/``ready``/``error``/``log_tail`` set what the page sees: queued, loading (running, not
     ready), ready, or failed with an error and a log tail. ``served`` maps a source key to the model name."""

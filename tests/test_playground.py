@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from db.entities import RunRecord
 from db.store import Store
 from tests.fake_openai import FAKE_JOB_ID, FakeOpenAI, FakeServeJob
+from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
 from trainer_core import promptsets
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobspec import ModelSource
@@ -219,6 +220,24 @@ def test_sampling_errors_name_the_field_and_block_the_chat(serve_job, runs):
     assert any(e.startswith("**temperature**:") and "at most 2" in e for e in errors), errors
     assert any(e.startswith("**max_new_tokens**:") for e in errors), errors
     assert at.chat_input(key="pg_input").disabled
+
+
+def test_hostile_run_names_and_answers_are_shown_as_text(app_home, monkeypatch):
+    hostile_answers = {"smollm2": PAYLOADS["image"] + "\n" + PAYLOADS["lines"],
+                       "tuned": " ".join([PAYLOADS["emoji"], PAYLOADS["markup"], PAYLOADS["links"]])}
+    server = FakeOpenAI(hostile_answers).start()
+    try:
+        job = FakeServeJob(server.url, server.api_key, {BASE_KEY: "smollm2", TUNED_KEY: "tuned"})
+        job.install(lambda target, name, value: monkeypatch.setattr(target, name, value, raising=False))
+        store = Store()
+        make_run(store, TUNED_ID, PAYLOADS["html"])
+        store.engine.dispose()
+        at = base_and_tuned(open_page())
+        ask(at, PAYLOADS["markup"])
+        assert_nothing_interpreted(at, [PAYLOADS["html"] + " · final", PAYLOADS["markup"], *hostile_answers.values()],
+                                   "Playground")
+    finally:
+        server.stop()
 
 
 def test_a_refused_key_is_a_clear_message(serve_job, runs):
