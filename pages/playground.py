@@ -15,6 +15,7 @@ from trainer_core.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.protocol.status import JobKind
 from trainer_core.run_rules import run_labels
 from trainer_core.serving.client import Sampling
 from ui import playground as pg
@@ -27,7 +28,7 @@ require_entrypoint("pages/playground.py")
 
 K = "pg_"
 SERVER, CONVO, BATCH, TABLE = K + "server", K + "turns", K + "batch", K + "table"
-RUNS_LISTED = 200  # recent jobs read to find the runs offered as sources
+RUNS_LISTED = 200  # recent training runs read to find the ones offered as sources
 POLL_S = 0.1  # how often streaming answers are redrawn
 SET_POLL_S = 0.5  # a prompt-set table is redrawn whole: less often
 JOB_CHECK_S = 1.0  # how often the serve job's status is read while answers stream
@@ -60,7 +61,7 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
 
 
 st.subheader("Models")
-offered = pg.offered_runs(orch.list_runs(limit=RUNS_LISTED))
+offered = pg.offered_runs(orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN]))
 run_names = run_labels(offered)
 runs_by_id = {r.id: r for r in offered}
 count = st.radio("Side by side", [1, 2, 3], index=1 if offered else 0, key=K + "count", horizontal=True)

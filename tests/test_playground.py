@@ -439,7 +439,7 @@ class _Jobs:
     def get_run(self, run_id: str) -> RunRecord | None:
         return self.rows.get(run_id)
 
-    def active_run_id(self) -> str | None:
+    def active_run_id(self, kind: JobKind | None = JobKind.TRAIN) -> str | None:
         return self.active
 
     def endpoint(self, job_id: str) -> None:

@@ -116,7 +116,7 @@ def server_state(orch: Any, job_id: str) -> ServerState:
         return ServerState(ENDED, f"The model server job {job_id} is gone (deleted from History): press Load "
                                   "to start a new one.")
     if row.status is RunStatus.QUEUED:
-        ahead = orch.active_run_id()
+        ahead = orch.active_run_id(kind=None)  # a training run, or another server, on the device
         behind = orch.get_run(ahead) if ahead and ahead != job_id else None
         why = (f"behind '{behind.name or behind.id}' ({behind.kind.label.lower()} job), which holds the device" if behind
                else "until the device is free")
