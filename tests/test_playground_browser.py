@@ -87,7 +87,8 @@ def test_an_answer_streams_into_the_page(page, dashboard, fake_server, tmp_path)
     box.press("Enter")
     wait_until(page, lambda: main_text(page).count(FIRST) == 2, PAGE_TIMEOUT_S, "the second partial answer",
                diagnostics, poll_ms=100)
-    page.get_by_role("button", name="Stop").click()
+    # The page's own Stop (the header has one too, for the running script)
+    page.locator('[data-testid="stMainBlockContainer"]').get_by_role("button", name="Stop").click()
     stopped = wait_until(page, lambda: "Stopped." in main_text(page) and main_text(page), PAGE_TIMEOUT_S,
                          "the stopped answer", diagnostics)
     second = stopped[stopped.index("Once more?"):]
