@@ -105,6 +105,10 @@ if server and wanted_keys != [c.key for c in server["columns"]] and not problems
     st.info("The models picked above are not the ones loaded: press Load models to switch.", icon="🔄")
 
 
+if not may_start:  # chatting starts a job; prompt sets and the conversation are writes too
+    st.info("Viewers cannot load models (it starts a job on the device); an admin can make you an operator "
+            "on the Account page.", icon="👀")
+    st.stop()
 if server is None:
     st.info("Pick the models to compare, then press Load models.", icon="👆")
     st.stop()

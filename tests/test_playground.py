@@ -13,17 +13,21 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
+from db import users
 from db.entities import RunRecord
 from db.store import Store
 from tests.fake_openai import FAKE_JOB_ID, FakeOpenAI, FakeServeJob
 from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
 from trainer_core import promptsets
+from trainer_core.access import Role
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.serving.client import Sampling
+from ui import auth
 from ui import playground as pg
+from ui.state import get_orchestrator
 from ui.text import safe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,6 +190,17 @@ def test_loading_other_models_stops_the_previous_server(serve_job, runs):
     assert serve_job.started == [[BASE_KEY, TUNED_KEY], [BASE_KEY, f"{TUNED_KEY}@5"]]
     ask(at, "q")
     assert safe("step five says q") in texts(at, "markdown")
+
+
+def test_a_viewer_cannot_load_models(serve_job, runs, monkeypatch):
+    users.ensure_user(get_orchestrator().store, "val", Role.VIEWER)
+    monkeypatch.setenv(auth.SHARED_ENV, "1")
+    monkeypatch.setattr(auth, "proxy_user", lambda: "val")
+    at = open_page()
+    button = next(b for b in at.button if b.label == "Load models")
+    assert button.disabled and "you are viewer" in button.help
+    assert any(i.startswith("Viewers cannot load models") for i in texts(at, "info"))
+    assert serve_job.started == []
 
 
 # ====================================================================== chat
@@ -424,8 +439,6 @@ def test_a_dead_server_skips_the_rest_of_a_column(fake_server):
 
 
 def test_server_state_for_a_gone_job(app_home):
-    from ui.state import get_orchestrator
-
     state = pg.server_state(get_orchestrator(), FAKE_JOB_ID)
     assert state.phase == pg.ENDED and "press Load" in state.message
 
@@ -475,8 +488,6 @@ def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeyp
 @pytest.mark.slow
 def test_the_page_chats_with_a_real_serve_job(app_home, monkeypatch):
     """No fakes: Load starts a real serve job on the bundled model; the greedy answer comes back through it."""
-    from ui.state import get_orchestrator
-
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))
     at = load(open_page())  # one column: the bundled base model (no runs yet)
     job_id = at.session_state["pg_server"]["job"]
