@@ -164,7 +164,7 @@ def test_queued_loading_and_failed_servers_are_shown(serve_job, runs):
     assert any(i.startswith("Loading the models") for i in texts(at, "info")), texts(at, "info")
     serve_job.status, serve_job.error, serve_job.log_tail = RunStatus.FAILED, "out of memory", "Traceback...\nMemoryError"
     at.run()
-    assert any("The model server failed: out of memory" in e for e in texts(at, "error"))
+    assert any("The model server failed: out of memory (its log ends below)" in e for e in texts(at, "error"))
     assert "MemoryError" in at.code[0].value
     assert serve_job.started == [[BASE_KEY, TUNED_KEY]]
 
@@ -436,6 +436,21 @@ def test_a_dead_server_skips_the_rest_of_a_column(fake_server):
     table = pg.prompt_set_table(("p1", "p2", "p3"), columns, batch.answers())
     assert isinstance(table, pd.DataFrame) and table.iloc[1, 1] == "[not asked: the server failed on an earlier prompt]"
     assert len(fake_server.chat_requests()) == 1
+
+
+def test_an_unexpected_error_in_a_column_ends_its_answer(fake_server, monkeypatch):
+    def broken_stream(*args, **kwargs):
+        raise KeyError("choices")
+
+    monkeypatch.setattr(pg, "stream_chat", broken_stream)
+    batch = pg.prompt_set_batch(fake_server.url, fake_server.api_key, [pg.Column("a", "A", "smollm2")], "",
+                                ("p1", "p2"), Sampling())
+    deadline = time.monotonic() + 30
+    while not batch.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first, second = (row["a"] for row in batch.answers())
+    assert (first.status, first.error) == (pg.FAILED, "the answer could not be read: KeyError: 'choices'")
+    assert (second.status, second.error) == (pg.SKIPPED, "not asked: an earlier answer could not be read")
 
 
 def test_server_state_for_a_gone_job(app_home):

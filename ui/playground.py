@@ -123,8 +123,9 @@ def server_state(orch: Any, job_id: str) -> ServerState:
         return ServerState(QUEUED, f"Queued {why}: it starts by itself when that ends (Stop it in History to "
                                    "chat sooner).")
     if row.status is RunStatus.FAILED:
-        return ServerState(FAILED, f"The model server failed: {row.error or 'no error was reported'}. Fix the "
-                                   "cause below and press Load again.", log_tail=row.log_tail or "")
+        where = " (its log ends below)" if row.log_tail else ""
+        return ServerState(FAILED, f"The model server failed: {row.error or 'no error was reported'}{where}. Fix the "
+                                   "cause and press Load again.", log_tail=row.log_tail or "")
     if row.status.is_terminal():
         return ServerState(ENDED, f"The model server has {row.status.value} (stopped on request, or idle too long): "
                                   "press Load to start it again.")
@@ -235,7 +236,11 @@ class Batch:
                 self._set(index, column.key, status=STOPPED if self.cancel.is_set() else SKIPPED,
                           error="" if self.cancel.is_set() else f"not asked: {broken}")
                 continue
-            broken = self._stream_one(index, url, api_key, column, row[column.key], sampling, timeout_s)
+            try:
+                broken = self._stream_one(index, url, api_key, column, row[column.key], sampling, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - thread boundary: the page must see an end, not "streaming" forever
+                self._set(index, column.key, status=FAILED, error=f"the answer could not be read: {type(exc).__name__}: {exc}")
+                broken = "an earlier answer could not be read"
 
     def _stream_one(self, index: int, url: str, api_key: str, column: Column, messages: list[dict],
                     sampling: Sampling, timeout_s: float) -> str:
