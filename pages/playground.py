@@ -46,7 +46,7 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
                         index=0 if i == 0 or not runs else 1)
     if kind == "base":
         of = st.selectbox("Base of", ["", *runs], key=f"{K}base_{i}",
-                          format_func=lambda r: "Bundled SmolLM2-135M-Instruct" if not r else f"the base of {labels[r]}")
+                          format_func=lambda r: f"the base of {labels[r]}" if r else "Bundled SmolLM2-135M-Instruct")
         try:
             return pg.base_source(of or None)
         except SourceError as exc:
@@ -293,8 +293,9 @@ greedy = st.checkbox("Greedy (temperature 0)", value=True, key=K + "greedy",
                      help="Off: the sampling settings above")
 if st.button("Run the set on every model", icon="▶️", disabled=busy or not chosen_set or bool(setting_errors)):
     run_sampling = dataclasses.replace(sampling, temperature=0.0) if greedy else sampling
-    st.session_state[BATCH] = {"kind": "set", "prompts": chosen_set.prompts, "columns": loaded, "batch": pg.prompt_set_batch(
-        state.url, server["key"], loaded, system, chosen_set.prompts, run_sampling)}
+    st.session_state[BATCH] = {"kind": "set", "prompts": chosen_set.prompts, "columns": loaded,
+                               "batch": pg.prompt_set_batch(state.url, server["key"], loaded, system,
+                                                            chosen_set.prompts, run_sampling)}
     st.rerun()
 placeholders["set"] = st.empty()
 table = st.session_state.get(TABLE)

@@ -162,7 +162,8 @@ def test_queued_loading_and_failed_servers_are_shown(serve_job, runs):
     serve_job.status, serve_job.ready = RunStatus.RUNNING, False
     at.run()
     assert any(i.startswith("Loading the models") for i in texts(at, "info")), texts(at, "info")
-    serve_job.status, serve_job.error, serve_job.log_tail = RunStatus.FAILED, "out of memory", "Traceback...\nMemoryError"
+    serve_job.status, serve_job.error = RunStatus.FAILED, "out of memory"
+    serve_job.log_tail = "Traceback...\nMemoryError"
     at.run()
     assert any("The model server failed: out of memory (its log ends below)" in e for e in texts(at, "error"))
     assert "MemoryError" in at.code[0].value
@@ -497,7 +498,8 @@ def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeyp
     expected = ("<|im_start|>system\nBe <b>brief</b>.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
                 "<|im_start|>assistant")  # st.code drops the final line break
     assert shown == [expected, expected]  # the base and the run (trained from the bundled model) share the template
-    assert any(c.startswith("29 tokens · SmolLM2-135M-Instruct (bundled)") for c in texts(at, "caption")), texts(at, "caption")
+    captions = texts(at, "caption")
+    assert any(c.startswith("29 tokens · SmolLM2-135M-Instruct (bundled)") for c in captions), captions
 
 
 @pytest.mark.slow

@@ -118,8 +118,8 @@ def server_state(orch: Any, job_id: str) -> ServerState:
     if row.status is RunStatus.QUEUED:
         ahead = orch.active_run_id(kind=None)  # a training run, or another server, on the device
         behind = orch.get_run(ahead) if ahead and ahead != job_id else None
-        why = (f"behind '{behind.name or behind.id}' ({behind.kind.label.lower()} job), which holds the device" if behind
-               else "until the device is free")
+        why = (f"behind '{behind.name or behind.id}' ({behind.kind.label.lower()} job), which holds the device"
+               if behind else "until the device is free")
         return ServerState(QUEUED, f"Queued {why}: it starts by itself when that ends (Stop it in History to "
                                    "chat sooner).")
     if row.status is RunStatus.FAILED:
@@ -238,8 +238,9 @@ class Batch:
                 continue
             try:
                 broken = self._stream_one(index, url, api_key, column, row[column.key], sampling, timeout_s)
-            except Exception as exc:  # noqa: BLE001 - thread boundary: the page must see an end, not "streaming" forever
-                self._set(index, column.key, status=FAILED, error=f"the answer could not be read: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - thread boundary: the page must see an end, never "streaming"
+                self._set(index, column.key, status=FAILED,
+                          error=f"the answer could not be read: {type(exc).__name__}: {exc}")
                 broken = "an earlier answer could not be read"
 
     def _stream_one(self, index: int, url: str, api_key: str, column: Column, messages: list[dict],
@@ -247,7 +248,8 @@ class Batch:
         """Stream one answer; returns why the column cannot go on ("" when it can)."""
         stream = None
         try:
-            stream = stream_chat(url, api_key, column.model, messages, sampling, timeout_s=timeout_s, cancel=self.cancel)
+            stream = stream_chat(url, api_key, column.model, messages, sampling, timeout_s=timeout_s,
+                                 cancel=self.cancel)
             for piece in stream:
                 with self._lock:
                     self._answers[index][column.key].text += piece
