@@ -10,8 +10,7 @@ What it answers is scripted per model (``answers``), and it can be told to misbe
 * ``die_after``: per model, close the connection after that many chunks, without ``[DONE]`` (a server that
   died mid-answer);
 * ``gate``: a ``threading.Event``; chunks after the first ``gate_after`` wait for it (the test observes a
-  partial answer, then releases the rest);
-* ``chunk_delay_s``: a pause between chunks (a slow server).
+  partial answer, then releases the rest; never released, it is a server stuck mid-answer);
 Requests it received are kept in ``requests`` (the parsed JSON bodies), so tests assert what was sent.
 """
 from __future__ import annotations
@@ -39,7 +38,6 @@ class FakeOpenAI:
         self.die_after: dict[str, int] = {}
         self.gate: threading.Event | None = None
         self.gate_after = 1
-        self.chunk_delay_s = 0.0
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -160,8 +158,6 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     return  # the connection closes with no [DONE]: the server died mid-answer
                 if fake.gate is not None and i >= fake.gate_after:
                     fake.gate.wait()
-                if fake.chunk_delay_s:
-                    time.sleep(fake.chunk_delay_s)
                 self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}, model)
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                          "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),

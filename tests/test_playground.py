@@ -439,6 +439,29 @@ def test_a_dead_server_skips_the_rest_of_a_column(fake_server):
     assert len(fake_server.chat_requests()) == 1
 
 
+def test_a_stuck_server_times_out_and_a_failing_one_skips_the_rest(fake_server):
+    fake_server.gate, fake_server.gate_after = threading.Event(), 0  # never set: headers, then nothing
+    stuck = pg.Batch(fake_server.url, fake_server.api_key, [pg.Column("a", "A", "smollm2")],
+                     [{"a": [{"role": "user", "content": "hi"}]}], Sampling(), timeout_s=0.5)
+    deadline = time.monotonic() + 30
+    while not stuck.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    answer = stuck.answers()[0]["a"]
+    assert (answer.status, answer.text) == (pg.FAILED, "")
+    assert "within 0.5 s: it may be overloaded or stuck" in answer.error, answer.error
+
+    fake_server.gate.set()
+    fake_server.fail_status = 500
+    failing = pg.prompt_set_batch(fake_server.url, fake_server.api_key, [pg.Column("a", "A", "smollm2")], "",
+                                  ("p1", "p2"), Sampling())
+    deadline = time.monotonic() + 30
+    while not failing.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first, second = (row["a"] for row in failing.answers())
+    assert first.status == pg.FAILED and "failed (500): the fake server was told to fail" in first.error
+    assert second.status == pg.SKIPPED
+
+
 def test_an_unexpected_error_in_a_column_ends_its_answer(fake_server, monkeypatch):
     def broken_stream(*args, **kwargs):
         raise KeyError("choices")
