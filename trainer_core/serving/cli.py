@@ -161,7 +161,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
         actor = actor_of(orch.store)
         source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
         job_id, key, endpoint = start_and_wait(orch, [source], actor, "endpoint", host=args.host, port=args.port)
-        print(f"URL:     {endpoint.url}")
+        print(f"URL:     {endpoint.share_url}" + (f"   (on this machine: {endpoint.url})"
+                                                     if endpoint.share_url != endpoint.url else ""))
         print(f"model:   {endpoint.models[0].name}   ({endpoint.models[0].label})")
         print(f"API key: {key}")
         print("The key is shown once and never stored. Serving until Ctrl-C "

@@ -27,15 +27,17 @@ class Endpoint:
     models: tuple[ServedModel, ...]
     engine: str
     pid: int
+    share_url: str = ""  # what teammates use: the machine's name when bound to every interface, else ``url``
 
     def name_of(self, source_key: str) -> str | None:
         """The served name of a model source, None when this server does not serve it."""
         return next((m.name for m in self.models if m.source_key == source_key), None)
 
 
-def write(run_dir: Path, url: str, models: list[dict], engine: str, pid: int) -> None:
+def write(run_dir: Path, url: str, models: list[dict], engine: str, pid: int, share_url: str = "") -> None:
     tmp = Path(run_dir) / f".{ENDPOINT_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"url": url, "models": models, "engine": engine, "pid": pid}, indent=1))
+    tmp.write_text(json.dumps({"url": url, "models": models, "engine": engine, "pid": pid,
+                               "share_url": share_url or url}, indent=1))
     os.replace(tmp, Path(run_dir) / ENDPOINT_FILE)
 
 
@@ -54,6 +56,7 @@ def read(run_dir: Path) -> Endpoint | None:
             return None
         data = json.loads(path.read_text())
         models = tuple(ServedModel(str(m["name"]), str(m["label"]), str(m["source_key"])) for m in data["models"])
-        return Endpoint(url=str(data["url"]), models=models, engine=str(data["engine"]), pid=int(data["pid"]))
+        return Endpoint(url=str(data["url"]), models=models, engine=str(data["engine"]), pid=int(data["pid"]),
+                        share_url=str(data.get("share_url") or data["url"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -259,8 +259,12 @@ class ServeWorker:
 
     def announce(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
         url = f"http://{public_host(spec.host)}:{port}/v1"
+        # Bound to every interface: teammates use this machine's name (url stays the loopback one for us).
+        wildcard = spec.host in ("0.0.0.0", "::")
+        share_url = f"http://{socket.getfqdn()}:{port}/v1" if wildcard else url
         models = [{"name": n, "label": r.label, "source_key": r.source.key} for n, r in zip(names, resolved)]
-        endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid())
+        endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid(),
+                            share_url=share_url)
         self.log(f"serving at {url}: {', '.join(names)}")
         self.events.emit(ev.ServeReadyEvent(url=url, models={m["name"]: m["label"] for m in models},
                                             engine=self.engine))
@@ -289,11 +293,13 @@ class ServeWorker:
         self.events.emit(ev.StatusEvent(status=status.value, phase=phase, engine=self.engine))
 
     def fail(self, exc: BaseException) -> None:
-        known = isinstance(exc, (SourceError, PortInUse, OSError)) and not isinstance(exc, MemoryError)
-        message = str(exc) if known and str(exc) else f"{type(exc).__name__}: {exc}"
         if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
-            message = f"not enough memory to load the models ({type(exc).__name__}): serve fewer sources at once, " \
-                      "or stop a run that holds the memory"
+            message = (f"not enough memory to load the models ({type(exc).__name__}): serve fewer sources at once, "
+                       "or stop the job that holds the memory")
+        elif isinstance(exc, (SourceError, OSError, RuntimeError)) and str(exc):
+            message = str(exc)  # ours name what and the fix (a missing run, a port in use, vLLM exiting)
+        else:
+            message = f"{type(exc).__name__}: {exc}"
         tb = "".join(traceback.format_exception(exc))
         print(tb, file=sys.stderr, flush=True)
         self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
@@ -309,14 +315,20 @@ class ServeWorker:
 
 def build_transformers_app(device: str):
     """transformers serve's own FastAPI app (as ``transformers serve`` builds it), every model kept loaded."""
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
-    from transformers.cli.serving.utils import GenerationState
+    import transformers
+
+    try:
+        from transformers.cli.serving.chat_completion import ChatCompletionHandler
+        from transformers.cli.serving.completion import CompletionHandler
+        from transformers.cli.serving.model_manager import ModelManager
+        from transformers.cli.serving.response import ResponseHandler
+        from transformers.cli.serving.server import build_server
+        from transformers.cli.serving.systemone import SystemOneHandler
+        from transformers.cli.serving.transcription import TranscriptionHandler
+        from transformers.cli.serving.utils import GenerationState
+    except ImportError as exc:
+        raise RuntimeError(f"transformers {transformers.__version__} has no usable serving app ({exc}): install "
+                           "'transformers[serving]>=5.24', or the vllm extra on a CUDA host") from None
 
     # float32 on CPU: bf16 matmuls are slow there, and the merged adapters are float32 (same answers).
     manager = ModelManager(device=device, dtype="float32" if device == "cpu" else "auto", model_timeout=-1)
