@@ -273,9 +273,9 @@ if user_text:
     if message_errors:
         st.error(f"**message**: {safe(message_errors[0].message)}", icon="🚫")
     else:
+        batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling)
         st.session_state[BATCH] = {"kind": "chat", "user": user_text, "system": system, "sampling": sampling,
-                                   "batch": pg.chat_batch(
-            state.url, server["key"], loaded, system, turns, user_text, sampling)}
+                                   "batch": batch}
         st.rerun()
 
 # ====================================================================== 4. prompt sets
