@@ -56,10 +56,12 @@ def free_port() -> int:
 
 
 class StreamlitServer:
-    """``streamlit run streamlit_app.py`` in its own process group, logging to ``log_path``."""
+    """``streamlit run streamlit_app.py`` (through ``python -m ui.serve``, or ``module``, a test's wrapper of it)
+    in its own process group, logging to ``log_path``."""
 
-    def __init__(self, root: Path, env: dict[str, str], log_path: Path, port: int | None = None):
-        self.root, self.env, self.log_path = root, env, log_path
+    def __init__(self, root: Path, env: dict[str, str], log_path: Path, port: int | None = None,
+                 module: str = "ui.serve"):
+        self.root, self.env, self.log_path, self.module = root, env, log_path, module
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -67,7 +69,7 @@ class StreamlitServer:
     def start(self, timeout: float = 60) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ui.serve", "--server.port", str(self.port),
+                [sys.executable, "-m", self.module, "--server.port", str(self.port),
                  "--server.address", "127.0.0.1", "--server.headless", "true",
                  "--browser.gatherUsageStats", "false"],
                 cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

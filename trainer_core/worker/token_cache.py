@@ -171,3 +171,9 @@ def _save(dataset: Dataset, folder: Path) -> None:
         os.replace(tmp, folder)
     except OSError:  # another process stored the same key first: theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The ids a chat model is asked with: ``messages`` through the chat template training uses, with the
+    assistant's turn opened (the Playground's "Show prompt")."""
+    return _chat_ids(tokenizer, messages, add_generation_prompt=True)
