@@ -110,7 +110,7 @@ def main() -> int:
     job_id, key = orch.start_server([ModelSource(model=BUNDLED_MODEL)], idle_timeout_s=0)
     port = free_port()
     engine = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(folder), str(port)], env=env,
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     bare = subprocess.Popen([sys.executable, "-c", BARE, str(folder), str(args.tokens), json.dumps(PROMPT)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -152,6 +152,8 @@ def main() -> int:
         for r in range(args.rounds):
             for side in order[r % 3:] + order[:r % 3]:
                 results[side].append(sides[side]())
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{s} ttft {results[s][-1][0] * 1000:.0f} ms" for s in order), file=sys.stderr, flush=True)
         texts = {side: {row[3] for row in rows} for side, rows in results.items()}
         tokens = results["a"][0][2]
         print(f"{args.rounds} interleaved rounds, {tokens} greedy tokens, bundled SmolLM2-135M float32 on CPU")

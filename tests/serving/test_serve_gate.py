@@ -151,6 +151,12 @@ def test_prompt_longer_than_the_context_is_400_and_max_tokens_fits_the_rest(mode
     counts["tokens"] = 2000
     assert client.post("/v1/chat/completions", headers=AUTH, json=body).status_code == 200
     assert inner.seen[-1][3]["max_tokens"] == 48
+    unnamed = {"model": "tuned", "messages": []}
+    assert client.post("/v1/chat/completions", headers=AUTH, json=unnamed).status_code == 200
+    assert inner.seen[-1][3]["max_tokens"] == 48  # the engine's default (1,024) would not fit either
+    counts["tokens"] = 10
+    assert client.post("/v1/chat/completions", headers=AUTH, json=unnamed).status_code == 200
+    assert "max_tokens" not in inner.seen[-1][3]  # room enough: the engine's own default stands
 
 
 def test_activity_counts_only_authorized_requests(model_dir):

@@ -17,12 +17,13 @@ from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobspec import ModelSource, read_spec
+from trainer_core.protocol import control
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.spec import ServeSpec, hash_key, served_names, vllm_fits
-from trainer_core.worker.serve import public_host, vllm_command
+from trainer_core.worker.serve import ServeWorker, public_host, vllm_command
 
 BASE = ModelSource(model=BUNDLED_MODEL)
 HASH = hash_key("k")
@@ -248,3 +249,37 @@ def test_cli_bad_input(cli_runs, capsys, argv, message):
     assert err.startswith(message), err
     assert "Traceback" not in err
     assert {r.kind for r in cli_runs.list_runs()} == {JobKind.TRAIN}  # no serve job was recorded
+
+
+@pytest.mark.parametrize("action,idle,expected", [
+    (None, 6.0, (RunStatus.COMPLETED, "no request for 5 s")),
+    (control.Action.STOP, 0.0, (RunStatus.STOPPED, "stopped on request")),
+    (control.Action.CANCEL, 0.0, (RunStatus.CANCELLED, "cancelled")),
+])
+def test_the_watch_ends_the_server_on_request_or_idle(tmp_path, action, idle, expected):
+    worker = ServeWorker(tmp_path)
+    if action is not None:
+        control.request(tmp_path, action)
+    stopped = []
+    worker.watch(ServeSpec(idle_timeout_s=5), lambda: idle, lambda: stopped.append(True))
+    assert worker.end_reason == expected and stopped == [True]
+    worker.events.close()
+    assert [e.phase for e in ev.read_new(tmp_path / "events.jsonl", 0)[0]] == [f"shutting down: {expected[1]}"]
+
+
+def test_the_watch_never_ends_an_idle_server_without_timeout(tmp_path):
+    worker = ServeWorker(tmp_path)
+    ticks = []
+
+    class Clock:  # the watch's wait between checks: the third one brings a Stop request
+        def wait(self, timeout):
+            ticks.append(timeout)
+            if len(ticks) == 3:
+                control.request(tmp_path, control.Action.STOP)
+            return False
+
+    worker._done = Clock()
+    worker.watch(ServeSpec(idle_timeout_s=0), lambda: 10_000.0, lambda: None)
+    assert len(ticks) == 3  # two checks of an idle server (idle for hours) did not end it
+    assert worker.end_reason == (RunStatus.STOPPED, "stopped on request")
+    worker.events.close()

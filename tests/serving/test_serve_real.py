@@ -91,6 +91,14 @@ def test_requests_without_the_key_are_refused(server):
     assert list_models(endpoint.url, key) == ["smollm2-135m-instruct", "style-run", "style-run-step5"]
 
 
+def test_a_prompt_longer_than_the_context_is_a_400(server):
+    _, _, key, endpoint, _ = server
+    long = [{"role": "user", "content": "word " * 9000}]  # the bundled model reads 8,192 tokens
+    with pytest.raises(ServeError, match=r"refused the request \(400\): the prompt has 9,0\d\d tokens but "
+                                         r"style-run reads at most 8,192"):
+        list(stream_chat(endpoint.url, key, "style-run", long, Sampling(max_new_tokens=4)))
+
+
 def test_the_adapter_changes_the_answer_and_the_checkpoint_is_that_adapter(server):
     _, _, key, endpoint, _ = server
     answers = {}

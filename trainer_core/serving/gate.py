@@ -36,6 +36,7 @@ ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completi
 # transformers serve rejects these OpenAI fields (it always reports usage in the last chunk).
 TRANSFORMERS_DROPPED = ("stream_options",)
 SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty")
+ENGINE_DEFAULT_MAX_TOKENS = 1024  # transformers serve's answer length when a request names none
 
 
 @dataclass
@@ -224,7 +225,8 @@ class KeyGate:
                                      "context_length_exceeded")
             wanted = body.get("max_completion_tokens", body.get("max_tokens"))
             room = context - prompt
-            if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted > room:
+            asked = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else ENGINE_DEFAULT_MAX_TOKENS
+            if asked > room:  # the answer may only fill what the context leaves
                 body = {**body, "max_tokens": room}
                 body.pop("max_completion_tokens", None)
         if not self.config.translate_sampling:

@@ -125,6 +125,8 @@ class ServeWorker:
                 self.serve_vllm(spec, resolved, names, port)
             else:
                 self.serve_transformers(spec, resolved, names, sock)
+            if self.end_reason is None and self.sigterm.is_set():  # uvicorn re-raises SIGTERM after its shutdown
+                self.end_reason = (RunStatus.CANCELLED, "terminated (SIGTERM)")
             status, reason = self.end_reason or (RunStatus.COMPLETED, "the server ended")
             self.log(f"finished: {status.value} ({reason})")
             self.events.emit(ev.CompleteEvent(status=status.value))
