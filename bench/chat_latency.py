@@ -87,12 +87,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (OMP_NUM_THREADS); 1 on a small shared machine, where "
+                             "idle OpenMP threads of the other sides stall the one being measured")
     parser.add_argument("--models", default=str(ROOT / ".test-cache" / "models"),
                         help="converted-model cache (FINETUNE_STUDIO_MODELS) holding SmolLM2-135M-Instruct")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="chat-latency-"))
     os.environ.update(FINETUNE_STUDIO_HOME=str(home), FINETUNE_STUDIO_MODELS=args.models,
-                      FINETUNE_STUDIO_FORCE_CPU="1")
+                      FINETUNE_STUDIO_FORCE_CPU="1", OMP_NUM_THREADS=str(args.threads))  # every side inherits it
     os.environ.pop("DATABASE_URL", None)
 
     from db.store import Store
@@ -107,7 +110,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     orch = Orchestrator(store=Store())
-    job_id, key = orch.start_server([ModelSource(model=BUNDLED_MODEL)], idle_timeout_s=0)
+    job_id, key = orch.start_server([ModelSource(model=BUNDLED_MODEL)], idle_timeout_s=600)  # ends if we are killed
     port = free_port()
     engine = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(folder), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -156,7 +159,8 @@ def main() -> int:
                 f"{s} ttft {results[s][-1][0] * 1000:.0f} ms" for s in order), file=sys.stderr, flush=True)
         texts = {side: {row[3] for row in rows} for side, rows in results.items()}
         tokens = results["a"][0][2]
-        print(f"{args.rounds} interleaved rounds, {tokens} greedy tokens, bundled SmolLM2-135M float32 on CPU")
+        print(f"{args.rounds} interleaved rounds, {tokens} greedy tokens, bundled SmolLM2-135M float32 on CPU, "
+              f"{args.threads} torch thread(s) per process")
         med = {}
         for side, label in (("a", "studio (client -> serve job + gate)"), ("b", "engine direct (transformers serve)"),
                             ("c", "bare model.generate + streamer")):
