@@ -101,3 +101,21 @@ class EventRecord:
     @classmethod
     def from_row(cls, row: RunEvent) -> "EventRecord":
         return cls(run_id=row.run_id, ts=row.ts, kind=row.kind, message=row.message, id=row.id)
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """One published export artifact (see db.models.Artifact)."""
+
+    job_id: str
+    path: str
+    source_run_id: str = ""
+    kind: str = ""
+    detail: str = ""
+    size: int = 0
+    sha256: str = ""
+    created_at: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ArtifactRecord":
+        return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})

@@ -4,6 +4,7 @@
     python -m trainer_core validate --config run.yaml
     python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
+    python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
@@ -322,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     db_sub.add_parser("rebuild", help="move the database aside (kept, never deleted) and rebuild it from every "
                                       "run folder's config.yaml, journal.jsonl and events.jsonl")
     db.set_defaults(func=cmd_db)
+    from trainer_core import cli_export  # `export RUN --to ...` (issue 11): its own module
+
+    cli_export.add_parser(sub).set_defaults(func=lambda args: cli_export.cmd_export(args, _find, cli_actor))
     args = parser.parse_args(argv)
     try:
         return args.func(args)

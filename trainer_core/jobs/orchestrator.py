@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterable
 
 import pandas as pd
 
-from db.entities import EventRecord, RunRecord
+from db.entities import ArtifactRecord, EventRecord, RunRecord
 from db.store import Store
 from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
@@ -526,6 +526,11 @@ class Orchestrator:
     def _is_tracked(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._tracked
+
+    # ================================================================== export artifacts
+    def artifacts(self, source_run_id: str | None = None, job_id: str | None = None) -> list[ArtifactRecord]:
+        """Published export artifacts of a run's exports (or of one export job), newest first."""
+        return self.store.artifacts(job_id=job_id, source_run_id=source_run_id)
 
 
 # ====================================================================== helpers

@@ -83,6 +83,7 @@ class Tracker:
     log: ev.LogFollower | None = None  # reads events.jsonl through its own descriptor (see LogFollower)
     losses: dict = field(default_factory=dict)  # step -> train loss of this run: its History sparkline
     sparkline_stale: bool = False
+    artifacts: list = field(default_factory=list)  # export artifact rows not yet stored
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -114,6 +115,9 @@ def flush(t: Tracker, store: Store) -> None:
     if t.sparkline_stale:
         t.run_values["sparkline"] = json.dumps(thin(list(t.losses.values()), SPARKLINE_POINTS))
         t.sparkline_stale = False
+    if t.artifacts:  # before the offset moves past their lines (a replay only replaces the same rows)
+        store.add_artifacts(t.artifacts)
+        t.artifacts = []
     rows = t.buffer.take()
     store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
     t.timeline, t.run_values, t.urgent = [], {}, False
@@ -224,6 +228,24 @@ def on_log_problem(t: Tracker, problem: str) -> None:
     t.urgent = True
 
 
+# ---- export jobs
+def _on_artifact(t: Tracker, e: ev.ArtifactEvent) -> None:
+    t.artifacts.append(dict(job_id=t.run_id, path=e.path, source_run_id=e.source_run_id, kind=e.artifact,
+                            detail=e.detail, size=e.size, sha256=e.sha256, created_at=e.ts))
+    t.timeline.append((e.ts, "artifact", f"{e.artifact}{' ' + e.detail if e.detail else ''}: {e.path} "
+                                         f"({e.size:,} bytes, sha256 {e.sha256[:12]}…)"))
+    t.urgent = True
+
+
+def _on_verify(t: Tracker, e: ev.VerifyEvent) -> None:
+    text = f"verify {e.format}: {e.identical}/{e.total} answers identical to the adapter's"
+    if e.identical < e.total:
+        text += f"; first difference: {e.first_difference}"
+        t.live.add_warning(text)
+    t.timeline.append((e.ts, "verify", text))
+    t.urgent = True
+
+
 Handler = Callable[[Tracker, Any], None]
 # Every kind of job reports its state, warnings, its outcome and that it is alive the same way.
 LIFECYCLE: dict[str, Handler] = {
@@ -235,7 +257,7 @@ HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint},
     JobKind.SERVE: {**LIFECYCLE},
     JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress},
-    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
+    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress, "artifact": _on_artifact, "verify": _on_verify},
 }
 
 

@@ -12,4 +12,5 @@ from trainer_core.protocol.status import JobKind
 
 ENTRY_POINTS: dict[JobKind, str] = {
     JobKind.TRAIN: "trainer_core.worker.train",
+    JobKind.EXPORT: "trainer_core.worker.export",
 }
