@@ -12,6 +12,7 @@ from trainer_core.protocol.status import RunStatus
 from trainer_core.run_rules import run_name
 from ui import format as fmt
 from ui.entry import require_entrypoint
+from ui.export_panel import render_export
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
@@ -128,3 +129,5 @@ with config_tab:
     json_col.download_button("Download JSON", json.dumps(config, indent=2), file_name=f"{run.id}.json",
                              mime="application/json", icon="⬇️")
     st.caption(f"Output folder: {code(run.output_dir)}" if run.output_dir else "No output folder.")
+
+render_export(orch, run)  # issue 11: export the run's model (its own module)

@@ -532,6 +532,10 @@ class Orchestrator:
         """Published export artifacts of a run's exports (or of one export job), newest first."""
         return self.store.artifacts(job_id=job_id, source_run_id=source_run_id)
 
+    def export_jobs(self, run_id: str) -> list[RunRecord]:
+        """The export jobs started on a run's model, newest first."""
+        return [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.EXPORT]
+
 
 # ====================================================================== helpers
 def _authorize(actor: access.Actor | None, action: access.Action, owner: str) -> None:

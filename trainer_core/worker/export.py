@@ -263,7 +263,7 @@ class ExportWorker:
             return [f"push_repo_id: a hub push needs a write token in {HUB_TOKEN_ENV}; set it, or leave the repo "
                     "id empty"]
         from huggingface_hub import HfApi
-        from huggingface_hub.utils import is_offline_mode
+        from huggingface_hub import is_offline_mode
 
         if is_offline_mode():
             return ["push_repo_id: the hub is switched off here (HF_HUB_OFFLINE is set): unset it, or leave the "
