@@ -51,6 +51,10 @@ def quant_help() -> str:
 
 
 def render_export(orch: Orchestrator, run: RunRecord) -> None:
+    if run.kind is JobKind.EXPORT:  # the export job's own page: its artifacts and verify results
+        st.subheader("Artifacts")
+        _job(orch, run)
+        return
     if run.kind is not JobKind.TRAIN:
         return
     st.subheader("Export")

@@ -72,3 +72,9 @@ def test_starting_an_export_with_bad_input_names_the_field(exported):
 def test_sizes_and_copy_commands_are_plain():
     assert (size_text(512), size_text(2_346_502), size_text(144_810_848)) == ("512 B", "2.35 MB", "145 MB")
     assert copy_command("/data/my run/x.gguf") == "cp '/data/my run/x.gguf' ."
+
+
+def test_the_export_jobs_own_page_lists_its_artifacts(exported):
+    at = open_page("pages/run.py", detail_run_id=JOB)
+    assert "Artifacts" in [s.value for s in at.subheader] and "Export" not in [s.value for s in at.subheader]
+    assert [b.label for b in at.get("download_button") if "tone" in b.label] == ["Download tone-adapter.zip"]
