@@ -146,6 +146,12 @@ def test_verify_settings_are_checked(run):
     assert errors(spec(targets=["merged"], max_new_tokens=0))["max_new_tokens"] == "a whole number from 1 to 256"
 
 
+def test_fields_of_the_wrong_type_are_named(run):
+    assert errors(spec(targets=["adapter"], push_repo_id=7, verify="yes")) == {"push_repo_id": "text",
+                                                                              "verify": "true or false"}
+    assert errors(spec(targets="adapter"))["targets"] == "choose at least one of adapter, merged, gguf"
+
+
 def test_the_spec_round_trips_through_job_json(run):
     original = spec(targets=["adapter", "gguf"], quantizations=["bf16"], out_dir="", verify=False)
     job = paths.run_dir("20260102-100001-aaaaaa")

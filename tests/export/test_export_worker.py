@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.export_support import make_run
-from tests.support import ROOT, build_tiny_model, run_python
+from tests.support import ROOT, run_python
 from trainer_core import jobspec, promptsets
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.export import tools
@@ -87,7 +87,7 @@ def tiny_env(home, tiny_model, monkeypatch):
     return {"FINETUNE_STUDIO_ALLOWED_ROOTS": f"{home.parent}:{ROOT / '.test-cache'}"}
 
 
-def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env, tiny_model, home, monkeypatch):
+def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env, tiny_model):
     run = make_run("20260103-100000-aaaaaa", str(tiny_model))
     source = ModelSource(run_id=run.name)
 
@@ -117,7 +117,7 @@ def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env
     job = new_job("20260103-100004-broken", ExportSpec(source=ModelSource(run_id=run.name), targets=["gguf"],
                                                        prompt_set="quick-check", max_new_tokens=2))
     rc, events, _ = run_scenario("broken-gguf", job, tiny_env)
-    assert rc == 1 and events[-1].message.startswith(f"the GGUF {run.name and 'export-test-bbbbbb'}-q8_0.gguf "
+    assert rc == 1 and events[-1].message.startswith("the GGUF export-test-bbbbbb-q8_0.gguf "
                                                      "cannot be loaded back (")
     assert events[-1].message.endswith("the export failed and nothing was published")
     assert leftovers(job) == [] and not [e for e in events if e.kind == "artifact"]

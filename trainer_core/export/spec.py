@@ -77,6 +77,13 @@ class ExportSpec(JobSpec):
     def validate(self) -> list[FieldError]:
         errors = super().validate()
         bad = lambda name, message: errors.append(FieldError(name, message))  # noqa: E731
+        wrong = [(n, t) for n, t in (("merged_dtype", str), ("out_dir", str), ("prompt_set", str),
+                                     ("push_repo_id", str), ("verify", bool), ("push_private", bool))
+                 if not isinstance(getattr(self, n), t)]
+        for name, kind in wrong:  # a job.json edited by hand: name the field instead of failing on it below
+            bad(name, "true or false" if kind is bool else "text")
+        if wrong:
+            return errors
         if self.source.is_base:
             bad("source", "export works on a trained model: pick a run (its final model) or one of its checkpoints, "
                           "not a base model")
