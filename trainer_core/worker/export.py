@@ -10,6 +10,7 @@ Stop publishes the artifacts finished so far (with their card), Cancel publishes
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -397,12 +398,21 @@ class ExportWorker:
             answers = [generate(model, tok, p, plan.spec.max_new_tokens) for p in prompts]
             del model
             result = compare(label, prompts, reference, answers, tokenizer)
-            plan.verify.append(result)
-            self.events.emit(ev.VerifyEvent(**result))
-            self.log(f"verify {label}: {result['identical']}/{result['total']} identical")
-            if result["identical"] < result["total"]:
-                self.warn(f"{label} drifts from the adapter: {result['identical']}/{result['total']} greedy answers "
-                          f"identical; first difference: {result['first_difference']}")
+            self.report_verify(plan, result)
+            if gguf_file is not None and has_llama_cpp():
+                texts = [tokenizer.decode(r, skip_special_tokens=True) for r in reference]
+                self.check_control()
+                answers = llama_cpp_answers(folder / gguf_file, [chat_prompt(tok, p) for p in prompts],
+                                            plan.spec.max_new_tokens)
+                self.report_verify(plan, compare_texts(f"{label} (llama.cpp)", prompts, texts, answers))
+
+    def report_verify(self, plan: Plan, result: dict) -> None:
+        plan.verify.append(result)
+        self.events.emit(ev.VerifyEvent(**result))
+        self.log(f"verify {result['format']}: {result['identical']}/{result['total']} identical")
+        if result["identical"] < result["total"]:
+            self.warn(f"{result['format']} drifts from the adapter: {result['identical']}/{result['total']} greedy "
+                      f"answers identical; first difference: {result['first_difference']}")
 
     # ------------------------------------------------------------------ card, publish, push
     def write_card(self, plan: Plan) -> None:
@@ -502,12 +512,16 @@ class ExportWorker:
             self.events.emit(ev.HeartbeatEvent(pid=pid))
 
 
+def chat_prompt(tokenizer, prompt: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
 def generate(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
     """Greedy answer token ids to ``prompt`` under the tokenizer's chat template."""
     import torch
 
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = chat_prompt(tokenizer, prompt)
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
@@ -528,6 +542,42 @@ def compare(label: str, prompts: list[str], reference: list[list[int]], answers:
         got_tok = tokenizer.decode(a[at:at + 1]) if at < len(a) else "(end)"
         first = f"prompt {i + 1} ({prompts[i][:40]!r}), token {at + 1}: adapter {ref_tok!r}, {label} {got_tok!r}"
         break
+    return dict(format=label, identical=identical, total=len(reference), first_difference=first)
+
+
+def has_llama_cpp() -> bool:
+    """The optional ``llamacpp`` extra: xllamacpp, a prebuilt llama.cpp runtime (what Ollama and LM Studio run)."""
+    return importlib.util.find_spec("xllamacpp") is not None
+
+
+def llama_cpp_answers(gguf: Path, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy completions of already chat-formatted ``prompts`` by llama.cpp itself (xllamacpp)."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(gguf)
+    params.n_ctx = 2048
+    params.n_predict = max_new_tokens
+    try:
+        server = xllamacpp.Server(params)
+        results = [server.handle_completions({"prompt": p, "n_predict": max_new_tokens, "temperature": 0.0,
+                                              "top_k": 1, "cache_prompt": False}) for p in prompts]
+        return [r["choices"][0]["text"] for r in results]
+    except Exception as exc:  # noqa: BLE001 - llama.cpp refusing the file fails the export, with its reason
+        raise ExportError(f"llama.cpp cannot run the GGUF {gguf.name} ({type(exc).__name__}: {str(exc)[:300]}): "
+                          "the export failed and nothing was published") from None
+
+
+def compare_texts(label: str, prompts: list[str], reference: list[str], answers: list[str]) -> dict:
+    """VerifyEvent fields for a runtime that returns text: identical answers, and where the first one parts."""
+    identical = sum(a == r for a, r in zip(answers, reference))
+    first = ""
+    for i, (a, r) in enumerate(zip(answers, reference)):
+        if a != r:
+            at = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
+            first = (f"prompt {i + 1} ({prompts[i][:40]!r}), character {at + 1}: adapter {r[at:at + 12]!r}, "
+                     f"{label} {a[at:at + 12]!r}")
+            break
     return dict(format=label, identical=identical, total=len(reference), first_difference=first)
 
 
