@@ -350,6 +350,8 @@ class ExportWorker:
         lines = [line for line in output.splitlines() if line.strip()]
         print("\n".join(lines[-200:]), flush=True)
         if done.returncode != 0:
+            if self.sigterm.is_set():  # the watchdog's SIGTERM reached the tool too (same process group)
+                raise Interrupted(control.Action.CANCEL)
             tail = "\n".join(lines[-CONVERTER_LOG_LINES:])
             raise ExportError(f"{name} failed (exit code {done.returncode}); its last lines:\n{tail}")
 
