@@ -193,12 +193,20 @@ def test_end_to_end_merged_and_gguf_answer_like_the_adapter(studio, capsys):
     verify = json.loads((folder / "verify.json").read_text())
     with capsys.disabled():
         print("\nexport verify agreement:", "; ".join(f"{v['format']} {v['identical']}/{v['total']}" for v in verify))
-    expected = [("merged", 2, 2), ("gguf q8_0", 2, 2)]
-    if importlib.util.find_spec("xllamacpp") is not None:  # the llamacpp extra: the GGUF run by llama.cpp too
-        expected.append(("gguf q8_0 (llama.cpp)", 2, 2))
-    assert [(v["format"], v["identical"], v["total"]) for v in verify] == expected
+    assert [(v["format"], v["identical"], v["total"]) for v in verify[:2]] == [("merged", 2, 2), ("gguf q8_0", 2, 2)]
     timeline = [e.message for e in studio.events(job_id) if e.kind == "verify"]
-    assert timeline == [f"verify {f}: {i}/{t} answers identical to the adapter's" for f, i, t in expected]
+    assert timeline[:2] == ["verify merged: 2/2 answers identical to the adapter's",
+                            "verify gguf q8_0: 2/2 answers identical to the adapter's"]
+    if importlib.util.find_spec("xllamacpp") is not None:  # the llamacpp extra: the GGUF run by llama.cpp too
+        # llama.cpp multiplies q8_0 weights with q8_0-quantized activations: it may drift where transformers'
+        # dequantized fp32 does not; drift must then be a warning naming the first difference.
+        [llama] = verify[2:]
+        assert (llama["format"], llama["total"]) == ("gguf q8_0 (llama.cpp)", 2)
+        if llama["identical"] < 2:
+            assert f"gguf q8_0 (llama.cpp) drifts from the adapter: {llama['identical']}/2 greedy answers identical; " \
+                   f"first difference: {llama['first_difference']}" in snap.warnings
+    else:
+        assert len(verify) == 2
     assert artifacts["Modelfile"].detail == "chatml" and "FROM ./export-test-eeeeee-q8_0.gguf" in \
         (folder / "Modelfile").read_text()
     card = (folder / "README.md").read_text()
