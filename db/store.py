@@ -196,18 +196,18 @@ class Store:
             return RunRecord.from_row(row) if row is not None else None
 
     def list_runs(self, limit: int = 500, offset: int = 0, search: str = "",
-                  owners: list[str] | None = None) -> list[RunRecord]:
+                  owners: list[str] | None = None, kinds: list[str] | None = None) -> list[RunRecord]:
         """Runs newest first, ``limit`` from ``offset``; ``search`` is a case-insensitive part of the id, name,
-        model, dataset or method; ``owners``, when given, keeps the runs these users started. Rows come
-        without config_json and log_tail (read them with get_run)."""
-        query = self._search(select(Run), search, owners).order_by(col(Run.created_at).desc(), col(Run.id).desc())
+        model, dataset or method; ``owners``, when given, keeps the runs these users started, ``kinds`` the jobs
+        of these kinds. Rows come without config_json and log_tail (read them with get_run)."""
+        query = self._search(select(Run), search, owners, kinds).order_by(col(Run.created_at).desc(), col(Run.id).desc())
         query = query.options(defer(Run.config_json, raiseload=True), defer(Run.log_tail, raiseload=True))
         with Session(self.engine) as session:
             return [RunRecord.from_row(row) for row in session.exec(query.offset(offset).limit(limit))]
 
-    def count_runs(self, search: str = "", owners: list[str] | None = None) -> int:
+    def count_runs(self, search: str = "", owners: list[str] | None = None, kinds: list[str] | None = None) -> int:
         with Session(self.engine) as session:
-            return int(session.exec(self._search(select(func.count()).select_from(Run), search, owners)).one())
+            return int(session.exec(self._search(select(func.count()).select_from(Run), search, owners, kinds)).one())
 
     def run_ids(self) -> set[str]:
         """The id of every run the database knows."""
@@ -236,9 +236,11 @@ class Store:
             return [RunRecord.from_row(row) for row in rows]
 
     @staticmethod
-    def _search(query, search: str, owners: list[str] | None = None):
+    def _search(query, search: str, owners: list[str] | None = None, kinds: list[str] | None = None):
         if owners:
             query = query.where(col(Run.owner).in_(owners))
+        if kinds:
+            query = query.where(col(Run.kind).in_([str(k) for k in kinds]))
         search = search.strip().lower()
         if not search:
             return query

@@ -10,7 +10,7 @@ import streamlit as st
 
 from trainer_core.access import Action, allowed
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_name
 from ui import format as fmt
 from ui.auth import current_actor
@@ -57,18 +57,20 @@ if queue:
     st.divider()
 
 # ---------------------------------------------------------------------- the table
-search_col, owner_col, page_col, count_col = st.columns([3, 2, 1, 2], vertical_alignment="bottom")
+search_col, owner_col, kind_col, page_col, count_col = st.columns([3, 2, 2, 1, 2], vertical_alignment="bottom")
 search = search_col.text_input("Search runs", key="history_search", placeholder="name, id, model, dataset or method")
 owners = orch.run_owners()
 shown_owners = owner_col.multiselect("Started by", owners, key="history_owners", placeholder="Everyone",
                                      help="Show only the runs these people started.") if owners else []
-total = orch.count_runs(search, shown_owners)
+shown_kinds = kind_col.multiselect("Kind", list(JobKind), format_func=lambda k: k.label, key="history_kinds",
+                                   placeholder="Every kind", help="Training runs, model servers, evaluations, exports.")
+total = orch.count_runs(search, shown_owners, shown_kinds)
 pages = max(1, math.ceil(total / PAGE_SIZE))
 if st.session_state.get("history_page", 1) > pages:  # fewer matches than before: stay on a page that exists
     st.session_state["history_page"] = pages
 page = page_col.number_input("Page", min_value=1, max_value=pages, step=1, key="history_page")
 first = (page - 1) * PAGE_SIZE
-runs = orch.list_runs(limit=PAGE_SIZE, offset=first, search=search, owners=shown_owners)
+runs = orch.list_runs(limit=PAGE_SIZE, offset=first, search=search, owners=shown_owners, kinds=shown_kinds)
 count_col.caption(f"Runs {first + 1:,} to {first + len(runs):,} of {total:,}" if runs else "No run matches.")
 by_id = {r.id: r for r in runs}
 missing_parents = [r.parent_run_id for r in runs if r.parent_run_id and r.parent_run_id not in by_id]
@@ -81,7 +83,7 @@ table = pd.DataFrame([{
     "id": r.id,
     "name": run_name(r),
     "owner": r.owner,
-    "status": fmt.status_badge(r.status),
+    "status": fmt.status_badge(r.status, r.kind),
     "alerts": f"⚠️ {alerts[r.id]}" if alerts.get(r.id) else "",
     "model": r.model,
     "dataset": r.dataset,

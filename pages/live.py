@@ -5,7 +5,7 @@ import streamlit as st
 
 from trainer_core.access import Action, allowed
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
@@ -24,7 +24,7 @@ def _chosen_run_id() -> str | None:
     for candidate in (st.session_state.get("live_run_id"), orch.active_run_id()):
         if candidate and orch.get_run(candidate) is not None:
             return candidate
-    runs = orch.list_runs(limit=1)
+    runs = orch.list_runs(limit=1, kinds=[JobKind.TRAIN])  # serve/eval/export jobs have their own pages
     return runs[0].id if runs else None
 
 

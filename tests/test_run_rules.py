@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainer_core.run_rules import can_resume, run_labels, run_name
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 
 
@@ -21,7 +21,7 @@ def test_resume_is_offered_for_runs_that_ended_without_completing(status, offere
 
 
 def run(run_id: str, name: str, status: RunStatus = RunStatus.COMPLETED) -> SimpleNamespace:
-    return SimpleNamespace(id=run_id, name=name, status=status.value, created_at=0.0)
+    return SimpleNamespace(id=run_id, name=name, status=status.value, created_at=0.0, kind=JobKind.TRAIN)
 
 
 def test_a_run_is_called_by_its_name_or_else_its_id():

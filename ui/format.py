@@ -6,7 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.run_rules import run_name
 
 MISSING = "—"
@@ -77,18 +77,18 @@ def steps(done: int | None, total: int | None) -> str:
     return f"{done:,} / {total:,}" if total else f"{done:,}"
 
 
-def status_badge(status: RunStatus | str) -> str:
-    """Icon and label of a status, e.g. ``"✅ Completed"``."""
+def status_badge(status: RunStatus | str, kind: JobKind = JobKind.TRAIN) -> str:
+    """Icon and label of a job's status, e.g. ``"✅ Completed"``, ``"🏃 Serving"``."""
     try:
         status = RunStatus(status)
     except ValueError:
         return f"❔ {status}"
-    return f"{status.icon} {status.label}"
+    return f"{status.icon} {kind.status_label(status)}"
 
 
 def run_choice(run) -> str:
     """A run in a picker: its name, status and creation time (History and Run details pick runs alike)."""
-    return f"{run_name(run)} · {status_badge(run.status)} · {timestamp(run.created_at)}"
+    return f"{run_name(run)} · {status_badge(run.status, run.kind)} · {timestamp(run.created_at)}"
 
 
 def ago(ts: float | None, now: float | None = None) -> str:

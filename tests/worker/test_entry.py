@@ -36,7 +36,10 @@ def test_the_kind_comes_from_the_run_folder(tmp_path):
     write_kind(tmp_path, JobKind.TRAIN)
     assert (tmp_path / KIND_FILE).read_text() == "train\n" and read_kind(tmp_path) is JobKind.TRAIN
     (tmp_path / KIND_FILE).write_text("serve\n")
-    with pytest.raises(ValueError, match=r"kind\.txt names the job kind 'serve'; known kinds: train"):
+    assert read_kind(tmp_path) is JobKind.SERVE
+    (tmp_path / KIND_FILE).write_text("<b>deploy</b>\n")
+    with pytest.raises(ValueError, match=r"kind\.txt names the job kind '<b>deploy</b>'; known kinds: "
+                                         r"train, serve, eval, export"):
         read_kind(tmp_path)
 
 

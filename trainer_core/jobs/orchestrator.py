@@ -249,12 +249,13 @@ class Orchestrator:
         """Cancel: the worker ends at the next step without saving."""
         self._request(run_id, control.Action.CANCEL, actor, access.Action.CANCEL)
 
-    def active_run_id(self) -> str | None:
+    def active_run_id(self, kind: JobKind | None = JobKind.TRAIN) -> str | None:
+        """A job with a worker now (a training run unless ``kind`` says otherwise; None: any kind)."""
         with self._lock:
             for run_id, tracked in self._tracked.items():
-                if tracked.terminal is None:
+                if tracked.terminal is None and kind in (None, tracked.kind):
                     return run_id
-        active = self.store.active_runs()
+        active = [r for r in self.store.active_runs() if kind in (None, r.kind)]
         return active[0].id if active else None
 
     def snapshot(self, run_id: str) -> LiveSnapshot | None:
@@ -266,12 +267,12 @@ class Orchestrator:
         return self._remote.snapshot(run_id)
 
     def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "",
-                  owners: list[str] | None = None) -> list[RunRecord]:
-        """A page of runs, newest first (without their config and log tail: use get_run for those)."""
-        return self.store.list_runs(limit=limit, offset=offset, search=search, owners=owners)
+                  owners: list[str] | None = None, kinds: list[JobKind] | None = None) -> list[RunRecord]:
+        """A page of jobs, newest first (without their config and log tail: use get_run for those)."""
+        return self.store.list_runs(limit=limit, offset=offset, search=search, owners=owners, kinds=kinds)
 
-    def count_runs(self, search: str = "", owners: list[str] | None = None) -> int:
-        return self.store.count_runs(search, owners)
+    def count_runs(self, search: str = "", owners: list[str] | None = None, kinds: list[JobKind] | None = None) -> int:
+        return self.store.count_runs(search, owners, kinds)
 
     def run_owners(self) -> list[str]:
         return self.store.run_owners()

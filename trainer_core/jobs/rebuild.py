@@ -26,6 +26,7 @@ from typing import IO, Iterator
 from db import users
 from db.entities import RunRecord
 from db.store import Store, default_url
+from trainer_core import jobspec
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun
@@ -83,10 +84,10 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
 
 
 def unknown_run_folders(store: Store) -> list[str]:
-    """Run folders (with a config.yaml) the database does not know and that were not deleted from History:
+    """Job folders (with a config.yaml or job.json) the database does not know and that were not deleted from History:
     a database that was deleted (SQLite recreates it empty) or replaced. Empty when all is well."""
     settled = time.time() - CREATING_S
-    folders = [p for p in _run_folders() if (p / "config.yaml").stat().st_mtime < settled]
+    folders = [p for p in _run_folders() if _job_file(p).stat().st_mtime < settled]
     if not folders:
         return []
     known = store.run_ids()
@@ -200,9 +201,17 @@ def _resumed_from(cfg: TrainConfig) -> tuple[str | None, int | None]:
 
 
 def _run_folders() -> list[Path]:
-    """Folders under runs/ that hold a run (a config.yaml), by name (oldest run first)."""
+    """Folders under runs/ that hold a job (a training run's config.yaml, another kind's job.json), by name
+    (oldest first)."""
     return sorted(p for p in paths.runs_dir().iterdir()
-                  if paths.RUN_ID_RE.fullmatch(p.name) and (p / "config.yaml").is_file())
+                  if paths.RUN_ID_RE.fullmatch(p.name) and _job_file(p) is not None)
+
+
+def _job_file(run_dir: Path) -> Path | None:
+    for name in ("config.yaml", jobspec.SPEC_FILE):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return None
 
 
 # ====================================================================== safety

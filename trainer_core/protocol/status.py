@@ -66,7 +66,14 @@ class JobKind(StrEnum):
     def label(self) -> str:
         return _KIND_LABELS[self]
 
+    def status_label(self, status: RunStatus) -> str:
+        """A status as people read it for a job of this kind: a running server is "Serving", not "Training"."""
+        if status is RunStatus.RUNNING:
+            return _RUNNING_LABELS[self]
+        return status.label
 
+
+_RUNNING_LABELS = {"train": "Training", "serve": "Serving", "eval": "Evaluating", "export": "Exporting"}
 _KIND_LABELS = {JobKind.TRAIN: "Training", JobKind.SERVE: "Serving", JobKind.EVAL: "Evaluation",
                 JobKind.EXPORT: "Export"}
 

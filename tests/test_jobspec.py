@@ -1,0 +1,174 @@
+"""Model sources and the generic job path (Orchestrator.submit) that serve, eval and export jobs share."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from tests.support import fake, wait_until
+from trainer_core import jobspec
+from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
+from trainer_core.jobs.launcher import WorkerLauncher
+from trainer_core.jobspec import JobSpec, ModelSource, SourceError, resolve
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus, read_kind
+
+
+def make_run(run_id: str, lora: bool = True, final: bool = True, steps: tuple[int, ...] = (), name: str = "") -> None:
+    """A training run's folder as the worker leaves it: config.yaml, the final adapter/model, checkpoints."""
+    folder = paths.run_dir(run_id)
+    folder.mkdir(parents=True)
+    cfg = TrainConfig(run_name=name, training_type="lora" if lora else "full")
+    (folder / "config.yaml").write_text(cfg.to_yaml())
+    weights = "adapter_config.json" if lora else "config.json"
+    if final:
+        (folder / ("adapter" if lora else "model")).mkdir()
+        (folder / ("adapter" if lora else "model") / weights).write_text("{}")
+    for step in steps:
+        (folder / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        (folder / "checkpoints" / f"checkpoint-{step}" / weights).write_text("{}")
+        (folder / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+
+
+# ====================================================================== sources
+@pytest.mark.parametrize("source", [ModelSource(model=BUNDLED_MODEL), ModelSource(run_id="20260101-000000-abc123"),
+                                    ModelSource(run_id="r1", checkpoint=40)])
+def test_source_key_round_trips(source):
+    assert ModelSource.from_key(source.key) == source
+    assert ModelSource.from_dict(source.to_dict()) == source
+
+
+@pytest.mark.parametrize("key", ["", "run:", "run:../etc", "run:a@b", "base:", "model:x", "run:a\x00"])
+def test_bad_source_keys_say_what_is_accepted(key):
+    with pytest.raises(SourceError, match="base:<model>, run:<id> or run:<id>@<step>"):
+        ModelSource.from_key(key)
+
+
+def test_a_base_source_needs_no_run(home):
+    resolved = resolve(ModelSource(model=BUNDLED_MODEL))
+    assert resolved.adapter_dir is None and resolved.model_dir is None
+    assert resolved.base_model == BUNDLED_MODEL and resolved.served_name == "smollm2-135m-instruct"
+
+
+def test_final_adapter_and_checkpoints_resolve_to_their_folders(home):
+    make_run("r1", steps=(10, 20), name="Support tone v2")
+    final = resolve(ModelSource(run_id="r1"))
+    assert final.adapter_dir == paths.run_dir("r1") / "adapter" and final.model_dir is None
+    assert final.served_name == "support-tone-v2" and final.label == "Support tone v2 · final"
+    step = resolve(ModelSource(run_id="r1", checkpoint=20))
+    assert step.adapter_dir == paths.run_dir("r1") / "checkpoints" / "checkpoint-20"
+    assert step.served_name == "support-tone-v2-step20"
+    assert jobspec.checkpoint_steps("r1") == [10, 20]
+
+
+def test_a_full_fine_tune_resolves_to_its_model_folder(home):
+    make_run("full1", lora=False)
+    resolved = resolve(ModelSource(run_id="full1"))
+    assert resolved.model_dir == paths.run_dir("full1") / "model" and resolved.adapter_dir is None
+
+
+def test_missing_pieces_are_named_with_the_fix(home):
+    make_run("nofinal", final=False, steps=(5,))
+    with pytest.raises(SourceError, match=r"no saved adapter yet .*pick one of its checkpoints \(5\)"):
+        resolve(ModelSource(run_id="nofinal"))
+    with pytest.raises(SourceError, match=r"no checkpoint at step 7: its checkpoints are at steps 5") as info:
+        resolve(ModelSource(run_id="nofinal", checkpoint=7))
+    assert info.value.field == "checkpoint"
+    with pytest.raises(SourceError, match="folder .* is gone"):
+        resolve(ModelSource(run_id="deleted"))
+
+
+def test_a_job_that_is_not_a_training_run_is_no_model_source(home):
+    folder = paths.run_dir("serve1")
+    folder.mkdir(parents=True)
+    (folder / "kind.txt").write_text("serve\n")
+    with pytest.raises(SourceError, match="not a training run"):
+        resolve(ModelSource(run_id="serve1"))
+
+
+# ====================================================================== submit
+@dataclass
+class ProbeSpec(JobSpec):
+    """A spec of the smallest kind: the generic path, without any kind's own fields."""
+
+    KIND: ClassVar[JobKind] = JobKind.EXPORT
+    note: str = ""
+
+    def env_names(self) -> list[str]:
+        return ["STUDIO_TEST_JUDGE_KEY", "FINETUNE_STUDIO_PASSWORD"]
+
+
+def test_submit_refuses_a_spec_with_problems(orch, home):
+    with pytest.raises(ConfigError) as info:
+        orch.submit(ProbeSpec(source=ModelSource(run_id="nothere"), name="x" * 81))
+    assert {e.field for e in info.value.errors} == {"name", "run"}
+    assert orch.list_runs() == []
+
+
+def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after_it(orch, home, monkeypatch):
+    import trainer_core.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
+    monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
+    make_run("src", steps=(2,))
+    pause = home / "go"
+    cfg = fake(monkeypatch, steps=3)
+    monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # the training run holds the device until the test says so
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(pause))
+    train_id = orch.start(cfg)
+    job_id = orch.submit(ProbeSpec(source=ModelSource(run_id="src", checkpoint=2), name="probe", note="<b>hi</b>"))
+
+    job = orch.get_run(job_id)
+    assert job.kind is JobKind.EXPORT and job.status is RunStatus.QUEUED
+    assert job.method == "Export" and job.model == "run:src@2" and job.parent_run_id == "src"
+    folder = paths.run_dir(job_id)
+    assert read_kind(folder) is JobKind.EXPORT
+    assert json.loads((folder / "job.json").read_text())["note"] == "<b>hi</b>"
+
+    monkeypatch.delenv("FAKE_PAUSE_AT")  # the job's own (fake) worker does not pause
+    pause.write_text("")
+    orch.wait(train_id, timeout=30, interval=0.05)
+    wait_until(lambda: orch.get_run(job_id).status is not RunStatus.QUEUED, what="the job left the queue")
+    orch.wait(job_id, timeout=30, interval=0.05)  # the fake worker plays any kind's lifecycle
+    assert [r.id for r in orch.list_runs(kinds=[JobKind.EXPORT])] == [job_id]
+    assert [r.id for r in orch.list_runs(kinds=[JobKind.TRAIN])] == [train_id]
+    assert orch.count_runs(kinds=[JobKind.TRAIN, JobKind.EXPORT]) == 2 and orch.count_runs(kinds=[JobKind.SERVE]) == 0
+    done = orch.get_run(job_id)
+    assert done.status is RunStatus.COMPLETED, f"{done.error}\n{orch.log_tail(job_id)}"
+
+
+def test_a_job_gets_the_variables_it_names_but_never_the_servers_secrets(home, monkeypatch):
+    monkeypatch.setenv("STUDIO_TEST_JUDGE_KEY", "judge-secret")
+    monkeypatch.setenv("FINETUNE_STUDIO_PASSWORD", "server-secret")
+    monkeypatch.setenv("HF_TOKEN", "hub-secret")
+    env = WorkerLauncher().environment(home, ProbeSpec(), 1)
+    assert env["STUDIO_TEST_JUDGE_KEY"] == "judge-secret"
+    assert "FINETUNE_STUDIO_PASSWORD" not in env and "HF_TOKEN" not in env
+
+
+def test_a_submitted_job_comes_back_with_its_kind_after_a_database_rebuild(make_orch, store, home, monkeypatch):
+    from tests.jobs.test_rebuild import dump, wipe
+    from trainer_core.jobs import rebuild
+
+    monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
+    make_run("src", steps=(2,))
+    orch = make_orch()
+    fake(monkeypatch, steps=2)
+    job_id = orch.submit(ProbeSpec(source=ModelSource(run_id="src"), name="probe"))
+    orch.wait(job_id, timeout=30, interval=0.05)
+    orch.close()
+    before = dump(store)
+    wipe(store)
+
+    report = rebuild.rebuild(store.url)
+
+    assert job_id in report.runs and report.skipped == []  # (the hand-made source run, too, from its config)
+    after = dump(type(store)(store.url))
+    assert [r for r in after["runs"] if r["id"] == job_id] == before["runs"]
+    assert [e for e in after["events"] if e[0] == job_id] == before["events"]
+
+
+def test_a_running_job_reads_as_what_it_does():
+    assert JobKind.SERVE.status_label(RunStatus.RUNNING) == "Serving"
+    assert JobKind.TRAIN.status_label(RunStatus.RUNNING) == "Training"
+    assert JobKind.EXPORT.status_label(RunStatus.FAILED) == "Failed"
