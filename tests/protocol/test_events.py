@@ -19,12 +19,15 @@ ALL_EVENTS = [
     ev.CompleteEvent(status="completed", output_dir="/runs/x/adapter", steps=10, final_loss=0.9, ts=6.0),
     ev.ErrorEvent(message="CUDA out of memory", exc_type="OutOfMemoryError", traceback="Traceback ...", ts=7.0),
     ev.HeartbeatEvent(pid=4242, ts=8.0),
+    ev.ArtifactEvent(artifact="gguf", path="/runs/x/artifacts/m-q8_0.gguf", size=144810848, sha256="ab" * 32,
+                     source_run_id="r1", detail="q8_0", ts=9.0),
+    ev.VerifyEvent(format="gguf q8_0", identical=2, total=3, first_difference="prompt 2, token 4", ts=10.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "heartbeat", "progress", "status",
-                                      "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["artifact", "checkpoint", "complete", "error", "eval", "heartbeat", "progress",
+                                      "status", "verify", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 
