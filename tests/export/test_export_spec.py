@@ -13,6 +13,7 @@ import time
 import pytest
 
 from db.entities import RunRecord
+from db.store import Store
 from tests.support import ROOT
 from trainer_core import jobspec
 from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
@@ -203,3 +204,28 @@ def test_artifact_events_become_rows_once_and_verify_results_reach_the_timeline(
     store.finish_run(job.name, RunStatus.COMPLETED)
     store.delete_run(job.name)
     assert store.artifacts(source_run_id=RUN) == [] and gguf.exists()  # rows go, files stay
+
+
+def test_db_rebuild_restores_the_artifact_rows_from_the_job_folder(home):
+    from trainer_core.jobs.rebuild import rebuild
+
+    store = Store()
+    job = paths.run_dir("20260102-100003-cccccc")
+    job.mkdir(parents=True)
+    jobspec.write_spec(job, spec(targets=["adapter"], verify=False))
+    write_kind(job, JobKind.EXPORT)
+    store.create_run(RunRecord(id=job.name, name="export", status=RunStatus.RUNNING, kind=JobKind.EXPORT,
+                               created_at=time.time() - 60))  # journals the row into the job folder
+    writer = ev.EventWriter(job / ev.LOG_NAME)
+    writer.emit(ev.ArtifactEvent(artifact="adapter", path=str(job / "artifacts" / "a.zip"), size=10, sha256="c" * 64,
+                                 source_run_id=RUN, detail="adapter"))
+    writer.emit(ev.CompleteEvent(status=RunStatus.COMPLETED.value))
+    writer.close()
+    store.engine.dispose()
+    (home / "studio.db").unlink()  # the database is lost; the job folder is not
+    report = rebuild()
+    assert job.name in report.runs
+    rebuilt = Store()
+    assert [(a.job_id, a.kind, a.sha256) for a in rebuilt.artifacts(source_run_id=RUN)] == [
+        (job.name, "adapter", "c" * 64)]
+    rebuilt.engine.dispose()
