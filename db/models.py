@@ -138,3 +138,16 @@ class EvalSample(SQLModel, table=True):
     loss: Optional[float] = None
     tokens: int = 0
     judge: Optional[float] = None
+
+
+class Artifact(SQLModel, table=True):
+    """A file (or folder) an export job published: written by the pump from the job's artifact events."""
+
+    job_id: str = Field(primary_key=True, max_length=64)  # the export job (its row is in the run table)
+    path: str = Field(primary_key=True, max_length=4096)
+    source_run_id: str = Field(default="", index=True, max_length=64)  # the run whose model was exported
+    kind: str = ""  # adapter, merged, gguf, modelfile, card
+    detail: str = ""  # the GGUF type, the merged dtype, ...
+    size: int = 0  # bytes (a folder: all its files)
+    sha256: str = ""  # of the file; of a folder's SHA256SUMS manifest
+    created_at: float = 0.0

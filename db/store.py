@@ -23,8 +23,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
-from db.entities import EvalResultRecord, EventRecord, RunRecord, SampleRecord
-from db.models import EvalResult, EvalSample, Metric, Run, RunEvent, Sample
+from db.entities import ArtifactRecord, EvalResultRecord, EventRecord, RunRecord, SampleRecord
+from db.models import Artifact, EvalResult, EvalSample, Metric, Run, RunEvent, Sample
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
@@ -187,6 +187,7 @@ class Store:
             session.exec(delete(Sample).where(Sample.run_id == run_id))
             session.exec(delete(EvalSample).where(EvalSample.job_id == run_id))
             session.exec(delete(EvalResult).where(EvalResult.job_id == run_id))
+            session.exec(delete(Artifact).where(Artifact.job_id == run_id))  # the rows; the files stay
             session.delete(run)
             session.commit()
             return True
@@ -417,6 +418,25 @@ class Store:
         for rid, loss in rows:
             series[rid].append(loss)
         return {rid: thin(values, max_points) for rid, values in series.items()}
+
+    # ------------------------------------------------------------------ export artifacts
+    def add_artifacts(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Record published artifacts; the same (job, path) again replaces its row (a replayed log is harmless)."""
+        with self._write_lock, Session(self.engine) as session:
+            for row in rows:
+                session.merge(Artifact(**row))
+            session.commit()
+
+    def artifacts(self, job_id: str | None = None, source_run_id: str | None = None) -> list[ArtifactRecord]:
+        """Artifacts of an export job, or of every export of a run, newest first."""
+        query = select(Artifact)
+        if job_id is not None:
+            query = query.where(Artifact.job_id == job_id)
+        if source_run_id is not None:
+            query = query.where(Artifact.source_run_id == source_run_id)
+        with Session(self.engine) as session:
+            rows = session.exec(query.order_by(col(Artifact.created_at).desc(), Artifact.path)).all()
+            return [ArtifactRecord.from_row(r) for r in rows]
 
     # ------------------------------------------------------------------ internals
     def _journal(self, run_id: str, op: str, **data: Any) -> None:

@@ -15,6 +15,7 @@ from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.samples import render_samples, sampling_configured
 from ui.evaluation import render_evaluation
+from ui.export_panel import render_export
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
@@ -146,3 +147,4 @@ def samples_section() -> None:
 samples_section()
 with eval_tab:
     render_evaluation(orch, run, current_actor())
+render_export(orch, run)  # issue 11: export the run's model (its own module)

@@ -7,6 +7,7 @@
     python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
     python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P]        (an endpoint for teammates)
     python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
+    python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv.
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
@@ -328,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     db.set_defaults(func=cmd_db)
     _add_serving_commands(sub)
     eval_cli.add_parser(sub, _find, cli_actor)
+    from trainer_core import cli_export  # `export RUN --to ...` (issue 11): its own module
+
+    cli_export.add_parser(sub).set_defaults(func=lambda args: cli_export.cmd_export(args, _find, cli_actor))
     args = parser.parse_args(argv)
     try:
         return args.func(args)

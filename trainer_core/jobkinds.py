@@ -5,3 +5,4 @@ from __future__ import annotations
 
 import trainer_core.serving.spec  # noqa: E402,F401  (serve)
 from trainer_core.evaluation import spec as _eval_spec  # noqa: F401  (JobKind.EVAL)
+import trainer_core.export.spec  # noqa: E402,F401  (ExportSpec)

@@ -27,12 +27,16 @@ ALL_EVENTS = [
     ev.EvalResultEvent(source_key="run:r", base_model="bundled:x", data_fingerprint="fp", settings_hash="sh",
                        metrics={"exact": 0.5, "lm_eval": {"t": {"acc,none": 1.0}}}, source_run_id="r", checkpoint=4,
                        ts=10.0),
+    ev.ArtifactEvent(artifact="gguf", path="/runs/x/artifacts/m-q8_0.gguf", size=144810848, sha256="ab" * 32,
+                     source_run_id="r1", detail="q8_0", ts=9.0),
+    ev.VerifyEvent(format="gguf q8_0", identical=2, total=3, first_difference="prompt 2, token 4", ts=10.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["checkpoint", "complete", "error", "eval", "eval_result", "eval_sample",
-                                      "heartbeat", "progress", "sample", "serve_ready", "status", "warning"]
+    assert sorted(ev.EVENT_TYPES) == ["artifact", "checkpoint", "complete", "error", "eval", "eval_result",
+                                      "eval_sample", "heartbeat", "progress", "sample", "serve_ready", "status",
+                                      "verify", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)
 
 

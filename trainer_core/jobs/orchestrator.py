@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterable
 
 import pandas as pd
 
-from db.entities import EvalResultRecord, EventRecord, RunRecord, SampleRecord
+from db.entities import ArtifactRecord, EvalResultRecord, EventRecord, RunRecord, SampleRecord
 from db.store import Store
 from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
@@ -627,6 +627,15 @@ class Orchestrator:
 
     def latest_eval_metrics(self, run_ids: list[str]) -> dict[str, dict]:
         return self.store.latest_eval_metrics(run_ids)
+
+    # ================================================================== export artifacts
+    def artifacts(self, source_run_id: str | None = None, job_id: str | None = None) -> list[ArtifactRecord]:
+        """Published export artifacts of a run's exports (or of one export job), newest first."""
+        return self.store.artifacts(job_id=job_id, source_run_id=source_run_id)
+
+    def export_jobs(self, run_id: str) -> list[RunRecord]:
+        """The export jobs started on a run's model, newest first."""
+        return [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.EXPORT]
 
 
 # ====================================================================== helpers

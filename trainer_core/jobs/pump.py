@@ -87,6 +87,7 @@ class Tracker:
     samples: list = field(default_factory=list)  # sample answers not yet stored (samples during training)
     sample_alerts: SampleAlerts = field(default_factory=SampleAlerts)
     writes: list = field(default_factory=list)  # store calls of other job kinds' results (eval), at the next flush
+    artifacts: list = field(default_factory=list)  # export artifact rows not yet stored
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -124,6 +125,9 @@ def flush(t: Tracker, store: Store) -> None:
     for write in t.writes:  # idempotent upserts, stored before the offset moves past their lines
         write(store)
     t.writes = []
+    if t.artifacts:  # before the offset moves past their lines (a replay only replaces the same rows)
+        store.add_artifacts(t.artifacts)
+        t.artifacts = []
     rows = t.buffer.take()
     store.append_metrics(t.run_id, rows, event_offset=t.offset, events=t.timeline, **t.run_values)
     t.timeline, t.run_values, t.urgent = [], {}, False
@@ -262,6 +266,24 @@ def on_log_problem(t: Tracker, problem: str) -> None:
     t.urgent = True
 
 
+# ---- export jobs
+def _on_artifact(t: Tracker, e: ev.ArtifactEvent) -> None:
+    t.artifacts.append(dict(job_id=t.run_id, path=e.path, source_run_id=e.source_run_id, kind=e.artifact,
+                            detail=e.detail, size=e.size, sha256=e.sha256, created_at=e.ts))
+    t.timeline.append((e.ts, "artifact", f"{e.artifact}{' ' + e.detail if e.detail else ''}: {e.path} "
+                                         f"({e.size:,} bytes, sha256 {e.sha256[:12]}…)"))
+    t.urgent = True
+
+
+def _on_verify(t: Tracker, e: ev.VerifyEvent) -> None:
+    text = f"verify {e.format}: {e.identical}/{e.total} answers identical to the adapter's"
+    if e.identical < e.total:
+        text += f"; first difference: {e.first_difference}"
+        t.live.add_warning(text)
+    t.timeline.append((e.ts, "verify", text))
+    t.urgent = True
+
+
 Handler = Callable[[Tracker, Any], None]
 # Every kind of job reports its state, warnings, its outcome and that it is alive the same way.
 LIFECYCLE: dict[str, Handler] = {
@@ -275,7 +297,7 @@ HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
     JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress, "eval_sample": eval_results.on_sample,
                    "eval_result": eval_results.on_result},
-    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress},
+    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress, "artifact": _on_artifact, "verify": _on_verify},
 }
 
 

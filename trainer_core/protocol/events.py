@@ -465,3 +465,33 @@ class LogFollower:
         self._reported.add(change)
         return [LogLine(offset, None, f"{LOG_NAME} was {change} while the run was active; still reading the "
                                       "file the worker writes to (the run folder no longer leads to it)")]
+
+
+# ====================================================================== export jobs
+@dataclass
+class ArtifactEvent(Event):
+    """An export job published a file (or a folder: ``sha256`` is then that of its SHA256SUMS manifest)."""
+
+    kind: ClassVar[str] = "artifact"
+    artifact: str  # adapter, merged, gguf, modelfile, card
+    path: str
+    size: int
+    sha256: str
+    source_run_id: str = ""
+    detail: str = ""  # the GGUF type, the merged dtype, ...
+
+
+@dataclass
+class VerifyEvent(Event):
+    """Greedy answers of an exported format next to the unmerged adapter's, on a prompt set."""
+
+    kind: ClassVar[str] = "verify"
+    format: str  # "merged" or "gguf q8_0"
+    identical: int
+    total: int
+    first_difference: str = ""  # where the first differing answer parts from the adapter's ("" when none)
+
+
+for _cls in (ArtifactEvent, VerifyEvent):  # a block of their own, so other kinds' events stay untouched
+    EVENT_TYPES[_cls.kind] = _cls
+    _SPECS[_cls.kind] = (_cls, _field_specs(_cls))

@@ -14,4 +14,5 @@ ENTRY_POINTS: dict[JobKind, str] = {
     JobKind.TRAIN: "trainer_core.worker.train",
     JobKind.SERVE: "trainer_core.worker.serve",
     JobKind.EVAL: "trainer_core.worker.evaluate",
+    JobKind.EXPORT: "trainer_core.worker.export",
 }

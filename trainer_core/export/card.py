@@ -1,0 +1,89 @@
+"""The model card (README.md) written with the artifacts: base model, data, method, config without secrets,
+final and best metrics, the loss curve and the verify results. No ML stack: the worker gathers the facts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer_core.protocol import events as ev
+from trainer_core.protocol.metrics import thin
+
+TABLE_ROWS = 20  # the loss table, when no chart could be drawn: at most this many steps, spread over the run
+
+
+@dataclass
+class RunFacts:
+    """What the source run's event log says about its training (the worker reads no database)."""
+
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss)
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    final_loss: float | None = None
+    steps: int = 0
+
+    @property
+    def best_eval_loss(self) -> float | None:
+        return min((loss for _, loss in self.eval_losses), default=None)
+
+
+def read_facts(events_path: Path, up_to_step: int | None = None) -> RunFacts:
+    """Losses and the outcome from a run's events.jsonl (up to a checkpoint's step when one is exported)."""
+    facts = RunFacts()
+    offset = 0
+    while True:
+        events, new_offset = ev.read_new(events_path, offset)
+        if new_offset == offset:
+            break
+        offset = new_offset
+        for event in events:
+            step = getattr(event, "step", None)
+            if up_to_step is not None and step is not None and step > up_to_step:
+                continue
+            if isinstance(event, ev.ProgressEvent) and event.loss is not None:
+                facts.losses.append((event.step, event.loss))
+                facts.steps = max(facts.steps, event.step)
+            elif isinstance(event, ev.EvalEvent) and event.eval_loss is not None:
+                facts.eval_losses.append((event.step, event.eval_loss))
+            elif isinstance(event, ev.CompleteEvent) and up_to_step is None:
+                facts.final_loss, facts.steps = event.final_loss, max(facts.steps, event.steps)
+    if facts.final_loss is None and facts.losses:
+        facts.final_loss = facts.losses[-1][1]
+    return facts
+
+
+def loss_table(losses: list[tuple[int, float]], rows: int = TABLE_ROWS) -> str:
+    if not losses:
+        return "_No training loss was recorded._"
+    picked = thin(losses, rows)  # spread over the run, first and last step included
+    return "\n".join(["| step | train loss |", "|---:|---:|"] + [f"| {s} | {loss:.4f} |" for s, loss in picked])
+
+
+def _number(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else "—"
+
+
+def render(*, title: str, source_label: str, base_model: str, method: str, data: str, config: dict[str, Any],
+           facts: RunFacts, artifacts: list[tuple[str, str]], verify: list[dict[str, Any]],
+           chart_file: str | None) -> str:
+    """The card's markdown. ``artifacts``: (file name, what it is); ``verify``: VerifyEvent fields."""
+    lines = [f"# {title}", "",
+             f"Exported from **{source_label}** with Finetune Studio.", "",
+             "| | |", "|---|---|",
+             f"| Base model | `{base_model}` |", f"| Method | {method} |", f"| Data | {data or '—'} |",
+             f"| Steps | {facts.steps} |", f"| Final train loss | {_number(facts.final_loss)} |",
+             f"| Best eval loss | {_number(facts.best_eval_loss)} |", "",
+             "## Files", ""]
+    lines += [f"- `{name}`: {what}" for name, what in artifacts] + ["", "## Training loss", ""]
+    lines.append(f"![training loss]({chart_file})" if chart_file else loss_table(facts.losses))
+    if verify:
+        lines += ["", "## Verification", "",
+                  "Each exported format was loaded back and answered the prompt set greedily next to the unmerged "
+                  "adapter:", "", "| format | answers identical to the adapter's | first difference |",
+                  "|---|---:|---|"]
+        lines += [f"| {v['format']} | {v['identical']}/{v['total']} | {v['first_difference'] or '—'} |"
+                  for v in verify]
+    lines += ["", "## Training config (no secrets)", "", "```yaml",
+              yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""The export job's spec (job.json): what to export, where, and whether to verify and push it. No ML stack."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from trainer_core import promptsets
+from trainer_core.config import FieldError
+from trainer_core.export import tools
+from trainer_core.jobspec import JobSpec, register
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind
+
+TARGETS = ("adapter", "merged", "gguf")
+MERGED_DTYPES = ("bfloat16", "float16")
+HUB_TOKEN_ENV = "HF_TOKEN"
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+MAX_NEW_TOKENS_MAX = 256
+
+
+@register
+@dataclass
+class ExportSpec(JobSpec):
+    """Export a run's final model (``source.run_id``) or one of its checkpoints (``source.checkpoint``)."""
+
+    KIND: ClassVar[JobKind] = JobKind.EXPORT
+    # adapter: the adapter folder zipped (a full fine-tune: the model folder); merged: 16-bit safetensors with
+    # the adapter merged in; gguf: llama.cpp's converter on the merged weights, plus an Ollama Modelfile.
+    targets: list[str] = field(default_factory=lambda: ["merged", "gguf"])
+    quantizations: list[str] = field(default_factory=lambda: ["q8_0"])  # GGUF types (tools.KNOWN_TYPES)
+    merged_dtype: str = "bfloat16"
+    out_dir: str = ""  # empty: the job folder's artifacts/; else a new (or empty) folder under the allowed roots
+    verify: bool = True  # reload the merged model and the GGUF and replay prompts next to the adapter
+    prompt_set: str = "quick-check"  # trainer_core.promptsets
+    max_new_tokens: int = 24
+    push_repo_id: str = ""  # a hub repo id (org/name); the token comes from HF_TOKEN in the environment
+    push_private: bool = True
+
+    @property
+    def model_label(self) -> str:
+        return self.source.key
+
+    @property
+    def dataset_label(self) -> str:
+        gguf = f" ({', '.join(self.quantizations)})" if "gguf" in self.targets else ""
+        return ", ".join(self.targets) + gguf
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.stages())
+
+    def stages(self) -> list[str]:
+        """The worker's stages, in order (its progress is stage i of these)."""
+        names = ["preflight"]
+        if "adapter" in self.targets:
+            names.append("adapter")
+        if "merged" in self.targets or "gguf" in self.targets:
+            names.append("merge")
+        if "gguf" in self.targets:
+            names += [f"gguf {q}" for q in self.quantizations] + ["modelfile"]
+        if self.verify and ("merged" in self.targets or "gguf" in self.targets):
+            names.append("verify")
+        names += ["model card", "publish"]
+        if self.push_repo_id:
+            names.append("push")
+        return names
+
+    def env_names(self) -> list[str]:
+        return [HUB_TOKEN_ENV] if self.push_repo_id else []
+
+    def output_dir(self, job_dir: Path) -> Path:
+        return paths.resolve_inside(self.out_dir, paths.allowed_data_roots()) if self.out_dir else job_dir / "artifacts"
+
+    def validate(self) -> list[FieldError]:
+        errors = super().validate()
+        bad = lambda name, message: errors.append(FieldError(name, message))  # noqa: E731
+        wrong = [(n, t) for n, t in (("merged_dtype", str), ("out_dir", str), ("prompt_set", str),
+                                     ("push_repo_id", str), ("verify", bool), ("push_private", bool))
+                 if not isinstance(getattr(self, n), t)]
+        for name, kind in wrong:  # a job.json edited by hand: name the field instead of failing on it below
+            bad(name, "true or false" if kind is bool else "text")
+        if wrong:
+            return errors
+        if self.source.is_base:
+            bad("source", "export works on a trained model: pick a run (its final model) or one of its checkpoints, "
+                          "not a base model")
+        if not isinstance(self.targets, list) or not self.targets:
+            bad("targets", f"choose at least one of {', '.join(TARGETS)}")
+        else:
+            unknown = [t for t in self.targets if t not in TARGETS]
+            if unknown:
+                bad("targets", f"unknown target {str(unknown[0])[:20]!r}: choose from {', '.join(TARGETS)}")
+            if len(set(self.targets)) != len(self.targets):
+                bad("targets", "each target once")
+        if "gguf" in (self.targets or []):
+            self._validate_gguf(bad)
+        if self.merged_dtype not in MERGED_DTYPES:
+            bad("merged_dtype", f"choose {' or '.join(MERGED_DTYPES)} (16-bit weights)")
+        if self.out_dir:
+            problem = self._out_dir_problem()
+            if problem:
+                bad("out_dir", problem)
+        if self.verify:
+            try:
+                promptsets.load(self.prompt_set)
+            except promptsets.PromptSetError as exc:
+                bad("prompt_set", str(exc))
+            if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or \
+                    not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_MAX:
+                bad("max_new_tokens", f"a whole number from 1 to {MAX_NEW_TOKENS_MAX}")
+        if self.push_repo_id:
+            if not REPO_ID_RE.fullmatch(self.push_repo_id):
+                bad("push_repo_id", "a hub repo id like your-name/model-name (letters, digits, '.', '_', '-')")
+            elif not os.environ.get(HUB_TOKEN_ENV):
+                bad("push_repo_id", f"a hub push needs a write token: set {HUB_TOKEN_ENV} in the environment of the "
+                                    "dashboard or CLI (huggingface.co/settings/tokens), or leave the repo id empty")
+        return errors
+
+    def _validate_gguf(self, bad) -> None:
+        if not isinstance(self.quantizations, list) or not self.quantizations:
+            bad("quantizations", f"choose at least one GGUF type: {', '.join(tools.available_types())}")
+            return
+        for name in self.quantizations:
+            problem = tools.type_problem(str(name))
+            if problem:
+                bad("quantizations", problem)
+        if len(set(self.quantizations)) != len(self.quantizations):
+            bad("quantizations", "each type once")
+        if tools.converter_script() is None:
+            bad("targets", tools.missing_converter_message())
+
+    def _out_dir_problem(self) -> str | None:
+        try:
+            folder = paths.resolve_inside(self.out_dir, paths.allowed_data_roots())
+        except paths.UnsafePathError as exc:
+            return f"{exc}: choose a folder under the data root or the allowed roots"
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            return f"{folder} already exists and is not an empty folder: name a new folder (nothing is overwritten)"
+        if not folder.parent.is_dir():
+            return f"{folder.parent} does not exist: create it first, or choose another folder"
+        return None

@@ -1,0 +1,139 @@
+"""Run details' Export section: start an export job on the run's model (or a checkpoint), follow it, list its
+artifacts with size and sha256 (small ones download from the page, large ones show their path and a copy-ready
+command) and its verify results. Layout only: the orchestrator does the work."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import streamlit as st
+
+from db.entities import ArtifactRecord, RunRecord
+from trainer_core import jobspec, promptsets
+from trainer_core.access import Action, allowed
+from trainer_core.config import ConfigError
+from trainer_core.export import tools
+from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec
+from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.protocol.status import JobKind, RunStatus
+from ui import format as fmt
+from ui.auth import current_actor
+from ui.text import code, safe
+
+DOWNLOAD_MAX_BYTES = 100 << 20  # larger artifacts are not pushed through the browser: path + command instead
+TARGET_LABELS = {"adapter": "Adapter (zip)", "merged": "Merged 16-bit safetensors", "gguf": "GGUF + Ollama Modelfile"}
+
+
+def copy_command(path: str) -> str:
+    """A command that copies the artifact (a folder recursively) into the current folder."""
+    return f"cp -r {shlex.quote(path)} ." if Path(path).is_dir() else f"cp {shlex.quote(path)} ."
+
+
+def size_text(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} B"
+
+
+def artifact_table(artifacts: list[ArtifactRecord]) -> list[dict]:
+    return [{"file": Path(a.path).name, "kind": a.kind + (f" ({a.detail})" if a.detail else ""),
+             "size": size_text(a.size), "sha256": a.sha256, "created": fmt.timestamp(a.created_at)}
+            for a in artifacts]
+
+
+def quant_help() -> str:
+    quantize = tools.llama_quantize()
+    if quantize:
+        return f"K-quants come from llama-quantize ({quantize})."
+    return (f"f16, bf16 and q8_0 come from llama.cpp's converter. K-quants (q4_k_m, ...) need llama.cpp's "
+            f"llama-quantize on PATH or in {tools.QUANTIZE_ENV}; it was not found.")
+
+
+def render_export(orch: Orchestrator, run: RunRecord) -> None:
+    if run.kind is JobKind.EXPORT:  # the export job's own page: its artifacts and verify results
+        st.subheader("Artifacts")
+        _job(orch, run)
+        return
+    if run.kind is not JobKind.TRAIN:
+        return
+    st.subheader("Export")
+    if not RunStatus(run.status).is_terminal():
+        st.caption("Export the model once the run has ended (a checkpoint can be exported then too).")
+    elif allowed(current_actor(), Action.START):
+        _form(orch, run)
+    for job in orch.export_jobs(run.id):
+        _job(orch, job)
+
+
+def _form(orch: Orchestrator, run: RunRecord) -> None:
+    with st.expander("New export", icon="📦"):
+        steps = jobspec.checkpoint_steps(run.id)
+        choice = st.selectbox("Model", ["final", *steps], key=f"export_source_{run.id}",
+                              format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
+        targets = st.multiselect("Targets", TARGETS, default=["merged", "gguf"], format_func=TARGET_LABELS.get,
+                                 key=f"export_targets_{run.id}")
+        quants = st.multiselect("GGUF types", tools.available_types(), default=["q8_0"], help=quant_help(),
+                                key=f"export_quants_{run.id}", disabled="gguf" not in targets)
+        st.caption(quant_help())
+        if "gguf" in targets and tools.converter_script() is None:
+            st.warning(safe(tools.missing_converter_message()), icon="⚠️")
+        cols = st.columns(3)
+        dtype = cols[0].selectbox("Merged dtype", MERGED_DTYPES, key=f"export_dtype_{run.id}")
+        verify = cols[1].checkbox("Verify after export", value=True, key=f"export_verify_{run.id}",
+                                  help="Reload the merged model and the GGUF and replay a prompt set greedily next "
+                                       "to the unmerged adapter.")
+        prompt_set = cols[2].selectbox("Prompt set", promptsets.names(), key=f"export_prompts_{run.id}",
+                                       disabled=not verify)
+        repo = st.text_input("Push to the Hugging Face hub (repo id, optional)", key=f"export_repo_{run.id}",
+                             placeholder="your-name/model-name", help="The token comes from HF_TOKEN in the "
+                                                                     "dashboard's environment.")
+        private = st.checkbox("Private repo", value=True, key=f"export_private_{run.id}", disabled=not repo)
+        if not st.button("Start export", icon="📦", key=f"export_start_{run.id}"):
+            return
+        spec = ExportSpec(source=jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
+                          targets=targets, quantizations=quants, merged_dtype=dtype, verify=verify,
+                          prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private)
+        try:
+            job_id = orch.submit(spec, actor=current_actor())
+        except ConfigError as exc:
+            for error in exc.errors:
+                st.error(f"{safe(error.field)}: {safe(error.message)}")
+            return
+        except RunRefused as exc:
+            st.warning(safe(exc), icon="⏳")
+            return
+        st.success(f"Export job {safe(job_id)} started; it is listed below.", icon="📦")
+
+
+def _job(orch: Orchestrator, job: RunRecord) -> None:
+    status = RunStatus(job.status)
+    title = f"{status.icon} {job.name} · {job.dataset} · {status.label}"
+    with st.container(border=True):
+        st.markdown(safe(title))
+        if not status.is_terminal():
+            st.progress(job.steps_done / job.total_steps if job.total_steps else 0.0,
+                        text=safe(f"{job.phase or 'waiting'} ({job.steps_done}/{job.total_steps})"))
+            if st.button("Refresh", key=f"export_refresh_{job.id}", icon="🔄"):
+                st.rerun()
+        if status is RunStatus.FAILED and job.error:
+            st.error(safe(job.error))
+        events = orch.events(job.id)
+        for event in events:
+            if event.kind == "verify":
+                st.markdown(("⚠️ " if "first difference" in event.message else "✅ ") + safe(event.message))
+        artifacts = orch.artifacts(job_id=job.id)
+        if not artifacts:
+            return
+        st.dataframe(artifact_table(artifacts), hide_index=True,
+                     column_config={"sha256": st.column_config.TextColumn("sha256", width="medium")})
+        for artifact in artifacts:
+            path = Path(artifact.path)
+            if path.is_file() and artifact.size <= DOWNLOAD_MAX_BYTES:
+                st.download_button(f"Download {path.name}", data=lambda p=path: p.read_bytes(), file_name=path.name,
+                                   key=f"export_dl_{job.id}_{path.name}", icon="⬇️")
+            elif path.exists():
+                st.caption(f"{code(path.name)} ({size_text(artifact.size)}) is at {code(str(path))}; copy it with:")
+                st.code(copy_command(str(path)), language="bash")
+            else:
+                st.caption(f"{code(path.name)}: the file is gone from {code(str(path))}.")
