@@ -8,7 +8,7 @@ import streamlit as st
 import yaml
 
 from trainer_core.charts import LINE_METRICS
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.run_rules import run_name
 from ui import format as fmt
 from ui.auth import current_actor
@@ -84,8 +84,9 @@ if run.parent_run_id and run.resumed_from_step is not None:  # an eval/serve/exp
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")
 
-charts_tab, timeline_tab, log_tab, config_tab, eval_tab = st.tabs(["Charts", "Timeline", "Worker log", "Config",
-                                                                   "Evaluation"])
+charts_tab, timeline_tab, log_tab, config_tab, samples_tab, eval_tab, export_tab = st.tabs(
+    ["Charts", "Timeline", "Worker log", "Config", "Samples", "Evaluation",
+     "Artifacts" if run.kind is JobKind.EXPORT else "Export"])
 with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
@@ -135,16 +136,15 @@ with config_tab:
     st.caption(f"Output folder: {code(run.output_dir)}" if run.output_dir else "No output folder.")
 
 
-def samples_section() -> None:
+with samples_tab:  # samples during training: greedy answers to fixed prompts at sampling steps
     samples = orch.samples(run.id)
     if samples or sampling_configured(orch.run_config(run.id)):
-        with st.expander("Samples during training", icon="💬", expanded=True):
-            render_samples(samples, expected=not status.is_terminal())
-            if not samples and status.is_terminal():
-                st.caption("This run recorded no samples.")
-
-
-samples_section()
+        render_samples(samples, expected=not status.is_terminal())
+        if not samples and status.is_terminal():
+            st.caption("This run recorded no samples.")
+    else:
+        st.caption("This run asks no sample prompts (New run → Samples during training).")
 with eval_tab:
     render_evaluation(orch, run, current_actor())
-render_export(orch, run)  # issue 11: export the run's model (its own module)
+with export_tab:
+    render_export(orch, run)

@@ -70,7 +70,7 @@ def test_live_of_a_run_without_sample_prompts_shows_no_samples_section(pages_sto
 def test_run_details_show_the_samples_table(pages_store):
     sampled_run(pages_store, "20260101-000000-rrrrrr", "detail samples", {3: ["Paris.", "hi"], 6: ["Lyon?", "hi!"]})
     at = open_page("pages/run.py", detail_run_id="20260101-000000-rrrrrr")
-    assert "Samples during training" in [e.label for e in at.expander]
+    assert "Samples" in [t.label for t in at.tabs]
     frame = samples_frame(at)
     assert list(frame.columns) == EXPECTED_COLUMNS
     assert frame.values.tolist() == [[6, "Lyon?", "hi!"], [3, "Paris.", "hi"]]
