@@ -120,3 +120,20 @@ def test_the_judge_key_reaches_the_worker_by_name_only(home, monkeypatch, tmp_pa
     # A spec naming the server's own secret does not get it.
     grab = EvalSpec(**{**judged.to_dict(), "source": judged.source, "judge_key_env": "FINETUNE_STUDIO_PASSWORD"})
     assert "FINETUNE_STUDIO_PASSWORD" not in WorkerLauncher().environment(tmp_path, grab, 1)
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "FINETUNE_STUDIO_PASSWORD", "FINETUNE_STUDIO_TOKEN"])
+def test_a_judge_key_naming_a_server_or_run_secret_is_refused_and_not_passed(home, monkeypatch, tmp_path, name):
+    """A judge URL can be anywhere: the dashboard's HF token (or password) must not travel to it."""
+    from trainer_core.config import BUNDLED_MODEL
+    from trainer_core.evaluation.spec import EvalSpec
+    from trainer_core.jobs.launcher import WorkerLauncher
+    from trainer_core.jobspec import ModelSource
+
+    monkeypatch.setenv(name, "the-servers-own-secret")
+    grab = EvalSpec(source=ModelSource(model=BUNDLED_MODEL), data="x.jsonl", metrics=["judge"],
+                    judge_url="http://127.0.0.1:1/v1", judge_model="m", judge_key_env=name)
+    problems = [e for e in grab.validate() if e.field == "judge_key_env"]
+    assert problems and name in problems[0].message and "JUDGE_API_KEY" in problems[0].message
+    env = WorkerLauncher().environment(tmp_path, grab, 1)  # a hand-written job.json is not trusted either
+    assert "the-servers-own-secret" not in env.values()

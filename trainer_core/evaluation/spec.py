@@ -75,7 +75,8 @@ class EvalSpec(JobSpec):
         return self.max_samples
 
     def env_names(self) -> list[str]:
-        return [self.judge_key_env] if self.judge_key_env and "judge" in self.metrics else []
+        wanted = self.judge_key_env and "judge" in self.metrics and not judge_key_refused(self.judge_key_env)
+        return [self.judge_key_env] if wanted else []
 
     def validate(self) -> list[FieldError]:
         errors = super().validate()
@@ -148,6 +149,10 @@ class EvalSpec(JobSpec):
         if self.judge_key_env and not ENV_NAME_RE.fullmatch(self.judge_key_env):
             errors.append(FieldError("judge_key_env", "the NAME of an environment variable holding the key "
                                                       "(e.g. JUDGE_API_KEY), not the key itself"))
+        elif self.judge_key_env and judge_key_refused(self.judge_key_env):
+            errors.append(FieldError("judge_key_env", f"{self.judge_key_env} holds a secret of the server or of "
+                                                      "training runs, and the judge URL can be anywhere: put the "
+                                                      "judge's key in a variable of its own, e.g. JUDGE_API_KEY"))
         missing = [f for f in RUBRIC_FIELDS if f not in (self.judge_rubric or "")]
         if missing:
             errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "
@@ -221,3 +226,13 @@ def _int(value) -> int | None:
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def judge_key_refused(name: str) -> bool:
+    """Whether ``name`` is a variable a judge must never be sent: the server's own secrets (password, OIDC,
+    session key, API token, secrets-file keys) and the run secrets (HF_TOKEN, WANDB_API_KEY), which the
+    launcher would otherwise copy from the dashboard's environment to a worker that sends them to any URL."""
+    from trainer_core import access
+
+    refused = set(access.SERVER_SECRET_ENV) | set(access.RUN_SECRET_ENV) | access.secrets_file_keys()
+    return name in refused or name.upper().startswith("FINETUNE_STUDIO_")
