@@ -185,3 +185,28 @@ def test_gate_built_from_the_environment_file(model_dir, tmp_path, monkeypatch):
     client = TestClient(KeyGate(Inner()))
     assert client.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == "tuned"
     assert client.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("field,value", [("max_tokens", "-5"), ("max_tokens", "0"), ("max_completion_tokens", "-1"),
+                                         ("max_tokens", "1e300"), ("max_tokens", '"50"'),
+                                         ("max_tokens", "true")])
+@pytest.mark.parametrize("translate", [True, False])
+def test_a_max_tokens_that_is_not_a_positive_count_is_400_naming_it(model_dir, field, value, translate):
+    """A negative answer length reached generate() (max_new_tokens=-5); 1e300 or Infinity skipped the cap."""
+    inner, client = gate(model_dir, translate=translate, limits=lambda model, body: (10, 100))
+    raw = '{"model": "tuned", "messages": [], "%s": %s}' % (field, value)
+    answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
+    assert answer.status_code == 400 and field in answer.json()["error"]["message"]
+    assert inner.seen == []
+
+
+@pytest.mark.parametrize("field,value", [("top_k", "Infinity"), ("repetition_penalty", "-Infinity"),
+                                         ("temperature", "NaN"), ("max_tokens", "Infinity")])
+@pytest.mark.parametrize("translate", [True, False])
+def test_nan_and_infinity_are_400_not_a_crash(model_dir, field, value, translate):
+    """Python's json reads them; int(Infinity) crashed the gate (a 500) and the rest reached the engine."""
+    inner, client = gate(model_dir, translate=translate)
+    raw = '{"model": "tuned", "messages": [], "%s": %s}' % (field, value)
+    answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
+    assert answer.status_code == 400 and "not JSON" in answer.json()["error"]["message"]
+    assert inner.seen == []

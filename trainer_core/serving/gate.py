@@ -203,9 +203,9 @@ class KeyGate:
             if not message.get("more_body", False):
                 break
         try:
-            body = json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks), parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError):
-            raise RequestRefused(400, "the request body is not JSON") from None
+            raise RequestRefused(400, "the request body is not JSON (NaN and Infinity are not JSON numbers)") from None
         if not isinstance(body, dict):
             raise RequestRefused(400, "the request body must be a JSON object")
         return body
@@ -216,6 +216,10 @@ class KeyGate:
         if not isinstance(model, str) or model not in self.config.models:
             shown = repr(model)[:80] if model is not None else "no model"
             raise RequestRefused(404, f"model {shown} is not served here; served: {served}", "model_not_found")
+        for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
+            value = body.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise RequestRefused(400, f"{name} must be a whole number of tokens, at least 1, not {value!r:.40}")
         limits = self.limits(model, body) if self.limits else None
         if limits is not None:
             prompt, context = limits
@@ -243,6 +247,12 @@ class KeyGate:
             body.pop("temperature")  # greedy is do_sample=False above; a 0 temperature only earns a warning
         body["generation_config"] = config
         return body
+
+
+def _not_json(constant: str):
+    """NaN and Infinity, which Python's json reads but JSON has not: int(Infinity) crashed the gate, and
+    an infinite penalty or temperature reached the engine."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def _replay(raw: bytes, original: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
