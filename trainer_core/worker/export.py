@@ -439,6 +439,9 @@ class ExportWorker:
 
     def publish(self, plan: Plan) -> list[Staged]:
         """Hash everything, then move the staging folder into place in one rename, then report each artifact."""
+        # Scratch (merged weights for a GGUF, an f16 GGUF for k-quants) is no artifact: after a Stop it is
+        # still there, as big as the model.
+        shutil.rmtree(plan.staging / ".work", ignore_errors=True)
         rows = []
         for item in plan.staged:
             path = plan.staging / item.name
