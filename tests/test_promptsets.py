@@ -130,3 +130,24 @@ def test_sessions_saving_at_once_never_leave_half_a_file(home):
     assert errors == []
     assert list(promptsets.load("shared").prompts) in sets
     assert [p.name for p in promptsets.sets_dir().iterdir()] == ["shared.yaml"]
+
+
+def test_a_yaml_alias_bomb_is_refused_without_copying_every_prompt(home):
+    """A 1 MB file whose aliases repeat one 8,000-character prompt 100,000s of times took >1 GB to refuse: the
+    count is checked as the prompts are cleaned, so at most PROMPTS_MAX + 1 are ever copied."""
+    class Counted(str):
+        copies = 0
+
+        def strip(self, *args):
+            Counted.copies += 1
+            return str(self).strip(*args)
+
+    long = Counted(" " + "x" * 7_990 + " ")
+    with pytest.raises(promptsets.PromptSetError, match="10000 prompts; a set holds at most 200"):
+        promptsets.check_prompts([long] * 10_000)
+    assert Counted.copies <= 2 * (promptsets.PROMPTS_MAX + 1)
+
+    bomb = "prompts:\n- &a '%s'\n" % (" " + "x" * 7_990 + " ") + "- *a\n" * 5_000
+    (promptsets.sets_dir() / "bomb.yaml").write_text(bomb)
+    with pytest.raises(promptsets.PromptSetError, match="bomb.yaml: 5001 prompts"):
+        promptsets.load("bomb")

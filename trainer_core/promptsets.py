@@ -88,8 +88,9 @@ def check_prompts(prompts: list[str] | tuple[str, ...], field: str = "prompts") 
             raise PromptSetError(f"prompt {i} has {len(prompt):,} characters; the limit is {PROMPT_MAX:,}", field)
         if prompt.strip():
             cleaned.append(prompt.strip())
-    if len(cleaned) > PROMPTS_MAX:
-        raise PromptSetError(f"{len(cleaned)} prompts; a set holds at most {PROMPTS_MAX}", field)
+        if len(cleaned) > PROMPTS_MAX:  # at once: YAML aliases repeat one long prompt 100,000s of times in 1 MB
+            counted = len(cleaned) + sum(1 for p in prompts[i:] if isinstance(p, str) and p and not p.isspace())
+            raise PromptSetError(f"{counted} prompts; a set holds at most {PROMPTS_MAX}", field)
     return tuple(cleaned)
 
 
