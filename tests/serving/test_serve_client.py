@@ -252,3 +252,18 @@ def test_list_models_of_something_else(serve):
 def test_root_strips_v1():
     assert client._root("http://h:1/v1/") == "http://h:1"
     assert client._root("http://h:1") == "http://h:1"
+
+
+@pytest.mark.parametrize("event", [b'data: {"choices": ["x"]}\n\n', b'data: {"choices": [{"delta": "x"}]}\n\n'])
+def test_a_chunk_of_the_wrong_shape_is_an_error_not_a_hang(serve, event):
+    """A choice that is not an object crashed the reader thread (AttributeError) without a word, and the
+    consumer then waited for the next piece forever."""
+    def script(h, b):
+        h.start_sse()
+        h.wfile.write(event)
+
+    stream = stream_chat(serve(script).url, KEY, "m", [], Sampling(), timeout_s=5.0)
+    stream._thread.join()  # the reader has ended: it must have left the consumer an error
+    assert not stream._items.empty()
+    with pytest.raises(ServeError, match="cannot read"):
+        list(stream)

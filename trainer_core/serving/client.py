@@ -294,6 +294,10 @@ class ChatStream:
                 self._items.put(_transport_error(exc, self.base_url, self.timeout_s, started=self._pieces > 0))
         except ServeError as exc:
             self._items.put(exc)
+        except Exception as exc:  # noqa: BLE001 - thread boundary: a reader that dies silently hangs the consumer
+            self._items.put(ServeError(f"the model server at {self.base_url} sent an answer this client cannot read "
+                                       f"({type(exc).__name__}: {str(exc)[:200]}): is this an OpenAI-compatible "
+                                       "server?"))
 
     def _read_events(self, response: httpx.Response) -> None:
         for line in response.iter_lines():
