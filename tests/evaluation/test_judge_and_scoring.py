@@ -137,3 +137,13 @@ def test_a_judge_key_naming_a_server_or_run_secret_is_refused_and_not_passed(hom
     assert problems and name in problems[0].message and "JUDGE_API_KEY" in problems[0].message
     env = WorkerLauncher().environment(tmp_path, grab, 1)  # a hand-written job.json is not trusted either
     assert "the-servers-own-secret" not in env.values()
+
+
+@pytest.mark.parametrize("reply", [7, [{"type": "text", "text": "7"}], {"text": "7"}])
+def test_a_reply_content_that_is_not_text_is_an_unavailable_judge_not_a_crash(endpoint, reply):
+    """content 7 or a list of parts reached parse_score: a TypeError that failed the whole eval."""
+    endpoint["reply"] = reply
+    judge = Judge(endpoint["url"], "grader", DEFAULT_RUBRIC)
+    with pytest.raises(JudgeUnavailable, match="did not answer like an OpenAI-compatible chat endpoint"):
+        judge.score("q", "r", "a")
+    judge.close()

@@ -48,6 +48,8 @@ class Judge:
                                    f"{response.text[:200]}")
         try:
             reply = response.json()["choices"][0]["message"]["content"] or ""
+            if not isinstance(reply, str):  # a number or a list of parts: parse_score would crash the whole eval
+                raise TypeError(type(reply).__name__)
         except (ValueError, KeyError, IndexError, TypeError):
             raise JudgeUnavailable(f"the judge endpoint {self.url} did not answer like an OpenAI-compatible chat "
                                    f"endpoint: {response.text[:200]}") from None
