@@ -163,3 +163,20 @@ def test_a_runs_own_eval_split(files, home):
         FieldError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): give a test file instead")]
     missing = spec(data="eval_split:20260101-000000-cccccc").validate()
     assert [e.field for e in missing] == ["data"] and "is gone" in missing[0].message
+
+
+def test_a_relative_task_yaml_is_made_absolute_before_the_worker_runs_in_its_job_folder(files, tmp_path, monkeypatch):
+    """`eval --lm-eval tasks/tiny.yaml` was checked against the shell's folder, then read by the worker against
+    its job folder: accepted, then failed after the model was loaded."""
+    from trainer_core.jobs.evals import prepared
+    from trainer_core.worker.benchmarks import task_names
+
+    (files / "tasks").mkdir()
+    (files / "tasks" / "tiny.yaml").write_text("task: tiny\n")
+    monkeypatch.chdir(files)
+    ready = prepared(spec(data="", lm_eval_tasks=["tasks/tiny.yaml", "hellaswag"]))
+    assert ready.lm_eval_tasks == [str(files / "tasks" / "tiny.yaml"), "hellaswag"] and ready.validate() == []
+    job = tmp_path / "job"
+    job.mkdir()
+    monkeypatch.chdir(job)  # where the worker runs
+    assert task_names(ready.lm_eval_tasks) == (["tiny", "hellaswag"], [str(files / "tasks")])

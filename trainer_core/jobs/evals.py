@@ -41,6 +41,10 @@ def prepared(spec: EvalSpec) -> EvalSpec:
             values["data"] = str(resolve_source(spec.data.strip(), "data"))
         except DatasetError:
             pass  # validation says what is wrong with the path
+    if isinstance(spec.lm_eval_tasks, list):  # the worker runs in its job folder: a relative YAML path is ours
+        values["lm_eval_tasks"] = [str(Path(t).expanduser().absolute())
+                                   if isinstance(t, str) and t.endswith((".yaml", ".yml")) and "\x00" not in t else t
+                                   for t in spec.lm_eval_tasks]
     if not spec.name:
         values["name"] = f"Eval · {_source_label(spec.source)}"
     return dataclasses.replace(spec, **values)
