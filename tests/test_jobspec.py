@@ -172,3 +172,17 @@ def test_a_running_job_reads_as_what_it_does():
     assert JobKind.SERVE.status_label(RunStatus.RUNNING) == "Serving"
     assert JobKind.TRAIN.status_label(RunStatus.RUNNING) == "Training"
     assert JobKind.EXPORT.status_label(RunStatus.FAILED) == "Failed"
+
+
+@pytest.mark.parametrize("kind", ["serve", "export"])
+@pytest.mark.parametrize("value", [None, 5, ["x"]])
+def test_a_job_name_that_is_not_text_is_named_not_a_crash(home, kind, value):
+    """A job.json edited by hand with "name": null crashed every kind's validate (len(None))."""
+    from trainer_core.export.spec import ExportSpec
+    from trainer_core.serving.spec import ServeSpec
+
+    make_run("20260101-000000-nnnnnn")
+    source = ModelSource(run_id="20260101-000000-nnnnnn")
+    spec = ServeSpec(sources=[source]) if kind == "serve" else ExportSpec(source=source, targets=["adapter"])
+    spec.name = value
+    assert "name" in [e.field for e in spec.validate()]

@@ -219,7 +219,7 @@ class JobSpec:
     def validate(self) -> list[FieldError]:
         """Every problem at once (field errors), like TrainConfig.validate. Checks the source exists."""
         errors: list[FieldError] = []
-        if len(self.name) > 80 or "\x00" in self.name:
+        if not isinstance(self.name, str) or len(self.name) > 80 or "\x00" in self.name:
             errors.append(FieldError("name", "at most 80 characters, no NUL"))
         if not isinstance(self.gpu_ids, list) or not all(isinstance(g, int) and 0 <= g < 1024 for g in self.gpu_ids):
             errors.append(FieldError("gpu_ids", "a list of GPU indices like [0]"))

@@ -180,3 +180,13 @@ def test_a_relative_task_yaml_is_made_absolute_before_the_worker_runs_in_its_job
     job.mkdir()
     monkeypatch.chdir(job)  # where the worker runs
     assert task_names(ready.lm_eval_tasks) == (["tiny", "hellaswag"], [str(files / "tasks")])
+
+
+@pytest.mark.parametrize("name", ["name", "data", "system_prompt", "judge_url", "judge_model", "judge_key_env",
+                                  "judge_rubric", "lm_eval_tasks"])
+@pytest.mark.parametrize("value", [None, 5, [1], {"a": 1}])
+def test_a_field_of_the_wrong_type_is_named_not_a_crash(files, name, value):
+    """A hand-edited job.json with data: null (or a number, a list) crashed validate with an AttributeError."""
+    bad = spec(**{"data": str(files / "alpaca.jsonl"), "metrics": ["exact", "judge"], "judge_url": "http://x/v1",
+                  "judge_model": "m", name: value})
+    assert name in [e.field for e in bad.validate()]

@@ -79,6 +79,13 @@ class EvalSpec(JobSpec):
         return [self.judge_key_env] if wanted else []
 
     def validate(self) -> list[FieldError]:
+        text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",
+                       "judge_model", "judge_key_env", "judge_rubric")
+        wrong = [FieldError(n, "text") for n in text_fields if not isinstance(getattr(self, n), str)]
+        if not isinstance(self.lm_eval_tasks, list) or not all(isinstance(t, str) for t in self.lm_eval_tasks):
+            wrong.append(FieldError("lm_eval_tasks", "a list of task names or local task YAML paths"))
+        if wrong:  # a job.json edited by hand: name the fields instead of failing on them below
+            return wrong
         errors = super().validate()
         errors += self._field_errors()
         reading = {"data", "format_type", "custom_format_mapping", "max_samples"}  # fields the data check needs
