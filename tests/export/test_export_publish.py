@@ -32,3 +32,15 @@ def test_a_stopped_export_publishes_its_finished_files_but_never_its_scratch_fol
     rows = [e for e in ev.read_new(job / ev.LOG_NAME, 0)[0] if e.kind == "artifact"]
     assert [(r.path, r.sha256) for r in rows] == [
         (str(plan.final / "m-q8_0.gguf"), hashlib.sha256(b"GGUF-q8").hexdigest())]
+
+
+def test_the_tools_an_export_runs_never_get_the_hub_token(tmp_path, monkeypatch, capsys):
+    """llama-quantize ran with the worker's whole environment, HF_TOKEN included when the export pushes."""
+    import sys
+
+    monkeypatch.setenv("HF_TOKEN", "hf_push_secret_123")
+    worker = ExportWorker(tmp_path)
+    worker.run_tool([sys.executable, "-c", "import os; print('token:', os.environ.get('HF_TOKEN', 'none'))"],
+                    "llama-quantize")
+    worker.events.close()
+    assert "token: none" in capsys.readouterr().out

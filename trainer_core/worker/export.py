@@ -78,6 +78,12 @@ class Plan:
         return self.staging / "merged" if "merged" in self.spec.targets else self.staging / ".work" / "merged"
 
 
+def tool_env() -> dict[str, str]:
+    """The environment of the converter and llama-quantize: ours without the hub token a push needs (they
+    read local files only)."""
+    return {k: v for k, v in os.environ.items() if k not in secrets.SECRET_ENV.values()}
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -333,7 +339,7 @@ class ExportWorker:
     def convert(self, script: Path, model_dir: Path, outtype: str, out: Path) -> None:
         """llama.cpp's own converter, in a process of its own whose PYTHONPATH starts with its folder (its `gguf`
         package never meets ours) and whose environment holds no secrets."""
-        env = {k: v for k, v in os.environ.items() if k not in secrets.SECRET_ENV.values()}
+        env = tool_env()
         env["PYTHONPATH"] = str(script.parent)
         env["HF_HUB_OFFLINE"] = "1"  # it reads the local folder only
         self.run_tool([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out)],
@@ -342,7 +348,7 @@ class ExportWorker:
     def run_tool(self, command: list[str], name: str, env: dict[str, str] | None = None) -> None:
         self.log(f"running {name}: {' '.join(command[1:])}")
         try:
-            done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=env,
+            done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=env or tool_env(),
                                   stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise ExportError(f"{name} could not be started ({exc.strerror or exc})") from None
