@@ -186,3 +186,15 @@ def test_a_job_name_that_is_not_text_is_named_not_a_crash(home, kind, value):
     spec = ServeSpec(sources=[source]) if kind == "serve" else ExportSpec(source=source, targets=["adapter"])
     spec.name = value
     assert "name" in [e.field for e in spec.validate()]
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", "\x00\x00"])
+def test_a_damaged_adapter_config_is_a_source_error_naming_the_file(home, content):
+    """It was accepted, and the serve/eval/export worker failed later with a bare JSONDecodeError."""
+    make_run("20260101-000000-dddddd", steps=(10,))
+    folder = paths.run_dir("20260101-000000-dddddd")
+    (folder / "checkpoints" / "checkpoint-10" / "adapter_config.json").write_text(content)
+    with pytest.raises(SourceError, match="checkpoint-10/adapter_config.json cannot be read") as caught:
+        resolve(ModelSource(run_id="20260101-000000-dddddd", checkpoint=10))
+    assert caught.value.field == "checkpoint"
+    assert resolve(ModelSource(run_id="20260101-000000-dddddd")).adapter_dir == folder / "adapter"  # final intact

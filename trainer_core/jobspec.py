@@ -175,6 +175,14 @@ def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
             raise SourceError(f"run '{name}' has no checkpoint at step {source.checkpoint}: {known}", "checkpoint")
         label = f"{name} · step {source.checkpoint}"
     is_adapter = (folder / "adapter_config.json").is_file()
+    if is_adapter:  # a damaged file failed later, in the worker, as a bare JSONDecodeError
+        try:
+            if not isinstance(json.loads((folder / "adapter_config.json").read_text()), dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            where = "checkpoint" if source.checkpoint is not None else "run"
+            raise SourceError(f"{folder / 'adapter_config.json'} cannot be read ({str(exc)[:120]}): the adapter is "
+                              "damaged; pick another checkpoint, or train again", where) from None
     return ResolvedSource(source, label, cfg.model_name, adapter_dir=folder if is_adapter else None,
                           model_dir=None if is_adapter else folder, run_name=name, config=cfg)
 
