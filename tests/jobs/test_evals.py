@@ -131,3 +131,19 @@ def test_the_cli_says_what_is_wrong_and_exits_2(orch, trained, tmp_path, capsys,
     assert cli(["eval", trained, "--data", str(tmp_path / "text.csv"), "--metrics", "exact"]) == 2
     assert "error: data: raw text has no reference answers" in capsys.readouterr().err
     assert all(r.kind is JobKind.TRAIN for r in orch.list_runs())
+
+
+def test_a_nul_in_a_test_row_is_stored_as_a_replacement_character_and_the_eval_completes(home, store):
+    """PostgreSQL refuses NUL in text: the sample write failed at every flush (a DataError), so nothing after it
+    (the result, the offset) reached the database."""
+    job_id = "20260101-000000-e0e0e1"
+    job_dir = paths.run_dir(job_id)
+    job_dir.mkdir(parents=True)
+    store.create_run(RunRecord(id=job_id, kind=JobKind.EVAL, status=RunStatus.RUNNING))
+    writer = ev.EventWriter(job_dir / ev.LOG_NAME)
+    writer.emit(ev.EvalSampleEvent(index=0, prompt="a\x00b", reference="r\x00", answer="\x00x", exact=0.0))
+    writer.emit(ev.CompleteEvent(status="completed", steps=1))
+    writer.close()
+    assert replay(store, job_id, job_dir).terminal[0] is RunStatus.COMPLETED
+    assert store.eval_samples(job_id)[["prompt", "reference", "answer"]].values.tolist() == [
+        ["a\ufffdb", "r\ufffd", "\ufffdx"]]

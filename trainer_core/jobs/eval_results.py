@@ -13,6 +13,8 @@ SAMPLE_FIELDS = ("prompt", "reference", "answer", "exact", "rouge_l", "bleu", "l
 
 def on_sample(t: Any, e: ev.EvalSampleEvent) -> None:
     row = {name: getattr(e, name) for name in SAMPLE_FIELDS}
+    for name in ("prompt", "reference", "answer"):  # test files may hold NUL, which PostgreSQL refuses in text: the
+        row[name] = row[name].replace("\x00", "\ufffd")  # failing write blocked the job's later events for good
     t.writes.append(lambda store, run_id=t.run_id, index=e.index: store.save_eval_sample(run_id, index, **row))
     t.urgent = True
 
