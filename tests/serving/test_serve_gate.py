@@ -210,3 +210,24 @@ def test_nan_and_infinity_are_400_not_a_crash(model_dir, field, value, translate
     answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
     assert answer.status_code == 400 and "not JSON" in answer.json()["error"]["message"]
     assert inner.seen == []
+
+
+@pytest.mark.parametrize("messages", ['"hi"', "null", "[1, null]", '[{"content": "hi"}]', '[{"role": "user", "content": 5}]'])
+def test_messages_of_the_wrong_shape_are_400_not_the_engines_500(model_dir, messages):
+    """transformers serve answered these with a bare 500 Internal Server Error (seen on a real server)."""
+    inner, client = gate(model_dir)
+    raw = '{"model": "tuned", "messages": %s}' % messages
+    answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
+    assert answer.status_code == 400 and "messages" in answer.json()["error"]["message"]
+    assert inner.seen == []
+
+
+def test_n_above_1_is_400_on_transformers_and_passed_to_vllm(model_dir):
+    """transformers serve gives one answer whatever n asks for: the caller silently got 1 of 3 (real server)."""
+    body = {"model": "tuned", "messages": [{"role": "user", "content": "hi"}], "n": 3}
+    inner, client = gate(model_dir)
+    answer = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert answer.status_code == 400 and "n must be 1" in answer.json()["error"]["message"] and inner.seen == []
+    assert client.post("/v1/chat/completions", json={**body, "n": 1}, headers=AUTH).status_code == 200
+    inner, client = gate(model_dir, translate=False)
+    assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200 and inner.seen[0][3]["n"] == 3

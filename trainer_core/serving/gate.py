@@ -168,7 +168,7 @@ class KeyGate:
                 return
             if method == "POST":
                 body = await self._read_body(scope, receive)
-                raw = json.dumps(self._rewrite(body)).encode()
+                raw = json.dumps(self._rewrite(body, path)).encode()
                 headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
                 scope = {**scope, "headers": headers + [(b"content-length", str(len(raw)).encode())]}
                 receive = _replay(raw, receive)
@@ -210,12 +210,13 @@ class KeyGate:
             raise RequestRefused(400, "the request body must be a JSON object")
         return body
 
-    def _rewrite(self, body: dict) -> dict:
+    def _rewrite(self, body: dict, path: str = "/v1/chat/completions") -> dict:
         model = body.get("model")
         served = ", ".join(self.config.models)
         if not isinstance(model, str) or model not in self.config.models:
             shown = repr(model)[:80] if model is not None else "no model"
             raise RequestRefused(404, f"model {shown} is not served here; served: {served}", "model_not_found")
+        shape_problem(path, body, self.config.translate_sampling)
         for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
             value = body.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -247,6 +248,25 @@ class KeyGate:
             body.pop("temperature")  # greedy is do_sample=False above; a 0 temperature only earns a warning
         body["generation_config"] = config
         return body
+
+
+def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:
+    """RequestRefused (400, naming the field) for a request the engine would answer with a bare 500 (messages
+    that are not a list of role/content objects) or silently answer otherwise (transformers serve gives one
+    answer whatever ``n`` asks for)."""
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise RequestRefused(400, "messages must be a list of {\"role\": ..., \"content\": ...} objects")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) or \
+                    not isinstance(message.get("content", ""), (str, list, type(None))):
+                raise RequestRefused(400, f"messages[{i}] must be an object with a text role and a text (or list of "
+                                          "parts) content")
+    n = body.get("n")
+    if transformers_engine and n is not None and n != 1:
+        raise RequestRefused(400, f"n must be 1 here (one answer per request), not {n!r:.20}: send the request "
+                                  "again for another answer")
 
 
 def _not_json(constant: str):
