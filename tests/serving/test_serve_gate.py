@@ -93,7 +93,7 @@ def test_health_passes_through(model_dir):
 def test_unknown_model_is_404_naming_the_served_ones(model_dir):
     inner, client = gate(model_dir)
     for model in ("other", None, "../m", 3):
-        response = client.post("/v1/chat/completions", headers=AUTH, json={"model": model, "messages": []})
+        response = client.post("/v1/chat/completions", headers=AUTH, json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 404
         assert response.json()["error"]["message"].endswith("is not served here; served: tuned, base")
     assert inner.seen == []
@@ -135,7 +135,7 @@ def test_greedy_drops_sampling_fields():
 
 def test_vllm_gets_the_fields_untouched(model_dir):
     inner, client = gate(model_dir, translate=False)
-    body = {"model": "base", "messages": [], "top_k": 40, "min_p": 0.05, "stream_options": {"include_usage": True}}
+    body = {"model": "base", "messages": [{"role": "user", "content": "hi"}], "top_k": 40, "min_p": 0.05, "stream_options": {"include_usage": True}}
     assert client.post("/v1/chat/completions", headers=AUTH, json=body).status_code == 200
     assert inner.seen[0][3] == body
 
@@ -151,7 +151,7 @@ def test_prompt_longer_than_the_context_is_400_and_max_tokens_fits_the_rest(mode
     counts["tokens"] = 2000
     assert client.post("/v1/chat/completions", headers=AUTH, json=body).status_code == 200
     assert inner.seen[-1][3]["max_tokens"] == 48
-    unnamed = {"model": "tuned", "messages": []}
+    unnamed = {"model": "tuned", "messages": [{"role": "user", "content": "hi"}]}
     assert client.post("/v1/chat/completions", headers=AUTH, json=unnamed).status_code == 200
     assert inner.seen[-1][3]["max_tokens"] == 48  # the engine's default (1,024) would not fit either
     counts["tokens"] = 10
@@ -194,7 +194,7 @@ def test_gate_built_from_the_environment_file(model_dir, tmp_path, monkeypatch):
 def test_a_max_tokens_that_is_not_a_positive_count_is_400_naming_it(model_dir, field, value, translate):
     """A negative answer length reached generate() (max_new_tokens=-5); 1e300 or Infinity skipped the cap."""
     inner, client = gate(model_dir, translate=translate, limits=lambda model, body: (10, 100))
-    raw = '{"model": "tuned", "messages": [], "%s": %s}' % (field, value)
+    raw = '{"model": "tuned", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (field, value)
     answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
     assert answer.status_code == 400 and field in answer.json()["error"]["message"]
     assert inner.seen == []
@@ -206,13 +206,13 @@ def test_a_max_tokens_that_is_not_a_positive_count_is_400_naming_it(model_dir, f
 def test_nan_and_infinity_are_400_not_a_crash(model_dir, field, value, translate):
     """Python's json reads them; int(Infinity) crashed the gate (a 500) and the rest reached the engine."""
     inner, client = gate(model_dir, translate=translate)
-    raw = '{"model": "tuned", "messages": [], "%s": %s}' % (field, value)
+    raw = '{"model": "tuned", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (field, value)
     answer = client.post("/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
     assert answer.status_code == 400 and "not JSON" in answer.json()["error"]["message"]
     assert inner.seen == []
 
 
-@pytest.mark.parametrize("messages", ['"hi"', "null", "[1, null]", '[{"content": "hi"}]', '[{"role": "user", "content": 5}]'])
+@pytest.mark.parametrize("messages", ['"hi"', "null", "[]", "[1, null]", '[{"content": "hi"}]', '[{"role": "user", "content": 5}]'])
 def test_messages_of_the_wrong_shape_are_400_not_the_engines_500(model_dir, messages):
     """transformers serve answered these with a bare 500 Internal Server Error (seen on a real server)."""
     inner, client = gate(model_dir)
@@ -231,3 +231,12 @@ def test_n_above_1_is_400_on_transformers_and_passed_to_vllm(model_dir):
     assert client.post("/v1/chat/completions", json={**body, "n": 1}, headers=AUTH).status_code == 200
     inner, client = gate(model_dir, translate=False)
     assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200 and inner.seen[0][3]["n"] == 3
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": ["a"]}, {"prompt": None}])
+def test_a_completion_without_a_text_prompt_is_400(model_dir, body):
+    """transformers serve answered a missing prompt with a bare 500 (real server)."""
+    inner, client = gate(model_dir)
+    answer = client.post("/v1/completions", json={"model": "tuned", **body}, headers=AUTH)
+    assert answer.status_code == 400 and "prompt must be a string" in answer.json()["error"]["message"]
+    assert inner.seen == []

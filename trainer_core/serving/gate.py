@@ -256,13 +256,16 @@ def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:
     answer whatever ``n`` asks for)."""
     if path == "/v1/chat/completions":
         messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise RequestRefused(400, "messages must be a list of {\"role\": ..., \"content\": ...} objects")
+        if not isinstance(messages, list) or not messages:
+            raise RequestRefused(400, "messages must be a non-empty list of {\"role\": ..., \"content\": ...} "
+                                      "objects")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str) or \
                     not isinstance(message.get("content", ""), (str, list, type(None))):
                 raise RequestRefused(400, f"messages[{i}] must be an object with a text role and a text (or list of "
                                           "parts) content")
+    if path == "/v1/completions" and not isinstance(body.get("prompt"), str):
+        raise RequestRefused(400, "prompt must be a string")
     n = body.get("n")
     if transformers_engine and n is not None and n != 1:
         raise RequestRefused(400, f"n must be 1 here (one answer per request), not {n!r:.20}: send the request "
