@@ -240,3 +240,5 @@ def test_a_completion_without_a_text_prompt_is_400(model_dir, body):
     answer = client.post("/v1/completions", json={"model": "tuned", **body}, headers=AUTH)
     assert answer.status_code == 400 and "prompt must be a string" in answer.json()["error"]["message"]
     assert inner.seen == []
+    inner, client = gate(model_dir, translate=False)  # vLLM takes a list of prompts, and answers for itself
+    assert client.post("/v1/completions", json={"model": "tuned", **body}, headers=AUTH).status_code == 200

@@ -264,7 +264,7 @@ def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:
                     not isinstance(message.get("content", ""), (str, list, type(None))):
                 raise RequestRefused(400, f"messages[{i}] must be an object with a text role and a text (or list of "
                                           "parts) content")
-    if path == "/v1/completions" and not isinstance(body.get("prompt"), str):
+    if transformers_engine and path == "/v1/completions" and not isinstance(body.get("prompt"), str):
         raise RequestRefused(400, "prompt must be a string")
     n = body.get("n")
     if transformers_engine and n is not None and n != 1:
