@@ -87,9 +87,13 @@ def merge_adapter(resolved: ResolvedSource, target: Path, dtype: str = "bfloat16
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / MERGED_MARKER).write_text(stamp)
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MERGED_MARKER).write_text(stamp)
+    except BaseException:  # a full disk or a Cancel: no half-written copy of the model left in the run's folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
