@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig, TrainerCallback
 
 from trainer_core import samples_check
-from trainer_core.config import TrainConfig, sample_prompts_of
+from trainer_core.config import SAMPLE_PROMPTS_MAX, TrainConfig, sample_prompts_of
 from trainer_core.promptsets import PromptSetError
 from trainer_core.protocol import control, events as ev
 
@@ -155,6 +155,10 @@ def make_callback(cfg: TrainConfig, tokenizer, chat: bool, has_eval: bool, shard
         return None
     if not prompts or worker.rank != 0:
         return None
+    if len(prompts) > SAMPLE_PROMPTS_MAX:  # the set grew after the run was checked (the Playground adds to sets)
+        worker.warn(f"The prompt set {cfg.sample_prompt_set.strip()!r} now has {len(prompts)} prompts: samples use "
+                    f"its first {SAMPLE_PROMPTS_MAX} (each is generated at every sampling step).")
+        prompts = prompts[:SAMPLE_PROMPTS_MAX]
     if sharded:
         worker.warn("No samples during training: the model is sharded across processes (FSDP), and sampling "
                     "runs on one process.")
