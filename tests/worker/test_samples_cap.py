@@ -34,5 +34,5 @@ def test_a_prompt_set_grown_after_the_run_was_checked_is_cut_to_the_limit_with_a
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["prompts"] == out["max"]
-    assert out["warnings"] == [f"The prompt set 'grown' now has 40 prompts: samples use its first {out['max']} "
+    assert out["warnings"] == [f"The prompt set 'grown' now has 40 prompts: samples use the first {out['max']} "
                                "(each is generated at every sampling step)."]

@@ -156,8 +156,9 @@ def make_callback(cfg: TrainConfig, tokenizer, chat: bool, has_eval: bool, shard
     if not prompts or worker.rank != 0:
         return None
     if len(prompts) > SAMPLE_PROMPTS_MAX:  # the set grew after the run was checked (the Playground adds to sets)
-        worker.warn(f"The prompt set {cfg.sample_prompt_set.strip()!r} now has {len(prompts)} prompts: samples use "
-                    f"its first {SAMPLE_PROMPTS_MAX} (each is generated at every sampling step).")
+        what = f"The prompt set {cfg.sample_prompt_set.strip()!r}" if cfg.sample_prompt_set.strip() else "The run"
+        worker.warn(f"{what} now has {len(prompts)} prompts: samples use the first {SAMPLE_PROMPTS_MAX} (each is "
+                    "generated at every sampling step).")
         prompts = prompts[:SAMPLE_PROMPTS_MAX]
     if sharded:
         worker.warn("No samples during training: the model is sharded across processes (FSDP), and sampling "
