@@ -8,6 +8,7 @@ into 4-bit weights, which would degrade the model.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -77,14 +78,32 @@ def merge_adapter(resolved: ResolvedSource, target: Path, dtype: str = "bfloat16
     assert dtype in MERGE_DTYPES, dtype
     stamp = dtype + " " + _adapter_stamp(resolved.adapter_dir)
     marker = target / MERGED_MARKER
-    if marker.exists() and marker.read_text() == stamp:
+    if _merged_from(marker) == stamp:
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Two jobs merging the same adapter at once (two servers, a server and an export): the second waits and
+    # reuses the first's folder, rather than replacing it while the first loads from it.
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _merged_from(marker) == stamp:
+            return target
+        _merge_into(resolved, target, dtype, stamp, log)
+    return target
+
+
+def _merged_from(marker: Path) -> str | None:
+    try:
+        return marker.read_text()
+    except OSError:
+        return None
+
+
+def _merge_into(resolved: ResolvedSource, target: Path, dtype: str, stamp: str, log) -> None:
     import torch
 
     log(f"Merging the adapter {resolved.adapter_dir} into its base model ({target})")
     model, tokenizer = load_source(resolved, device="cpu", log=log)
     merged = model.merge_and_unload().to(getattr(torch, dtype))
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -96,4 +115,3 @@ def merge_adapter(resolved: ResolvedSource, target: Path, dtype: str = "bfloat16
         raise
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
-    return target
