@@ -70,6 +70,7 @@ class Evaluator:
             self.status(RunStatus.STARTING, "loading model")
             resolved = jobspec.resolve(spec.source)
             model, tokenizer, device = self.load(resolved)
+            samples = self.fitting(samples, model, tokenizer, spec)
             self.check_cancel()
 
             if samples:
@@ -117,6 +118,24 @@ class Evaluator:
         tokenizer.padding_side = "left"  # generation continues every prompt of a batch from its last token
         self.log(f"Loaded {resolved.label} on {device}")
         return model, tokenizer, device
+
+    def fitting(self, samples: list, model, tokenizer, spec: EvalSpec) -> list:
+        """The samples whose prompt and answer fit the model's context; the others are left out with one warning
+        (generating them would fail, or run out of memory padding the whole batch to their length)."""
+        context = getattr(model.config, "max_position_embeddings", None)
+        if not context or not samples:
+            return samples
+        fit = []
+        for sample in samples:
+            ids = tokenizer.apply_chat_template(sample.prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            if len(ids) + spec.max_new_tokens <= context:
+                fit.append(sample)
+        if len(fit) < len(samples):
+            self.warn(f"Left out {len(samples) - len(fit):,} of {len(samples):,} test row(s) whose prompt and "
+                      f"max_new_tokens ({spec.max_new_tokens}) do not fit the model's context of {context:,} tokens: "
+                      "shorten those rows or lower max_new_tokens")
+        return fit
 
     def evaluate(self, spec: EvalSpec, samples: list, model, tokenizer, device: str):
         """Generate and score every sample; returns ([(scores, answer, reference)], the control action that
