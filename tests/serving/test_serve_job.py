@@ -283,3 +283,14 @@ def test_the_watch_never_ends_an_idle_server_without_timeout(tmp_path):
     assert len(ticks) == 3  # two checks of an idle server (idle for hours) did not end it
     assert worker.end_reason == (RunStatus.STOPPED, "stopped on request")
     worker.events.close()
+
+
+def test_short_prompts_skip_tokenizing_long_ones_do_not():
+    from trainer_core.worker.serve import _surely_fits
+
+    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    assert _surely_fits(short, 8192)
+    assert not _surely_fits(short, 600)  # 2 bytes + allowances + 64 > 600: count the tokens
+    assert not _surely_fits({"messages": [{"role": "user", "content": "é" * 4000}]}, 8192)  # 8,000 bytes
+    assert _surely_fits({"prompt": "x" * 100}, 2048) and not _surely_fits({"prompt": "x" * 100}, 1024)
+    assert not _surely_fits({"messages": ["not a message"]}, 8192) and not _surely_fits({}, 8192)

@@ -20,6 +20,7 @@ configured through the GATE_ENV file).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -99,16 +100,22 @@ class RequestRefused(Exception):
 Limits = Callable[[str, dict], "tuple[int, int] | None"]
 
 
+@functools.lru_cache(maxsize=64)
+def _model_generation_config(folder: str) -> dict[str, Any]:
+    """A served folder's generation_config.json (read once: it is on every request's path)."""
+    if not folder:
+        return {}
+    try:
+        data = json.loads((Path(folder) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if not k.startswith("_") and k != "transformers_version"}
+
+
 def generation_config_json(folder: str, body: dict) -> str:
     """transformers serve's ``generation_config`` for ``body``: the folder's generation_config.json (eos,
     pad, bos kept) with the request's sampling fields on top; temperature 0 means greedy."""
-    base: dict[str, Any] = {}
-    if folder:
-        try:
-            base = json.loads((Path(folder) / "generation_config.json").read_text())
-        except (OSError, ValueError):
-            base = {}
-    base = {k: v for k, v in base.items() if not k.startswith("_") and k != "transformers_version"}
+    base = dict(_model_generation_config(folder))
     temperature = body.get("temperature")
     temperature = 1.0 if temperature is None else float(temperature)
     base["do_sample"] = temperature > 0

@@ -34,7 +34,7 @@ from trainer_core.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving import endpoint as endpoint_file
-from trainer_core.serving.gate import GATE_ENV, Activity, GateConfig, KeyGate
+from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
 from trainer_core.serving.spec import VLLM, ServeSpec, adapter_rank, choose_serve_engine, served_names
 
 HEARTBEAT_S = 2.0
@@ -355,6 +355,8 @@ def prompt_limits(manager):
         tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
         if not context:
             return None
+        if _surely_fits(body, int(context)):
+            return None  # no need to tokenize (a few ms on every request's path)
         try:
             if isinstance(body.get("messages"), list):
                 ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True,
@@ -368,6 +370,29 @@ def prompt_limits(manager):
         return len(ids), int(context)
 
     return limits
+
+
+TEMPLATE_TOKENS_PER_MESSAGE = 64  # role markers and separators: generous for any chat template
+TEMPLATE_TOKENS = 512  # a default system prompt some templates add
+
+
+def _surely_fits(body: dict, context: int) -> bool:
+    """True when the prompt cannot exceed the context whatever the tokenizer: a token covers at least one
+    byte of text, so the byte count (plus a generous allowance for the template) bounds the token count."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        try:
+            size = sum(len(json.dumps(m.get("content"), ensure_ascii=False).encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+                       for m in messages)
+        except (AttributeError, TypeError, ValueError):
+            return False
+    elif isinstance(body.get("prompt"), str):
+        size = len(body["prompt"].encode())
+    else:
+        return False
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    asked = asked if isinstance(asked, int) and not isinstance(asked, bool) else ENGINE_DEFAULT_MAX_TOKENS
+    return size + TEMPLATE_TOKENS + asked <= context
 
 
 def main(run_dir: Path) -> int:
