@@ -278,7 +278,7 @@ def test_the_watch_never_ends_an_idle_server_without_timeout(tmp_path):
                 control.request(tmp_path, control.Action.STOP)
             return False
 
-    worker._done = Clock()
+    worker.done = Clock()
     worker.watch(ServeSpec(idle_timeout_s=0), lambda: 10_000.0, lambda: None)
     assert len(ticks) == 3  # two checks of an idle server (idle for hours) did not end it
     assert worker.end_reason == (RunStatus.STOPPED, "stopped on request")

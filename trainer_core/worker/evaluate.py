@@ -11,11 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import sys
-import threading
 import time
-import traceback
 from pathlib import Path
 
 from trainer_core import jobspec
@@ -25,8 +21,8 @@ from trainer_core.evaluation.judge import Judge, JudgeUnavailable
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker.job import JobWorker
 
-HEARTBEAT_S = 2.0
 PREDICTIONS = "predictions.jsonl"
 RESULTS = "results.json"
 TEXT_CAP = 20_000  # characters of a prompt/answer kept in an event (predictions.jsonl keeps them whole)
@@ -43,18 +39,10 @@ def prompt_text(messages: list[dict]) -> str:
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
-class Evaluator:
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
-        self.events = ev.EventWriter(self.run_dir / ev.LOG_NAME)
-        self.sigterm = threading.Event()
-        self._stop_heartbeat = threading.Event()
-        self.secrets: list[str] = []
-
+class Evaluator(JobWorker):
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
-        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        self.begin()
         try:
             spec = jobspec.read_spec(self.run_dir)
             assert isinstance(spec, EvalSpec)
@@ -101,8 +89,7 @@ class Evaluator:
             self.fail(exc)
             return 1
         finally:
-            self._stop_heartbeat.set()
-            self.events.close()
+            self.end()
 
     def load(self, resolved: jobspec.ResolvedSource):
         import torch
@@ -215,46 +202,16 @@ class Evaluator:
         os.replace(tmp, self.run_dir / RESULTS)  # complete or absent, never half-written
 
     # ------------------------------------------------------------------ reporting and control
-    def status(self, status: RunStatus, phase: str) -> None:
-        self.log(f"[{status.value}] {phase}")
-        self.events.emit(ev.StatusEvent(status=status.value, phase=phase))
-
-    def warn(self, message: str) -> None:
-        message = self.redact(message)
-        self.log(f"warning: {message}")
-        self.events.emit(ev.WarningEvent(message=message))
-
     def finish(self, status: RunStatus, done: int) -> None:
         self.events.emit(ev.CompleteEvent(status=status.value, output_dir=str(self.run_dir), steps=done))
         self.log(f"finished: {status.value} after {done} sample(s)")
 
     def fail(self, exc: BaseException) -> None:
-        message = self.redact(f"{type(exc).__name__}: {exc}")
-        tb = self.redact("".join(traceback.format_exception(exc)))
-        print(tb, file=sys.stderr, flush=True)
-        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
-
-    def log(self, message: str) -> None:
-        print(self.redact(message), flush=True)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def requested(self) -> control.Action | None:
-        if self.sigterm.is_set():
-            return control.Action.CANCEL
-        return control.read(self.run_dir)
+        self.report_error(f"{type(exc).__name__}: {exc}", exc)
 
     def check_cancel(self) -> None:
         if self.requested() is not None:  # before any sample: nothing to keep
             raise Cancelled()
-
-    def _heartbeat(self) -> None:
-        pid = os.getpid()
-        while not self._stop_heartbeat.wait(HEARTBEAT_S):
-            self.events.emit(ev.HeartbeatEvent(pid=pid))
 
 
 # ---------------------------------------------------------------------- model calls

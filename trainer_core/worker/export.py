@@ -14,13 +14,10 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +27,9 @@ from trainer_core.export import card, chat_templates, tools
 from trainer_core.export.spec import HUB_TOKEN_ENV, ExportSpec
 from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker.job import JobWorker
 from trainer_core.worker.redaction import OutputRedactor
 
-HEARTBEAT_S = 2.0
 DISK_MARGIN = 1.10  # the estimate leaves 10% for tokenizer files, metadata and the file system
 CONVERTER_LOG_LINES = 15  # of the converter's output, quoted in the error when it fails
 HASH_BLOCK = 8 << 20
@@ -106,22 +103,18 @@ def tree_size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-class ExportWorker:
+class ExportWorker(JobWorker):
     def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.events = ev.EventWriter(run_dir / ev.LOG_NAME)
+        super().__init__(run_dir)
         self.secrets = [s for s in [*secrets.from_env(os.environ).values()] if s]
-        self.sigterm = threading.Event()
-        self._stop_heartbeat = threading.Event()
         self.stage_index = 0
         self.total = 0
         self.started = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
         redactor = OutputRedactor(self.secrets) if self.secrets else None
-        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        self.begin()
         plan: Plan | None = None
         try:
             spec = jobspec.read_spec(self.run_dir)
@@ -159,8 +152,7 @@ class ExportWorker:
         finally:
             if plan is not None:
                 shutil.rmtree(plan.staging, ignore_errors=True)  # gone once published; a failure leaves nothing
-            self._stop_heartbeat.set()
-            self.events.close()
+            self.end()
             if redactor is not None:
                 redactor.close()
 
@@ -490,37 +482,13 @@ class ExportWorker:
                                           elapsed_s=time.time() - self.started))
 
     def check_control(self) -> None:
-        action = control.Action.CANCEL if self.sigterm.is_set() else control.read(self.run_dir)
+        action = self.requested()
         if action is not None:
             raise Interrupted(action)
 
-    def status(self, status: RunStatus, phase: str, message: str = "") -> None:
-        self.log(f"[{status.value}] {phase} {message}".rstrip())
-        self.events.emit(ev.StatusEvent(status=status.value, phase=phase, message=message))
-
-    def warn(self, message: str) -> None:
-        self.log(f"warning: {message}")
-        self.events.emit(ev.WarningEvent(message=message))
-
     def fail(self, exc: BaseException) -> None:
         message = str(exc) if isinstance(exc, (ExportError, jobspec.SourceError)) else f"{type(exc).__name__}: {exc}"
-        tb = "".join(traceback.format_exception(exc))
-        message, tb = self.redact(message), self.redact(tb)
-        print(tb, file=sys.stderr, flush=True)
-        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
-
-    def log(self, message: str) -> None:
-        print(self.redact(message), flush=True)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def _heartbeat(self) -> None:
-        pid = os.getpid()
-        while not self._stop_heartbeat.wait(HEARTBEAT_S):
-            self.events.emit(ev.HeartbeatEvent(pid=pid))
+        self.report_error(message, exc)
 
 
 def chat_prompt(tokenizer, prompt: str) -> str:

@@ -20,24 +20,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from trainer_core import hardware
 from trainer_core.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
 from trainer_core.serving.spec import VLLM, ServeSpec, adapter_rank, choose_serve_engine, served_names
 
-HEARTBEAT_S = 2.0
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
 VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -95,19 +92,15 @@ def vllm_command(base: str, base_name: str, adapters: list[tuple[str, Path]], ho
     return command
 
 
-class ServeWorker:
+class ServeWorker(JobWorker):
     def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.events = ev.EventWriter(run_dir / ev.LOG_NAME)
-        self.sigterm = threading.Event()
-        self._done = threading.Event()
+        super().__init__(run_dir)
         self.engine = ""
         self.end_reason: tuple[RunStatus, str] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
-        threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
+        self.begin()
         sock = None
         try:
             spec = read_spec(self.run_dir)
@@ -141,8 +134,7 @@ class ServeWorker:
             if sock is not None:
                 sock.close()
             endpoint_file.remove(self.run_dir)
-            self._done.set()
-            self.events.close()
+            self.end()
 
     # ------------------------------------------------------------------ transformers serve
     def serve_transformers(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str],
@@ -185,7 +177,7 @@ class ServeWorker:
         server.run(sockets=[sock])
 
     def _announce_when_started(self, server, spec, resolved, names, port) -> None:
-        while not server.started and not self._done.is_set() and not server.should_exit:
+        while not server.started and not self.done.is_set() and not server.should_exit:
             time.sleep(0.05)
         if server.started:
             self.announce(spec, resolved, names, port)
@@ -273,7 +265,7 @@ class ServeWorker:
 
     def watch(self, spec: ServeSpec, idle_s, stop) -> None:
         """Ends the server on Stop/Cancel, SIGTERM or the idle timeout."""
-        while not self._done.wait(WATCH_S):
+        while not self.done.wait(WATCH_S):
             action = control.read(self.run_dir)
             if self.sigterm.is_set() or action is control.Action.CANCEL:
                 self.end_reason = (RunStatus.CANCELLED, "cancelled")
@@ -290,9 +282,8 @@ class ServeWorker:
         if self.sigterm.is_set() or control.read(self.run_dir) is not None:
             raise Cancelled()
 
-    def status(self, status: RunStatus, phase: str) -> None:
-        self.log(f"[{status.value}] {phase}")
-        self.events.emit(ev.StatusEvent(status=status.value, phase=phase, engine=self.engine))
+    def status(self, status: RunStatus, phase: str, message: str = "", **fields: str) -> None:
+        super().status(status, phase, message, engine=self.engine, **fields)
 
     def fail(self, exc: BaseException) -> None:
         if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
@@ -302,17 +293,7 @@ class ServeWorker:
             message = str(exc)  # ours name what and the fix (a missing run, a port in use, vLLM exiting)
         else:
             message = f"{type(exc).__name__}: {exc}"
-        tb = "".join(traceback.format_exception(exc))
-        print(tb, file=sys.stderr, flush=True)
-        self.events.emit(ev.ErrorEvent(message=message, exc_type=type(exc).__name__, traceback=tb[-8000:]))
-
-    def log(self, message: str) -> None:
-        print(message, flush=True)
-
-    def _heartbeat(self) -> None:
-        pid = os.getpid()
-        while not self._done.wait(HEARTBEAT_S):
-            self.events.emit(ev.HeartbeatEvent(pid=pid))
+        self.report_error(message, exc)
 
 
 def build_transformers_app(device: str):
