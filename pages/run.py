@@ -16,6 +16,7 @@ from ui.entry import require_entrypoint
 from ui.samples import render_samples, sampling_configured
 from ui.evaluation import render_evaluation
 from ui.export_panel import render_export
+from ui.serve_panel import render_serve
 from ui.state import get_orchestrator
 from ui.text import code, safe
 from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
@@ -84,9 +85,9 @@ if run.parent_run_id and run.resumed_from_step is not None:  # an eval/serve/exp
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")
 
-charts_tab, timeline_tab, log_tab, config_tab, samples_tab, eval_tab, export_tab = st.tabs(
+charts_tab, timeline_tab, log_tab, config_tab, samples_tab, eval_tab, serve_tab, export_tab = st.tabs(
     ["Charts", "Timeline", "Worker log", "Config", "Samples", "Evaluation",
-     "Artifacts" if run.kind is JobKind.EXPORT else "Export"])
+     "Endpoint" if run.kind is JobKind.SERVE else "Serve", "Artifacts" if run.kind is JobKind.EXPORT else "Export"])
 with charts_tab:
     with st.expander("Chart options", icon="⚙️"):
         options = chart_controls("run")
@@ -146,5 +147,7 @@ with samples_tab:  # samples during training: greedy answers to fixed prompts at
         st.caption("This run asks no sample prompts (New run → Samples during training).")
 with eval_tab:
     render_evaluation(orch, run, current_actor())
+with serve_tab:
+    render_serve(orch, run)
 with export_tab:
     render_export(orch, run)

@@ -633,6 +633,11 @@ class Orchestrator:
         """Published export artifacts of a run's exports (or of one export job), newest first."""
         return self.store.artifacts(job_id=job_id, source_run_id=source_run_id)
 
+    def endpoint_jobs(self, run_id: str) -> list[RunRecord]:
+        """The endpoint servers started on a run's model, newest first (playground servers are the Playground's)."""
+        jobs = [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.SERVE]
+        return [r for r in jobs if self.run_config(r.id).get("purpose") == "endpoint"]
+
     def export_jobs(self, run_id: str) -> list[RunRecord]:
         """The export jobs started on a run's model, newest first."""
         return [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.EXPORT]

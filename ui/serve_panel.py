@@ -1,0 +1,105 @@
+"""Run details' Serve tab: serve a run's model (final or a checkpoint) as an OpenAI-compatible endpoint for
+teammates, show the base URL, the model name and the API key (once: only its hash is stored), and list the
+run's endpoints with Stop. A serve job's own page shows where it listens. Layout only: the orchestrator and the
+serve job do the work (README "Serve a model")."""
+from __future__ import annotations
+
+import streamlit as st
+
+from db.entities import RunRecord
+from trainer_core import jobspec
+from trainer_core.access import Action, allowed
+from trainer_core.config import ConfigError
+from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.serving.spec import DEFAULT_IDLE_S
+from ui import format as fmt
+from ui.auth import current_actor
+from ui.text import code, safe
+
+HOSTS = {"127.0.0.1": "This machine only (127.0.0.1)", "0.0.0.0": "Every interface: teammates can call it (0.0.0.0)"}
+NEW_KEYS = "serve_new_keys"  # session state: job id -> API key, until the user says it is copied
+
+
+def render_serve(orch: Orchestrator, run: RunRecord) -> None:
+    if run.kind is JobKind.SERVE:
+        _job(orch, run)
+        return
+    if run.kind is not JobKind.TRAIN:
+        return
+    st.subheader("Serve")
+    st.caption("An OpenAI-compatible endpoint for this run's model, for teammates' own tools (curl, the openai "
+               "client, ...). It runs as a serve job: it waits for its device like a run, and stops on request or "
+               "when idle.")
+    if not RunStatus(run.status).is_terminal():
+        st.caption("Serve the model once the run has ended.")
+    elif allowed(current_actor(), Action.START):
+        _form(orch, run)
+    for job in orch.endpoint_jobs(run.id):
+        _job(orch, job)
+
+
+def _form(orch: Orchestrator, run: RunRecord) -> None:
+    with st.expander("New endpoint", icon="🔌"):
+        steps = jobspec.checkpoint_steps(run.id)
+        choice = st.selectbox("Model", ["final", *reversed(steps)], key=f"serve_source_{run.id}",
+                              format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
+        host_col, port_col, idle_col = st.columns([3, 1, 1])
+        host = host_col.selectbox("Listen on", list(HOSTS), format_func=HOSTS.get, key=f"serve_host_{run.id}")
+        port = port_col.number_input("Port", min_value=0, max_value=65535, value=0, step=1, key=f"serve_port_{run.id}",
+                                     help="0 picks a free port.")
+        idle = idle_col.number_input("Idle stop (min)", min_value=0, max_value=7 * 24 * 60, value=DEFAULT_IDLE_S // 60,
+                                     step=5, key=f"serve_idle_{run.id}", help="Stop after this long without a "
+                                                                              "request; 0 never stops by itself.")
+        if not st.button("Start endpoint", icon="🔌", key=f"serve_start_{run.id}"):
+            return
+        source = jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else int(choice))
+        try:
+            job_id, key = orch.start_server([source], actor=current_actor(), purpose="endpoint", host=host,
+                                            port=int(port), idle_timeout_s=int(idle) * 60)
+        except ConfigError as exc:
+            for error in exc.errors:
+                st.error(f"{safe(error.field)}: {safe(error.message)}")
+            return
+        except RunRefused as exc:
+            st.warning(safe(exc), icon="🚫")
+            return
+        st.session_state.setdefault(NEW_KEYS, {})[job_id] = key  # shown until dismissed; never stored
+        st.rerun()
+
+
+def _job(orch: Orchestrator, job: RunRecord) -> None:
+    status = RunStatus(job.status)
+    with st.container(border=True):
+        st.markdown(f"{status.icon} **{safe(job.name)}** · {safe(JobKind.SERVE.status_label(status))}"
+                    + (f" · {safe(job.phase)}" if job.phase and not status.is_terminal() else ""))
+        endpoint = orch.endpoint(job.id)
+        if endpoint is not None:
+            st.markdown(f"Base URL {code(endpoint.share_url)} · model "
+                        + ", ".join(code(m.name) for m in endpoint.models) + f" · engine {safe(endpoint.engine)}")
+        elif status is RunStatus.QUEUED:
+            st.caption("Waiting for its device: a run or another job holds it.")
+        elif not status.is_terminal():
+            st.caption("Loading the model; the URL appears when it answers.")
+        if status is RunStatus.FAILED and job.error:
+            st.error(safe(job.error))
+        key = st.session_state.get(NEW_KEYS, {}).get(job.id)
+        if key and not status.is_terminal():
+            st.warning("The API key, shown this once (only its hash is stored). Send it as "
+                       "`Authorization: Bearer <key>`; requests without it get 401.", icon="🔑")
+            st.code(key, language=None)
+            if st.button("I have copied the key", key=f"serve_key_done_{job.id}"):
+                st.session_state[NEW_KEYS].pop(job.id, None)
+                st.rerun()
+        if not status.is_terminal():
+            may_stop = allowed(current_actor(), Action.STOP, job.owner)
+            if st.button("Stop endpoint", icon="🛑", key=f"serve_stop_{job.id}", disabled=not may_stop):
+                try:
+                    orch.stop(job.id, actor=current_actor())
+                except RunRefused as exc:
+                    st.warning(safe(exc), icon="🚫")
+                else:
+                    st.session_state.get(NEW_KEYS, {}).pop(job.id, None)
+                    st.rerun()
+        elif job.finished_at:
+            st.caption(f"Ended {fmt.ago(job.finished_at)}.")
