@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,6 +263,35 @@ class JobSpec:
             return cls(**values)
         except TypeError as exc:
             raise ConfigError([FieldError("job.json", str(exc))]) from None
+
+
+MEMORY_HEADROOM = 1.2  # weights plus activations and the KV cache of short generations
+
+
+def memory_errors(sources: list[ModelSource], gpu_ids: list[int], doing: str) -> list[FieldError]:
+    """The weights of ``sources`` (each loaded as one model: 16-bit on a GPU, 32-bit on a CPU) must fit the
+    device's free memory (the GPUs in ``gpu_ids``, or RAM on a CPU host), so a job is refused with the figures
+    and what to change instead of dying while it loads. ``doing`` names the job in the message."""
+    from trainer_core import hardware, memory, model_info  # model_info reads configs only: no ML stack
+
+    params, names = 0, []
+    for source in sources:
+        try:
+            resolved = resolve(source)
+            params += model_info.inspect_model(resolved.base_model).num_parameters
+        except (SourceError, model_info.ModelInfoError):
+            return []  # nothing to estimate from (an unreachable hub id): the worker reports what happens
+        names.append(resolved.base_model)
+    cuda = hardware.cuda_available()
+    need_gb = params * (2 if cuda else 4) * MEMORY_HEADROOM / memory.GB
+    dev = memory.device_memory(TrainConfig(gpu_ids=list(gpu_ids)))
+    if not sources or not math.isfinite(dev.free_gb) or need_gb <= dev.free_gb:
+        return []
+    what = names[0] if len(set(names)) == 1 and len(names) == 1 else f"{len(names)} models"
+    return [FieldError("memory", f"{what} need{'s' if what == names[0] else ''} about {need_gb:,.1f} GB to {doing} "
+                                 f"({params / 1e9:,.2f}B parameters in {'16' if cuda else '32'}-bit), but {dev.label} "
+                                 f"has {dev.free_gb:,.1f} GB free: stop other jobs, pick a GPU with more free memory "
+                                 f"(gpu_ids), or use {'fewer or ' if len(names) > 1 else ''}smaller models")]
 
 
 def _is_source_field(f: dataclasses.Field) -> bool:

@@ -67,6 +67,22 @@ def test_spec_validation_names_every_field(home, store):
         assert ServeSpec(sources=[BASE], host=host, api_key_hash=HASH, idle_timeout_s=0).validate() == []
 
 
+def test_models_that_do_not_fit_free_memory_together_are_refused_with_the_figures(home, store, monkeypatch):
+    from trainer_core import memory
+
+    fake_run(store, "r1", "my run", steps=(10,))
+    monkeypatch.setattr(memory, "device_memory", lambda cfg: memory.DeviceMemory("cpu", "system RAM", 1.2, 8.0))
+    one = ServeSpec(sources=[BASE], api_key_hash=HASH)
+    assert one.validate() == []  # one 135M model in 32-bit: about 0.6 GB
+    three = ServeSpec(sources=[BASE, ModelSource(run_id="r1"), ModelSource(run_id="r1", checkpoint=10)],
+                      api_key_hash=HASH)
+    [error] = three.validate()  # three copies side by side: about 1.9 GB
+    assert error.field == "memory"
+    assert error.message.startswith("3 models need about 1.9 GB to serve (0.40B parameters in 32-bit), but system "
+                                    "RAM has 1.2 GB free: stop other jobs")
+    assert error.message.endswith("or use fewer or smaller models")
+
+
 def test_vllm_requested_without_cuda_is_refused(home):
     errors = ServeSpec(sources=[BASE], api_key_hash=HASH, engine="vllm").validate()
     assert [e.field for e in errors] == ["engine"] and "CUDA GPU and the vllm extra" in errors[0].message

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import hardware, jobspec, memory, model_info
-from trainer_core.config import FORMAT_TYPES, FieldError, TrainConfig
+from trainer_core import jobspec
+from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
@@ -25,7 +25,6 @@ DEFAULT_RUBRIC = (
 RUBRIC_FIELDS = ("{prompt}", "{reference}", "{answer}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TASK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-MEMORY_HEADROOM = 1.2  # weights plus activations and the KV cache of short generations
 
 
 @register
@@ -186,20 +185,7 @@ class EvalSpec(JobSpec):
 
     def memory_errors(self) -> list[FieldError]:
         """The model's weights must fit the device's free memory (GPU, or RAM on a CPU host)."""
-        try:
-            resolved = jobspec.resolve(self.source)
-            info = model_info.inspect_model(resolved.base_model)
-        except (jobspec.SourceError, model_info.ModelInfoError):
-            return []  # nothing to estimate from (an unreachable hub id): the worker reports what happens
-        cuda = hardware.cuda_available()
-        need_gb = info.num_parameters * (2 if cuda else 4) * MEMORY_HEADROOM / memory.GB
-        dev = memory.device_memory(TrainConfig(gpu_ids=list(self.gpu_ids)))
-        if not math.isfinite(dev.free_gb) or need_gb <= dev.free_gb:
-            return []
-        return [FieldError("memory", f"{resolved.base_model} needs about {need_gb:,.1f} GB to evaluate "
-                                     f"({info.num_parameters / 1e9:,.2f}B parameters in {'16' if cuda else '32'}-bit), "
-                                     f"but {dev.label} has {dev.free_gb:,.1f} GB free: stop other jobs, pick a GPU "
-                                     "with more free memory (gpu_ids), or evaluate a smaller model")]
+        return jobspec.memory_errors([self.source], self.gpu_ids, "evaluate")
 
 
 def task_errors(tasks: list) -> list[FieldError]:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from trainer_core import hardware
 from trainer_core.config import FieldError
-from trainer_core.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, register, resolve
+from trainer_core.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
 from trainer_core.protocol.status import JobKind
 
 MAX_SOURCES = 8
@@ -154,4 +154,6 @@ class ServeSpec(JobSpec):
                                                    "(pip install -e '.[vllm]'); use auto or transformers"))
             elif resolved and vllm_fits(resolved):
                 errors.append(FieldError("engine", vllm_fits(resolved) + "; use auto or transformers"))
+        if not errors:  # every source loads as a model of its own (merged adapters included)
+            errors += memory_errors(self.sources, self.gpu_ids, "serve")
         return errors
