@@ -62,6 +62,26 @@ def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACH
     return target
 
 
+CONVERT_BUNDLED = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from trainer_core import hardware
+    from trainer_core.worker import model_files
+
+    model_files.convert_gguf(hardware.bundled_gguf_path(), Path(sys.argv[1]))
+""")
+
+
+def bundled_model_folder() -> Path:
+    """The converted bundled model in the test models cache, converted now (once) when a fresh clone has none yet.
+    For tests that load it directly rather than through a worker, which converts it itself."""
+    folder = MODELS_CACHE / "SmolLM2-135M-Instruct"
+    if not (folder / "config.json").exists():
+        result = run_python(CONVERT_BUNDLED, str(folder))
+        assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
 class FakeLauncher(WorkerLauncher):
     """The real launcher (environment, own session, the run folder as cwd, worker.log) starting a fake worker
     in place of ``-m trainer_core.worker`` (or torchrun's ``-m trainer_core.worker.launch``), so a test drives

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tests.support import MODELS_CACHE, run_python
+from tests.support import bundled_model_folder, run_python
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind
@@ -38,7 +38,7 @@ def fake_trained_run(run_id: str, name: str, steps: tuple[int, ...] = ()) -> Pat
     write_kind(run_dir, JobKind.TRAIN)
     cfg = TrainConfig(model_name=BUNDLED_MODEL, run_name=name)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    result = run_python(MAKE_ADAPTER, str(MODELS_CACHE / "SmolLM2-135M-Instruct"), str(run_dir / "adapter"))
+    result = run_python(MAKE_ADAPTER, str(bundled_model_folder()), str(run_dir / "adapter"))
     assert result.returncode == 0, result.stderr[-3000:]
     for step in steps:
         import shutil
