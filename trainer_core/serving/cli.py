@@ -131,23 +131,32 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
                 continue
             messages.append({"role": "user", "content": text})
             messages.append({"role": "assistant", "content": answer(endpoint, key, messages, sampling)})
-    except CliError as exc:
-        if str(exc):
-            print(f"error: {exc}", file=sys.stderr)
-        return exc.code
-    except ServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except (RunRefused, UnknownToken) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 3
+    except (CliError, ServeError, RunRefused, UnknownToken, KeyboardInterrupt) as exc:
+        return failure(exc)
     finally:
         if job_id is not None:
             stop(orch, job_id, actor)
         orch.close()
+
+
+def failure(exc: BaseException) -> int:
+    """How ``chat`` and ``serve`` end on ``exc``: one line on stderr, and the exit code (the CLI's error code, 1
+    for a server that failed, 2 for a refusal, 3 for Ctrl-C)."""
+    from db.users import UnknownToken
+    from trainer_core.jobs.orchestrator import RunRefused
+
+    if isinstance(exc, CliError):
+        if str(exc):
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    if isinstance(exc, ServeError):
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, (RunRefused, UnknownToken)):
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    print("\ninterrupted", file=sys.stderr)
+    return 3
 
 
 def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
@@ -185,16 +194,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
         print(f"error: the model server ended: {snap.error or snap.status.label}", file=sys.stderr)
         job_id = None
         return 1
-    except CliError as exc:
-        if str(exc):
-            print(f"error: {exc}", file=sys.stderr)
-        return exc.code
-    except (RunRefused, UnknownToken) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 3
+    except (CliError, ServeError, RunRefused, UnknownToken, KeyboardInterrupt) as exc:
+        return failure(exc)
     finally:
         if job_id is not None:
             stop(orch, job_id, actor)
