@@ -1,0 +1,1 @@
+"""GRPO rewards: built-in reward functions and the ``grpo.rewards`` settings (no ML imports)."""
