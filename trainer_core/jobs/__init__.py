@@ -1,0 +1,1 @@
+"""Job lifecycle on the server side: launching, the queue, the event pump, adoption after a restart."""
