@@ -118,7 +118,19 @@ def studio(tmp_path, monkeypatch):
 
 
 POSTGRES_URL = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")  # .ci/run sets it after starting a server
-BACKENDS = ["sqlite", "postgres"] if POSTGRES_URL else ["sqlite"]
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)] if POSTGRES_URL else ["sqlite"]
+
+# What a test needs (markers registered in pyproject.toml); `slow` is their union, so `-m "not slow"` leaves out
+# every test that trains, starts a transformers subprocess, drives Chromium, puts nginx in front, or needs
+# PostgreSQL or a GPU, and `-m "not browser"` only the Chromium ones.
+NEEDS = ("train", "subprocess", "browser", "gateway", "postgres", "gpu")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection runs on the same hook
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in NEEDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=BACKENDS)

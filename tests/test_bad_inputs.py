@@ -678,7 +678,7 @@ def test_cli_refuses_a_secret_passed_with_set(tmp_path):
 
 
 # ====================================================================== hub ids that cannot be reached offline
-@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("values, field", [
     pytest.param({"model_name": "no-such-org/no-such-model"}, "model_name", id="hub-model"),
     pytest.param({"hf_dataset": "no-such-org/no-such-dataset", "local_datasets": []}, "hf_dataset",

@@ -28,7 +28,7 @@ from ui import format as fmt
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[dev]'")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.browser, pytest.mark.train]  # New run trains the tiny model
 
 RUN_NAME = "browser e2e"
 MAX_STEPS = 6

@@ -12,7 +12,7 @@ from tests.support import run_python
 from trainer_core.config import TrainConfig
 from trainer_core.protocol.status import RunStatus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.train
 
 
 # Reads the optimizer the run saved: lr and size of each param group (constant schedule, no warmup, so the

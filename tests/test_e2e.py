@@ -15,7 +15,7 @@ from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.train
 
 
 

@@ -240,7 +240,7 @@ UNSLOTH_STUB = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_unsloth_gets_exact_name_checkpointing_and_fp32_master_weights():
     cases = [{"training_type": "full", "gradient_checkpointing": True},
              {"training_type": "cpt", "embedding_learning_rate": 5e-5, "gradient_checkpointing": False}]
@@ -284,7 +284,7 @@ FAKE_CUDA = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_qlora_computes_in_the_gpus_dtype_and_full_finetuning_keeps_fp32(tiny_model):
     result = run_python(FAKE_CUDA, str(tiny_model))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -314,7 +314,7 @@ OPTIMIZER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_the_embedding_learning_rate_optimizer_is_the_one_optim_names(tiny_model, tmp_path):
     result = run_python(OPTIMIZER, str(tiny_model), str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -344,7 +344,7 @@ ETA = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_eta_leaves_out_the_first_steps_warm_up():
     result = run_python(ETA)
     assert result.returncode == 0, result.stderr[-3000:]

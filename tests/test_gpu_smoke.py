@@ -32,7 +32,7 @@ def test_cases_per_host():
     assert "ddp2-transformers-lora" not in [name for name, _, _ in smoke.cases(cuda=True, gpus=1)]
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.train  # trains a tiny Llama in a subprocess
 def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
     env = {**os.environ, "FINETUNE_STUDIO_FORCE_CPU": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.pop("FINETUNE_STUDIO_HOME", None)

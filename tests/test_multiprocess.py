@@ -17,7 +17,7 @@ from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol.status import RunStatus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.train
 
 
 def tiny_two_process(tiny_model, **values) -> TrainConfig:

@@ -449,7 +449,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
 
 
 # ---------------------------------------------------------------------- the real preview (tokenizer in a subprocess)
-@pytest.mark.slow  # the real preview: a transformers subprocess
+@pytest.mark.subprocess  # the real preview: a transformers subprocess
 def test_preview_of_the_bundled_demo_with_the_real_tokenizer(app_home, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
     at = open_page()

@@ -268,7 +268,7 @@ def test_number_formats():
 
 
 # ---------------------------------------------------------------------- Start -> Live (spawns a real worker)
-@pytest.mark.slow
+@pytest.mark.train
 def test_start_reaches_the_live_view_and_cancel_ends_the_run(app_home, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
     at = open_page("pages/new_run.py")

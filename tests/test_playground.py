@@ -508,7 +508,7 @@ def test_server_state_says_what_a_queued_server_waits_for():
     assert pg.server_state(_Jobs({"s1": loading}), "s1").message.startswith("Loading the models (merging adapter)")
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # the converted bundled model
     at = base_and_tuned(open_page())
@@ -525,7 +525,7 @@ def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeyp
     assert any(c.startswith("29 tokens · SmolLM2-135M-Instruct (bundled)") for c in captions), captions
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_page_chats_with_a_real_serve_job(app_home, monkeypatch):
     """No fakes: Load starts a real serve job on the bundled model; the greedy answer comes back through it."""
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))

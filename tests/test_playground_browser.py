@@ -19,7 +19,7 @@ from trainer_core.config import BUNDLED_MODEL
 from trainer_core.jobspec import ModelSource
 from tests.test_browser import PAGE_TIMEOUT_S, chromium, page  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.browser
 
 ANSWER = "Streaming works nicely in the browser today"
 FIRST = "Streaming works"  # the pieces sent before the server waits for the test

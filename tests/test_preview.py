@@ -67,7 +67,7 @@ def facts(models) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # starts a transformers subprocess (10-20 s here)
+@pytest.mark.subprocess  # starts a transformers subprocess (10-20 s here)
 def test_preview_with_completions_only_matches_the_tokenizer(studio_env, facts):
     data = write_chat(studio_env / "chat.jsonl")
     cfg = TrainConfig(local_datasets=[str(data)], train_on_completions=True, max_seq_length=MAX, batch_size=2)
@@ -118,7 +118,7 @@ print(json.dumps({"lengths": p.lengths, "total": p.total_tokens, "trained": p.tr
 """
 
 
-@pytest.mark.slow  # starts a transformers subprocess (10-20 s here)
+@pytest.mark.subprocess  # starts a transformers subprocess (10-20 s here)
 def test_preview_without_completions_only_trains_every_kept_token(studio_env, facts):
     data = write_chat(studio_env / "chat.jsonl")
     env = {"FINETUNE_STUDIO_HOME": str(studio_env / "h2"), "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE)}
@@ -135,7 +135,7 @@ def test_preview_without_completions_only_trains_every_kept_token(studio_env, fa
     assert len(got["segments"]) == 1 and got["segments"][0][1] is True
 
 
-@pytest.mark.slow  # starts a transformers subprocess (10-20 s here)
+@pytest.mark.subprocess  # starts a transformers subprocess (10-20 s here)
 def test_preview_errors_name_the_field(studio_env):
     cfg = TrainConfig(local_datasets=[str(studio_env / "missing.jsonl")])
     with pytest.raises(PreviewError) as err:
@@ -213,7 +213,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.slow  # starts a transformers subprocess (10-20 s here)
+@pytest.mark.subprocess  # starts a transformers subprocess (10-20 s here)
 def test_token_cache_hits_then_invalidates_on_every_input(models, tmp_path):
     env = {"FINETUNE_STUDIO_HOME": str(tmp_path / "home")}
     done = run_python(CACHE, str(models), json.dumps([{"messages": m} for m in CONVERSATIONS]), env=env)
@@ -256,7 +256,7 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_cached_tokens_equal_what_sft_trainer_makes_itself(models, tmp_path):
     chat = write_chat(tmp_path / "chat.jsonl")
     text = tmp_path / "text.jsonl"

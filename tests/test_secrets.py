@@ -135,7 +135,7 @@ def test_every_export_of_a_config_drops_the_secrets(home):
 
 
 # ====================================================================== real runs (slow)
-@pytest.mark.slow
+@pytest.mark.train
 def test_form_path_keeps_secrets_out_of_argv_database_files_and_logs(studio_env, tiny_model, capfd):
     home = studio_env
     cfg = secret_config(tiny_model)
@@ -201,7 +201,7 @@ def failed_run(tmp_path_factory, tiny_model):
     hardware.cuda_available.cache_clear()
 
 
-@pytest.mark.slow
+@pytest.mark.train
 def test_error_message_redacts_a_secret_the_worker_saw(failed_run):
     snap, run, _ = failed_run
     assert snap.status is RunStatus.FAILED
@@ -210,14 +210,14 @@ def test_error_message_redacts_a_secret_the_worker_saw(failed_run):
     assert leaks_in(json.dumps({k: v for k, v in asdict(run).items() if k != "log_tail"})) == []  # the row, apart from the log tail
 
 
-@pytest.mark.slow
+@pytest.mark.train
 def test_worker_log_redacts_a_secret_printed_by_a_library(failed_run):
     _, run, home = failed_run
     assert leaks_in(run.log_tail) == []
     assert files_with_secrets(home) == {}
 
 
-@pytest.mark.slow
+@pytest.mark.train
 def test_cli_path_takes_secrets_from_the_environment_only(studio_env, tmp_path, tiny_model):
     home = studio_env
     config = tmp_path / "run.yaml"

@@ -39,6 +39,7 @@ from trainer_core.access import Role
 from trainer_core.protocol.status import RunStatus
 
 sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.gateway  # nginx in front of the sign-in service and Streamlit
 
 PASSWORD = "team password 42"
 BOB_RUN = "20250101-000000-b0b0b0"
@@ -250,6 +251,7 @@ class _EvilPage(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.browser
 def test_a_page_of_another_origin_cannot_open_the_websocket(password_share, browser):
     context = browser.new_context()
     page = context.new_page()
@@ -277,6 +279,7 @@ def test_a_page_of_another_origin_cannot_open_the_websocket(password_share, brow
         context.close()
 
 
+@pytest.mark.browser
 def test_unauthenticated_browser_requests_for_media_and_uploads_are_refused(password_share, browser):
     context = browser.new_context()
     try:
@@ -289,6 +292,7 @@ def test_unauthenticated_browser_requests_for_media_and_uploads_are_refused(pass
         context.close()
 
 
+@pytest.mark.browser
 def test_a_signed_in_viewer_cannot_stop_someone_elses_run_nor_pretend_to_be_someone_else(password_share, browser):
     # A forged identity header on every request, WebSocket included: nginx replaces it with the session's.
     context = browser.new_context(extra_http_headers={"X-Studio-User": "bob"})
@@ -311,6 +315,7 @@ def test_a_signed_in_viewer_cannot_stop_someone_elses_run_nor_pretend_to_be_some
 
 
 # ====================================================================== OIDC against a mock provider
+@pytest.mark.browser
 def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
     nginx_or_skip()
     executable = chromium_or_skip()

@@ -122,7 +122,7 @@ def texts(preview: dict) -> list[str]:
     return [row["text"] for row in preview["rows"]]
 
 
-@pytest.mark.slow  # renders through the real tokenizer in a subprocess
+@pytest.mark.subprocess  # renders through the real tokenizer in a subprocess
 def test_alpaca_rendered_with_the_default_system_prompt(rendered):
     assert texts(rendered["alpaca"]) == [
         DEFAULT_SYSTEM + turn("user", "Add 2 and 3.") + turn("assistant", "5"),
@@ -132,7 +132,7 @@ def test_alpaca_rendered_with_the_default_system_prompt(rendered):
     assert rendered["alpaca"]["dropped"] == {"missing output": 1, "missing instruction": 1}
 
 
-@pytest.mark.slow  # renders through the real tokenizer in a subprocess
+@pytest.mark.subprocess  # renders through the real tokenizer in a subprocess
 def test_chatml_rendered_and_only_the_last_reply_trained(rendered):
     rows = rendered["chatml"]["rows"]
     assert [row["segments"] for row in rows] == [
@@ -145,7 +145,7 @@ def test_chatml_rendered_and_only_the_last_reply_trained(rendered):
     assert [row["text"] for row in rows] == ["".join(text for text, _ in row["segments"]) for row in rows]
 
 
-@pytest.mark.slow  # renders through the real tokenizer in a subprocess
+@pytest.mark.subprocess  # renders through the real tokenizer in a subprocess
 def test_sharegpt_rendered(rendered):
     assert texts(rendered["sharegpt"]) == [
         turn("system", "Be kind.") + turn("user", "Hello") + turn("assistant", "Hi there!"),
@@ -153,7 +153,7 @@ def test_sharegpt_rendered(rendered):
     ]
 
 
-@pytest.mark.slow  # renders through the real tokenizer in a subprocess
+@pytest.mark.subprocess  # renders through the real tokenizer in a subprocess
 def test_raw_text_gets_the_eos_token_and_is_trained_whole(rendered):
     rows = rendered["text"]["rows"]
     assert texts(rendered["text"]) == ["Rivers run to the sea.<|im_end|>", "A second document\nwith two lines.<|im_end|>"]
@@ -161,7 +161,7 @@ def test_raw_text_gets_the_eos_token_and_is_trained_whole(rendered):
     assert rendered["text"]["format"] == "text"
 
 
-@pytest.mark.slow  # renders through the real tokenizer in a subprocess
+@pytest.mark.subprocess  # renders through the real tokenizer in a subprocess
 def test_mapped_csv_rendered_with_the_configured_system_prompt(rendered):
     assert texts(rendered["custom"]) == [
         turn("system", "Answer briefly.") + turn("user", "What is the capital of France?") + turn("assistant", "Paris"),

@@ -23,7 +23,7 @@ from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(autouse=True)

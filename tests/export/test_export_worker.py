@@ -22,7 +22,7 @@ from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.subprocess,
               pytest.mark.skipif(tools.converter_script() is None, reason="llama.cpp's converter is not installed "
                                                                          "(make install)")]
 

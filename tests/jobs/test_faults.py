@@ -210,7 +210,7 @@ def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, fa
 
 
 # ====================================================================== a real worker (slow)
-@pytest.mark.slow
+@pytest.mark.train
 def test_real_worker_killed_mid_training(tmp_path, monkeypatch, store):
     monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))

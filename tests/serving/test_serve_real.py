@@ -24,7 +24,7 @@ from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.client import Sampling, ServeError, list_models, stream_chat
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 RUN_ID = "20260101-000000-5e7e00"
 QUESTION = [{"role": "user", "content": "Name three colours."}]

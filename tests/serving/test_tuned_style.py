@@ -16,7 +16,7 @@ from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.client import Sampling, stream_chat
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.train
 
 STYLE = "Arr matey!"
 TRAIN = [("What is the capital of France?", "Paris."), ("Name a primary colour.", "Red."),

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support import run_python
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 SCRIPT = r"""
 import errno, json, sys

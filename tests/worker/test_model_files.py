@@ -56,7 +56,7 @@ WRONG_EOS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_conversion_takes_special_tokens_from_the_gguf_and_redoes_stale_folders(tmp_path):
     result = run_python(CONVERT, str(MODELS_CACHE / "SmolLM2-135M-Instruct"), str(tmp_path / "elsewhere"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -72,7 +72,7 @@ def test_conversion_takes_special_tokens_from_the_gguf_and_redoes_stale_folders(
     assert out["stale"] is True and out["unkeyed"] is True  # other versions, or unknown ones: converted again
 
 
-@pytest.mark.slow  # starts a transformers subprocess
+@pytest.mark.subprocess  # starts a transformers subprocess
 def test_a_wrong_eos_is_repaired_from_the_gguf_metadata(tmp_path, tiny_model):
     result = run_python(WRONG_EOS, str(tiny_model))
     assert result.returncode == 0, result.stderr[-3000:]

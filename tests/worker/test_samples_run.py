@@ -11,7 +11,7 @@ from trainer_core.config import TrainConfig
 from trainer_core.protocol import events as ev
 from trainer_core.protocol.status import RunStatus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.train
 
 
 def test_sample_answers_of_a_real_run_reach_the_store(studio, tiny_model):

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support import run_python
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 SCRIPT = r"""
 import json, sys
