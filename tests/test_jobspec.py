@@ -198,3 +198,55 @@ def test_a_damaged_adapter_config_is_a_source_error_naming_the_file(home, conten
         resolve(ModelSource(run_id="20260101-000000-dddddd", checkpoint=10))
     assert caught.value.field == "checkpoint"
     assert resolve(ModelSource(run_id="20260101-000000-dddddd")).adapter_dir == folder / "adapter"  # final intact
+
+
+# ====================================================================== every spec field, every wrong type
+def _wrong_values(hint) -> list:
+    """JSON values of the wrong type for a field annotated ``hint`` (list, dict, nested list, null, number, text)."""
+    import typing
+
+    origin = typing.get_origin(hint)
+    if hint is ModelSource:
+        return [[], [["x"]], "run:x", 5, None, {"run_id": ["x"]}]
+    if hint is list or origin is list:
+        return ["x", 5, {"a": 1}, None, [["x"]], [{"a": 1}]]
+    if hint is dict or origin is dict:
+        return ["x", 5, [1], None, {"a": [1]}, {"a": {"b": 1}}]
+    base = {str: [["x"], [["x"]], {"a": 1}, None, 5, True], int: ["5", [1], [[1]], {"a": 1}, None, 1.5, True],
+            float: ["0.5", [1.0], [[1]], {"a": 1}, None, True], bool: ["yes", 1, [True], [[True]], {"a": 1}, None]}
+    return base[hint]
+
+
+def _every_spec_field():
+    import trainer_core.jobkinds  # noqa: F401  (registers every kind's spec class)
+
+    for kind, cls in sorted(jobspec.SPEC_TYPES.items(), key=lambda item: item[0].value):
+        if cls.__module__.startswith("tests."):
+            continue
+        for name, hint in jobspec.field_types(cls).items():
+            for value in _wrong_values(hint):
+                yield pytest.param(cls, name, value, id=f"{kind.value}-{name}-{json.dumps(value)}")
+
+
+@pytest.mark.parametrize("cls, name, value", list(_every_spec_field()))
+def test_every_spec_field_refuses_a_value_of_the_wrong_type(cls, name, value):
+    """A hand-edited job.json with "targets": [["adapter"]] (or "source": []) passed validate() and raised
+    TypeError later, on every pump tick; each field is now checked against its annotation when job.json is read."""
+    with pytest.raises(ConfigError) as info:
+        cls.from_dict({name: value})
+    assert [e.field for e in info.value.errors] in ([name], ["checkpoint"])
+    assert "expected" in info.value.errors[0].message or "model source" in info.value.errors[0].message
+
+
+def test_the_type_errors_of_a_job_json_are_all_named_at_once():
+    from trainer_core.export.spec import ExportSpec
+
+    with pytest.raises(ConfigError) as info:
+        ExportSpec.from_dict({"targets": [["adapter"]], "source": [], "quantizations": 5, "verify": None, "x": 1})
+    assert [(e.field, e.message) for e in info.value.errors] == [
+        ("x", "unknown field"),
+        ("targets", "item 0: expected text, got ['adapter']"),
+        ("source", "expected a model source (an object with run_id, checkpoint, model), got []"),
+        ("quantizations", "expected a list of text, got 5"),
+        ("verify", "expected true or false, got null"),
+    ]

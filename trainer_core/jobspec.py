@@ -13,9 +13,12 @@ CLI and the worker all use it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -246,19 +249,24 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        """Build from job.json's object. Every field is checked against its annotation first (a hand-edited
+        ``"targets": [["adapter"]]`` is a field error, not a TypeError in validate or the worker), so a field
+        a subclass adds is checked without code of its own. Every problem is reported together."""
+        known = field_types(cls)
         unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ConfigError([FieldError(k, "unknown field") for k in unknown[:10]])
-        values = dict(data)
-        try:
-            for name, f in known.items():
-                if name in values and _is_source_field(f):
-                    raw = values[name]
-                    values[name] = ([ModelSource.from_dict(item) for item in raw] if isinstance(raw, list)
-                                    else ModelSource.from_dict(raw))
-        except SourceError as exc:
-            raise ConfigError([FieldError(exc.field, str(exc))]) from None
+        errors = [FieldError(k, "unknown field") for k in unknown[:10]]
+        values: dict[str, Any] = {}
+        for name, raw in data.items():
+            if name not in known:
+                continue
+            try:
+                values[name] = _convert(raw, known[name])
+            except SourceError as exc:
+                errors.append(FieldError(exc.field if exc.field != "source" else name, str(exc)))
+            except ValueError as exc:
+                errors.append(FieldError(name, str(exc)))
+        if errors:
+            raise ConfigError(errors)
         try:
             return cls(**values)
         except TypeError as exc:
@@ -294,8 +302,91 @@ def memory_errors(sources: list[ModelSource], gpu_ids: list[int], doing: str) ->
                                  f"(gpu_ids), or use {'fewer or ' if len(names) > 1 else ''}smaller models")]
 
 
-def _is_source_field(f: dataclasses.Field) -> bool:
-    return "ModelSource" in str(f.type)
+# ---- generic type checks of spec fields, driven by the dataclass annotations
+class _Scalar:
+    """The items of a bare ``list`` and the values of a bare ``dict``: one JSON value that is no container."""
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Field name -> resolved annotation (the spec modules use ``from __future__ import annotations``)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if hint is list or origin is list:
+        args = typing.get_args(hint)
+        return f"a list of {_describe(args[0])}" if args else "a list"
+    if hint is dict or origin is dict:
+        return "an object"
+    return {str: "text", int: "a whole number", float: "a number", bool: "true or false", _Scalar: "a plain value",
+            ModelSource: "a model source"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    """``value`` (from JSON) as the field annotated ``hint`` holds it; ValueError says what was expected."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        choices = [a for a in args if a is not type(None)]
+        for choice in choices:
+            try:
+                return _convert(value, choice)
+            except ValueError:
+                continue
+        expected = " or ".join(_describe(c) for c in choices) + (" or null" if type(None) in args else "")
+        raise ValueError(f"expected {expected}, got {_shown(value)}")
+    if hint is ModelSource:
+        if isinstance(value, ModelSource):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a model source (an object with run_id, checkpoint, model), got {_shown(value)}")
+        return ModelSource.from_dict(value)
+    if hint is list or origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"expected {_describe(hint)}, got {_shown(value)}")
+        item = args[0] if args else _Scalar
+        converted = []
+        for i, part in enumerate(value):
+            try:
+                converted.append(_convert(part, item))
+            except ValueError as exc:
+                raise ValueError(f"item {i}: {exc}") from None
+        return converted
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object, got {_shown(value)}")
+        key_hint, value_hint = args if len(args) == 2 else (str, _Scalar)
+        converted = {}
+        for key, part in value.items():
+            try:
+                converted[_convert(key, key_hint)] = _convert(part, value_hint)
+            except ValueError as exc:
+                raise ValueError(f"key {_shown(key)}: {exc}") from None
+        return converted
+    checks = {
+        str: lambda v: isinstance(v, str),
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        _Scalar: lambda v: v is None or isinstance(v, (str, int, float, bool)),
+    }
+    check = checks.get(hint)
+    if check is None:
+        return value  # an annotation without a JSON shape (Any): the spec's validate checks it
+    if not check(value):
+        raise ValueError(f"expected {_describe(hint)}, got {_shown(value)}")
+    return float(value) if hint is float else value
 
 
 SPEC_TYPES: dict[JobKind, type[JobSpec]] = {}

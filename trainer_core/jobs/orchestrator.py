@@ -403,9 +403,22 @@ class Orchestrator:
             waiting = self.store.queued_runs()  # re-read under the lock
             free = set(queue.startable([(r.id, r.devices) for r in waiting], [r.devices for r in self.store.active_runs()]))
             for run in waiting:
-                if run.id in free and self._launch_queued(run):
+                if run.id in free and self._launch_queued_alone(run):
                     launched.append(run.id)
         return launched
+
+    def _launch_queued_alone(self, run: RunRecord) -> bool:
+        """Launch one queued job; one that cannot be started fails alone, with the reason, and the queue goes on
+        (a failure left to the pump thread's catch-all repeated on every tick and held every job behind it)."""
+        try:
+            return self._launch_queued(run)
+        except Exception as exc:  # noqa: BLE001 - this job only; the next ones in the queue still start
+            with self._lock:
+                tracked = run.id in self._tracked
+            if not tracked:  # a worker already launched is the pump's to follow
+                self.store.finish_run(run.id, RunStatus.FAILED, error=f"it could not be started when its turn came "
+                                                                      f"({type(exc).__name__}: {exc})")
+            return False
 
     def _launch_queued(self, run: RunRecord) -> bool:
         cfg = queue.config_when_due(run, self.store, self._secrets.get(run.id), self.holder)

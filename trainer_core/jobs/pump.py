@@ -150,7 +150,7 @@ def set_terminal(t: Tracker, status: RunStatus, **values: Any) -> None:
 def handle(t: Tracker, event: ev.Event) -> None:
     handler = HANDLERS[t.kind].get(event.kind)
     if handler is None:
-        on_log_problem(t, f"a {t.kind.value} job does not report {event.kind!r} events: skipped one")
+        on_log_problem(t, f"a {t.kind.value} job does not report {event.kind!r} events: skipped one", event.ts)
         return
     handler(t, event)
 
@@ -259,10 +259,11 @@ def _storable(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def on_log_problem(t: Tracker, problem: str) -> None:
-    """An invalid line (skipped on its own) or a change to the log file itself: a warning in the timeline."""
+def on_log_problem(t: Tracker, problem: str, ts: float | None = None) -> None:
+    """An invalid line (skipped on its own) or a change to the log file itself: a warning in the timeline, at
+    the event's own time when it has one (so db rebuild writes the same timeline)."""
     t.live.add_warning(problem)
-    t.timeline.append((time.time(), "warning", problem))
+    t.timeline.append((time.time() if ts is None else ts, "warning", problem))
     t.urgent = True
 
 

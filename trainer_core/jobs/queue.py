@@ -135,7 +135,12 @@ def _spec_when_due(run: RunRecord, store: Store) -> JobSpec | None:
     except ConfigError as exc:
         store.finish_run(run.id, RunStatus.FAILED, error=f"its job.json cannot be read: {exc}")
         return None
-    errors = spec.validate()
+    try:
+        errors = spec.validate()
+    except Exception as exc:  # noqa: BLE001 - a spec no check foresaw fails this job alone; the queue moves on
+        store.finish_run(run.id, RunStatus.FAILED, error=f"its job.json cannot be checked ({type(exc).__name__}: "
+                                                         f"{exc}): submit the job again")
+        return None
     if errors:
         store.finish_run(run.id, RunStatus.FAILED, error="Invalid when its turn came: " +
                          "; ".join(str(e) for e in errors))
