@@ -7,9 +7,13 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
   401 otherwise, /v1/models and /health included);
 * lets through only GET /health, POST /v1/chat/completions and POST /v1/completions, and answers
   GET /v1/models itself with the served names (404 for everything else);
-* reads at most ``max_body_bytes`` of a request body (413 beyond), refuses a ``model`` that is not served
-  (404 naming the served ones) and, when ``limits`` can count tokens, a prompt longer than the context
-  (400), shortening ``max_tokens`` to what the context leaves;
+* reads at most ``max_body_bytes`` of a request body (413 beyond; JSON nested deeper than MAX_JSON_DEPTH is a
+  400), refuses a ``model`` that is not served (404 naming the served ones), sampling values out of their
+  range (400 naming the field and the range) and, when ``limits`` can count tokens, a prompt longer than the
+  context (400); shortens ``max_tokens`` to the operator's cap and to what the context leaves;
+* ends a request whose client went away (``http.disconnect``), streaming or not, and one that runs past
+  ``request_timeout_s`` (504 when nothing was sent yet), by cancelling the engine's task: the engine stops
+  generating (transformers serve: worker/serve_generate.py; vLLM aborts a cancelled request itself);
 * for transformers serve, turns top_k/min_p/repetition_penalty into its ``generation_config`` JSON, built
   on the model folder's own generation_config.json (so eos/pad tokens are kept), and drops the fields it
   rejects (``stream_options``: it always sends usage in the last chunk);
@@ -20,6 +24,7 @@ configured through the GATE_ENV file).
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -38,6 +43,11 @@ ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completi
 TRANSFORMERS_DROPPED = ("stream_options",)
 SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty")
 ENGINE_DEFAULT_MAX_TOKENS = 1024  # transformers serve's answer length when a request names none
+MAX_JSON_DEPTH = 64  # a chat request nests 4 levels (tools' JSON schemas a few more); 100,000 crashed the parser
+# (field, lowest, highest, lowest excluded, whole number): the ranges the chat CLI and Playground use (client.Sampling)
+SAMPLING_RANGES = (("temperature", 0.0, 2.0, False, False), ("top_p", 0.0, 1.0, True, False),
+                   ("top_k", 0, 100_000, False, True), ("min_p", 0.0, 1.0, False, False),
+                   ("repetition_penalty", 0.0, 10.0, True, False))
 
 
 @dataclass
@@ -47,6 +57,8 @@ class GateConfig:
     translate_sampling: bool = True  # transformers serve: True; vLLM takes top_k/min_p/... itself
     max_body_bytes: int = MAX_BODY_BYTES
     activity_file: str = ""  # touched on each request (vLLM: the worker reads its mtime)
+    max_tokens_cap: int = 0  # the longest answer a request may ask for (0: no cap but the context)
+    request_timeout_s: float = 0  # a request still running after this long is ended (0: never)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -178,11 +190,59 @@ class KeyGate:
                 raw = json.dumps(self._rewrite(body, path)).encode()
                 headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
                 scope = {**scope, "headers": headers + [(b"content-length", str(len(raw)).encode())]}
-                receive = _replay(raw, receive)
         except RequestRefused as exc:
             await _refuse(send, exc)
             return
-        await self.app(scope, receive, send)
+        if method != "POST":
+            await self.app(scope, receive, send)  # GET /health: nothing to generate, nothing to end early
+            return
+        await self._supervise(scope, raw, receive, send)
+
+    async def _supervise(self, scope, raw: bytes, receive, send) -> None:
+        """Run the engine on one request until it answers, the client disconnects or the request timeout
+        passes; in the last two cases the engine's task is cancelled, which is how both engines stop
+        generating (a non-streaming answer included: nothing else tells the engine the client is gone)."""
+        gone = asyncio.Event()
+        started = finished = False
+
+        async def watch() -> None:  # the only reader of the connection once the body is in
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        async def engine_receive() -> dict:  # after the replayed body, the engine hears of the disconnect
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started, finished
+            started = True
+            finished = message["type"] == "http.response.body" and not message.get("more_body", False)
+            await send(message)
+
+        engine = asyncio.ensure_future(self.app(scope, _replay(raw, engine_receive), tracked_send))
+        watcher = asyncio.ensure_future(watch())
+        try:
+            timeout = self.config.request_timeout_s or None
+            done, _ = await asyncio.wait({engine, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if engine in done:
+                engine.result()  # the engine's own exception, if any, is the server's to report
+                return
+            engine.cancel()
+            await asyncio.gather(engine, return_exceptions=True)
+            if watcher in done or finished:
+                return  # nobody is listening, or the answer was complete: nothing more to send
+            message = (f"the request ran past this server's request timeout of {timeout:g} s and was ended: ask "
+                       "for a shorter answer (max_tokens), or ask whoever started the server for a longer timeout")
+            if not started:
+                await _refuse(send, RequestRefused(504, message, "timeout"))
+            else:  # a streamed answer: one last event saying why it stops, then the end of the body
+                event = json.dumps({"error": {"message": message, "type": "timeout", "code": 504}})
+                await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": False})
+        finally:
+            for task in (engine, watcher):
+                task.cancel()
+            await asyncio.gather(engine, watcher, return_exceptions=True)
 
     def _check_key(self, scope) -> None:
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
@@ -213,8 +273,12 @@ class KeyGate:
             body = json.loads(b"".join(chunks), parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError):
             raise RequestRefused(400, "the request body is not JSON (NaN and Infinity are not JSON numbers)") from None
+        except RecursionError:
+            raise RequestRefused(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
         if not isinstance(body, dict):
             raise RequestRefused(400, "the request body must be a JSON object")
+        if json_depth(body) > MAX_JSON_DEPTH:
+            raise RequestRefused(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
         return body
 
     def _rewrite(self, body: dict, path: str = "/v1/chat/completions") -> dict:
@@ -224,10 +288,19 @@ class KeyGate:
             shown = repr(model)[:80] if model is not None else "no model"
             raise RequestRefused(404, f"model {shown} is not served here; served: {served}", "model_not_found")
         shape_problem(path, body, self.config.translate_sampling)
+        sampling_problem(body)
         for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
             value = body.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise RequestRefused(400, f"{name} must be a whole number of tokens, at least 1, not {value!r:.40}")
+        wanted = body.get("max_completion_tokens", body.get("max_tokens"))
+        cap = self.config.max_tokens_cap
+        if cap:  # the operator's cap; a request naming none gets the engine's default (vLLM's: the whole context)
+            default = ENGINE_DEFAULT_MAX_TOKENS if self.config.translate_sampling else cap
+            capped = min(default if wanted is None else wanted, cap)
+            if capped != wanted:
+                body = {**body, "max_tokens": capped}
+                body.pop("max_completion_tokens", None)
         limits = self.limits(model, body) if self.limits else None
         if limits is not None:
             prompt, context = limits
@@ -279,6 +352,34 @@ def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:
                                   "again for another answer")
 
 
+def sampling_problem(body: dict) -> None:
+    """RequestRefused (400, naming the field and its range) for a sampling value generate() would crash on
+    (top_k -1, repetition_penalty 0) or take without sense (a negative or 1e308 temperature)."""
+    for name, low, high, low_open, whole in SAMPLING_RANGES:
+        value = body.get(name)
+        if value is None:
+            continue
+        ok = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+        ok = ok and (low < value if low_open else low <= value) and value <= high
+        if not ok:
+            kind = "a whole number" if whole else "a number"
+            bound = f"greater than {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
+            raise RequestRefused(400, f"{name} must be {kind} {bound}, not {value!r:.40}")
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (iterative: the value came from a stranger)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _not_json(constant: str):
     """NaN and Infinity, which Python's json reads but JSON has not: int(Infinity) crashed the gate, and
     an infinite penalty or temperature reached the engine."""
@@ -286,8 +387,7 @@ def _not_json(constant: str):
 
 
 def _replay(raw: bytes, original: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
-    """The rewritten body first, then the connection's own messages (a streaming answer listens on them
-    for the client's disconnect, which aborts the generation)."""
+    """The rewritten body first, then ``original`` (which reports the client's disconnect)."""
     sent = False
 
     async def receive() -> dict:

@@ -9,14 +9,19 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import psutil
+
 from trainer_core import hardware
 from trainer_core.config import FieldError
 from trainer_core.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 
 MAX_SOURCES = 8
@@ -25,6 +30,8 @@ ENGINES = ("auto", "transformers", "vllm")
 TRANSFORMERS, VLLM = "transformers", "vllm"
 IDLE_MIN_S, IDLE_MAX_S = 5, 7 * 24 * 3600
 DEFAULT_IDLE_S = 1800
+DEFAULT_MAX_TOKENS_CAP, MAX_TOKENS_CAP_MAX = 2048, 1 << 20
+DEFAULT_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_MIN_S, REQUEST_TIMEOUT_MAX_S = 300, 5, 24 * 3600
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
@@ -44,6 +51,56 @@ def host_problem(host: str) -> str:
     if _HOSTNAME_RE.fullmatch(host):
         return ""
     return f"{host[:60]!r} is neither an IP address nor a host name; use 127.0.0.1 (this machine only) or 0.0.0.0"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address only this machine can reach ("localhost" included)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_warning(host: str) -> str:
+    """What to tell whoever binds a server without TLS to ``host`` ("" for loopback)."""
+    if is_loopback(host):
+        return ""
+    return (f"{host} is reachable from the network and the server speaks plain HTTP: the API key and every "
+            "prompt and answer cross the network unencrypted. Give it a TLS certificate (tls_certfile and "
+            "tls_keyfile; --tls-cert/--tls-key on the CLI), put it behind an HTTPS proxy, or keep it on 127.0.0.1 "
+            "and reach it through the studio's shared URL (make share) or an SSH tunnel.")
+
+
+def consumer_token() -> str:
+    """This process as a serve job's consumer: "host:pid:start time" (pids are reused; the start time is not)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def parse_consumer(token: str) -> tuple[str, int, float] | None:
+    """(host, pid, start time) of a consumer token, None when it is not one."""
+    try:
+        host, pid, started = token.rsplit(":", 2)
+        return host, int(pid), float(started)
+    except (AttributeError, ValueError):
+        return None
+
+
+def consumer_gone(token: str) -> str:
+    """Why the consumer named by ``token`` is gone: "" while it runs (or when it runs on another host, which
+    cannot be checked)."""
+    parsed = parse_consumer(token)
+    if parsed is None:
+        return "the process that asked for it cannot be identified"
+    host, pid, started = parsed
+    if host != socket.gethostname():
+        return ""
+    try:
+        alive = abs(psutil.Process(pid).create_time() - started) < 1.0
+    except psutil.Error:
+        alive = False
+    return "" if alive else f"the process that asked for it (pid {pid}) has exited"
 
 
 def served_names(resolved: list[ResolvedSource]) -> list[str]:
@@ -99,6 +156,11 @@ class ServeSpec(JobSpec):
     idle_timeout_s: int = DEFAULT_IDLE_S  # the server ends after this long without a request; 0 = never
     engine: str = "auto"  # auto | transformers | vllm (auto: vLLM on a CUDA host with the vllm extra)
     purpose: str = "playground"  # playground (the dashboard's own) | endpoint (for teammates)
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP  # the longest answer one request may ask for (tokens)
+    request_timeout_s: int = DEFAULT_REQUEST_TIMEOUT_S  # a request still running after this long is ended; 0 = never
+    tls_certfile: str = ""  # a PEM certificate (under the allowed roots): the server speaks HTTPS
+    tls_keyfile: str = ""  # its PEM private key (under the allowed roots)
+    consumer: str = ""  # "host:pid:start" of the process whose exit ends this job (a CLI's serve/chat); "" = none
 
     def __post_init__(self) -> None:
         if self.sources and isinstance(self.sources[0], ModelSource):
@@ -144,6 +206,19 @@ class ServeSpec(JobSpec):
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not (timeout == 0 or IDLE_MIN_S <= timeout <= IDLE_MAX_S):
             errors.append(FieldError("idle_timeout_s", f"0 (never) or {IDLE_MIN_S} to {IDLE_MAX_S:,} seconds, "
                                                        f"not {timeout!r}"))
+        cap = self.max_tokens_cap
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_TOKENS_CAP_MAX:
+            errors.append(FieldError("max_tokens_cap", f"a whole number of tokens from 1 to {MAX_TOKENS_CAP_MAX:,}, "
+                                                       f"not {cap!r:.40}"))
+        limit = self.request_timeout_s
+        if isinstance(limit, bool) or not isinstance(limit, int) or \
+                not (limit == 0 or REQUEST_TIMEOUT_MIN_S <= limit <= REQUEST_TIMEOUT_MAX_S):
+            errors.append(FieldError("request_timeout_s", f"0 (never) or {REQUEST_TIMEOUT_MIN_S} to "
+                                                          f"{REQUEST_TIMEOUT_MAX_S:,} seconds, not {limit!r:.40}"))
+        errors += self._tls_errors()
+        if not isinstance(self.consumer, str) or (self.consumer and parse_consumer(self.consumer) is None):
+            errors.append(FieldError("consumer", "empty, or the host:pid:start of the process the job serves; "
+                                                 "start servers through Orchestrator.start_server"))
         if self.purpose not in PURPOSES:
             errors.append(FieldError("purpose", f"one of {', '.join(PURPOSES)}, not {self.purpose!r}"))
         if self.engine not in ENGINES:
@@ -157,3 +232,32 @@ class ServeSpec(JobSpec):
         if not errors:  # every source loads as a model of its own (merged adapters included)
             errors += memory_errors(self.sources, self.gpu_ids, "serve")
         return errors
+
+    def _tls_errors(self) -> list[FieldError]:
+        """A certificate and its key come together, as readable files under the allowed roots."""
+        errors: list[FieldError] = []
+        given = {name: getattr(self, name) for name in ("tls_certfile", "tls_keyfile")}
+        for name, value in given.items():
+            if not isinstance(value, str):
+                errors.append(FieldError(name, f"a file path (text), not {value!r:.40}"))
+        if errors or not any(given.values()):
+            return errors
+        for name, value in given.items():
+            other = "tls_keyfile" if name == "tls_certfile" else "tls_certfile"
+            if not value:
+                errors.append(FieldError(name, f"{other} is set: give both the certificate and its private key"))
+                continue
+            try:
+                path = paths.resolve_inside(value, paths.allowed_data_roots())
+            except paths.UnsafePathError as exc:
+                errors.append(FieldError(name, f"{exc}: put the file under the data root or an allowed folder"))
+                continue
+            if not path.is_file():
+                errors.append(FieldError(name, f"{value[:200]} is not a file: give the path of a PEM file"))
+            elif not os.access(path, os.R_OK):
+                errors.append(FieldError(name, f"{value[:200]} cannot be read by this user: check its permissions"))
+        return errors
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_certfile else "http"

@@ -33,7 +33,8 @@ from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
-from trainer_core.serving.spec import VLLM, ServeSpec, adapter_rank, choose_serve_engine, served_names
+from trainer_core.serving.spec import (VLLM, ServeSpec, adapter_rank, choose_serve_engine, consumer_gone,
+                                      plain_http_warning, served_names)
 
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
 VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
@@ -105,13 +106,14 @@ class ServeWorker(JobWorker):
         try:
             spec = read_spec(self.run_dir)
             assert isinstance(spec, ServeSpec), type(spec)
+            self.check_cancel(spec)  # queued by a CLI that has exited since: nobody could use it
             self.status(RunStatus.STARTING, "finding the models")
             resolved = spec.resolved()
             names = served_names(resolved)
             self.engine = choose_serve_engine(spec.engine, resolved)
             sock = bind(spec.host, spec.port)
             port = sock.getsockname()[1]
-            self.check_cancel()
+            self.check_cancel(spec)
             if self.engine == VLLM:
                 sock.close()  # vLLM binds the port itself; ours only proved it free
                 sock = None
@@ -147,7 +149,7 @@ class ServeWorker(JobWorker):
         merge_dtype = "float32" if device == "cpu" else "bfloat16"
         folders = []
         for item in resolved:
-            self.check_cancel()
+            self.check_cancel(spec)
             if item.adapter_dir is not None:
                 self.status(RunStatus.STARTING, f"merging the adapter of {item.label}")
                 folders.append(merge_adapter(item, merged_target(item), merge_dtype, log=self.log))
@@ -160,14 +162,16 @@ class ServeWorker(JobWorker):
         self.status(RunStatus.STARTING, "loading the models")
         app, manager = build_transformers_app(device)
         for name in names:
-            self.check_cancel()
+            self.check_cancel(spec)
             manager.load_model_and_processor(manager.process_model_name(name))
         activity = Activity()
         config = GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, map(str, folders))),
-                            translate_sampling=True)
+                            translate_sampling=True, max_tokens_cap=spec.max_tokens_cap,
+                            request_timeout_s=spec.request_timeout_s)
         gated = KeyGate(app, config, activity, limits=prompt_limits(manager))
+        tls = {"ssl_certfile": spec.tls_certfile, "ssl_keyfile": spec.tls_keyfile} if spec.tls_certfile else {}
         server = uvicorn.Server(uvicorn.Config(gated, log_level="warning", access_log=False,
-                                               timeout_graceful_shutdown=5, lifespan="on"))
+                                               timeout_graceful_shutdown=5, lifespan="on", **tls))
         watcher = threading.Thread(target=self.watch, args=(spec, activity.idle_s, lambda: setattr(server, "should_exit", True)),
                                    daemon=True, name="serve-watch")
         announced = threading.Thread(target=self._announce_when_started,
@@ -195,22 +199,26 @@ class ServeWorker(JobWorker):
         activity_file.touch()
         gate_file = self.run_dir / "gate.json"
         gate_file.write_text(GateConfig(key_hash=spec.api_key_hash, models={n: "" for n in names},
-                                        translate_sampling=False, activity_file=str(activity_file)).to_json())
+                                        translate_sampling=False, activity_file=str(activity_file),
+                                        max_tokens_cap=spec.max_tokens_cap,
+                                        request_timeout_s=spec.request_timeout_s).to_json())
         command = vllm_command(base, base_name, adapters, spec.host, port,
                                max((adapter_rank(a) for _, a in adapters), default=0))
+        if spec.tls_certfile:
+            command += ["--ssl-certfile", spec.tls_certfile, "--ssl-keyfile", spec.tls_keyfile]
         self.log("starting: " + " ".join(command))
         self.status(RunStatus.STARTING, "loading the models into vLLM")
         env = {**os.environ, GATE_ENV: str(gate_file)}
         child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-        url = f"http://{public_host(spec.host)}:{port}"
+        url = f"{spec.scheme}://{public_host(spec.host)}:{port}"
         try:
             deadline = time.monotonic() + VLLM_READY_S
             while True:  # any HTTP answer (401 from the gate) means vLLM serves: its engine is loaded
                 if child.poll() is not None:
                     raise RuntimeError(f"vLLM exited with code {child.returncode} while loading; worker.log says why")
-                self.check_cancel()
+                self.check_cancel(spec)
                 try:
-                    httpx.get(f"{url}/health", timeout=2.0)
+                    httpx.get(f"{url}/health", timeout=2.0, verify=False)  # our own server: only "does it answer"
                     break
                 except httpx.HTTPError:
                     if time.monotonic() > deadline:
@@ -252,14 +260,16 @@ class ServeWorker(JobWorker):
         return models_dir
 
     def announce(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
-        url = f"http://{public_host(spec.host)}:{port}/v1"
+        url = f"{spec.scheme}://{public_host(spec.host)}:{port}/v1"
         # Bound to every interface: teammates use this machine's name (url stays the loopback one for us).
         wildcard = spec.host in ("0.0.0.0", "::")
-        share_url = f"http://{socket.getfqdn()}:{port}/v1" if wildcard else url
+        share_url = f"{spec.scheme}://{socket.getfqdn()}:{port}/v1" if wildcard else url
         models = [{"name": n, "label": r.label, "source_key": r.source.key} for n, r in zip(names, resolved)]
         endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid(),
                             share_url=share_url)
         self.log(f"serving at {url}: {', '.join(names)}")
+        if not spec.tls_certfile and plain_http_warning(spec.host):
+            self.warn(plain_http_warning(spec.host))
         self.events.emit(ev.ServeReadyEvent(url=url, models={m["name"]: m["label"] for m in models},
                                             engine=self.engine))
 
@@ -267,8 +277,12 @@ class ServeWorker(JobWorker):
         """Ends the server on Stop/Cancel, SIGTERM or the idle timeout."""
         while not self.done.wait(WATCH_S):
             action = control.read(self.run_dir)
+            gone = consumer_gone(spec.consumer) if spec.consumer else ""
             if self.sigterm.is_set() or action is control.Action.CANCEL:
                 self.end_reason = (RunStatus.CANCELLED, "cancelled")
+            elif gone:
+                self.end_reason = (RunStatus.CANCELLED, f"{gone}: nobody else has its key")
+                self.warn(f"Stopping: {gone}, and nobody else has this server's key.")
             elif action is control.Action.STOP:
                 self.end_reason = (RunStatus.STOPPED, "stopped on request")
             elif spec.idle_timeout_s and idle_s() > spec.idle_timeout_s:
@@ -278,8 +292,12 @@ class ServeWorker(JobWorker):
                 stop()
                 return
 
-    def check_cancel(self) -> None:
+    def check_cancel(self, spec: ServeSpec) -> None:
         if self.sigterm.is_set() or control.read(self.run_dir) is not None:
+            raise Cancelled()
+        gone = consumer_gone(spec.consumer) if spec.consumer else ""
+        if gone:
+            self.warn(f"Not serving: {gone} before the server was ready, and nobody else has its key.")
             raise Cancelled()
 
     def status(self, status: RunStatus, phase: str, message: str = "", **fields: str) -> None:
@@ -308,14 +326,16 @@ def build_transformers_app(device: str):
         from transformers.cli.serving.server import build_server
         from transformers.cli.serving.systemone import SystemOneHandler
         from transformers.cli.serving.transcription import TranscriptionHandler
-        from transformers.cli.serving.utils import GenerationState
+
+        from trainer_core.worker.serve_generate import CancellableGenerationState
     except ImportError as exc:
         raise RuntimeError(f"transformers {transformers.__version__} has no usable serving app ({exc}): install "
                            "'transformers[serving]>=5.24', or the vllm extra on a CUDA host") from None
 
     # float32 on CPU: bf16 matmuls are slow there, and the merged adapters are float32 (same answers).
     manager = ModelManager(device=device, dtype="float32" if device == "cpu" else "auto", model_timeout=-1)
-    state = GenerationState(continuous_batching=False, compile=False, cb_config=None)
+    # Its managers stop a non-streaming generate() when the gate cancels the request (client gone, timeout).
+    state = CancellableGenerationState(continuous_batching=False, compile=False, cb_config=None)
     app = build_server(
         manager, ChatCompletionHandler(model_manager=manager, generation_state=state),
         completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
