@@ -67,6 +67,64 @@ def test_clean_numbers_leaves_finite_payload_alone():
     assert ev.clean_numbers(payload) == (payload, {})
 
 
+def test_clean_numbers_cleans_at_any_depth_and_names_the_dotted_path():
+    cleaned, nonfinite = ev.clean_numbers(
+        {"loss": 1.0, "metrics": {"perplexity": float("inf"), "ok": 2.0,
+                                  "lm_eval": {"task": {"acc,none": float("nan"), "n": 3}}},
+         "values": [1.0, float("-inf"), (float("nan"), 4)], "name": "x"})
+    assert cleaned == {"loss": 1.0, "metrics": {"perplexity": None, "ok": 2.0,
+                                                "lm_eval": {"task": {"acc,none": None, "n": 3}}},
+                       "values": [1.0, None, [None, 4]], "name": "x"}
+    assert nonfinite == {"metrics.perplexity": "inf", "metrics.lm_eval.task.acc,none": "nan", "values.1": "-inf",
+                         "values.2.0": "nan"}
+
+
+def test_an_eval_result_with_an_infinite_metric_encodes_and_names_it():
+    event = ev.EvalResultEvent(source_key="run:r", base_model="b", data_fingerprint="fp", settings_hash="sh",
+                               metrics={"perplexity": float("inf"), "exact": 0.5}, ts=1.0)
+    line = ev.encode(event)  # raised ValueError ("Out of range float values are not JSON compliant") before
+    json.loads(line, parse_constant=lambda token: pytest.fail(f"non-standard JSON token {token}"))
+    decoded = ev.decode(line)
+    assert decoded.metrics == {"perplexity": None, "exact": 0.5}
+    assert decoded.nonfinite == {"metrics.perplexity": "inf"}
+
+
+def test_progress_event_carries_open_metrics_and_cleans_them():
+    event = ev.ProgressEvent(step=4, total_steps=8, loss=0.5, ts=1.0,
+                             metrics={"rewards/format/mean": 0.75, "rewards/chosen": float("nan"), "logps/rejected": -3})
+    decoded = ev.decode(ev.encode(event))
+    assert decoded.metrics == {"rewards/format/mean": 0.75, "rewards/chosen": None, "logps/rejected": -3}
+    assert decoded.nonfinite == {"metrics.rewards/chosen": "nan"}
+    assert decoded.loss == 0.5
+
+
+def test_a_progress_line_written_before_open_metrics_decodes_unchanged():
+    line = ('{"ts":3.0,"nonfinite":{},"step":3,"total_steps":10,"epoch":0.3,"loss":1.25,"learning_rate":0.0002,'
+            '"grad_norm":0.5,"tokens_seen":1536,"tokens_per_s":812.5,"memory_mb":1024.0,"elapsed_s":4.5,'
+            '"eta_s":10.5,"kind":"progress","v":1}')
+    assert ev.decode(line) == ALL_EVENTS[2]
+    assert ev.decode(line).metrics == {}
+    assert ev.decode('{"kind":"eval","step":5,"eval_loss":1.1,"ts":4.0}').metrics == {}
+
+
+@pytest.mark.parametrize("metrics, problem", [
+    ({"": 1.0}, "progress event: 'metrics' key '' is empty"),
+    ({"a\x00b": 1.0}, "progress event: 'metrics' key 'a\\x00b' contains a control character (NUL, newline, "
+                       "tab...): use printable characters only"),
+    ({"x" * 201: 1.0}, f"progress event: 'metrics' key {'x' * 60!r} is 201 characters long; at most 200"),
+    ({"a,b": 1.0}, "progress event: 'metrics' key 'a,b' contains a comma: use another separator such as '/' or '_'"),
+    ({"loss": 1.0}, "progress event: 'metrics' key 'loss' is a wide metric field: send it as the event's own field"),
+    ({"ok": "high"}, "progress event: 'metrics' 'ok' is 'high', expected a number or null"),
+    ({"ok": True}, "progress event: 'metrics' 'ok' is True, expected a number or null"),
+    ({"ok": {"nested": 1}}, "progress event: 'metrics' 'ok' is {'nested': 1}, expected a number or null"),
+])
+def test_invalid_open_metrics_are_refused_naming_the_key(metrics, problem):
+    line = json.dumps({"kind": "progress", "step": 1, "total_steps": 2, "metrics": metrics})
+    with pytest.raises(ev.InvalidEvent) as caught:
+        ev.decode(line)
+    assert str(caught.value) == problem
+
+
 def test_encode_is_strict_json_and_keeps_nonfinite():
     event = ev.ProgressEvent(step=7, total_steps=10, loss=float("nan"), grad_norm=float("inf"),
                              learning_rate=float("-inf"), ts=1.0)

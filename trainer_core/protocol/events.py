@@ -4,8 +4,12 @@ The worker appends and flushes every line, so the log outlives both processes; t
 pump tails it from a saved byte offset through a ``LogFollower`` (its own descriptor on the file, so a
 log deleted or replaced while the worker writes is still read to the end), and a line that is not a
 valid event is reported and skipped on its own. Numbers are cleaned in exactly one place,
-:func:`clean_numbers`, which turns NaN/inf into ``None`` and remembers which fields they were in
+:func:`clean_numbers`, which turns NaN/inf into ``None`` at any depth and remembers which fields they were in
 (a NaN loss is news, not noise).
+
+Progress and eval events carry open ``metrics`` (any numeric keys, trainer_core.protocol.metrics) next to their
+fixed fields; a log written before they existed decodes with ``metrics == {}`` (an added optional field keeps
+SCHEMA_VERSION: readers of either age read both).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import IO, Any, ClassVar, NamedTuple
 
 import orjson
 
+from trainer_core.protocol import metrics as open_metrics
 from trainer_core.protocol.status import RunStatus
 
 SCHEMA_VERSION = 1
@@ -66,6 +71,7 @@ class ProgressEvent(Event):
     memory_mb: float | None = None
     elapsed_s: float | None = None
     eta_s: float | None = None
+    metrics: dict = field(default_factory=dict)  # every other numeric key the trainer logged: {key: value}
 
 
 @dataclass
@@ -73,6 +79,7 @@ class EvalEvent(Event):
     kind: ClassVar[str] = "eval"
     step: int
     eval_loss: float | None = None
+    metrics: dict = field(default_factory=dict)  # the evaluation's other numeric keys (eval_runtime, eval_rewards/...)
 
 
 @dataclass
@@ -175,16 +182,24 @@ EVENT_TYPES[SampleEvent.kind] = SampleEvent
 
 
 def clean_numbers(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Replace non-finite floats with None; return the cleaned payload and {field: 'nan'|'inf'|'-inf'}."""
-    cleaned: dict[str, Any] = {}
+    """Replace non-finite floats with None at any depth (in dicts, lists and tuples; tuples become lists);
+    return the cleaned payload and {field: 'nan'|'inf'|'-inf'}, a nested field named by its dotted path
+    (``loss``, ``metrics.perplexity``, ``values.2``)."""
     nonfinite: dict[str, str] = {}
-    for key, value in payload.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            nonfinite[key] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-            cleaned[key] = None
-        else:
-            cleaned[key] = value
-    return cleaned, nonfinite
+
+    def clean(value: Any, path: str) -> Any:
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            nonfinite[path] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            return None
+        if isinstance(value, dict):
+            return {key: clean(item, f"{path}.{key}") for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(item, f"{path}.{i}") for i, item in enumerate(value)]
+        return value
+
+    return {key: clean(value, str(key)) for key, value in payload.items()}, nonfinite
 
 
 # Built once: json.dumps with any option set builds a new encoder per call (a third of an event's cost).
@@ -238,6 +253,7 @@ _SPECS = {kind: (cls, _field_specs(cls)) for kind, cls in EVENT_TYPES.items()}
 
 
 _ABSENT = object()
+_OPEN_METRIC_KINDS = frozenset(("progress", "eval"))  # events whose ``metrics`` are open metric values
 
 
 def decode(line: str | bytes) -> Event:
@@ -265,6 +281,10 @@ def decode(line: str | bytes) -> Event:
         if allowed is not None and value not in allowed:
             raise InvalidEvent(f"{kind} event: {name!r} is {value!r}, expected one of {', '.join(sorted(allowed))}")
         values[name] = value
+    if kind in _OPEN_METRIC_KINDS and "metrics" in values:
+        problem = open_metrics.values_problem(values["metrics"])
+        if problem:
+            raise InvalidEvent(f"{kind} event: 'metrics' {problem}")
     return cls(**values)
 
 

@@ -22,6 +22,7 @@ import psutil
 
 from trainer_core import checkpoints, hardware, parallel
 from trainer_core.protocol import control, events as ev, secrets
+from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.data.loading import load_for_training
 from trainer_core.worker import ranks
@@ -294,6 +295,7 @@ def make_callback(worker: Worker):
             self.stopping = False
             self.best_eval: float | None = None
             self.evals_without_gain = 0
+            self.refused_keys: set[str] = set()  # open metric keys whose name cannot be stored: warned once each
 
         def on_train_begin(self, args, state, control_, **kwargs):
             self.started = time.time()
@@ -313,8 +315,12 @@ def make_callback(worker: Worker):
 
         def on_log(self, args, state, control_, logs=None, **kwargs):
             logs = logs or {}
-            if "eval_loss" in logs:
-                worker.events.emit(ev.EvalEvent(step=state.global_step, eval_loss=logs["eval_loss"]))
+            # Every numeric key the trainer logs is recorded, whatever the method: the fixed fields as their
+            # own, the rest (eval_runtime, rewards/chosen, rewards/<function>/mean...) as open metrics.
+            evaluated = {k: v for k, v in logs.items() if k.startswith("eval_")}
+            if evaluated:
+                worker.events.emit(ev.EvalEvent(step=state.global_step, eval_loss=logs.get("eval_loss"),
+                                                metrics=self.open_metrics(evaluated)))
             if "loss" not in logs:
                 return
             now = time.time()
@@ -335,7 +341,16 @@ def make_callback(worker: Worker):
                 step=step, total_steps=total, epoch=logs.get("epoch", state.epoch), loss=logs.get("loss"),
                 learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
                 tokens_seen=tokens or None, tokens_per_s=rate, memory_mb=self.memory_mb(), elapsed_s=elapsed,
-                eta_s=eta))
+                eta_s=eta, metrics=self.open_metrics({k: v for k, v in logs.items() if k not in evaluated},
+                                                     skip=("num_tokens",))))  # num_tokens is tokens_seen
+
+        def open_metrics(self, logs: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
+            values, refused = open_metrics(logs, skip)
+            for key, problem in refused.items():
+                if key not in self.refused_keys:
+                    self.refused_keys.add(key)
+                    worker.warn(f"The trainer logged a metric {key!r} that is not recorded: its name {problem}.")
+            return values
 
         def on_evaluate(self, args, state, control_, metrics=None, **kwargs):
             patience = worker.early_stopping_patience
