@@ -65,6 +65,18 @@ class Metric(SQLModel, table=True):
     nonfinite: str = ""  # comma-separated field names whose value was NaN/inf (stored as NULL)
 
 
+class MetricValue(SQLModel, table=True):
+    """An open metric: any numeric key a run logs besides the wide columns of ``Metric`` (``rewards/chosen``,
+    ``rewards/<function>/mean``, ``eval_runtime``...), one row per run, key and step; finite values only
+    (a non-finite one is named in the step's ``Metric.nonfinite`` as ``metrics.<key>``). The key before the
+    step: one key's series is one range of the primary key."""
+
+    run_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
+    key: str = Field(primary_key=True, max_length=200)
+    step: int = Field(primary_key=True)
+    value: float = 0.0
+
+
 class RunEvent(SQLModel, table=True):
     """Status changes, warnings, checkpoints and errors: the run's timeline."""
 

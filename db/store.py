@@ -2,7 +2,9 @@
 
 SQLite (WAL) under the data root by default; ``DATABASE_URL`` switches to PostgreSQL. Metrics are
 upserted on (run_id, step) and merged field by field, so an eval row and a train row for the same
-step become one row, and replaying events after a re-attach never duplicates anything.
+step become one row, and replaying events after a re-attach never duplicates anything. Open metric keys
+(any key besides the wide columns) go to a long table on (run_id, step, key) in the same transaction
+(db/metrics_store.py).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from sqlalchemy.orm import defer
 from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 
 from db.entities import ArtifactRecord, EvalResultRecord, EventRecord, RunRecord, SampleRecord
-from db.models import Artifact, EvalResult, EvalSample, Metric, Run, RunEvent, Sample
+from db.metrics_store import OpenMetrics
+from db.models import Artifact, EvalResult, EvalSample, Metric, MetricValue, Run, RunEvent, Sample
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
@@ -94,6 +97,7 @@ class Store:
         self._arrow_connect, self._arrow_sql = self._arrow_reader()
         self._arrow_idle: list[Any] = []
         self._arrow_lock = threading.Lock()
+        self._open = OpenMetrics(self.engine, self.is_sqlite)
 
     # ------------------------------------------------------------------ writes
     def create_run(self, record: RunRecord) -> RunRecord:
@@ -121,19 +125,21 @@ class Store:
 
     def append_metrics(self, run_id: str, rows: Iterable[dict[str, Any]], event_offset: int | None = None,
                        events: Iterable[tuple[float, str, str]] = (), **run_values: Any) -> None:
-        """Upsert metric rows and, in the same transaction, advance the run's event-log offset.
+        """Upsert metric rows (wide fields and open keys) and, in the same transaction, advance the run's
+        event-log offset.
 
         Because rows and offset commit together, a crash replays exactly the lines not yet stored.
         """
         rows = list(rows)
         if len({int(r["step"]) for r in rows}) < len(rows):
             rows = merge_rows(rows)  # one parameter set per step (PostgreSQL refuses the same key twice)
-        rows = [self._metric_values(run_id, r) for r in rows]
+        merged, rows = rows, [self._metric_values(run_id, r) for r in rows]
         with self._write_lock, Session(self.engine) as session:
             if rows and self._batch_upsert_sql:
                 session.connection().exec_driver_sql(self._batch_upsert_sql, self._column_arrays(rows))
             elif rows:
                 session.connection().exec_driver_sql(self._upsert_sql, [self._upsert_parameters(r) for r in rows])
+            self._open.write(session.connection(), run_id, merged)
             for ts, kind, message in events:
                 session.add(RunEvent(run_id=run_id, ts=ts, kind=kind, message=message))
             if event_offset is not None or run_values:
@@ -183,6 +189,7 @@ class Store:
                 raise ValueError(f"run {run_id} is {run.status}; stop or cancel it before deleting")
             self._journal(run_id, "delete")  # a rebuild must not bring back a run deleted with its folder kept
             session.exec(delete(Metric).where(Metric.run_id == run_id))
+            session.exec(delete(MetricValue).where(MetricValue.run_id == run_id))
             session.exec(delete(RunEvent).where(RunEvent.run_id == run_id))
             session.exec(delete(Sample).where(Sample.run_id == run_id))
             session.exec(delete(EvalSample).where(EvalSample.job_id == run_id))
@@ -307,11 +314,22 @@ class Store:
                                 .where(RunEvent.kind == kind).group_by(RunEvent.run_id)).all()
         return {run_id: int(count) for run_id, count in rows}
 
-    def metrics_frame(self, run_id: str, from_step: int | None = None, columns: Iterable[str] | None = None
-                      ) -> pd.DataFrame:
+    def metrics_frame(self, run_id: str, from_step: int | None = None, columns: Iterable[str] | None = None,
+                      keys: Iterable[str] | None = None) -> pd.DataFrame:
         """A run's metric rows in step order (those from ``from_step`` on, when given); ``columns``: only
-        these metric fields after ``step`` (a page reads what it draws: less to transfer and convert)."""
-        names = _frame_columns(columns)
+        these wide fields after ``step`` (a page reads what it draws: less to transfer and convert). Open
+        metric keys follow as one column each: ``keys`` (those of them the run logged), or every key when
+        neither ``columns`` nor ``keys`` is given (the whole frame: the CSV download, the CLI's export)."""
+        frame = self._wide_frame(run_id, from_step, _frame_columns(columns))
+        if keys is None and columns is not None:
+            return frame
+        return self._open.join(frame, run_id, keys, from_step)
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        """The open metric keys a run logged (besides the wide fields), sorted."""
+        return self._open.keys(run_id)
+
+    def _wide_frame(self, run_id: str, from_step: int | None, names: tuple[str, ...]) -> pd.DataFrame:
         if from_step is not None:
             return self._read_frame(run_id, from_step, None, names)
         with Session(self.engine) as session:
@@ -322,9 +340,15 @@ class Store:
         return self._read_frame(run_id, None, None, names)
 
     def metric_rows(self, run_id: str, from_step: int | None = None) -> list[dict[str, Any]]:
-        """A run's metric rows as dicts in step order (missing values None), from ``from_step`` on when given."""
+        """A run's metric rows as flat dicts in step order (missing wide values None; open keys after them,
+        those with a value), from ``from_step`` on when given."""
         columns = ("step", *METRIC_FIELDS)
-        return [dict(zip(columns, row)) for row in self._read_tuples(run_id, from_step)]
+        rows = [dict(zip(columns, row)) for row in self._read_tuples(run_id, from_step)]
+        extra = self._open.by_step(run_id, from_step=from_step)
+        if extra:
+            for row in rows:
+                row.update(extra.get(row["step"], ()))
+        return rows
 
     def _read_frame(self, run_id: str, from_step: int | None = None, _finished_at: float | None = None,
                     columns: tuple[str, ...] = ("step", *METRIC_FIELDS)) -> pd.DataFrame:
@@ -622,21 +646,28 @@ class Store:
 
 
 def _add_missing_columns(engine) -> None:
-    """Columns added to ``Run`` after a database was created (create_all never alters a table).
+    """Columns added to any table after a database was created (create_all creates new tables but never
+    alters one).
 
-    Additive only: a new nullable or defaulted column; existing data is never touched."""
-    existing = {c["name"] for c in inspect(engine).get_columns("run")}
-    missing = [c for c in Run.__table__.columns if c.name not in existing]
+    Additive only: a new nullable or defaulted column; existing data is never touched. A new primary-key
+    column cannot be added in place (such a change needs a new table)."""
+    inspector = inspect(engine)
+    present = set(inspector.get_table_names())
+    missing = []
+    for table in SQLModel.metadata.sorted_tables:
+        if table.name in present:
+            existing = {c["name"] for c in inspector.get_columns(table.name)}
+            missing += [(table.name, c) for c in table.columns if c.name not in existing and not c.primary_key]
     if not missing:
         return
     with engine.begin() as conn:
-        for column in missing:
+        for table_name, column in missing:
             kind = column.type.compile(dialect=engine.dialect)
             default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
             quoted = default.replace("'", "''") if isinstance(default, str) else ""
             clause = f" DEFAULT {default!r}" if isinstance(default, (int, float)) else (
                 f" DEFAULT '{quoted}'" if isinstance(default, str) else "")  # old rows get the default too
-            conn.execute(text(f'ALTER TABLE run ADD COLUMN "{column.name}" {kind}{clause}'))
+            conn.execute(text(f'ALTER TABLE "{table_name}" ADD COLUMN "{column.name}" {kind}{clause}'))
 
 
 def _frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:

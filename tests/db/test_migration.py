@@ -70,3 +70,37 @@ def test_an_old_schema_database_is_migrated_in_place_and_its_runs_are_training_j
         assert store.get_run("20260101-120000-abc123").kind == "train"
     finally:
         store.engine.dispose()
+
+
+OLD_SAMPLE_TABLE = """
+CREATE TABLE sample (
+    run_id VARCHAR(64) NOT NULL, step INTEGER NOT NULL, idx INTEGER NOT NULL, ts FLOAT NOT NULL,
+    prompt VARCHAR NOT NULL, text VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, step, idx), FOREIGN KEY(run_id) REFERENCES run (id)
+);
+INSERT INTO sample VALUES ('20260101-120000-abc123', 1, 0, 1767268802.0, 'hi?', 'hello');
+"""
+
+
+def test_every_table_gets_its_new_columns_and_the_open_metric_table_is_created(tmp_path):
+    """Issue 18: the migration covers every table, not only ``run`` (here a sample table from before the
+    samples' token counts and flags), and a database from before open metrics gets their long table."""
+    path = tmp_path / "studio.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SCHEMA + OLD_SAMPLE_TABLE)
+
+    store = Store(f"sqlite:///{path}")
+    try:
+        [sample] = store.samples("20260101-120000-abc123")
+        assert (sample.prompt, sample.text, sample.new_tokens, sample.flags) == ("hi?", "hello", 0, {})
+        store.append_metrics("20260101-120000-abc123", [{"step": 1, "rewards/format/mean": 0.5}], event_offset=2000)
+        frame = store.metrics_frame("20260101-120000-abc123")
+        assert frame["loss"].tolist() == [2.0]  # the old wide row, untouched
+        assert frame["rewards/format/mean"].tolist() == [0.5]
+        assert store.get_run("20260101-120000-abc123").event_offset == 2000
+    finally:
+        store.engine.dispose()
+    with sqlite3.connect(path) as conn:
+        assert [row[1] for row in conn.execute("PRAGMA table_info(sample)")] == \
+            ["run_id", "step", "idx", "ts", "prompt", "text", "new_tokens", "flags"]
+        assert [row[1] for row in conn.execute("PRAGMA table_info(metricvalue)")] == ["run_id", "key", "step", "value"]

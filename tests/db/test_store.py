@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 
 import db.store as store_mod
 from db.entities import RunRecord
-from db.models import Metric
+from db.models import Metric, MetricValue
 from db.store import Store
 from trainer_core.jobs.pump import MetricBuffer
 from trainer_core.protocol.metrics import METRIC_FIELDS
@@ -174,12 +174,70 @@ def test_nonfinite_names_are_stored_and_kept_by_a_later_clean_row(store):
     assert row["eval_loss"] == 2.0
 
 
-def test_unknown_keys_in_a_metric_row_are_ignored(store):
+def test_keys_besides_the_wide_fields_are_open_metrics(store):
+    """Metrics are open (issue 18): a key that is not a wide column is kept in the long table, not dropped."""
     make_run(store)
     store.append_metrics("r1", [{"step": "2", "loss": 1.0, "total_steps": 60, "eta_s": 3.0}])
     frame = store.metrics_frame("r1")
     assert frame["step"].tolist() == [2]
     assert frame["loss"].tolist() == [1.0]
+    assert list(frame.columns) == ["step", *METRIC_FIELDS, "eta_s", "total_steps"]
+    assert (frame["eta_s"].tolist(), frame["total_steps"].tolist()) == ([3.0], [60.0])
+
+
+# ---------------------------------------------------------------------- open metrics (the long table)
+def test_open_metrics_are_upserted_on_run_step_and_key_and_merged_with_the_wide_row(store):
+    make_run(store)
+    store.append_metrics("r1", [{"step": 1, "loss": 2.0, "rewards/format/mean": 0.25, "logps/rejected": -40.0},
+                                {"step": 2, "loss": 1.5, "rewards/format/mean": 0.5}])
+    # a replay of step 2 with one more key, an eval row of step 1 with its own key, two rows of step 3 in one batch
+    store.append_metrics("r1", [{"step": 2, "loss": 1.5, "rewards/format/mean": 0.5, "rewards/chosen": 1.0},
+                                {"step": 1, "eval_loss": 2.2, "eval_runtime": 3.5},
+                                {"step": 3, "loss": 1.0, "rewards/format/mean": 0.6},
+                                {"step": 3, "rewards/format/mean": 0.7}])
+    frame = store.metrics_frame("r1")
+    assert list(frame.columns) == ["step", *METRIC_FIELDS, "eval_runtime", "logps/rejected", "rewards/chosen",
+                                   "rewards/format/mean"]
+    extra = frame[["step", "loss", "eval_loss", "rewards/format/mean", "rewards/chosen", "logps/rejected",
+                   "eval_runtime"]].astype(object).where(frame.notna(), None).values.tolist()
+    assert extra == [[1, 2.0, 2.2, 0.25, None, -40.0, 3.5], [2, 1.5, None, 0.5, 1.0, None, None],
+                     [3, 1.0, None, 0.7, None, None, None]]
+    assert store.metric_keys("r1") == ["eval_runtime", "logps/rejected", "rewards/chosen", "rewards/format/mean"]
+    # a page reads what it draws: the wide columns it names and the keys it names, in the order asked for
+    few = store.metrics_frame("r1", columns=["loss"], keys=["rewards/format/mean", "not logged", "eval_runtime"])
+    assert list(few.columns) == ["step", "loss", "rewards/format/mean", "eval_runtime"]
+    assert list(store.metrics_frame("r1", columns=["loss"]).columns) == ["step", "loss"]
+    later = store.metrics_frame("r1", from_step=2, columns=["loss"], keys=["rewards/chosen"])
+    assert (later["step"].tolist(), later["rewards/chosen"].fillna(-1).tolist()) == ([2, 3], [1.0, -1])
+    rows = store.metric_rows("r1", from_step=2)
+    assert [(r["step"], r["loss"], r.get("rewards/format/mean"), r.get("rewards/chosen")) for r in rows] == \
+        [(2, 1.5, 0.5, 1.0), (3, 1.0, 0.7, None)]
+
+
+def test_open_metrics_commit_with_the_offset_or_not_at_all(store):
+    make_run(store)
+    store.append_metrics("r1", [{"step": 1, "loss": 1.0, "rewards/chosen": 0.1}], event_offset=100)
+    with pytest.raises(ValueError, match="no field \"bogus\""):
+        store.append_metrics("r1", [{"step": 2, "loss": 0.5, "rewards/chosen": 0.2}], event_offset=200, bogus=1)
+    assert store.get_run("r1").event_offset == 100
+    assert store.metrics_frame("r1")["rewards/chosen"].tolist() == [0.1]
+
+
+def test_a_batch_of_open_metrics_from_the_buffer_and_deleting_the_run(store):
+    make_run(store, status=RunStatus.COMPLETED)
+    buf = MetricBuffer(max_rows=1000)
+    for step in range(1, 1202):
+        buf.add({"step": step, "loss": 1.0 / step, "rewards/format/mean": step / 1000, "kl": 0.01 * step})
+    store.append_metrics("r1", buf.take(), event_offset=7)
+    frame = store.metrics_frame("r1")
+    assert frame["rewards/format/mean"].tolist() == [step / 1000 for step in range(1, 1202)]
+    assert frame["kl"].iloc[-1] == pytest.approx(12.01)
+    assert store.delete_run("r1") is True
+    assert store.metric_keys("r1") == [] and store.metric_rows("r1") == []
+
+
+def test_open_metric_table_key_is_run_key_and_step():
+    assert [c.name for c in MetricValue.__table__.primary_key.columns] == ["run_id", "key", "step"]
 
 
 def test_many_rows_are_written_in_chunks(store):

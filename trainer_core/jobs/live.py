@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from trainer_core.protocol import events as ev
-from trainer_core.protocol.metrics import METRIC_COLUMNS, merge_metric
+from trainer_core.protocol.metrics import METRIC_COLUMNS, WIDE_NAMES, merge_metric
 from trainer_core.protocol.status import RunStatus
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class LiveSnapshot:
     output_dir: str = ""
     warnings: tuple[str, ...] = ()
     alerts: tuple = ()  # trainer_core.jobs.alerts.Alert, oldest first
+    # The wide columns, then one column per open metric key (``metric_keys``, in the order first seen).
     metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
+    metric_keys: tuple[str, ...] = ()
 
     @property
     def progress(self) -> float:
@@ -68,6 +70,7 @@ class LiveRun:
         # a 100k-step run otherwise pays ~200 ms per refresh copying rows that never change.
         self._frame = pd.DataFrame(columns=METRIC_COLUMNS)
         self._dirty_from = 0
+        self._keys: dict[str, None] = {}  # open metric keys, in the order first seen
         self._build_lock = threading.Lock()
 
     def update(self, **values: Any) -> None:
@@ -91,6 +94,8 @@ class LiveRun:
         """Merge a metric row by step (train and eval rows of one step become one)."""
         with self._lock:
             step = int(row["step"])
+            if not row.keys() <= WIDE_NAMES:  # open metrics
+                self._keys.update(dict.fromkeys(k for k in row if k not in WIDE_NAMES))
             if step in self._index:
                 position = self._index[step]
                 merge_metric(self._rows[position], row)
@@ -110,14 +115,15 @@ class LiveRun:
                 start = self._dirty_from
                 changed = [dict(r) for r in self._rows[start:]]  # copies: add_metric mutates rows in place
                 self._dirty_from = len(self._rows)  # a merge into an older row while we build lowers it again
+                keys = tuple(self._keys)
             if changed:
-                fresh = pd.DataFrame(changed, columns=METRIC_COLUMNS)
+                fresh = pd.DataFrame(changed, columns=[*METRIC_COLUMNS, *keys])
                 self._frame = pd.concat([self._frame.iloc[:start], fresh], ignore_index=True) if start else fresh
             frame = self._frame
         names = {f.name for f in dataclasses.fields(LiveSnapshot)}
         # Pages only read the frame; a shallow copy keeps one page from reshaping another's view.
         return LiveSnapshot(**{k: v for k, v in state.items() if k in names}, warnings=warnings, alerts=alerts,
-                            metrics=frame.copy(deep=False))
+                            metrics=frame.copy(deep=False), metric_keys=keys)
 
 
 _ROW_FIELDS = {cls: [k for k in METRIC_COLUMNS if k in {f.name for f in dataclasses.fields(cls)}]
@@ -125,9 +131,12 @@ _ROW_FIELDS = {cls: [k for k in METRIC_COLUMNS if k in {f.name for f in dataclas
 
 
 def metric_row(event: ev.ProgressEvent | ev.EvalEvent) -> dict[str, Any]:
-    """The metric-table row an event contributes (NaN fields are None, named in ``nonfinite``)."""
+    """The metric row an event contributes: its wide fields, then its open metrics (NaN values are None,
+    named in ``nonfinite``: ``loss``, ``metrics.rewards/format/mean``; None open values are left out)."""
     values = event.__dict__  # the dataclass fields (asdict deep-copies: slow)
     row = {k: values[k] for k in _ROW_FIELDS[type(event)]}
     row["wall_time"] = event.ts
     row["nonfinite"] = ",".join(sorted(event.nonfinite))
+    if event.metrics:
+        row.update((k, v) for k, v in event.metrics.items() if v is not None and k not in WIDE_NAMES)
     return row

@@ -8,7 +8,6 @@ never be a wide field's name, so they cannot collide); the store keeps the open 
 """
 from __future__ import annotations
 
-import math
 from numbers import Real
 from typing import Any, Iterable, Mapping
 
@@ -72,9 +71,6 @@ def open_keys(row: Mapping[str, Any]) -> list[str]:
     """The open metric keys of a row (those that are not ``step`` or a wide field)."""
     return [key for key in row if key not in WIDE_NAMES]
 
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def merge_nonfinite(old: str, new: str) -> str:
