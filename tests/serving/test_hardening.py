@@ -242,35 +242,47 @@ def test_plain_http_off_loopback_is_warned_about():
 
 
 # ---------------------------------------------------------------- transformers serve stops a cancelled answer
-@pytest.mark.slow
+CANCEL_SCRIPT = r"""
+import asyncio, json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from trainer_core.worker.serve_generate import CancellableGenerationState
+
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+manager = CancellableGenerationState().get_manager("m")
+inputs = tokenizer("Once upon a time", return_tensors="pt")
+wanted = int(sys.argv[2])
+config = GenerationConfig(max_new_tokens=wanted, min_new_tokens=wanted, do_sample=False,
+                          pad_token_id=tokenizer.eos_token_id)
+
+async def scenario():
+    task = asyncio.ensure_future(manager.generate_non_streaming(model, tokenizer, inputs, config, "r1"))
+    while "r1" not in manager.running or manager.running["r1"].steps == 0:
+        await asyncio.sleep(0.01)
+    stop = manager.running["r1"]
+    task.cancel()
+    try:
+        await task
+        outcome = "answered"
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+    await asyncio.wrap_future(manager.submit(lambda: None))  # the inference thread is free again
+    return {"outcome": outcome, "steps": stop.steps, "running": list(manager.running)}
+
+print(json.dumps(asyncio.run(scenario())))
+"""
+
+
+@pytest.mark.subprocess
 def test_a_cancelled_non_streaming_generation_stops_on_the_inference_thread():
     """The engine half of the disconnect: transformers serve's non-streaming path runs generate() to
-    max_new_tokens unless told; cancelling the awaiting task now ends it after the next token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    max_new_tokens unless told; cancelling the awaiting task now ends it after the next token (in a
+    subprocess: this process never imports torch)."""
+    from tests.support import bundled_model_folder, run_python
 
-    from tests.support import bundled_model_folder
-    from trainer_core.worker.serve_generate import CancellableGenerationState
-
-    folder = bundled_model_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    manager = CancellableGenerationState().get_manager("m")
-    inputs = tokenizer("Once upon a time", return_tensors="pt")
     wanted = 4000  # minutes of CPU time if it ran to the end
-    config = GenerationConfig(max_new_tokens=wanted, min_new_tokens=wanted, do_sample=False,
-                              pad_token_id=tokenizer.eos_token_id)
-
-    async def scenario() -> int:
-        task = asyncio.ensure_future(manager.generate_non_streaming(model, tokenizer, inputs, config, "r1"))
-        while "r1" not in manager.running or manager.running["r1"].steps == 0:
-            await asyncio.sleep(0.01)
-        stop = manager.running["r1"]
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await asyncio.wrap_future(manager.submit(lambda: None))  # the inference thread is free again
-        return stop.steps
-
-    steps = asyncio.run(scenario())
-    assert 1 <= steps < wanted
-    assert manager.running == {}
+    result = run_python(CANCEL_SCRIPT, str(bundled_model_folder()), str(wanted))
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["outcome"] == "cancelled" and facts["running"] == []
+    assert 1 <= facts["steps"] < wanted

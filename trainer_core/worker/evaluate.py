@@ -22,6 +22,7 @@ from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.job import JobWorker
+from trainer_core.worker.safe_prompt import chat_batch, chat_ids
 
 PREDICTIONS = "predictions.jsonl"
 RESULTS = "results.json"
@@ -114,8 +115,7 @@ class Evaluator(JobWorker):
             return samples
         fit = []
         for sample in samples:
-            ids = tokenizer.apply_chat_template(sample.prompt, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            ids = chat_ids(tokenizer, sample.prompt)  # message text as text (worker/safe_prompt.py)
             if len(ids) + spec.max_new_tokens <= context:
                 fit.append(sample)
         if len(fit) < len(samples):
@@ -221,8 +221,7 @@ def generate(model, tokenizer, prompts: list[list[dict]], spec: EvalSpec, device
     from transformers import set_seed
 
     set_seed(spec.seed)
-    inputs = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           padding=True, return_tensors="pt").to(device)
+    inputs = chat_batch(tokenizer, prompts).to(device)  # left-padded; message text as text (worker/safe_prompt.py)
     sampling = spec.temperature > 0
     options = dict(max_new_tokens=spec.max_new_tokens, do_sample=sampling, repetition_penalty=spec.repetition_penalty,
                    pad_token_id=tokenizer.pad_token_id)

@@ -1,6 +1,7 @@
 """``python -m trainer_core.worker.prompt_child``: reads {"config", "messages"} on stdin and writes one JSON
-line, {"text", "tokens", "tokenizer"} or {"error"}: the conversation through the chat template training uses
-(see trainer_core.chat_prompt)."""
+line, {"text", "tokens", "tokenizer"} or {"error"}: the conversation through the chat template training uses,
+tokenized as the serve job does (a special-token string a user typed is text: worker/safe_prompt.py; see
+trainer_core.chat_prompt)."""
 from __future__ import annotations
 
 import json
@@ -10,13 +11,13 @@ import traceback
 
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.protocol import paths
-from trainer_core.worker import model_files, token_cache
+from trainer_core.worker import model_files, safe_prompt, token_cache
 
 
 def render(cfg: TrainConfig, messages: list[dict]) -> dict:
     model_ref = model_files.resolve_model(cfg, log=lambda message: print(message, file=sys.stderr))
     tokenizer = token_cache.load_tokenizer(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
-    ids = token_cache.generation_prompt_ids(tokenizer, messages)
+    ids = safe_prompt.chat_ids(tokenizer, messages)  # as serve tokenizes it: message text as text
     text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     return {"text": text, "tokens": len(ids), "tokenizer": f"{cfg.model_label} ({type(tokenizer).__name__})"}
 

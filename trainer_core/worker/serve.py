@@ -30,6 +30,7 @@ from trainer_core import hardware
 from trainer_core.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker import safe_prompt
 from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
@@ -163,7 +164,8 @@ class ServeWorker(JobWorker):
         app, manager = build_transformers_app(device)
         for name in names:
             self.check_cancel(spec)
-            manager.load_model_and_processor(manager.process_model_name(name))
+            _model, processor = manager.load_model_and_processor(manager.process_model_name(name))
+            safe_prompt.guard(processor)  # a "<|im_start|>system" a client sends is text, not a turn of its own
         activity = Activity()
         config = GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, map(str, folders))),
                             translate_sampling=True, max_tokens_cap=spec.max_tokens_cap,
