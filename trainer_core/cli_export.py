@@ -1,5 +1,5 @@
 """``python -m trainer_core export RUN [--checkpoint STEP] --to adapter|merged|gguf [--quant q8_0] [-o DIR]
-[--verify] [--push REPO_ID]``: an export job, followed to its end; prints the artifact paths.
+[--verify] [--push REPO_ID [--update-existing]]``: an export job, followed to its end; prints the artifact paths.
 
 Exit codes as for ``run``: 0 completed, 1 failed, 2 invalid or refused, 3 stopped or cancelled."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from trainer_core.access import Actor, Role
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import TARGETS, ExportSpec
@@ -30,13 +31,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     export.add_argument("--quant", action="append", metavar="TYPE",
                         help=f"GGUF type(s) (default q8_0); available here: {', '.join(tools.available_types())}")
     export.add_argument("--merged-dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    export.add_argument("-o", "--output", help="a new (or empty) folder for the artifacts (default: the export "
+    export.add_argument("-o", "--output", help="a new (or empty) folder for the artifacts, inside the exports/ "
+                                               "folder of the data root or of an allowed root (default: the export "
                                                "job's folder, artifacts/)")
     export.add_argument("--verify", action="store_true", help="reload the exports and replay a prompt set greedily "
                                                               "next to the adapter")
     export.add_argument("--prompt-set", default="quick-check", help="the prompt set --verify replays")
     export.add_argument("--push", metavar="REPO_ID", help="push to this hub repo (private; token from HF_TOKEN)")
     export.add_argument("--public", action="store_true", help="with --push: a public repo")
+    export.add_argument("--update-existing", action="store_true",
+                        help="with --push: push into the repo even if it exists, when Finetune Studio created it (its "
+                             "model card says so; an admin may update any repo); without it an existing repo is "
+                             "refused")
     return export
 
 
@@ -44,7 +50,7 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip().lower() for item in values or [] for v in item.split(",") if v.strip()]
 
 
-def build_spec(args, run_id: str) -> ExportSpec:
+def build_spec(args, run_id: str, actor: Actor | None = None) -> ExportSpec:
     output = ""
     if args.output:
         problem = paths.path_problem(args.output)
@@ -53,7 +59,8 @@ def build_spec(args, run_id: str) -> ExportSpec:
     return ExportSpec(source=ModelSource(run_id=run_id, checkpoint=args.checkpoint), targets=_split(args.to),
                       quantizations=_split(args.quant) or ["q8_0"], merged_dtype=args.merged_dtype, out_dir=output,
                       verify=args.verify, prompt_set=args.prompt_set, push_repo_id=args.push or "",
-                      push_private=not args.public)
+                      push_private=not args.public, push_update=args.update_existing,
+                      push_update_any=args.update_existing and actor is not None and actor.role is Role.ADMIN)
 
 
 def cmd_export(args, find: Callable, actor_for: Callable) -> int:
@@ -65,7 +72,8 @@ def cmd_export(args, find: Callable, actor_for: Callable) -> int:
         run = find(orch.store, args.run)
         if run is None:
             return 2
-        job_id = orch.submit(build_spec(args, run.id), actor=actor_for(orch.store))
+        actor = actor_for(orch.store)
+        job_id = orch.submit(build_spec(args, run.id, actor), actor=actor)
     except ConfigError as exc:
         orch.close()
         for error in exc.errors:
@@ -75,7 +83,12 @@ def cmd_export(args, find: Callable, actor_for: Callable) -> int:
         orch.close()
         print(f"refused: {exc}", file=sys.stderr)
         return 2
-    print(f"export job {job_id} started for run {run.id}", file=sys.stderr)
+    job = orch.store.get_run(job_id)
+    if job is not None and RunStatus(job.status) is RunStatus.QUEUED:
+        print(f"export job {job_id} queued for run {run.id}: it starts when the device is free (Ctrl-C cancels it)",
+              file=sys.stderr)
+    else:
+        print(f"export job {job_id} started for run {run.id}", file=sys.stderr)
     signal.signal(signal.SIGINT, lambda *_: orch.cancel(job_id))  # nothing half-written: cancel discards it all
     snap = orch.wait(job_id)
     artifacts = orch.artifacts(job_id=job_id)

@@ -228,6 +228,11 @@ class JobSpec:
     def env_names(self) -> list[str]:
         return []
 
+    def admin_only(self) -> list[str]:
+        """Why this spec needs an admin (settings only an admin may submit); the orchestrator refuses it
+        from anyone else. Empty: any operator may submit it."""
+        return []
+
     def validate(self) -> list[FieldError]:
         """Every problem at once (field errors), like TrainConfig.validate. Checks the source exists."""
         errors: list[FieldError] = []

@@ -15,6 +15,7 @@ from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 from ui.auth import current_actor
@@ -127,8 +128,13 @@ def _job(orch: Orchestrator, job: RunRecord) -> None:
             return
         st.dataframe(artifact_table(artifacts), hide_index=True,
                      column_config={"sha256": st.column_config.TextColumn("sha256", width="medium")})
+        job_dir, roots = paths.run_dir(job.id), jobspec.export_roots(paths.run_dir(job.id))
         for artifact in artifacts:
-            path = Path(artifact.path)
+            try:  # checked again here: a row from an older database, or a file turned into a symlink since
+                path = paths.inside_run(job_dir, artifact.path, roots)
+            except paths.UnsafePathError:
+                st.caption(f"{code(Path(artifact.path).name)}: not offered, its path lies outside the job's folder.")
+                continue
             if path.is_file() and artifact.size <= DOWNLOAD_MAX_BYTES:
                 st.download_button(f"Download {path.name}", data=lambda p=path: p.read_bytes(), file_name=path.name,
                                    key=f"export_dl_{job.id}_{path.name}", icon="⬇️")

@@ -41,8 +41,8 @@ def test_bad_input_is_named_with_its_fix_and_records_nothing(cli_run, capsys, tm
     assert code == 2 and err.startswith("error: push_repo_id: a hub push needs a write token: set HF_TOKEN")
     code, err = export(capsys, RUN, "--to", "adapter,onnx")
     assert code == 2 and err == "error: targets: unknown target 'onnx': choose from adapter, merged, gguf\n"
-    full = tmp_path / "full"
-    full.mkdir()
+    full = tmp_path / "exports" / "full"
+    full.mkdir(parents=True)
     (full / "mine.txt").write_text("keep")
     code, err = export(capsys, RUN, "--to", "adapter", "-o", str(full))
     assert code == 2 and "already exists and is not an empty folder: name a new folder (nothing is overwritten)" in err

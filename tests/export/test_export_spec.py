@@ -130,16 +130,17 @@ def test_a_push_needs_a_repo_id_and_a_token_from_the_environment(run, monkeypatc
 
 
 def test_out_dir_stays_inside_the_allowed_roots_and_never_overwrites(run, tmp_path):
+    # (issue 24: an out_dir goes in an allowed root's exports/ folder, no longer anywhere under the roots)
     assert "outside the allowed folders" in errors(spec(targets=["adapter"], out_dir="/etc/exports"))["out_dir"]
     assert "NUL" in errors(spec(targets=["adapter"], out_dir="a\x00b"))["out_dir"]
-    full = tmp_path / "full"
-    full.mkdir()
+    full = tmp_path / "exports" / "full"
+    full.mkdir(parents=True)
     (full / "keep.txt").write_text("mine")
     assert errors(spec(targets=["adapter"], out_dir=str(full)))["out_dir"] == (
         f"{full} already exists and is not an empty folder: name a new folder (nothing is overwritten)")
-    assert errors(spec(targets=["adapter"], out_dir=str(tmp_path / "new" / "deeper")))["out_dir"].endswith(
+    assert errors(spec(targets=["adapter"], out_dir=str(tmp_path / "exports" / "new" / "deeper")))["out_dir"].endswith(
         "does not exist: create it first, or choose another folder")
-    assert errors(spec(targets=["adapter"], out_dir=str(tmp_path / "fresh"))) == {}
+    assert errors(spec(targets=["adapter"], out_dir=str(tmp_path / "exports" / "fresh"))) == {}
 
 
 def test_verify_settings_are_checked(run):

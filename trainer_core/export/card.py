@@ -2,6 +2,7 @@
 final and best metrics, the loss curve and the verify results. No ML stack: the worker gathers the facts."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,41 @@ def read_facts(events_path: Path, up_to_step: int | None = None) -> RunFacts:
     return facts
 
 
+MARKER_KEY = "finetune_studio"  # in the card's front matter: this studio wrote the repo (an update may go there)
+FRONT_MATTER = {MARKER_KEY: True, "tags": ["finetune-studio"]}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character (CommonMark escapes them all)
+
+
+def text(value: object) -> str:
+    """A user value as inline markdown text: one line, and every character that could start markup (a tag,
+    a link, emphasis, a table cell's end, an entity) backslash-escaped, so it renders as exactly itself."""
+    return _PUNCTUATION.sub(r"\\\1", _CONTROL.sub(" ", str(value)).strip())
+
+
+def fenced(body: str, info: str = "") -> list[str]:
+    """A fenced code block that ``body`` cannot close: its fence is longer than any backtick run inside."""
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, body, fence]
+
+
+def front_matter() -> list[str]:
+    return ["---", yaml.safe_dump(FRONT_MATTER, sort_keys=False).rstrip(), "---", ""]
+
+
+def is_studio_card(card_text: str) -> bool:
+    """Whether a model card's front matter carries this studio's marker (``finetune_studio: true``)."""
+    match = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", card_text, re.DOTALL)
+    if match is None:
+        return False
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and meta.get(MARKER_KEY) is True
+
+
 def loss_table(losses: list[tuple[int, float]], rows: int = TABLE_ROWS) -> str:
     if not losses:
         return "_No training loss was recorded._"
@@ -67,23 +103,27 @@ def _number(value: float | None) -> str:
 def render(*, title: str, source_label: str, base_model: str, method: str, data: str, config: dict[str, Any],
            facts: RunFacts, artifacts: list[tuple[str, str]], verify: list[dict[str, Any]],
            chart_file: str | None) -> str:
-    """The card's markdown. ``artifacts``: (file name, what it is); ``verify``: VerifyEvent fields."""
-    lines = [f"# {title}", "",
-             f"Exported from **{source_label}** with Finetune Studio.", "",
-             "| | |", "|---|---|",
-             f"| Base model | `{base_model}` |", f"| Method | {method} |", f"| Data | {data or '—'} |",
-             f"| Steps | {facts.steps} |", f"| Final train loss | {_number(facts.final_loss)} |",
-             f"| Best eval loss | {_number(facts.best_eval_loss)} |", "",
-             "## Files", ""]
-    lines += [f"- `{name}`: {what}" for name, what in artifacts] + ["", "## Training loss", ""]
+    """The card's markdown. ``artifacts``: (file name, what it is); ``verify``: VerifyEvent fields. Every value
+    that comes from users (names, paths, the config, verify's quoted answers) is quoted: escaped in text, a
+    code block whose fence it cannot close for the config."""
+    lines = front_matter() + [
+        f"# {text(title)}", "",
+        f"Exported from **{text(source_label)}** with Finetune Studio.", "",
+        "| | |", "|---|---|",
+        f"| Base model | {text(base_model)} |", f"| Method | {text(method)} |", f"| Data | {text(data or '—')} |",
+        f"| Steps | {facts.steps} |", f"| Final train loss | {_number(facts.final_loss)} |",
+        f"| Best eval loss | {_number(facts.best_eval_loss)} |", "",
+        "## Files", ""]
+    # File names and verify's format labels are ours (a slug and a fixed suffix); what they are may quote users.
+    lines += [f"- `{name}`: {text(what)}" for name, what in artifacts] + ["", "## Training loss", ""]
     lines.append(f"![training loss]({chart_file})" if chart_file else loss_table(facts.losses))
     if verify:
         lines += ["", "## Verification", "",
                   "Each exported format was loaded back and answered the prompt set greedily next to the unmerged "
                   "adapter:", "", "| format | answers identical to the adapter's | first difference |",
                   "|---|---:|---|"]
-        lines += [f"| {v['format']} | {v['identical']}/{v['total']} | {v['first_difference'] or '—'} |"
+        lines += [f"| {v['format']} | {v['identical']}/{v['total']} | {text(v['first_difference'] or '—')} |"
                   for v in verify]
-    lines += ["", "## Training config (no secrets)", "", "```yaml",
-              yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
+    lines += ["", "## Training config (no secrets)", ""]
+    lines += fenced(yaml.safe_dump(config, sort_keys=False).rstrip(), "yaml") + [""]
     return "\n".join(lines)

@@ -19,6 +19,13 @@ MERGED_DTYPES = ("bfloat16", "float16")
 HUB_TOKEN_ENV = "HF_TOKEN"
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 MAX_NEW_TOKENS_MAX = 256
+EXPORTS_FOLDER = "exports"  # under the data root and each allowed root: the only places an out_dir may be
+
+
+def export_folders() -> list[Path]:
+    """Where a chosen out_dir may be: the ``exports/`` folder of the data root and of each allowed root. The
+    rest of them (run folders, models, datasets, the project's own files) is no place for artifacts."""
+    return [root.resolve() / EXPORTS_FOLDER for root in paths.allowed_data_roots()]
 
 
 @register
@@ -32,12 +39,16 @@ class ExportSpec(JobSpec):
     targets: list[str] = field(default_factory=lambda: ["merged", "gguf"])
     quantizations: list[str] = field(default_factory=lambda: ["q8_0"])  # GGUF types (tools.KNOWN_TYPES)
     merged_dtype: str = "bfloat16"
-    out_dir: str = ""  # empty: the job folder's artifacts/; else a new (or empty) folder under the allowed roots
+    out_dir: str = ""  # empty: the job folder's artifacts/; else a new (or empty) folder under export_folders()
     verify: bool = True  # reload the merged model and the GGUF and replay prompts next to the adapter
     prompt_set: str = "quick-check"  # trainer_core.promptsets
     max_new_tokens: int = 24
     push_repo_id: str = ""  # a hub repo id (org/name); the token comes from HF_TOKEN in the environment
-    push_private: bool = True
+    push_private: bool = True  # applies to a repo the push creates; an updated repo keeps its visibility
+    # An existing repo is refused unless the user chose to update it, and then only one whose card this studio
+    # wrote (its README.md front matter says finetune_studio: true), or any repo when an admin submitted it.
+    push_update: bool = False
+    push_update_any: bool = False  # set for admins only (the orchestrator refuses it from anyone else)
 
     @property
     def model_label(self) -> str:
@@ -72,13 +83,20 @@ class ExportSpec(JobSpec):
         return [HUB_TOKEN_ENV] if self.push_repo_id else []
 
     def output_dir(self, job_dir: Path) -> Path:
-        return paths.resolve_inside(self.out_dir, paths.allowed_data_roots()) if self.out_dir else job_dir / "artifacts"
+        return paths.resolve_inside(self.out_dir, export_folders()) if self.out_dir else job_dir / "artifacts"
+
+    def admin_only(self) -> list[str]:
+        if self.push_update_any is True:
+            return ["push_update_any: only an admin may update a hub repo this studio did not create; push to a "
+                    "new repo id, or update one whose model card Finetune Studio wrote"]
+        return []
 
     def validate(self) -> list[FieldError]:
         errors = super().validate()
         bad = lambda name, message: errors.append(FieldError(name, message))  # noqa: E731
         wrong = [(n, t) for n, t in (("merged_dtype", str), ("out_dir", str), ("prompt_set", str),
-                                     ("push_repo_id", str), ("verify", bool), ("push_private", bool))
+                                     ("push_repo_id", str), ("verify", bool), ("push_private", bool),
+                                     ("push_update", bool), ("push_update_any", bool))
                  if not isinstance(getattr(self, n), t)]
         for name, kind in wrong:  # a job.json edited by hand: name the field instead of failing on it below
             bad(name, "true or false" if kind is bool else "text")
@@ -117,6 +135,10 @@ class ExportSpec(JobSpec):
             elif not os.environ.get(HUB_TOKEN_ENV):
                 bad("push_repo_id", f"a hub push needs a write token: set {HUB_TOKEN_ENV} in the environment of the "
                                     "dashboard or CLI (huggingface.co/settings/tokens), or leave the repo id empty")
+        elif self.push_update:
+            bad("push_update", "updating an existing repo needs push_repo_id (the repo to update)")
+        if self.push_update_any and not self.push_update:
+            bad("push_update_any", "only together with push_update")
         return errors
 
     def _validate_gguf(self, bad) -> None:
@@ -133,12 +155,17 @@ class ExportSpec(JobSpec):
             bad("targets", tools.missing_converter_message())
 
     def _out_dir_problem(self) -> str | None:
+        roots = export_folders()
         try:
-            folder = paths.resolve_inside(self.out_dir, paths.allowed_data_roots())
+            folder = paths.resolve_inside(self.out_dir, roots)
+        except paths.BadPathError as exc:
+            return str(exc)
         except paths.UnsafePathError as exc:
-            return f"{exc}: choose a folder under the data root or the allowed roots"
+            return f"{exc}: exports go in a new folder under {' or '.join(map(str, roots))}"
+        if folder in roots:
+            return f"{folder} is the export folder itself: name a new folder inside it, e.g. {folder / 'my-export'}"
         if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
             return f"{folder} already exists and is not an empty folder: name a new folder (nothing is overwritten)"
-        if not folder.parent.is_dir():
+        if folder.parent not in roots and not folder.parent.is_dir():  # an export folder itself is made on demand
             return f"{folder.parent} does not exist: create it first, or choose another folder"
         return None

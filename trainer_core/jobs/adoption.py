@@ -20,6 +20,7 @@ import psutil
 
 from db.entities import RunRecord
 from db.store import Store
+from trainer_core.export import staging as export_staging
 from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal
@@ -57,6 +58,7 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
         if run is None or run.status.is_terminal():
             lock_fh.close()
             continue
+        export_staging.remove_stale(run_dir)  # an export worker killed outright left its staging folder
         view = RemoteView(run, store)
         tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind,
                           pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,

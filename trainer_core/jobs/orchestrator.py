@@ -116,6 +116,8 @@ class Orchestrator:
         when its devices are busy, exactly like ``start``. Returns the job id; ConfigError lists every
         problem of the spec."""
         _authorize(actor, access.Action.START, "")
+        if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
+            raise RunRefused("Not allowed: " + "; ".join(spec.admin_only()))
         errors = spec.validate()
         if errors:
             raise ConfigError(errors)

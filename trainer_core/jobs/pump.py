@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from db.store import SPARKLINE_POINTS, Store
+from trainer_core import jobspec
 from trainer_core.jobs import eval_results
 from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts
 from trainer_core.jobs.live import LiveRun, metric_row
 from trainer_core.protocol import events as ev
-from trainer_core.protocol import files
+from trainer_core.protocol import files, paths
 from trainer_core.protocol.metrics import merge_metric, thin
 from trainer_core.protocol.status import JobKind, RunStatus
 
@@ -88,6 +89,7 @@ class Tracker:
     sample_alerts: SampleAlerts = field(default_factory=SampleAlerts)
     writes: list = field(default_factory=list)  # store calls of other job kinds' results (eval), at the next flush
     artifacts: list = field(default_factory=list)  # export artifact rows not yet stored
+    export_roots: list | None = None  # folders besides run_dir its paths may be in (read from job.json once)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -209,7 +211,22 @@ def _on_eval(t: Tracker, e: ev.EvalEvent) -> None:
         t.run_values["best_eval_loss"] = e.eval_loss
 
 
+def inside(t: Tracker, e: ev.Event, path: str, refused: str) -> bool:
+    """Whether ``path`` from the log lies inside the job's folder (or its export target); a warning says why
+    not. A worker running remote code, or anyone who can write the run folder, could name any file here."""
+    if t.export_roots is None:
+        t.export_roots = jobspec.export_roots(t.run_dir)
+    try:
+        paths.inside_run(t.run_dir, path, t.export_roots)
+        return True
+    except paths.UnsafePathError as exc:
+        on_log_problem(t, f"{refused}: {exc}", e.ts)
+        return False
+
+
 def _on_checkpoint(t: Tracker, e: ev.CheckpointEvent) -> None:
+    if not inside(t, e, e.path, "checkpoint event ignored"):
+        return
     t.timeline.append((e.ts, "checkpoint", f"checkpoint saved at step {e.step}: {e.path}"))
     t.urgent = True
 
@@ -218,7 +235,7 @@ def _on_complete(t: Tracker, e: ev.CompleteEvent) -> None:
     values: dict[str, Any] = {"final_loss": e.final_loss}
     if e.steps:
         values["steps_done"] = e.steps
-    if e.output_dir:
+    if e.output_dir and inside(t, e, e.output_dir, "complete event: output_dir not stored"):
         values["output_dir"] = e.output_dir
     set_terminal(t, RunStatus(e.status), **values)
 
@@ -269,6 +286,8 @@ def on_log_problem(t: Tracker, problem: str, ts: float | None = None) -> None:
 
 # ---- export jobs
 def _on_artifact(t: Tracker, e: ev.ArtifactEvent) -> None:
+    if not inside(t, e, e.path, "artifact event ignored"):
+        return  # never a row: the page would offer the file to every viewer
     t.artifacts.append(dict(job_id=t.run_id, path=e.path, source_run_id=e.source_run_id, kind=e.artifact,
                             detail=e.detail, size=e.size, sha256=e.sha256, created_at=e.ts))
     t.timeline.append((e.ts, "artifact", f"{e.artifact}{' ' + e.detail if e.detail else ''}: {e.path} "

@@ -4,16 +4,21 @@ Modelfile, and a model card; verified by reloading what was written; optionally 
 Lifecycle, top to bottom: read the spec -> preflight (nothing long starts, and nothing is written, until every
 check passed) -> adapter zip -> merge -> GGUF -> Modelfile -> verify -> model card -> publish -> push.
 Everything is written into a staging folder next to the destination and renamed into place at the end, so an
-export that fails or is cancelled leaves no half-written artifact. Stop and Cancel are honoured between stages:
-Stop publishes the artifacts finished so far (with their card), Cancel publishes nothing.
+export that fails or is cancelled leaves no half-written artifact; one killed outright leaves its staging folder
+to the next export worker, which removes every stale one as it starts (export/staging.py), and takes its
+converter along (the converter dies with it: PR_SET_PDEATHSIG). Stop and Cancel are honoured between stages
+(Cancel and SIGTERM also during a conversion): Stop publishes the artifacts finished so far (with their card),
+Cancel publishes nothing.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +28,7 @@ from pathlib import Path
 
 from trainer_core import jobspec, promptsets
 from trainer_core.config import TrainConfig
-from trainer_core.export import card, chat_templates, tools
+from trainer_core.export import card, chat_templates, staging as staging_folders, tools
 from trainer_core.export.spec import HUB_TOKEN_ENV, ExportSpec
 from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.protocol.status import RunStatus
@@ -34,6 +39,10 @@ DISK_MARGIN = 1.10  # the estimate leaves 10% for tokenizer files, metadata and 
 CONVERTER_LOG_LINES = 15  # of the converter's output, quoted in the error when it fails
 HASH_BLOCK = 8 << 20
 SUMS_FILE = "SHA256SUMS"
+TOOL_POLL_S = 0.5  # how often a running converter's worker looks for Cancel and SIGTERM
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None  # bound here:
+# the child between fork and exec calls only what is already resolved
 
 
 class ExportError(RuntimeError):
@@ -65,6 +74,7 @@ class Plan:
     tokenizer: object = None
     staged: list[Staged] = field(default_factory=list)
     verify: list[dict] = field(default_factory=list)
+    hub_repo_exists: bool = False  # found by preflight: the push updates it instead of creating it
 
     @property
     def stem(self) -> str:
@@ -79,6 +89,24 @@ def tool_env() -> dict[str, str]:
     """The environment of the converter and llama-quantize: ours without the hub token a push needs (they
     read local files only)."""
     return {k: v for k, v in os.environ.items() if k not in secrets.SECRET_ENV.values()}
+
+
+def die_with(parent: int):
+    """A ``preexec_fn`` for a tool's process: SIGKILL when ``parent`` (the worker) dies, however it dies."""
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before the request was in place
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """The tool and anything it started (its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def sha256_file(path: Path) -> str:
@@ -116,13 +144,17 @@ class ExportWorker(JobWorker):
         redactor = OutputRedactor(self.secrets) if self.secrets else None
         self.begin()
         plan: Plan | None = None
+        lock: int | None = None
         try:
+            for folder in staging_folders.remove_all_stale():  # left by export workers that were killed
+                self.log(f"removed the stale staging folder {folder}")
             spec = jobspec.read_spec(self.run_dir)
             assert isinstance(spec, ExportSpec), type(spec)
             self.total = len(spec.stages())
             self.status(RunStatus.STARTING, "preflight")
             plan = self.preflight(spec)
-            plan.staging.mkdir()
+            plan.staging, lock = staging_folders.create(plan.final)
+            self.advance()  # preflight passed: it is one of the steps (a finished export shows n/n)
             self.status(RunStatus.RUNNING, "exporting")
             stopped = False
             try:
@@ -152,6 +184,8 @@ class ExportWorker(JobWorker):
         finally:
             if plan is not None:
                 shutil.rmtree(plan.staging, ignore_errors=True)  # gone once published; a failure leaves nothing
+            if lock is not None:
+                os.close(lock)
             self.end()
             if redactor is not None:
                 redactor.close()
@@ -183,7 +217,7 @@ class ExportWorker(JobWorker):
             raise ExportError("; ".join(errors))
         resolved = jobspec.resolve(spec.source)
         final = spec.output_dir(self.run_dir)
-        staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
+        staging = staging_folders.staging_path(final)
         from transformers import AutoConfig, AutoTokenizer
 
         from trainer_core.worker.sources import base_folder
@@ -207,7 +241,7 @@ class ExportWorker(JobWorker):
         problems += self.disk_problems(plan)
         problems += self.folder_problems(final)
         if spec.push_repo_id:
-            problems += self.hub_problems(spec)
+            problems += self.hub_problems(plan)
         if problems:
             raise ExportError("preflight found " + ("; ".join(problems) if len(problems) > 1 else problems[0]) +
                               ". Nothing was written.")
@@ -256,7 +290,8 @@ class ExportWorker(JobWorker):
             return [f"{final} already exists and is not empty: nothing is overwritten; choose a new out_dir"]
         return []
 
-    def hub_problems(self, spec: ExportSpec) -> list[str]:
+    def hub_problems(self, plan: Plan) -> list[str]:
+        spec = plan.spec
         token = os.environ.get(HUB_TOKEN_ENV, "")
         if not token:
             return [f"push_repo_id: a hub push needs a write token in {HUB_TOKEN_ENV}; set it, or leave the repo "
@@ -267,13 +302,47 @@ class ExportWorker(JobWorker):
         if is_offline_mode():
             return ["push_repo_id: the hub is switched off here (HF_HUB_OFFLINE is set): unset it, or leave the "
                     "repo id empty and copy the artifacts yourself"]
+        api = HfApi(token=token)
         try:
-            HfApi(token=token).whoami()
+            api.whoami()
+            problem = self.existing_repo_problem(api, plan)
         except Exception as exc:  # noqa: BLE001 - any failure here means: no push possible; say which
             reason = self.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:200]
             return [f"push_repo_id: the hub cannot be reached with this token ({reason}): check the network and "
                     f"{HUB_TOKEN_ENV}, or leave the repo id empty"]
-        return []
+        return [problem] if problem else []
+
+    def existing_repo_problem(self, api, plan: Plan) -> str | None:
+        """A push never writes into an existing repo unless the user chose to update it, and then only one whose
+        card this studio wrote, unless an admin submitted the export (push_update_any)."""
+        from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+        spec, repo = plan.spec, plan.spec.push_repo_id
+        try:
+            info = api.repo_info(repo, repo_type="model")
+        except RepositoryNotFoundError:
+            return None  # a new repo (or one this token cannot see: creating it then fails, and says so)
+        plan.hub_repo_exists = True
+        if not spec.push_update:
+            return (f"push_repo_id: {repo} already exists on the hub, and an export never writes into an existing "
+                    "repo unless asked: choose a new repo id, or choose to update the existing repo (form: "
+                    "'Update an existing repo'; CLI: --update-existing) if Finetune Studio created it")
+        if spec.push_private and not info.private:
+            return (f"push_repo_id: {repo} is public, and the export was asked to push privately: make the repo "
+                    "private on the hub first, choose a public push (CLI: --public), or choose a new repo id")
+        if spec.push_update_any:
+            return None
+        with tempfile.TemporaryDirectory(prefix="card-") as folder:
+            try:
+                text = Path(api.hf_hub_download(repo, "README.md", repo_type="model", local_dir=folder)).read_text(
+                    encoding="utf-8", errors="replace")
+            except EntryNotFoundError:
+                text = ""
+        if card.is_studio_card(text):
+            return None
+        return (f"push_repo_id: {repo} was not created by Finetune Studio (its README.md front matter has no "
+                f"`{card.MARKER_KEY}: true`), so an export does not update it: choose a new repo id, or ask an "
+                "admin to push it")
 
     # ------------------------------------------------------------------ stages
     def zip_weights(self, plan: Plan) -> None:
@@ -338,20 +407,36 @@ class ExportWorker(JobWorker):
                       "convert_hf_to_gguf", env)
 
     def run_tool(self, command: list[str], name: str, env: dict[str, str] | None = None) -> None:
+        """Run a tool in a process group of its own that dies with the worker (SIGKILL included); Cancel and
+        SIGTERM kill it at once, and it never outlives this call."""
         self.log(f"running {name}: {' '.join(command[1:])}")
         try:
-            done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=env or tool_env(),
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    errors="replace", env=env or tool_env(), stdin=subprocess.DEVNULL,
+                                    process_group=0, preexec_fn=die_with(os.getpid()))
         except OSError as exc:
             raise ExportError(f"{name} could not be started ({exc.strerror or exc})") from None
-        output = (done.stdout + done.stderr).replace("\r", "\n")
+        with proc:
+            try:
+                stdout, stderr = self.wait_tool(proc)
+            finally:
+                kill_group(proc)  # done, failed, interrupted or raising: nothing of it keeps running
+        output = (stdout + stderr).replace("\r", "\n")
         lines = [line for line in output.splitlines() if line.strip()]
         print("\n".join(lines[-200:]), flush=True)
-        if done.returncode != 0:
-            if self.sigterm.is_set():  # the watchdog's SIGTERM reached the tool too (same process group)
+        if proc.returncode != 0:
+            if self.sigterm.is_set():
                 raise Interrupted(control.Action.CANCEL)
             tail = "\n".join(lines[-CONVERTER_LOG_LINES:])
-            raise ExportError(f"{name} failed (exit code {done.returncode}); its last lines:\n{tail}")
+            raise ExportError(f"{name} failed (exit code {proc.returncode}); its last lines:\n{tail}")
+
+    def wait_tool(self, proc: subprocess.Popen) -> tuple[str, str]:
+        while True:
+            try:
+                return proc.communicate(timeout=TOOL_POLL_S)  # retrying after the timeout loses no output
+            except subprocess.TimeoutExpired:
+                if self.requested() is control.Action.CANCEL:
+                    raise Interrupted(control.Action.CANCEL) from None
 
     def write_modelfile(self, plan: Plan) -> None:
         template = plan.tokenizer.chat_template
@@ -461,7 +546,9 @@ class ExportWorker(JobWorker):
         spec = plan.spec
         api = HfApi(token=os.environ.get(HUB_TOKEN_ENV) or None)
         try:
-            api.create_repo(spec.push_repo_id, private=spec.push_private, exist_ok=True)
+            # Not exist_ok unless an update was chosen (and checked by preflight): a repo someone created since
+            # preflight is a conflict here, never a silent write into it.
+            api.create_repo(spec.push_repo_id, private=spec.push_private, exist_ok=spec.push_update)
             info = api.upload_folder(folder_path=str(plan.final), repo_id=spec.push_repo_id,
                                      commit_message=f"Export of {plan.resolved.label} (Finetune Studio)")
         except Exception as exc:  # noqa: BLE001 - the local artifacts are complete; say so with the reason
@@ -469,15 +556,20 @@ class ExportWorker(JobWorker):
             raise ExportError(f"the push to {spec.push_repo_id} failed ({reason}); the artifacts are complete in "
                               f"{plan.final}: push them later with `huggingface-cli upload {spec.push_repo_id} "
                               f"{plan.final}`") from None
-        self.status(RunStatus.RUNNING, "pushed", f"pushed to {getattr(info, 'commit_url', spec.push_repo_id)}"
-                    + (" (private)" if spec.push_private else ""))
+        visibility = "an existing repo, its visibility unchanged" if plan.hub_repo_exists else \
+            "private" if spec.push_private else "public"
+        self.status(RunStatus.RUNNING, "pushed", f"pushed to {getattr(info, 'commit_url', spec.push_repo_id)} "
+                                                 f"({visibility})")
 
     # ------------------------------------------------------------------ reporting and control
     def stage(self, name: str, check: bool = True) -> None:
         if check:
             self.check_control()
-        self.stage_index += 1
         self.status(RunStatus.RUNNING, name)
+        self.advance()
+
+    def advance(self) -> None:
+        self.stage_index += 1
         self.events.emit(ev.ProgressEvent(step=self.stage_index, total_steps=self.total,
                                           elapsed_s=time.time() - self.started))
 
