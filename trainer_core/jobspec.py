@@ -407,6 +407,18 @@ def write_spec(run_dir: Path, spec: JobSpec) -> None:
     (Path(run_dir) / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True))
 
 
+def export_roots(run_dir: Path) -> list[Path]:
+    """Folders outside the job's own folder that its files may be in: the export target its job.json recorded at
+    submit (``output_dir`` of its spec, itself held inside the allowed roots). Empty for other kinds, or when the
+    spec cannot be read (then only the job's folder counts)."""
+    try:
+        spec = read_spec(run_dir)
+        output_dir = getattr(spec, "output_dir", None)
+        return [Path(output_dir(Path(run_dir)))] if callable(output_dir) else []
+    except (ConfigError, OSError, ValueError):
+        return []
+
+
 def read_spec(run_dir: Path) -> JobSpec:
     """The spec in ``run_dir/job.json`` as its kind's class (ConfigError names the problem)."""
     import trainer_core.jobkinds  # noqa: F401  (registers every kind's spec class)

@@ -33,14 +33,20 @@ K = "evaltab_"
 
 
 # ---------------------------------------------------------------------- pure helpers
+def _number(value: Any) -> float | int | None:
+    """A metric value as a number, None for anything else (events are checked when read, so only a row stored by
+    an older version could hold text here: shown empty rather than raising in History and Run details)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def metric_rows(metrics: dict, baseline: dict | None) -> list[dict[str, Any]]:
     """One row per overall metric present: label, value, the baseline's value and the difference."""
     rows = []
     for key, (label, _) in METRIC_LABELS.items():
         if key not in metrics:
             continue
-        value = metrics[key]
-        base = (baseline or {}).get(key)
+        value = _number(metrics[key])
+        base = _number((baseline or {}).get(key))
         rows.append({"metric": label, "key": key, "value": value, "baseline": base,
                      "delta": value - base if value is not None and base is not None else None})
     return rows
@@ -57,7 +63,7 @@ def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
 def headline(metrics: dict | None) -> str:
     """History's short text for an eval: its ROUGE-L, else exact match, BLEU or judge score."""
     for key in ("rouge_l", "exact", "bleu", "judge"):
-        if metrics and metrics.get(key) is not None:
+        if metrics and _number(metrics.get(key)) is not None:
             return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
     return ""
 
@@ -68,8 +74,8 @@ def compare_table(runs: Sequence[RunRecord], latest: dict[str, dict]) -> pd.Data
     for run in runs:
         metrics = latest.get(run.id, {})
         rows.append({"run": run.name or run.id,
-                     **{label: metrics.get(key) for key, (label, _) in METRIC_LABELS.items()},
-                     "samples": metrics.get("samples")})
+                     **{label: _number(metrics.get(key)) for key, (label, _) in METRIC_LABELS.items()},
+                     "samples": _number(metrics.get("samples"))})
     return pd.DataFrame(rows)
 
 
@@ -165,7 +171,8 @@ def render_metrics(metrics: dict, baseline: EvalResultRecord | None) -> None:
     else:
         st.caption("No base-model baseline on the same data and settings.")
     st.caption(f"{metrics.get('samples', 0)} sample(s)")
-    lm_eval = metrics.get("lm_eval") or {}
+    lm_eval = metrics.get("lm_eval") if isinstance(metrics.get("lm_eval"), dict) else {}
+    lm_eval = {task: values for task, values in lm_eval.items() if isinstance(values, dict)}
     if lm_eval:
         st.markdown("**lm-evaluation-harness**")
         st.dataframe(pd.DataFrame([{"task": task, "metric": name, "value": value}

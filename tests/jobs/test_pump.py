@@ -90,8 +90,9 @@ def test_handlers_fill_the_tracker_from_events(tmp_path):
     t = _tracker(tmp_path, JobKind.TRAIN)
     pump.handle(t, ev.ProgressEvent(step=3, total_steps=10, loss=0.5))
     pump.handle(t, ev.EvalEvent(step=3, eval_loss=0.75))
-    pump.handle(t, ev.CompleteEvent(status="completed", steps=3, final_loss=0.5, output_dir="/out"))
+    out = str(tmp_path / "adapter")  # inside the run folder (issue 24: a path outside it is not stored)
+    pump.handle(t, ev.CompleteEvent(status="completed", steps=3, final_loss=0.5, output_dir=out))
     [row] = t.buffer.take()  # the progress and eval rows of step 3 merged into one
     assert (row["step"], row["loss"], row["eval_loss"]) == (3, 0.5, 0.75)
     assert t.run_values["steps_done"] == 3 and t.run_values["best_eval_loss"] == 0.75
-    assert t.terminal == (RunStatus.COMPLETED, {"final_loss": 0.5, "steps_done": 3, "output_dir": "/out"})
+    assert t.terminal == (RunStatus.COMPLETED, {"final_loss": 0.5, "steps_done": 3, "output_dir": out})

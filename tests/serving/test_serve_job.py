@@ -185,7 +185,7 @@ def test_pump_records_serve_ready(tmp_path):
     assert snap.status is RunStatus.RUNNING and snap.phase == "serving at http://h:1/v1" and snap.engine == "vllm"
     assert tracker.run_values == {"status": "running", "phase": "serving at http://h:1/v1", "engine": "vllm"}
     assert tracker.timeline == [(5.0, "status", "serving a, b at http://h:1/v1")]
-    line = ev.encode(ev.ServeReadyEvent(url="u", models={"a": "A"}))
+    line = ev.encode(ev.ServeReadyEvent(url="http://u:1/v1", models={"a": "A"}))  # an http(s) URL (issue 24)
     assert ev.decode(line).models == {"a": "A"}
 
 

@@ -105,3 +105,24 @@ def allowed_data_roots() -> list[Path]:
     else:
         roots.extend(Path(p).expanduser() for p in extra.split(os.pathsep) if p)
     return roots
+
+
+def inside_run(run_dir: str | os.PathLike, path: str | os.PathLike,
+               extra_roots: list[Path] | tuple[Path, ...] = ()) -> Path:
+    """``path``, read from a run folder (an event, a row the pump stored), resolved with its symlinks: it must lie
+    inside ``run_dir`` or one of ``extra_roots`` (an export target recorded at submit), else UnsafePathError.
+    A relative path is taken from the run folder. An extra root that holds the run folder itself ("/", the data
+    root) would widen the rule instead of adding a folder, and is ignored. Checked before a path is stored and
+    again before a page serves the file (it may have become a symlink since)."""
+    text = os.fspath(path)
+    problem = path_problem(text) if text else "the path is empty"
+    if problem:
+        raise BadPathError(problem)
+    folder = Path(run_dir).resolve()
+    roots = [folder] + [r for r in (Path(p).resolve() for p in extra_roots) if r != folder and r not in folder.parents]
+    resolved = (folder / text).resolve()  # an absolute ``text`` replaces the folder
+    if any(resolved == root or root in resolved.parents for root in roots):
+        return resolved
+    shown = text if len(text) <= 120 else text[:119] + "…"
+    raise UnsafePathError(f"{shown!r} resolves to {resolved}, outside the job's folder {folder}"
+                          + (f" and its export folder {', '.join(str(r) for r in roots[1:])}" if roots[1:] else ""))
