@@ -423,3 +423,34 @@ def test_a_completed_export_shows_every_step_done(run, monkeypatch):
     assert spec.stages() == ["preflight", "adapter", "model card", "publish"]
     assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert (events[-1].kind, events[-1].status, events[-1].steps) == ("complete", "completed", 4)
+
+
+def test_the_export_form_asks_before_updating_an_existing_repo(app_home, monkeypatch):
+    """The form's "Update an existing repo" is the user's explicit choice (off by default); an admin's choice
+    covers any repo (push_update_any), which the orchestrator accepts from admins only."""
+    from tests.test_pages import insert_finished_run, open_page
+
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    store = Store()
+    insert_finished_run(store, RUN, "tone", [2.0, 1.5])
+    folder = paths.run_dir(RUN)
+    (folder / "adapter").mkdir(parents=True)
+    (folder / "config.yaml").write_text(TrainConfig(run_name="tone", model_name=BUNDLED_MODEL).to_yaml())
+    (folder / "adapter" / "adapter_config.json").write_text("{}")
+    store.engine.dispose()
+    asked = []
+
+    def submit(self, spec, actor=None):
+        asked.append((spec.push_repo_id, spec.push_update, spec.push_update_any, actor.role))
+        raise RunRefused("not now")  # nothing is started: only what the form asked for matters here
+
+    monkeypatch.setattr(Orchestrator, "submit", submit)
+    at = open_page("pages/run.py", detail_run_id=RUN)
+    assert at.checkbox(key=f"export_update_{RUN}").disabled and not at.checkbox(key=f"export_update_{RUN}").value
+    at.text_input(key=f"export_repo_{RUN}").input("me/tone")
+    at.multiselect(key=f"export_targets_{RUN}").set_value(["adapter"])
+    at.button(key=f"export_start_{RUN}").click().run()
+    at.checkbox(key=f"export_update_{RUN}").check()
+    at.button(key=f"export_start_{RUN}").click().run()
+    assert not at.exception
+    assert asked == [("me/tone", False, False, access.Role.ADMIN), ("me/tone", True, True, access.Role.ADMIN)]

@@ -2,15 +2,15 @@
 
 A worker outlives the server that started it (DESIGN rule 2). Every orchestrator (a dashboard, the CLI)
 adopts the jobs the database says are active and nobody pumps: a per-run ``flock`` (``.pump.lock`` in the
-run folder) makes sure only one follows a job. Liveness is the process handle when this process started
-the worker, else its pid checked against the process start time (pids are reused). The watchdog
-terminates, then kills, a worker that ignores Stop/Cancel.
+run folder) makes sure only one follows a job. Liveness is the launcher's answer (trainer_core/launchers:
+the local one asks the process handle when this process started the worker, else checks its pid against the
+process start time, since pids are reused). The watchdog terminates, then kills, a worker that ignores
+Stop/Cancel, through the same handle.
 """
 from __future__ import annotations
 
 import fcntl
 import os
-import signal
 import socket
 import time
 from pathlib import Path
@@ -25,6 +25,8 @@ from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal
 from trainer_core.jobs.remote_view import RemoteView
+from trainer_core.launchers import Launcher
+from trainer_core.launchers.local import pid_alive, started_at  # noqa: F401 - started_at: callers' import
 from trainer_core.protocol import control, paths
 from trainer_core.protocol.status import RunStatus
 
@@ -35,7 +37,7 @@ _OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators
 
 
 # ====================================================================== adopting
-def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker]:
+def orphans(store: Store, is_tracked: Callable[[str], bool], launcher: Launcher) -> Iterator[Tracker]:
     """Trackers for jobs that the database says are active but nobody in this process is pumping. A job
     whose folder is gone while its worker is dead is marked failed; one another process pumps is left to it."""
     for stale in store.active_runs():
@@ -46,7 +48,7 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
         except paths.UnsafePathError:
             continue
         if not run_dir.is_dir():
-            if pid_alive(stale.pid, stale.pid_started_at):
+            if launcher.adopt(stale).state().alive:
                 continue  # its folder was deleted; whoever pumps it follows its open log (none: it fails at exit)
             store.finish_run(stale.id, RunStatus.FAILED,
                              error=f"The run folder {run_dir} is missing, so the run cannot be followed.")
@@ -60,12 +62,14 @@ def orphans(store: Store, is_tracked: Callable[[str], bool]) -> Iterator[Tracker
             continue
         export_staging.remove_stale(run_dir)  # an export worker killed outright left its staging folder
         view = RemoteView(run, store)
-        tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind,
+        worker = launcher.adopt(run)
+        tracked = Tracker(run.id, run_dir, view.live, run.event_offset, lock_fh, kind=run.kind, handle=worker,
                           pid=run.pid, pid_started_at=run.pid_started_at, best_eval_loss=run.best_eval_loss,
                           stop_requested_at=control.requested_at(run_dir), monitor=view.monitor,
                           losses=view.losses, sample_alerts=view.sample_alerts)
-        if run.pid is None:
-            set_terminal(tracked, RunStatus.FAILED, error="The worker never started (no process id recorded).")
+        state = worker.state()
+        if not state.started:
+            set_terminal(tracked, RunStatus.FAILED, error=f"The worker {state.reason}.")
         yield tracked
 
 
@@ -79,15 +83,9 @@ def rebuild_view(run: RunRecord, store: Store) -> tuple[LiveRun, AlertMonitor]:
 
 # ====================================================================== liveness and the watchdog
 def exited(t: Tracker) -> tuple[bool, str]:
-    """Whether the job's worker has exited, and how."""
-    if t.proc is not None:
-        code = t.proc.poll()
-        if code is None:
-            return False, ""
-        return True, describe_exit(code)
-    if pid_alive(t.pid, t.pid_started_at):
-        return False, ""
-    return True, "process disappeared (it was started by an earlier dashboard; exit code unknown)"
+    """Whether the job's worker has exited, and how (the launcher's answer)."""
+    state = t.handle.state()
+    return not state.alive, state.reason
 
 
 def watchdog(t: Tracker, store: Store) -> None:
@@ -97,65 +95,10 @@ def watchdog(t: Tracker, store: Store) -> None:
     waited = time.time() - t.stop_requested_at
     if waited > STOP_TIMEOUT_S and t.terminated_at is None:
         t.terminated_at = time.time()
-        signal_group(t.pid, signal.SIGTERM)
+        t.handle.request_stop()
         store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
     elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
-        signal_group(t.pid, signal.SIGKILL)
-
-
-def pid_alive(pid: int | None, started_at: float | None) -> bool:
-    if not pid:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if started_at and abs(proc.create_time() - started_at) > 1.0:
-            return False  # the pid was reused by another process
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def started_at(pid: int) -> float | None:
-    """When process ``pid`` started (what tells it from a later process given the same pid); None if gone."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
-
-
-def signal_group(pid: int | None, sig: signal.Signals) -> None:
-    if not pid:
-        return
-    # torchrun starts each rank in a session of its own: a SIGTERM reaches them through the launcher, which
-    # stops its ranks; a SIGKILL leaves it no chance, so the ranks are killed by pid as well.
-    ranks = _descendants(pid) if sig == signal.SIGKILL else []
-    try:
-        os.killpg(pid, sig)  # the worker leads its own session/process group
-    except (ProcessLookupError, PermissionError):
-        pass
-    for proc in ranks:
-        try:
-            proc.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (often the out-of-memory killer)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
+        t.handle.kill()
 
 
 # ====================================================================== locks

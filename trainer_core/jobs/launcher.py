@@ -1,33 +1,27 @@
-"""Starting a job's worker process: its command, its environment, its own session and its log.
+"""The environment a job's worker gets; ``WorkerLauncher`` runs it on this host (trainer_core/launchers/local.py:
+command, own session, worker.log, liveness).
 
-``Orchestrator(launcher=...)`` takes any object with ``spawn(run_dir, cfg) -> Popen``; tests pass
-tests/support's ``FakeLauncher``, which keeps this environment and session but runs a fake worker.
+``Orchestrator(launcher=...)`` takes any ``trainer_core.launchers.Launcher``; tests pass tests/support's
+``FakeLauncher``, which keeps this environment and session but runs a fake worker.
 """
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
-from typing import Protocol
 
 from trainer_core import access, parallel
 from trainer_core.config import TrainConfig
 from trainer_core.jobspec import JobSpec
+from trainer_core.launchers import Launcher  # noqa: F401 - the interface, where callers looked for it
+from trainer_core.launchers.local import LocalLauncher
 from trainer_core.protocol import paths, secrets
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the worker's PYTHONPATH
 
 
-class Launcher(Protocol):
-    def spawn(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> subprocess.Popen: ...
-
-
-class WorkerLauncher:
+class WorkerLauncher(LocalLauncher):
     """``python -m trainer_core.worker RUN_DIR`` (torchrun's launcher when the job uses several processes),
     in the run folder, in a session of its own so that it outlives the server, writing to worker.log."""
-
-    def command(self, run_dir: Path, processes: int) -> list[str]:
-        return parallel.worker_command(run_dir, processes)
 
     def environment(self, run_dir: Path, cfg: TrainConfig | JobSpec, processes: int) -> dict[str, str]:
         env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
@@ -47,13 +41,3 @@ class WorkerLauncher:
         # repository and never shared by two runs that train at once.
         env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
         return env
-
-    def spawn(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> subprocess.Popen:
-        processes = parallel.process_count(cfg)
-        env = self.environment(run_dir, cfg, processes)
-        with open(run_dir / "worker.log", "ab") as log:
-            return subprocess.Popen(
-                self.command(run_dir, processes),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=run_dir,
-                start_new_session=True,  # own session: Ctrl-C or a restart of the server does not reach it
-                close_fds=True)

@@ -3,7 +3,8 @@ when the server starts), also driven by the CLI. It never imports the ML stack.
 
 It composes the rest of trainer_core/jobs/:
 * ``start``/``resume`` validate the config, write the run folder (config.yaml without secrets, kind.txt),
-  record the job and start it now through the ``launcher`` (launcher.py) or queue it (queue.py);
+  record the job and start it now through the ``launcher`` (trainer_core/launchers; launcher.py: the local one
+  with the job's environment) or queue it (queue.py);
 * a pump thread follows every active job's ``events.jsonl`` (pump.py) into the live state (live.py) and the
   database, and starts queued jobs whose devices became free;
 * jobs left active by an earlier server are adopted, dead workers are marked failed, and a worker that
@@ -32,12 +33,13 @@ from trainer_core.data import DatasetError, loading
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
-from trainer_core.jobs.launcher import Launcher, WorkerLauncher
+from trainer_core.jobs.launcher import WorkerLauncher
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
 from trainer_core.jobs.resources import ResourceSample, ResourceSampler
+from trainer_core.launchers import Launcher
 from trainer_core.protocol import control, files, paths
 from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
@@ -205,9 +207,12 @@ class Orchestrator:
     def resources(self, run_id: str) -> ResourceSample | None:
         """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
         run = self.store.get_run(run_id)
-        if run is None or run.status.is_terminal() or not adoption.pid_alive(run.pid, run.pid_started_at):
+        if run is None or run.status.is_terminal():
             return None
-        return self._sampler.sample(run.pid, queue.gpu_indices(run.devices))
+        worker = self.launcher.adopt(run)
+        if worker.pid is None or not worker.state().alive:
+            return None
+        return self._sampler.sample(worker.pid, queue.gpu_indices(run.devices))
 
     def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
         return self.store.event_counts(run_ids, "alert")
@@ -380,20 +385,20 @@ class Orchestrator:
         """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
         run_dir = paths.run_dir(run.id)
         try:
-            proc = self.launcher.spawn(run_dir, cfg)
+            worker = self.launcher.start(run_dir, cfg)
         except OSError as exc:
             self.store.finish_run(run.id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
             lock_fh.close()
             raise
-        pid_started = adoption.started_at(proc.pid)  # None: it died at once; the pump reports its exit and log
-        self.store.update_run(run.id, pid=proc.pid, pid_started_at=pid_started)
+        record = worker.record()  # what adopts it after a restart (the local launcher: pid and start time)
+        self.store.update_run(run.id, **record)
         live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
                        dataset=run.dataset, method=run.method, started_at=run.started_at,
                        total_steps=run.total_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
         seed_lineage(live, run, self.store)
         with self._lock:
-            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, proc=proc,
-                                                 pid=proc.pid, pid_started_at=pid_started)
+            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, handle=worker,
+                                                 pid=worker.pid, pid_started_at=record.get("pid_started_at"))
 
     def launch_queued(self) -> list[str]:
         """Start every queued run whose devices are free (any orchestrator may do it; the lock makes it once)."""
@@ -518,7 +523,7 @@ class Orchestrator:
         adoption.watchdog(t, self.store)
         if pump.flush_due(t):
             pump.flush(t, self.store)
-        if t.terminal is not None and (exited or t.proc is None):
+        if t.terminal is not None and (exited or not t.handle.started_here):
             self._finish(t)
             return True
         return False
@@ -538,7 +543,7 @@ class Orchestrator:
     def _adopt_orphans(self) -> None:
         """Follow jobs that the database says are active but nobody in this process is pumping."""
         self._last_adopt = time.monotonic()
-        for tracked in adoption.orphans(self.store, self._is_tracked):
+        for tracked in adoption.orphans(self.store, self._is_tracked, self.launcher):
             with self._lock:
                 self._tracked[tracked.run_id] = tracked
             self._remote.forget(tracked.run_id)
@@ -587,7 +592,7 @@ class Orchestrator:
             found = endpoint_file.read(paths.run_dir(job_id))
         except paths.UnsafePathError:
             return None
-        alive = found is not None and found.pid == run.pid and adoption.pid_alive(run.pid, run.pid_started_at)
+        alive = found is not None and found.pid == run.pid and self.launcher.adopt(run).state().alive
         return found if alive else None
 
     def find_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None) -> str | None:

@@ -9,7 +9,6 @@ same functions, so a rebuilt database holds what the pump would have stored.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from trainer_core import jobspec
 from trainer_core.jobs import eval_results
 from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts
 from trainer_core.jobs.live import LiveRun, metric_row
+from trainer_core.launchers import JobHandle
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import files, paths
 from trainer_core.protocol.metrics import merge_metric, thin
@@ -69,7 +69,7 @@ class Tracker:
     offset: int
     lock_fh: IO
     kind: JobKind = JobKind.TRAIN
-    proc: subprocess.Popen | None = None
+    handle: JobHandle | None = None  # the launcher's handle on its worker (None when replayed: db rebuild)
     pid: int | None = None
     pid_started_at: float | None = None
     buffer: MetricBuffer = field(default_factory=MetricBuffer)
