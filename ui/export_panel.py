@@ -10,7 +10,7 @@ import streamlit as st
 
 from db.entities import ArtifactRecord, RunRecord
 from trainer_core import jobspec, promptsets
-from trainer_core.access import Action, allowed
+from trainer_core.access import Action, Role, allowed
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec
@@ -89,12 +89,22 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         repo = st.text_input("Push to the Hugging Face hub (repo id, optional)", key=f"export_repo_{run.id}",
                              placeholder="your-name/model-name", help="The token comes from HF_TOKEN in the "
                                                                      "dashboard's environment.")
-        private = st.checkbox("Private repo", value=True, key=f"export_private_{run.id}", disabled=not repo)
+        hub_cols = st.columns(2)
+        private = hub_cols[0].checkbox("Private repo", value=True, key=f"export_private_{run.id}", disabled=not repo,
+                                       help="For a repo the push creates; an existing repo keeps its visibility.")
+        admin = current_actor().role is Role.ADMIN
+        update = hub_cols[1].checkbox(
+            "Update an existing repo", value=False, key=f"export_update_{run.id}", disabled=not repo,
+            help="Without it, a repo id that already exists on the hub is refused. With it, the push goes into an "
+                 "existing repo " + ("(as an admin: any repo the token can write)." if admin else
+                                     "only if Finetune Studio created it (its model card says so)."))
         if not st.button("Start export", icon="📦", key=f"export_start_{run.id}"):
             return
         spec = ExportSpec(source=jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
                           targets=targets, quantizations=quants, merged_dtype=dtype, verify=verify,
-                          prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private)
+                          prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private,
+                          push_update=update and bool(repo.strip()),
+                          push_update_any=update and admin and bool(repo.strip()))
         try:
             job_id = orch.submit(spec, actor=current_actor())
         except ConfigError as exc:

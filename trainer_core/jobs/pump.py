@@ -166,7 +166,7 @@ def _on_status(t: Tracker, e: ev.StatusEvent) -> None:
     t.run_values.update(status=status.value, phase=e.phase, **({"engine": e.engine} if e.engine else {}))
     # The timeline records what the worker said, not how it was shown: the same log always gives the same
     # timeline, however late the pump read it (db rebuild relies on that).
-    reported = RunStatus(e.status).label
+    reported = t.kind.status_label(RunStatus(e.status))  # "Exporting: publish", not "Training: publish"
     t.timeline.append((e.ts, "status", f"{reported}: {e.phase}" if e.phase else reported))
     t.urgent = True
 
