@@ -13,7 +13,11 @@ class Run(SQLModel, table=True):
     phase: str = ""
     model: str = ""
     dataset: str = ""
-    method: str = ""
+    method: str = ""  # History's text for it, e.g. "LoRA", "Continued pretraining · Full fine-tuning"
+    # A training run's method (sft, cpt, ...) and adapter (lora, qlora, full); "" for other kinds. Rows from
+    # before the split are filled from their config_json's training_type when the columns are added.
+    method_name: str = ""
+    adapter: str = ""
     engine: str = ""
     created_at: float = Field(default=0.0, index=True)  # History lists newest first
     started_at: Optional[float] = None

@@ -32,7 +32,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from trainer_core.jobs import resource_check
 from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor
-from trainer_core.config import SECRET_FIELDS, ConfigError, FieldError, TrainConfig, secrets_in_file
+from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, read_training_type,
+                                 secrets_in_file)
 from trainer_core.data import loading
 from trainer_core.evaluation import cli as eval_cli
 from trainer_core.jobs.live import LiveSnapshot
@@ -69,6 +70,14 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
         if key.strip() in SECRET_FIELDS:  # argv is visible to every user of the machine (ps, /proc)
             raise ConfigError([FieldError(key.strip(), "secrets do not belong on the command line; set HF_TOKEN / "
                                                        "WANDB_API_KEY in the environment")])
+        if key.strip() == "training_type":  # the old name of method + adapter: the flag replaces both
+            for name in ("method", "adapter"):
+                data.pop(name, None)
+        elif key.strip() in ("method", "adapter") and "training_type" in data:  # an old file: the flag changes one
+            errors: list[FieldError] = []
+            data = read_training_type(data, errors)
+            if errors:
+                raise ConfigError(errors)
         try:
             data[key.strip()] = yaml.safe_load(value)
         except (yaml.YAMLError, RecursionError):
@@ -210,9 +219,41 @@ def _warn_unknown_folders(store) -> None:
               "`python -m trainer_core db rebuild`.", file=sys.stderr)
 
 
+def rebuild_refusal() -> str:
+    """Why the caller may not rebuild the database ("" when they may): admins only. Without FINETUNE_STUDIO_TOKEN
+    the local OS user acts, with every right (whoever runs this on the host owns the data root anyway); with it,
+    the token's user, who must be an admin (a viewer's token, or one that is unknown, is refused)."""
+    from db import users
+    from db.store import Store
+    from trainer_core import access
+
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        return ""
+    store = None
+    try:
+        store = Store()
+        actor = users.user_for_token(store, token)
+    except SQLAlchemyError as exc:
+        return (f"{TOKEN_ENV} is set, but the database that holds the API tokens cannot be read to check it "
+                f"({type(exc).__name__}); unset {TOKEN_ENV} to rebuild as the local OS user")
+    except users.UnknownToken as exc:
+        return f"{exc} ({TOKEN_ENV})"
+    finally:
+        if store is not None:
+            store.engine.dispose()  # the rebuild moves the SQLite file aside: no connection may hold it
+    if not access.allowed(actor, access.Action.MAINTAIN):
+        return f"only admins can rebuild the database; the token in {TOKEN_ENV} is {actor.name}'s (role {actor.role.value})"
+    return ""
+
+
 def cmd_db(args) -> int:
     from trainer_core.jobs.rebuild import RebuildRefused, rebuild
 
+    refusal = rebuild_refusal()
+    if refusal:
+        print(f"refused: {refusal}", file=sys.stderr)
+        return 2
     try:
         report = rebuild()
     except RebuildRefused as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
+from trainer_core.access import Action, Actor, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.jobs.orchestrator import Orchestrator
 
@@ -27,8 +28,20 @@ def rebuild_database() -> rebuild.RebuildReport:
     """Close this server's orchestrator (workers keep training), rebuild the database from the run folders,
     and let the next page run build a fresh orchestrator that adopts the runs still going.
 
-    Raises rebuild.RebuildRefused when another dashboard or CLI is following a run."""
-    orch, _ = orchestrator_or_problem()
+    Admins only: raises rebuild.RebuildRefused for anyone else (a disabled button alone let a crafted click
+    through), and when another dashboard or CLI is following a run."""
+    from ui import auth  # ui.auth imports this module (get_orchestrator): imported here, not at the top
+
+    orch, problem = orchestrator_or_problem()
+    if auth.shared_mode():
+        if problem is not None:  # the users table is in the broken database: nobody's role can be checked
+            raise rebuild.RebuildRefused("The database that holds users and roles cannot be read, so only the host "
+                                         "can rebuild it: run `python -m trainer_core db rebuild` there.")
+        actor = auth.current_actor()
+    else:
+        actor = Actor.local()  # a local dashboard: its user owns the data root, as the CLI's local user does
+    if not allowed(actor, Action.MAINTAIN):
+        raise rebuild.RebuildRefused(f"Only an admin can rebuild the database; {actor.name}'s role is {actor.role.value}.")
     if orch is not None:
         orch.close()  # releases its pump locks, which the rebuild takes
         orch.store.engine.dispose()  # no connection may hold the SQLite file while it moves aside

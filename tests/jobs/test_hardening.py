@@ -160,3 +160,67 @@ def test_a_forged_eval_result_never_reaches_the_database_and_old_rows_do_not_cra
     # a row an older version stored: shown empty, never raised on
     assert evaluation.headline({"exact": "lots", "rouge_l": [1]}) == ""
     assert [r["value"] for r in evaluation.metric_rows({"exact": "lots", "rouge_l": [1]}, {"exact": 0.5})] == [None, None]
+
+
+# ====================================================================== db rebuild: admins only
+def _moved_aside() -> list[Path]:
+    return sorted(paths.data_root().glob("studio.db.moved-aside-*"))
+
+
+@pytest.mark.parametrize("who, expected", [
+    ("viewer", "refused: only admins can rebuild the database; the token in FINETUNE_STUDIO_TOKEN is ann's (role "
+               "viewer)"),
+    ("operator", "refused: only admins can rebuild the database; the token in FINETUNE_STUDIO_TOKEN is ann's (role "
+                 "operator)"),
+    ("garbage", "refused: this is not a Finetune Studio API token (they start with fts_) (FINETUNE_STUDIO_TOKEN)"),
+    ("revoked", "refused: the API token is unknown or was revoked; create a new one on the Account page "
+                "(FINETUNE_STUDIO_TOKEN)"),
+])
+def test_cli_db_rebuild_is_refused_to_anyone_but_an_admin(home, monkeypatch, capsys, who, expected):
+    """A viewer's FINETUNE_STUDIO_TOKEN, or a garbage one, rebuilt the database with exit 0."""
+    from db import users
+    from db.store import Store
+    from trainer_core import __main__ as cli
+    from trainer_core.access import Role
+
+    store = Store()
+    users.ensure_user(store, "ann", Role.OPERATOR if who == "operator" else Role.VIEWER)
+    token = users.create_token(store, "ann", label="laptop")
+    store.engine.dispose()
+    tokens = {"viewer": token, "operator": token, "garbage": "not-a-token", "revoked": token[:-4] + "xxxx"}
+    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", tokens[who])
+    assert cli.main(["db", "rebuild"]) == 2
+    assert capsys.readouterr().err.strip() == expected
+    assert _moved_aside() == []  # nothing was touched
+
+
+def test_cli_db_rebuild_runs_for_an_admin_token_and_for_the_local_user(home, monkeypatch, capsys):
+    from db import users
+    from db.store import Store
+    from trainer_core import __main__ as cli
+    from trainer_core.access import Role
+
+    store = Store()
+    users.ensure_user(store, "root", Role.ADMIN)
+    token = users.create_token(store, "root", label="ops")
+    store.engine.dispose()
+    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", token)
+    assert cli.main(["db", "rebuild"]) == 0
+    monkeypatch.delenv("FINETUNE_STUDIO_TOKEN")
+    assert cli.main(["db", "rebuild"]) == 0
+    assert "Rebuilt 0 run(s)" in capsys.readouterr().out and len(_moved_aside()) >= 1
+
+
+def test_the_dashboards_rebuild_refuses_a_shared_mode_user_who_is_not_an_admin(app_home, monkeypatch):
+    """Only a disabled button guarded it: the function behind it rebuilt for anyone."""
+    from trainer_core.access import Actor, Role
+    from trainer_core.jobs import rebuild
+    from ui import auth, state
+
+    monkeypatch.setattr(auth, "shared_mode", lambda: True)
+    monkeypatch.setattr(auth, "current_actor", lambda: Actor("ann", Role.OPERATOR))
+    with pytest.raises(rebuild.RebuildRefused, match="Only an admin can rebuild the database; ann's role is operator"):
+        state.rebuild_database()
+    assert _moved_aside() == []
+    monkeypatch.setattr(auth, "current_actor", lambda: Actor("root", Role.ADMIN))
+    assert state.rebuild_database().runs == []
