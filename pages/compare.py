@@ -11,7 +11,7 @@ from ui.samples import render_prompt_compare
 from ui.entry import require_entrypoint
 from ui.evaluation import render_eval_compare
 from ui.state import get_orchestrator
-from ui.views import stop_without_runs
+from ui.views import other_metrics_picker, stop_without_runs
 
 require_entrypoint("pages/compare.py")
 
@@ -51,9 +51,11 @@ if not COMPARE_MIN <= len(chosen) <= COMPARE_MAX:
     st.stop()
 
 picked = [by_id[i] for i in chosen]
+# Any metric key one of the runs logged besides the wide fields (rewards, accuracies...), overlaid on request
+extra = other_metrics_picker("cmp", sorted({key for r in picked for key in orch.metric_keys(r.id)}))
 drawn = (*COMPARE_METRICS, *COMPARE_ALIGN)  # the overlays and the summary need no other column: read only these
-render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn) for r in picked},
-               {r.id: orch.run_config(r.id) for r in picked})
+render_compare(picked, {r.id: orch.metrics(r.id, columns=drawn, keys=extra) for r in picked},
+               {r.id: orch.run_config(r.id) for r in picked}, extra=extra)
 render_prompt_compare(picked, labels, orch.sample_prompts([r.id for r in picked]),
                       lambda prompt: orch.prompt_samples([r.id for r in picked], prompt))
 render_eval_compare(picked, orch.latest_eval_metrics([r.id for r in picked]))

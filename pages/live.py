@@ -11,7 +11,7 @@ from ui.entry import require_entrypoint
 from ui.samples import render_samples, sampling_configured
 from ui.state import get_orchestrator
 from ui.text import safe
-from ui.views import chart_controls, render_live
+from ui.views import chart_controls, render_live, run_specs
 
 require_entrypoint("pages/live.py")
 
@@ -72,6 +72,7 @@ if shown_active:
         st.error(str(exc), icon="🚫")
 else:
     st.page_link("pages/run.py", label="Open run details", icon="🔎", query_params={"run": run_id})
+specs = run_specs(orch.run_config(run_id))  # the method's charts and tiles
 with st.expander("Chart options", icon="⚙️"):
     options = chart_controls("live")
 st.session_state.setdefault("live_alerts_seen", {}).setdefault(run_id, len(snapshot.alerts))  # old ones: no toast
@@ -92,8 +93,9 @@ def live_panel() -> None:
     latest = orch.snapshot(run_id)
     if latest is not None:
         _toast_new_alerts(run_id, latest.alerts)
+    # The "Other metrics" picker is drawn in the fragment: keys the run logs later are offered at the next refresh
     render_live(latest, options, alerts=latest.alerts if latest else (),
-                resources=orch.resources(run_id) if shown_active else None)
+                resources=orch.resources(run_id) if shown_active else None, specs=specs, picker="live")
     samples_panel()
     if shown_active and latest is not None and RunStatus(latest.status).is_terminal():
         st.rerun()  # the run just ended: redraw the whole page so Stop/Cancel go away

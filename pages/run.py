@@ -7,7 +7,8 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from trainer_core.charts import LINE_METRICS
+from trainer_core.charts import LOSS_KEYS, line_metrics
+from trainer_core.protocol.metrics import WIDE_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.run_rules import run_name
 from ui import format as fmt
@@ -19,8 +20,8 @@ from ui.export_panel import render_export
 from ui.serve_panel import render_serve
 from ui.state import get_orchestrator
 from ui.text import code, safe
-from ui.views import (chart_controls, render_alerts, render_charts, render_nonfinite, render_outcome, status_markdown,
-                      stop_without_runs)
+from ui.views import (chart_controls, other_keys, render_alerts, render_charts, render_nonfinite, render_outcome,
+                      run_specs, status_markdown, stop_without_runs)
 
 require_entrypoint("pages/run.py")
 
@@ -89,15 +90,17 @@ charts_tab, timeline_tab, log_tab, config_tab, samples_tab, eval_tab, serve_tab,
     ["Charts", "Timeline", "Worker log", "Config", "Samples", "Evaluation",
      "Endpoint" if run.kind is JobKind.SERVE else "Serve", "Artifacts" if run.kind is JobKind.EXPORT else "Export"])
 with charts_tab:
+    specs = run_specs(orch.run_config(run.id))  # the method's charts; any other key the run logged on request
     with st.expander("Chart options", icon="⚙️"):
-        options = chart_controls("run")
+        options = chart_controls("run", other_keys(orch.metric_keys(run.id), specs))
     # Only what the charts and the non-finite warning use, for the chosen x axis: a 100k-step run then
     # moves a fraction of its data. One read each.
     wall = ("wall_time",) if options.x == "elapsed_s" else ()  # wall time falls back on wall_time
-    drawn = ("loss", "eval_loss", *LINE_METRICS, "nonfinite", options.x, *wall)
-    earlier, own = orch.metrics_parts(run.id, columns=drawn)
+    lines = line_metrics(specs, options.extra)
+    drawn = (*LOSS_KEYS, *[k for k in lines if k in WIDE_NAMES], "nonfinite", options.x, *wall)
+    earlier, own = orch.metrics_parts(run.id, columns=drawn, keys=[k for k in lines if k not in WIDE_NAMES])
     metrics = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
-    render_charts(metrics, options)
+    render_charts(metrics, options, specs=specs)
     if not own.empty:  # the CSV (every column, this run's own rows) is read and built when the button is clicked
         st.download_button("Download metrics (CSV)", lambda: orch.metrics(run.id).to_csv(index=False),
                            file_name=f"{run.id}-metrics.csv", mime="text/csv", icon="⬇️")

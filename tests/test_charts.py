@@ -390,11 +390,25 @@ def test_compare_chart_aligns_eval_loss_by_tokens_without_smoothing():
     assert series(rows, "b")[["tokens_seen", "value"]].values.tolist() == [[50, 4.0], [100, 3.0]]
 
 
-def test_compare_chart_rejects_unknown_metric_and_alignment():
-    with pytest.raises(ValueError):
-        charts.compare_chart({}, metric="grad_norm")
+def test_compare_chart_rejects_a_missing_metric_and_unknown_alignment():
+    # any metric key compares (issue 18: open metrics); only a missing one or the x column itself is refused
+    for metric in ("", "step"):
+        with pytest.raises(ValueError, match="metric must be a metric key such as loss, eval_loss"):
+            charts.compare_chart({}, metric=metric)
     with pytest.raises(ValueError):
         charts.compare_chart({}, align="epoch")
+
+
+def test_compare_chart_of_an_open_metric_key_is_titled_and_not_smoothed():
+    frames = {"a": pd.DataFrame({"step": [1, 2, 3], "rewards/format/mean": [0.1, 0.9, 0.2]}),
+              "b": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.5]})}
+    spec = charts.compare_chart(frames, metric="rewards/format/mean", smoothing=charts.Smoothing("window", 3)).to_dict()
+    data = spec["datasets"][spec["data"]["name"]]
+    assert [(d["key"], d["step"], d["value"]) for d in data] == [("r0", 1, 0.1), ("r0", 2, 0.9), ("r0", 3, 0.2)]
+    assert spec["title"] == "rewards/format/mean"
+    assert spec["layer"][0]["encoding"]["y"]["title"] == "rewards/format/mean"
+    titled = charts.compare_chart(frames, metric="rewards/format/mean", title="Format reward").to_dict()
+    assert (titled["title"], titled["layer"][0]["encoding"]["y"]["title"]) == ("Format reward", "Format reward")
 
 
 # ---------------------------------------------------------------------- chart controls and rendering (ui.views)

@@ -207,14 +207,15 @@ def test_run_page_reads_only_the_columns_it_draws(pages_store, monkeypatch):
     asked = []
     read = Store.metrics_frame
 
-    def spy(self, wanted, from_step=None, columns=None):
+    def spy(self, wanted, from_step=None, columns=None, keys=None):
         if wanted == run_id:
-            asked.append(None if columns is None else set(columns))
-        return read(self, wanted, from_step, columns)
+            asked.append((None if columns is None else set(columns), None if keys is None else list(keys)))
+        return read(self, wanted, from_step, columns, keys)
 
     monkeypatch.setattr(Store, "metrics_frame", spy)
     at = open_page("pages/run.py", detail_run_id=run_id)
-    # the charts' metrics, the x axis (step) and nonfinite: not memory_mb, wall_time, epoch, ...
-    assert asked == [{"step", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_s", "nonfinite"}]
+    # the charts' metrics, the x axis (step) and nonfinite: not memory_mb, wall_time, epoch, ...; no open key
+    # (none was picked)
+    assert asked == [({"step", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_s", "nonfinite"}, [])]
     assert any("Non-finite values (loss) first at step 2" in w.value for w in at.warning)
     assert len(at.get("vega_lite_chart")) >= 1

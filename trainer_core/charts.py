@@ -20,6 +20,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from trainer_core.methods.base import MetricSpec
+
 RAW_LOSS = "train loss"
 SMOOTH_LOSS = "train loss (smoothed)"
 EVAL_LOSS = "eval loss"
@@ -34,8 +36,19 @@ RUN_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2")
 # x column -> label for pickers and axis titles. "wall time" is seconds since the run started.
 X_AXES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time"}
 AXIS_TITLES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time (s)"}
+# What a run's charts and tiles show when its method names nothing else (sft and cpt): the loss chart
+# (train and eval loss) and one small chart per other charted spec. Any other key a run logged is drawn
+# on request ("Other metrics"), with the same downsampling.
+DEFAULT_SPECS = (
+    MetricSpec("loss", "Train loss", tile=True),
+    MetricSpec("eval_loss", "Eval loss", tile=True),
+    MetricSpec("learning_rate", "Learning rate", tile=True),
+    MetricSpec("grad_norm", "Grad norm", tile=True),
+    MetricSpec("tokens_per_s", "Tokens/s", tile=True),
+)
+LOSS_KEYS = ("loss", "eval_loss")  # drawn together on the loss chart, whatever the specs say
 # The small charts of the live page: metric column -> title.
-LINE_METRICS = {"learning_rate": "Learning rate", "grad_norm": "Grad norm", "tokens_per_s": "Tokens/s"}
+LINE_METRICS = {s.key: s.label for s in DEFAULT_SPECS if s.chart and s.key not in LOSS_KEYS}
 COMPARE_METRICS = {"loss": "Train loss", "eval_loss": "Eval loss"}
 COMPARE_ALIGN = ("step", "tokens_seen")
 MISSING = "—"
@@ -423,12 +436,25 @@ def line_chart(df: pd.DataFrame, y: str, title: str, x: str = "step", max_points
     return _line_chart(_prepare(df, x, (y,)), y, title, max_points)
 
 
+def line_metrics(specs: Iterable[MetricSpec] = DEFAULT_SPECS, extra: Iterable[str] = ()) -> dict[str, str]:
+    """Key -> title of the small charts: the charted specs besides the loss chart's, then ``extra`` keys
+    (titled by their key) that no spec charts already."""
+    lines = {s.key: s.label for s in specs if s.chart and s.key not in LOSS_KEYS}
+    for key in extra:
+        if key not in LOSS_KEYS:
+            lines.setdefault(key, key)
+    return lines
+
+
 def live_charts(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smoothing("window", 10),
-                log_scale: bool = False, max_points: int = 1000) -> dict[str, TrustedLayerChart]:
-    """Every chart of the live page: ``"loss"`` always, then one per metric of ``LINE_METRICS`` with data."""
-    prep = _prepare(df, x, ("loss", "eval_loss", *LINE_METRICS))
+                log_scale: bool = False, max_points: int = 1000, specs: Iterable[MetricSpec] = DEFAULT_SPECS,
+                extra: Iterable[str] = ()) -> dict[str, TrustedLayerChart]:
+    """Every chart of the live page: ``"loss"`` always, then one per charted metric spec with data, then one
+    per ``extra`` key (the "other metrics" asked for) with data, keyed by metric key."""
+    lines = line_metrics(specs, extra)
+    prep = _prepare(df, x, ("loss", "eval_loss", *lines))
     out = {"loss": _loss_chart(prep, smoothing, log_scale, max_points)}
-    for column, title in LINE_METRICS.items():
+    for column, title in lines.items():
         values = prep.columns.get(column)
         if values is not None and np.isfinite(values).any():
             out[column] = _line_chart(prep, column, title, max_points)
@@ -436,13 +462,16 @@ def live_charts(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smooth
 
 
 def compare_chart(frames: dict[str, pd.DataFrame], metric: str = "loss", align: str = "step",
-                  smoothing: Smoothing = Smoothing("window", 10), max_points: int = 500) -> TrustedLayerChart:
-    """One line per run label of train loss (smoothed) or eval loss (as logged), aligned by step or tokens.
+                  smoothing: Smoothing = Smoothing("window", 10), max_points: int = 500,
+                  title: str = "") -> TrustedLayerChart:
+    """One line per run label of train loss (smoothed), eval loss or any other metric key (as logged),
+    aligned by step or tokens; ``title`` names a metric besides ``COMPARE_METRICS`` (its key by default).
 
-    Eval loss is not smoothed: each eval point is already a mean over the whole eval set.
+    Only train loss is smoothed: each eval point is already a mean over the whole eval set, and other
+    metrics are drawn as the trainer logged them.
     """
-    if metric not in COMPARE_METRICS:
-        raise ValueError(f"metric must be one of {', '.join(COMPARE_METRICS)}, got {metric!r}")
+    if not isinstance(metric, str) or not metric or metric == "step":
+        raise ValueError(f"metric must be a metric key such as {', '.join(COMPARE_METRICS)}, got {metric!r}")
     if align not in COMPARE_ALIGN:
         raise ValueError(f"align must be one of {', '.join(COMPARE_ALIGN)}, got {align!r}")
     parts, series = [], []
@@ -459,12 +488,13 @@ def compare_chart(frames: dict[str, pd.DataFrame], metric: str = "loss", align: 
     data = _concat(parts, align)
     many = max((int((data["key"] == k).sum()) for k, _ in series), default=0) >= 40
     # The smoothing goes into the axis title: the theme colours axis titles, but not subtitles.
-    y_title = COMPARE_METRICS[metric].lower()
+    title = COMPARE_METRICS.get(metric) or title or metric
+    y_title = title.lower() if metric in COMPARE_METRICS else title
     if metric == "loss" and smoothing != NO_SMOOTHING:
         y_title += f" ({smoothing.label})"
     colours = RUN_COLOURS[:len(series)] if len(series) <= len(RUN_COLOURS) else None
     return _chart(data, _Shape(align, tuple(series), ("line" if many else "line+points",) * len(series), colours,
-                               COMPARE_METRICS[metric], y_title, False, LOSS_HEIGHT))
+                               title, y_title, False, LOSS_HEIGHT))
 
 
 def length_chart(lengths: Iterable[int], max_seq_length: int, bins: int = 40) -> alt.LayerChart:

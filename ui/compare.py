@@ -1,4 +1,5 @@
-"""Comparing runs: loss and eval-loss overlays, a summary table and the config fields that differ.
+"""Comparing runs: loss and eval-loss overlays (and of any other metric key picked), a summary table and the
+config fields that differ.
 
 ``config_diff`` and ``summary_table`` are plain functions (tested without Streamlit);
 ``render_compare`` draws them. The page (pages/compare.py) only picks the runs and loads their data.
@@ -66,8 +67,10 @@ def _least(values: pd.Series) -> float | None:
     return float(values.min()) if len(values) else None
 
 
-def summary_table(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], now: float | None = None) -> pd.DataFrame:
-    """One row per run: final and best train loss, final and best eval loss, steps, tokens, duration, status.
+def summary_table(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], now: float | None = None,
+                  keys: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per run: final and best train loss, final and best eval loss, steps, tokens, duration, status;
+    then ``final <key>`` per other metric key asked for (its last logged value; NaN where a run has none).
 
     Losses come from the metrics frames (keyed by run id); a run without metrics falls back to the
     numbers stored on the run. Duration runs to ``now`` while a run is still going.
@@ -91,11 +94,12 @@ def summary_table(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], no
             "tokens seen": run.tokens_seen if run.tokens_seen is not None else
             (int(tokens.max()) if len(tokens) else None),
             "duration": fmt.duration((run.finished_at or now) - run.started_at if run.started_at else None),
+            **{f"final {key}": _last(_finite(df, key)) for key in keys},
         })
     columns = ["run", "status", "final loss", "best loss", "final eval loss", "best eval loss", "steps",
-               "tokens seen", "duration"]
+               "tokens seen", "duration", *[f"final {key}" for key in keys]]
     table = pd.DataFrame(rows, columns=columns)
-    for column in ("final loss", "best loss", "final eval loss", "best eval loss"):
+    for column in ("final loss", "best loss", "final eval loss", "best eval loss", *[f"final {key}" for key in keys]):
         table[column] = table[column].astype(float)  # None -> NaN, so the table formats them as numbers
     return table
 
@@ -105,8 +109,9 @@ def _has(frames: dict[str, pd.DataFrame], column: str) -> bool:
 
 
 def render_compare(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], configs: dict[str, dict],
-                   key_prefix: str = "cmp") -> None:
-    """Overlay charts (align by step or tokens seen, smoothing), the summary table and the config diff."""
+                   key_prefix: str = "cmp", extra: Sequence[str] = ()) -> None:
+    """Overlay charts (align by step or tokens seen, smoothing), the summary table and the config diff;
+    ``extra``: other metric keys to overlay and summarise too (their columns in ``frames``)."""
     labels = run_labels(runs)
     by_label = {labels[r.id]: frames.get(r.id, pd.DataFrame()) for r in runs}
     align_col, kind_col, amount_col = st.columns([2, 2, 3], vertical_alignment="bottom")
@@ -123,9 +128,15 @@ def render_compare(runs: Sequence[RunRecord], frames: dict[str, pd.DataFrame], c
                             theme="streamlit", width="stretch", height=charts.LOSS_HEIGHT)
         else:
             st.caption(f"No run logged {charts.COMPARE_METRICS[metric].lower()}.")
+    for key in extra:  # as logged: only train loss is smoothed
+        if _has(by_label, key):
+            st.altair_chart(charts.compare_chart(by_label, metric=key, align=align),
+                            theme="streamlit", width="stretch", height=charts.LOSS_HEIGHT)
+        else:
+            st.caption(f"No run logged {key}.")
 
     st.subheader("Summary")
-    st.dataframe(summary_table(runs, frames), hide_index=True, column_config={
+    st.dataframe(summary_table(runs, frames, keys=extra), hide_index=True, column_config={
         "run": st.column_config.TextColumn("Run", pinned=True),
         "final loss": st.column_config.NumberColumn("Final loss", format="%.4f"),
         "best loss": st.column_config.NumberColumn("Best loss", format="%.4f", help="Lowest logged train loss"),

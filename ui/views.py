@@ -6,6 +6,7 @@ orchestrator, so tests can drive them with synthetic data through ``AppTest.from
 from __future__ import annotations
 
 from collections.abc import Iterable
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +39,18 @@ DEFAULT_WINDOW = 10
 DEFAULT_EMA = 0.6
 
 
+SMALL_CHARTS_PER_ROW = 3
+
+
 @dataclass(frozen=True)
 class ChartOptions:
-    """What the chart controls chose: x axis, smoothing of the train loss, log-scale y."""
+    """What the chart controls chose: x axis, smoothing of the train loss, log-scale y, and the other
+    metric keys (besides the method's charts) to draw."""
 
     x: str = "step"
     smoothing: charts.Smoothing = field(default_factory=lambda: charts.Smoothing("window", DEFAULT_WINDOW))
     log_scale: bool = False
+    extra: tuple[str, ...] = ()
 
 
 def stop_without_runs(runs: list) -> None:
@@ -71,8 +77,9 @@ def _spark(values: pd.Series) -> list[float] | None:
     return values.iloc[::stride].tolist()
 
 
-def render_metrics(snapshot: LiveSnapshot) -> None:
-    """The headline numbers of a run as ``st.metric`` tiles."""
+def render_metrics(snapshot: LiveSnapshot, specs: Iterable[Any] = charts.DEFAULT_SPECS) -> None:
+    """The headline numbers of a run as ``st.metric`` tiles; then, when the method's ``specs`` tile open
+    metric keys (a reward, an accuracy), a row with their latest values."""
     df = snapshot.metrics
     losses = charts.finite_column(df, "loss")
     memory = charts.finite_column(df, "memory_mb")
@@ -91,6 +98,26 @@ def render_metrics(snapshot: LiveSnapshot) -> None:
     eta = None if RunStatus(snapshot.status).is_terminal() else snapshot.eta_s
     bottom[3].metric("ETA", fmt.duration(eta), border=True)
     bottom[4].metric("Peak memory", fmt.memory(peak_memory), border=True)
+    tiled = [s for s in specs if s.tile and s.key not in _FIXED_TILES]
+    for start in range(0, len(tiled), 5):
+        for column, spec in zip(st.columns(5), tiled[start:start + 5]):
+            values = charts.finite_column(df, spec.key)
+            column.metric(spec.label, _formatted(values.iloc[-1] if len(values) else None, spec.format),
+                          chart_data=_spark(values), border=True, help=f"Latest {spec.key}")
+
+
+_FIXED_TILES = {"loss", "eval_loss", "learning_rate", "grad_norm", "epoch", "tokens_seen", "tokens_per_s",
+                "elapsed_s", "memory_mb"}  # always in the two rows above
+
+
+def _formatted(value: float | None, spec: str) -> str:
+    """``value`` with a spec's format (Python's format mini-language); the usual dash when there is none."""
+    if value is None:
+        return fmt.number(None)
+    try:
+        return format(float(value), spec)
+    except ValueError:
+        return fmt.number(value)
 
 
 def render_nonfinite(df: pd.DataFrame) -> None:
@@ -134,8 +161,9 @@ def smoothing_control(key_prefix: str, kind_col: Any, amount_col: Any) -> charts
     return charts.Smoothing("window", persisted(window_key))
 
 
-def chart_controls(key_prefix: str) -> ChartOptions:
-    """Compact chart controls in one row; widget keys start with ``key_prefix``.
+def chart_controls(key_prefix: str, keys: Iterable[str] = ()) -> ChartOptions:
+    """Compact chart controls in one row; widget keys start with ``key_prefix``. ``keys``: the other metric
+    keys the run logged (not charted by its method), offered in an "Other metrics" picker.
 
     Call it outside an auto-refreshing fragment, or a click reruns only that fragment (both work).
     """
@@ -145,11 +173,26 @@ def chart_controls(key_prefix: str) -> ChartOptions:
     smoothing = smoothing_control(key_prefix, kind_col, amount_col)
     log_key = persistent_key(f"{key_prefix}_log", False)
     log_col.toggle("Log y", key=log_key, help="Logarithmic loss axis (values <= 0 are left out).")
-    return ChartOptions(x=persisted(x_key), smoothing=smoothing, log_scale=persisted(log_key))
+    return ChartOptions(x=persisted(x_key), smoothing=smoothing, log_scale=persisted(log_key),
+                        extra=other_metrics_picker(key_prefix, keys))
 
 
-def render_charts(df: pd.DataFrame, options: ChartOptions | None = None, window: int | None = None) -> None:
-    """Loss (raw points, smoothed line, eval overlay) plus grad norm, learning rate and tokens/s.
+def other_metrics_picker(key_prefix: str, keys: Iterable[str], label: str = "Other metrics") -> tuple[str, ...]:
+    """A multiselect of metric keys to chart besides the default ones (nothing shown when there are none)."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return ()
+    key = persistent_key(f"{key_prefix}_extra", [])
+    st.session_state[key] = [k for k in st.session_state[key] if k in keys]  # a key this run never logged
+    st.multiselect(label, keys, key=key, placeholder="Any other metric the run logged",
+                   help="Each one is charted over the chosen x axis, downsampled like the charts above.")
+    return tuple(persisted(key))
+
+
+def render_charts(df: pd.DataFrame, options: ChartOptions | None = None, window: int | None = None,
+                  specs: Iterable[Any] = charts.DEFAULT_SPECS) -> None:
+    """Loss (raw points, smoothed line, eval overlay) plus a small chart per charted metric spec (grad norm,
+    learning rate and tokens/s by default) and per other metric chosen in ``options.extra``.
 
     ``window`` is the older way to ask for a moving average; ``options`` wins when both are given.
     """
@@ -158,11 +201,15 @@ def render_charts(df: pd.DataFrame, options: ChartOptions | None = None, window:
         return
     if options is None:
         options = ChartOptions(smoothing=charts.Smoothing("window", window or DEFAULT_WINDOW))
-    built = charts.live_charts(df, x=options.x, smoothing=options.smoothing, log_scale=options.log_scale)
+    built = charts.live_charts(df, x=options.x, smoothing=options.smoothing, log_scale=options.log_scale,
+                               specs=specs, extra=options.extra)
     st.altair_chart(built.pop("loss"), theme="streamlit", width="stretch", height=charts.LOSS_HEIGHT)
-    for column, chart in zip(st.columns(len(built)) if built else [], built.values()):
-        with column:
-            st.altair_chart(chart, theme="streamlit", width="stretch", height=charts.LINE_HEIGHT)
+    small = list(built.values())
+    for start in range(0, len(small), SMALL_CHARTS_PER_ROW):
+        row = small[start:start + SMALL_CHARTS_PER_ROW]
+        for column, chart in zip(st.columns(len(row)), row):
+            with column:
+                st.altair_chart(chart, theme="streamlit", width="stretch", height=charts.LINE_HEIGHT)
 
 
 def alert_badge(count: int) -> str:
@@ -232,8 +279,11 @@ def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str
 
 
 def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = None, alerts: Iterable[Any] = (),
-                resources: ResourceSample | None = None) -> None:
-    """Everything the live view shows for one snapshot (alerts and resources when the caller has them)."""
+                resources: ResourceSample | None = None, specs: Iterable[Any] = charts.DEFAULT_SPECS,
+                picker: str = "") -> None:
+    """Everything the live view shows for one snapshot (alerts and resources when the caller has them);
+    ``specs``: the run's method's metric specs (its charts and tiles); ``picker``: the widget-key prefix of an
+    "Other metrics" picker above the charts, offering the snapshot's keys that no spec charts ("": none)."""
     if snapshot is None:
         st.info(NO_RUNS)
         return
@@ -246,11 +296,25 @@ def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = No
     label = f"step {snapshot.step:,} / {snapshot.total_steps:,}" if snapshot.total_steps else f"step {snapshot.step:,}"
     st.progress(snapshot.progress, text=label)
     render_alerts(alerts)
-    render_metrics(snapshot)
+    render_metrics(snapshot, specs)
     if resources is not None:
         render_resources(resources)
     for message in snapshot.warnings:
         st.warning(safe(message), icon="⚠️")
     render_nonfinite(snapshot.metrics)
     render_outcome(status, snapshot.error, snapshot.log_tail, snapshot.output_dir)
-    render_charts(snapshot.metrics, options)
+    if picker:
+        options = dataclasses.replace(options or ChartOptions(),
+                                      extra=other_metrics_picker(picker, other_keys(snapshot.metric_keys, specs)))
+    render_charts(snapshot.metrics, options, specs=specs)
+
+
+def run_specs(config: dict) -> tuple[Any, ...]:
+    """The metric specs of a run's method, from its stored config (trainer_core.methods.base.MetricSpec)."""
+    return charts.DEFAULT_SPECS
+
+
+def other_keys(keys: Iterable[str], specs: Iterable[Any] = charts.DEFAULT_SPECS) -> list[str]:
+    """The logged metric keys a picker offers: those the method's specs do not chart already."""
+    charted = {s.key for s in specs if s.chart} | set(charts.LOSS_KEYS)
+    return [k for k in keys if k not in charted]

@@ -295,27 +295,33 @@ class Orchestrator:
         """The runs with these ids that exist, in the order asked for (any run, however old)."""
         return self.store.get_runs(run_ids)
 
-    def metrics(self, run_id: str, lineage: bool = False, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    def metrics(self, run_id: str, lineage: bool = False, columns: Iterable[str] | None = None,
+                keys: Iterable[str] | None = None) -> pd.DataFrame:
         """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from; ``columns``: only
-        ``step`` and these metric fields."""
+        ``step`` and these wide fields, ``keys``: these open metric keys (Store.metrics_frame)."""
         if not lineage:
-            return self.store.metrics_frame(run_id, columns=columns)
+            return self.store.metrics_frame(run_id, columns=columns, keys=keys)
         earlier, own = self.metrics_parts(run_id)
         frame = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
-        if columns is None:
+        if columns is None and keys is None:
             return frame
-        wanted = {"step", *columns}
+        wanted = {"step", *(columns if columns is not None else frame.columns), *(keys or ())}
         return frame[[c for c in frame.columns if c in wanted]]
 
-    def metrics_parts(self, run_id: str, columns: Iterable[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def metrics_parts(self, run_id: str, columns: Iterable[str] | None = None, keys: Iterable[str] | None = None
+                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(metrics of the runs it resumed from, its own metrics): one read each; ``columns``: only ``step``
-        and these metric fields."""
-        own = self.store.metrics_frame(run_id, columns=columns)
+        and these wide fields, ``keys``: these open metric keys."""
+        own = self.store.metrics_frame(run_id, columns=columns, keys=keys)
         run = self.store.get_run(run_id)
         if run is None or not run.parent_run_id:
             return own.iloc[:0], own
         earlier = lineage_frame(self.store, run)
         return (earlier if columns is None else earlier[[c for c in own.columns if c in earlier]]), own
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        """The open metric keys a run logged (besides the wide fields), sorted."""
+        return self.store.metric_keys(run_id)
 
     def events(self, run_id: str) -> list[EventRecord]:
         return self.store.get_events(run_id)
