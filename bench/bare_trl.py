@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
 
     model, tokenizer = engine.load_model(cfg, model_files.resolve_model(cfg), None)
     rows = load_local(cfg.local_datasets, cfg).rows
-    train_ds = engine.to_dataset(rows, cfg.train_on_completions)
+    train_ds = engine.to_dataset(rows, cfg)
     timer = LogTimer()
     trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, out / "checkpoints", out, [timer])
     trainer.train()

@@ -237,7 +237,7 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
 
     model, tokenizer = engine.load_model(cfg, model_ref, None)
     data = load_for_training(cfg)
-    train_ds = engine.to_dataset(data.rows, cfg.train_on_completions)
+    train_ds = engine.to_dataset(data.rows, cfg)
     timer = Timer()
     trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, case_dir / "checkpoints", case_dir, [timer])
     if torch.cuda.is_available():

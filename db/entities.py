@@ -11,6 +11,7 @@ from typing import Any, Optional
 from sqlalchemy import inspect
 
 from db.models import Run, RunEvent, Sample
+from trainer_core.protocol import training_type
 from trainer_core.protocol.status import JobKind, RunStatus
 
 
@@ -29,6 +30,8 @@ class RunRecord:
     model: str = ""
     dataset: str = ""
     method: str = ""
+    method_name: str = ""
+    adapter: str = ""
     engine: str = ""
     created_at: float = 0.0
     started_at: Optional[float] = None
@@ -65,6 +68,11 @@ class RunRecord:
         object.__setattr__(self, "kind", JobKind(self.kind or JobKind.TRAIN.value))
         if isinstance(self.needs_secrets, str):
             object.__setattr__(self, "needs_secrets", tuple(n for n in self.needs_secrets.split(",") if n))
+        found = training_type.pair_of_config_json(self.config_json) if self.kind is JobKind.TRAIN and \
+            not self.method_name else None
+        if found:  # recorded before method and adapter were columns (an old journal's row): its config says
+            object.__setattr__(self, "method_name", found[0])
+            object.__setattr__(self, "adapter", found[1])
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":

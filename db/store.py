@@ -28,7 +28,7 @@ from sqlmodel import Session, SQLModel, col, create_engine, delete, select
 from db.entities import ArtifactRecord, EvalResultRecord, EventRecord, RunRecord, SampleRecord
 from db.metrics_store import OpenMetrics
 from db.models import Artifact, EvalResult, EvalSample, Metric, MetricValue, Run, RunEvent, Sample
-from trainer_core.protocol import journal, paths
+from trainer_core.protocol import journal, paths, training_type
 from trainer_core.protocol.metrics import METRIC_FIELDS, merge_nonfinite, merge_rows, thin
 from trainer_core.protocol.status import RunStatus
 
@@ -668,6 +668,18 @@ def _add_missing_columns(engine) -> None:
             clause = f" DEFAULT {default!r}" if isinstance(default, (int, float)) else (
                 f" DEFAULT '{quoted}'" if isinstance(default, str) else "")  # old rows get the default too
             conn.execute(text(f'ALTER TABLE "{table_name}" ADD COLUMN "{column.name}" {kind}{clause}'))
+        if ("run", "method_name") in {(t, c.name) for t, c in missing}:
+            _fill_method_columns(conn)
+
+
+def _fill_method_columns(conn) -> None:
+    """Training rows from before method_name/adapter get them from their config (training_type in old ones)."""
+    rows = conn.execute(text("SELECT id, config_json FROM run WHERE kind = 'train'")).all()
+    for run_id, config_json in rows:
+        found = training_type.pair_of_config_json(config_json)
+        if found:
+            conn.execute(text("UPDATE run SET method_name = :method, adapter = :adapter WHERE id = :id"),
+                         {"method": found[0], "adapter": found[1], "id": run_id})
 
 
 def _frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ tokenizer in a subprocess) runs only when asked for. Layout only: the widget <->
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from pathlib import Path
@@ -19,11 +20,12 @@ import streamlit as st
 from trainer_core import hardware, memory, model_info, parallel, presets, preview, promptsets
 from trainer_core.access import Action, allowed
 from trainer_core.charts import length_chart
-from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TRAINING_TYPES, ConfigError, FieldError,
+from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats
 from trainer_core.data.readers import read_rows
 from trainer_core.jobs.orchestrator import RunRefused
+from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import engines
 from ui import form
@@ -80,6 +82,27 @@ def show_errors(errors: list[FieldError], headline: str = "The run was not start
 
 
 # ---------------------------------------------------------------------- presets
+def method_section(chosen: str) -> None:
+    """Every method's own settings (its spec's section), the chosen method's editable: the others keep
+    their values (a preset may set them) but do not apply."""
+    fields = form.SECTION_FIELDS
+    if not fields:
+        return
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    cols = st.columns(max(len(fields), 2))
+    for col, name in zip(cols, fields):
+        owner = form.section_owner(name)
+        label = f"{form.section_label(name)} ({owner})"
+        other = owner != chosen
+        if types[name] == "bool":
+            col.checkbox(label, key=K + name, help=H(name), disabled=other)
+        elif types[name] == "float":
+            col.number_input(label, min_value=0.0, step=1e-6, format="%.2e", key=K + name, help=H(name),
+                             disabled=other)
+        else:
+            col.number_input(label, min_value=0, key=K + name, help=H(name), disabled=other)
+
+
 def presets_panel() -> None:
     with st.expander("Presets: load one, or save this page as one", icon="📋"):
         found = presets.list_presets()
@@ -388,10 +411,13 @@ st.radio("Model source", list(MODEL_SOURCES), format_func=MODEL_SOURCES.get, hor
          key=K + "model_source", help=H("model_name"))
 st.text_input("Local folder or hub id", key=K + "model_text",
               placeholder="/path/to/hf-model-folder or org/name (not used for the bundled model)")
-col_method, col_seq = st.columns(2)
-col_method.selectbox("Method", list(TRAINING_TYPES), format_func=TRAINING_TYPES.get, key=K + "training_type",
-                     help=H("training_type"))
+col_method, col_adapter, col_seq = st.columns(3)
+chosen_method = col_method.selectbox("Method", list(METHODS), format_func=lambda name: METHODS[name].label,
+                                     key=K + "method", help=H("method"))
+col_adapter.selectbox("Adapter", list(ADAPTERS), format_func=ADAPTERS.get, key=K + "adapter", help=H("adapter"))
 col_seq.number_input("Max sequence length", min_value=0, step=64, key=K + "max_seq_length", help=H("max_seq_length"))
+st.caption(safe(METHODS[chosen_method].help))
+method_section(chosen_method)
 with st.expander("Access and remote code"):
     st.text_input("Hugging Face token", type="password", key=K + "hf_token", help=H("hf_token"))
     trust = st.checkbox("Trust remote code", key=K + "trust_remote_code", help=H("trust_remote_code"))
@@ -447,8 +473,6 @@ train_cols[0].number_input("Gradient accumulation", min_value=0, key=K + "gradie
                            help=H("gradient_accumulation_steps"))
 train_cols[1].number_input("Warmup steps", min_value=0, key=K + "warmup_steps", help=H("warmup_steps"))
 train_cols[2].number_input("Warmup ratio", min_value=0.0, step=0.01, key=K + "warmup_ratio", help=H("warmup_ratio"))
-train_cols[3].number_input("Embedding learning rate", min_value=0.0, step=1e-6, format="%.2e",
-                           key=K + "embedding_learning_rate", help=H("embedding_learning_rate"))
 
 with st.expander("Advanced training"):
     adv = st.columns(4)
@@ -463,9 +487,8 @@ with st.expander("Advanced training"):
     adv[3].text_input("GPU ids (comma-separated)", key=K + "gpu_ids", help=H("gpu_ids"))
     adv = st.columns(4)
     adv[0].checkbox("Packing", key=K + "packing", help=H("packing"))
-    adv[1].checkbox("Train on completions only", key=K + "train_on_completions", help=H("train_on_completions"))
-    adv[2].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
-    adv[3].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
+    adv[1].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
+    adv[2].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
     adv = st.columns(4)
     adv[0].number_input("Processes (0: one per GPU)", min_value=0, step=1, key=K + "num_processes",
                         help=H("num_processes"))
@@ -478,7 +501,6 @@ with st.expander("LoRA"):
     lora[0].number_input("Rank (r)", min_value=0, key=K + "lora_r", help=H("lora_r"))
     lora[1].number_input("Alpha", min_value=0, key=K + "lora_alpha", help=H("lora_alpha"))
     lora[2].number_input("Dropout", min_value=0.0, step=0.05, key=K + "lora_dropout", help=H("lora_dropout"))
-    lora[3].checkbox("LoRA for continued pretraining", key=K + "use_lora", help=H("use_lora"))
     st.multiselect("Target modules", MODULE_CHOICES, key=K + "target_modules",
                    help=H("target_modules") + " Clear it to pick modules with the switches below.")
     st.text_input("More target modules (comma-separated)", key=K + "extra_modules")

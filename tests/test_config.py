@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer_core import hardware
+from trainer_core import hardware, methods
 from trainer_core.config import (ATTENTION_MODULES, DEFAULT_TARGET_MODULES, MLP_MODULES, ConfigError, FieldError,
                                  TrainConfig)
 
@@ -49,8 +49,8 @@ def test_defaults_validate_cleanly_with_files(home):
 
 def test_defaults():
     cfg = TrainConfig()
-    assert (cfg.model_name, cfg.training_type, cfg.local_datasets, cfg.max_steps, cfg.learning_rate) == (
-        "bundled:SmolLM2-135M-Instruct", "lora", ["bundled:demo-chat"], 60, 2e-4)
+    assert (cfg.model_name, cfg.method, cfg.adapter, cfg.local_datasets, cfg.max_steps, cfg.learning_rate) == (
+        "bundled:SmolLM2-135M-Instruct", "sft", "lora", ["bundled:demo-chat"], 60, 2e-4)
     assert cfg.target_modules == DEFAULT_TARGET_MODULES
     assert cfg.target_modules is not TrainConfig().target_modules  # mutable defaults are not shared
     assert cfg.model_label == "SmolLM2-135M-Instruct (bundled)"
@@ -90,12 +90,13 @@ def test_warmup_steps_and_ratio_both_set(home):
 
 
 def test_qlora_on_cpu_points_to_lora(home):
-    assert errors(training_type="qlora") == [FieldError("training_type", QLORA_ON_CPU)]
+    assert errors(adapter="qlora") == [FieldError("adapter", QLORA_ON_CPU)]
+    assert errors(training_type="qlora") == [FieldError("adapter", QLORA_ON_CPU)]  # the old name, mapped
     assert errors(load_in_4bit=True) == [FieldError("load_in_4bit", QLORA_ON_CPU)]
 
 
 def test_qlora_with_cuda_is_fine(home, fake_cuda):
-    assert errors(training_type="qlora") == []
+    assert errors(adapter="qlora") == []
     assert errors(optim="paged_adamw_8bit") == []
 
 
@@ -106,8 +107,9 @@ def test_8bit_optimizer_on_cpu(home, optim):
 
 
 def test_unknown_choices(home):
-    assert errors(optim="lion", lr_scheduler_type="wavy", format_type="xml", training_type="dpo") == [
-        FieldError("training_type", "choose one of lora, qlora, full, cpt"),
+    assert errors(optim="lion", lr_scheduler_type="wavy", format_type="xml", method="dpo", adapter="dora") == [
+        FieldError("method", "choose one of sft, cpt"),
+        FieldError("adapter", "choose one of lora, qlora, full"),
         FieldError("lr_scheduler_type", "choose one of linear, cosine, cosine_with_restarts, polynomial, constant, "
                                         "constant_with_warmup"),
         FieldError("optim", "choose one of adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, adafactor, "
@@ -119,7 +121,7 @@ def test_unknown_choices(home):
 def test_lora_rank_zero(home):
     assert errors(lora_r=0) == [FieldError("lora_r", "use a rank such as 8, 16 or 64 (got 0)")]
     # LoRA settings do not matter when LoRA is off
-    assert errors(lora_r=0, training_type="full") == []
+    assert errors(lora_r=0, adapter="full") == []
 
 
 def test_empty_target_modules_need_a_switch(home):
@@ -257,7 +259,7 @@ def test_resume_from_checkpoint(home, tmp_path):
 
 
 def test_cpt_and_completions_need_matching_formats(home):
-    assert errors(training_type="cpt", format_type="chatml") == [FieldError(
+    assert errors(method="cpt", format_type="chatml") == [FieldError(
         "format_type", "continued pretraining trains on raw text: choose 'text' or 'auto'")]
     assert errors(train_on_completions=True, format_type="text") == [FieldError(
         "train_on_completions", "raw text has no completions: turn this off or pick a chat format")]
@@ -363,7 +365,7 @@ SECRETS = {"hf_token": "hf_SECRETabc123", "wandb_token": "wb_SECRETxyz789"}
 
 def custom_config() -> TrainConfig:
     return TrainConfig(
-        run_name="round trip", model_name="org/model", training_type="full", max_seq_length=1024,
+        run_name="round trip", model_name="org/model", method="cpt", adapter="full", max_seq_length=1024,
         gpu_ids=[0, 1], hf_dataset="org/data", local_datasets=[], subset="en", eval_split="test",
         custom_format_mapping={"instruction": "question", "output": "answer"}, system_prompt="Be brief.\nReally.",
         num_epochs=2.5, max_steps=0, learning_rate=5e-5, warmup_steps=0, warmup_ratio=0.1,
@@ -402,12 +404,15 @@ def test_errors_about_a_secret_do_not_echo_it():
 
 
 def test_method_and_effective_flags():
-    assert (TrainConfig(training_type="qlora").effective_4bit, TrainConfig().effective_4bit) == (True, False)
+    assert (TrainConfig(adapter="qlora").effective_4bit, TrainConfig().effective_4bit) == (True, False)
     assert TrainConfig(load_in_4bit=True).effective_4bit is True
-    assert TrainConfig(training_type="full", use_lora=True).effective_use_lora is False
-    assert TrainConfig(training_type="qlora", use_lora=False).effective_use_lora is True
-    assert TrainConfig(training_type="cpt", use_lora=False).effective_use_lora is False
-    assert TrainConfig(training_type="cpt").method_label == "Continued pretraining"
+    assert TrainConfig(adapter="full", use_lora=True).effective_use_lora is False
+    assert TrainConfig(adapter="qlora", use_lora=False).effective_use_lora is True
+    assert TrainConfig(method="cpt", adapter="full").effective_use_lora is False
+    assert TrainConfig(method="cpt").method_label == "Continued pretraining"
+    assert TrainConfig(method="cpt", adapter="qlora").method_label == "Continued pretraining · QLoRA (4-bit)"
+    assert [TrainConfig(adapter=a).method_label for a in ("lora", "qlora", "full")] == [
+        "LoRA", "QLoRA (4-bit)", "Full fine-tuning"]  # the texts History showed before method and adapter
     assert dataclasses.replace(TrainConfig(), model_name="org/m").model_label == "org/m"
 
 
@@ -415,7 +420,7 @@ def test_language_layers_off_leaves_nothing_to_train(home):
     found = errors(finetune_language_layers=False)
     assert [e.field for e in found] == ["finetune_language_layers"]
     assert "nothing to train" in found[0].message
-    assert errors(finetune_language_layers=False, training_type="full") == []  # no LoRA: switch is moot
+    assert errors(finetune_language_layers=False, adapter="full") == []  # no LoRA: switch is moot
 
 
 # ---------------------------------------------------------------------- layering
@@ -426,3 +431,60 @@ def test_config_does_not_import_the_data_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1])
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------- training_type (before method x adapter)
+@pytest.mark.parametrize("training_type, use_lora, pair", [
+    ("lora", True, ("sft", "lora")), ("qlora", True, ("sft", "qlora")), ("full", True, ("sft", "full")),
+    ("cpt", True, ("cpt", "lora")), ("cpt", False, ("cpt", "full")),
+    ("qlora", False, ("sft", "qlora")),  # use_lora only ever mattered for cpt
+])
+def test_training_type_maps_onto_method_and_adapter(training_type, use_lora, pair):
+    for cfg in (TrainConfig(training_type=training_type, use_lora=use_lora),
+                TrainConfig.from_dict({"training_type": training_type, "use_lora": use_lora}),
+                TrainConfig.from_yaml(f"training_type: {training_type}\nuse_lora: {str(use_lora).lower()}\n")):
+        assert (cfg.method, cfg.adapter) == pair
+        assert methods.to_training_type(cfg.method, cfg.adapter) == training_type or pair == ("cpt", "full")
+    assert "training_type" not in TrainConfig(training_type=training_type).to_yaml()  # new files: method/adapter
+    assert dataclasses.replace(TrainConfig(training_type=training_type, use_lora=use_lora), max_steps=3).adapter == pair[1]
+
+
+def test_training_type_is_read_with_one_deprecation_note():
+    with pytest.warns(FutureWarning) as caught:
+        cfg = TrainConfig.from_dict({"training_type": "cpt"})
+    assert [str(w.message) for w in caught] == [
+        "training_type is deprecated: 'cpt' means method: cpt and adapter: lora; write those two fields instead "
+        "(training_type keeps being read)."]
+    assert (cfg.method, cfg.adapter) == ("cpt", "lora")
+
+
+def test_training_type_unknown_or_contradicting_is_reported_with_the_rest():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"training_type": "dpo", "optim": 3, "colour": "red"})
+    assert info.value.errors == [
+        FieldError("training_type", "choose one of lora, qlora, full, cpt, or better set method and adapter instead"),
+        FieldError("colour", "unknown field. Remove it.")]
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"training_type": "qlora", "adapter": "full"})
+    assert info.value.errors == [FieldError("training_type", "'qlora' means adapter qlora, but adapter is 'full': "
+                                                             "remove training_type")]
+    assert TrainConfig.from_dict({"training_type": "qlora", "adapter": "qlora", "method": "sft"}).adapter == "qlora"
+    with pytest.raises(ConfigError):
+        TrainConfig(training_type="dpo")
+
+
+def test_a_method_section_reads_as_its_fields():
+    cfg = TrainConfig.from_yaml("method: cpt\nformat_type: text\ncpt:\n  embedding_learning_rate: 5.0e-5\n"
+                                "sft: {train_on_completions: false}\n")
+    assert (cfg.method, cfg.embedding_learning_rate, cfg.train_on_completions) == ("cpt", 5e-5, False)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"cpt": {"embedding_lr": 1e-5}, "sft": [1], "train_on_completions": True,
+                               "method": "sft", "adapter": "lora", "max_steps": 1}
+                              | {"sft": {"train_on_completions": True}})
+    assert info.value.errors == [  # sections in registry order
+        FieldError("sft.train_on_completions", "train_on_completions is set twice (at the top and in sft): keep one"),
+        FieldError("cpt.embedding_lr", "not a setting of the cpt method. Did you mean 'embedding_learning_rate'?")]
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"sft": "packing"})
+    assert info.value.errors == [FieldError("sft", "write the sft section as a mapping of train_on_completions "
+                                                   "settings")]

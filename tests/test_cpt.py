@@ -41,7 +41,7 @@ def raw_text_file(folder: Path) -> Path:
 
 def test_continued_pretraining_with_packing_and_embedding_lr(studio, tiny_model, tmp_path):
     corpus = raw_text_file(tmp_path)
-    cfg = TrainConfig(run_name="cpt", model_name=str(tiny_model), training_type="cpt", format_type="text",
+    cfg = TrainConfig(run_name="cpt", model_name=str(tiny_model), method="cpt", format_type="text",
                       local_datasets=[str(corpus)], packing=True, max_seq_length=64, batch_size=2, max_steps=12,
                       learning_rate=5e-3, embedding_learning_rate=1e-3, lr_scheduler_type="constant",
                       warmup_steps=0, save_steps=12, logging_steps=1)

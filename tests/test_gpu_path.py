@@ -29,17 +29,17 @@ def errors(**values) -> list[FieldError]:
 
 # ====================================================================== validation (items 2-5)
 def test_full_finetuning_cannot_load_in_4bit(home, fake_gpu_host):
-    assert errors(training_type="full", load_in_4bit=True) == [FieldError(
+    assert errors(adapter="full", load_in_4bit=True) == [FieldError(
         "load_in_4bit", "full fine-tuning trains every weight and cannot train 4-bit weights: turn 4-bit loading "
         "off, or choose QLoRA")]
 
 
 def test_loftq_needs_a_16_bit_base(home, fake_gpu_host):
     message = ("LoftQ quantizes a 16-bit base itself and cannot start from a 4-bit one: turn LoftQ off, or turn "
-               "4-bit loading off (training_type lora)")
-    assert errors(training_type="qlora", use_loftq=True) == [FieldError("use_loftq", message)]
-    assert errors(training_type="lora", load_in_4bit=True, use_loftq=True) == [FieldError("use_loftq", message)]
-    assert errors(training_type="lora", use_loftq=True) == []
+               "4-bit loading off (adapter lora)")
+    assert errors(adapter="qlora", use_loftq=True) == [FieldError("use_loftq", message)]
+    assert errors(adapter="lora", load_in_4bit=True, use_loftq=True) == [FieldError("use_loftq", message)]
+    assert errors(adapter="lora", use_loftq=True) == []
     assert "not with 4-bit loading" in TrainConfig.help("use_loftq") and "Unsloth only" not in TrainConfig.help("use_loftq")
 
 
@@ -49,8 +49,8 @@ def test_cuda_without_bitsandbytes_is_refused_early(home, monkeypatch):
     real = hardware.has_module
     monkeypatch.setattr(hardware, "has_module", lambda name: name != "bitsandbytes" and real(name))
     hint = "install the gpu extra"
-    got = errors(training_type="qlora", optim="adamw_8bit") + errors(training_type="lora", use_loftq=True)
-    assert [e.field for e in got] == ["training_type", "optim", "use_loftq"]
+    got = errors(adapter="qlora", optim="adamw_8bit") + errors(adapter="lora", use_loftq=True)
+    assert [e.field for e in got] == ["adapter", "optim", "use_loftq"]
     assert all("bitsandbytes" in e.message and hint in e.message for e in got)
 
 
@@ -300,14 +300,14 @@ OPTIMIZER = textwrap.dedent("""
     import json, sys
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
-    from trainer_core.worker.engines import transformers_engine as te
+    from trainer_core.worker.methods import cpt
 
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
     out = {}
     for optim in ("adamw_torch", "adafactor", "sgd"):
         args = SFTConfig(output_dir=sys.argv[2], optim=optim, learning_rate=2e-4, weight_decay=0.01, use_cpu=True,
                          report_to=[])
-        opt = te.embedding_aware_optimizer(model, args, 5e-5)
+        opt = cpt.embedding_aware_optimizer(model, args, 5e-5)
         out[optim] = [type(opt).__name__, [g["lr"] for g in opt.param_groups],
                       [len(g["params"]) for g in opt.param_groups]]
     print(json.dumps(out))

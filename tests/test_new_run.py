@@ -421,7 +421,7 @@ UNTOUCHED = {"hf_token", "wandb_token", "hf_dataset", "subset", "train_split", "
 def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
     """A config that differs from the defaults in every widget-backed field comes back unchanged."""
     data = str(fixture_copy(tmp_path, "custom.csv"))
-    cfg = TrainConfig(run_name="all fields", model_name=str(tmp_path / "model"), training_type="full",
+    cfg = TrainConfig(run_name="all fields", model_name=str(tmp_path / "model"), method="cpt", adapter="full",
                       max_seq_length=384, load_in_4bit=True, use_loftq=True, finetune_language_layers=False,
                       enable_wandb=True, eval_fraction=0.2, resume_from_checkpoint="runs/r1/checkpoint-5",
                       local_datasets=[data], local_eval_datasets=[data],

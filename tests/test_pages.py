@@ -92,10 +92,10 @@ def test_new_run_reports_form_parsing_and_config_errors_together(app_home):
 
 def test_qlora_on_cpu_shows_the_cuda_message(app_home):
     at = open_page("pages/new_run.py")
-    at.selectbox(key="nr_training_type").set_value("qlora")
+    at.selectbox(key="nr_adapter").set_value("qlora")
     submit(at)
     errors = texts(at, "error")
-    assert any(e.startswith("**training_type**:") and "CUDA" in e for e in errors), errors
+    assert any(e.startswith("**adapter**:") and "CUDA" in e for e in errors), errors
     assert Store().list_runs() == []
 
 

@@ -19,7 +19,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name, both parts pre
 # What each built-in preset may not do on this CPU-only machine: exactly these fields fail, for CUDA.
 CPU_ERRORS = {
     "cpu-demo": set(),
-    "qlora-8b-24gb": {"training_type", "optim"},
+    "qlora-8b-24gb": {"adapter", "optim"},
     "full-small": set(),
     "cpt-raw-text": set(),
 }
@@ -59,10 +59,22 @@ def test_builtin_preset_names_well_formed_hub_ids(home, name):
 def test_builtin_presets_match_their_method(home):
     kinds = {name: presets.load_preset(name) for name in CPU_ERRORS}
     assert kinds["qlora-8b-24gb"].effective_4bit and kinds["qlora-8b-24gb"].gradient_checkpointing
-    assert kinds["full-small"].training_type == "full" and not kinds["full-small"].effective_use_lora
-    assert kinds["cpt-raw-text"].training_type == "cpt" and kinds["cpt-raw-text"].format_type == "text"
+    assert kinds["full-small"].adapter == "full" and not kinds["full-small"].effective_use_lora
+    assert (kinds["cpt-raw-text"].method, kinds["cpt-raw-text"].adapter) == ("cpt", "lora")
+    assert kinds["cpt-raw-text"].format_type == "text"
+    assert kinds["qlora-8b-24gb"].train_on_completions is True  # read from its sft section
     assert kinds["cpt-raw-text"].embedding_learning_rate > 0
     assert kinds["cpu-demo"].model_name == BUNDLED_MODEL
+
+
+@pytest.mark.parametrize("name", sorted(CPU_ERRORS))
+def test_the_presets_as_written_before_method_and_adapter_still_load_the_same(home, name):
+    """tests/fixtures/old_presets: the built-in presets as they were, with training_type (and a user's own
+    presets written then look the same): each loads to the very config its new file holds."""
+    old = (ROOT / "tests" / "fixtures" / "old_presets" / f"{name}.yaml").read_text()
+    assert "training_type:" in old and "method:" not in old
+    with pytest.warns(FutureWarning, match="training_type is deprecated"):
+        assert TrainConfig.from_yaml(old) == presets.load_preset(name)
 
 
 def run_cli(home: Path, *args: str) -> subprocess.CompletedProcess:
@@ -81,7 +93,7 @@ def test_cli_rejects_the_qlora_preset_on_cpu_for_cuda_only(home):
     result = run_cli(home, "validate", "--config", "presets/qlora-8b-24gb.yaml")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert [line.split(":")[1].strip() for line in lines] == ["training_type", "optim"], lines
+    assert [line.split(":")[1].strip() for line in lines] == ["adapter", "optim"], lines
 
 
 def test_save_then_load_round_trips_without_secrets(home):

@@ -235,19 +235,20 @@ from trainer_core.data import loading
 from trainer_core.worker import token_cache
 from trainer_core.config import TrainConfig
 from trainer_core.worker.engines import transformers_engine as engine
+from trainer_core.worker.methods import sft
 
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 results = []
-for completions, packing, kind, source in [(True, False, "lora", sys.argv[2]), (False, False, "lora", sys.argv[2]),
+for completions, packing, kind, source in [(True, False, "sft", sys.argv[2]), (False, False, "sft", sys.argv[2]),
                                            (False, True, "cpt", sys.argv[3])]:
-    cfg = TrainConfig(train_on_completions=completions, max_seq_length=48, packing=packing, training_type=kind,
+    cfg = TrainConfig(train_on_completions=completions, max_seq_length=48, packing=packing, method=kind,
                       local_datasets=[source])
     tok = token_cache.load_tokenizer(cfg, sys.argv[1], None)
-    ds = engine.to_dataset(loading.load_for_training(cfg).rows, completions)
+    ds = engine.to_dataset(loading.load_for_training(cfg).rows, cfg)
     args = SFTConfig(output_dir=tempfile.mkdtemp(), max_length=48, packing=packing, use_cpu=True, report_to=[],
                      packing_strategy=token_cache.packing_strategy(cfg), completion_only_loss=True if completions else None)
     native = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train_dataset
-    cached = SFTTrainer(model=model, args=args, train_dataset=engine.pretokenize(ds, tok, cfg),
+    cached = SFTTrainer(model=model, args=args, train_dataset=sft.pretokenize(ds, tok, cfg),
                         processing_class=tok).train_dataset
     keys = ["input_ids", "labels"] + (["seq_lengths"] if packing else [])
     results.append({"rows": len(native), "equal": all(native[k] == cached[k] for k in keys),

@@ -12,32 +12,29 @@ import functools
 import importlib.util
 import math
 import re
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trainer_core import hardware, promptsets
+from trainer_core import hardware, methods, promptsets
+from trainer_core.methods import ADAPTERS, METHODS, TRAINING_TYPES
+from trainer_core.methods.cpt import EMBEDDING_MODULES
 from trainer_core.protocol import paths
+from trainer_core.protocol.errors import ConfigError, FieldError
 from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
 
-TRAINING_TYPES = {
-    "lora": "LoRA",
-    "qlora": "QLoRA (4-bit)",
-    "full": "Full fine-tuning",
-    "cpt": "Continued pretraining",
-}
 FORMAT_TYPES = ("auto", "alpaca", "chatml", "sharegpt", "text")
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
-EMBEDDING_MODULES = ("embed_tokens", "lm_head")  # trained and saved in full by continued pretraining
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _RUN_NAME_RE = re.compile(r"^[\w .,:()+=@-]{1,80}$")
@@ -58,29 +55,20 @@ def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whol
 
 
 @dataclass
-class FieldError:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-class ConfigError(ValueError):
-    """Raised with every problem found, so a caller can show them all at once."""
-
-    def __init__(self, errors: list[FieldError]):
-        self.errors = errors
-        super().__init__("; ".join(str(e) for e in errors))
-
-
-@dataclass
 class TrainConfig:
     # --- run ---
     run_name: str = _f("", "A name for the run shown in History (letters, digits, spaces, - _ . only).")
     # --- model ---
     model_name: str = _f(BUNDLED_MODEL, "Bundled model, a local Hugging Face folder, or a hub id like org/name.", "model")
-    training_type: str = _f("lora", "lora, qlora (4-bit, CUDA only), full, or cpt (continued pretraining).", "model")
+    method: str = _f(methods.DEFAULT_METHOD, "What the run learns: sft (supervised fine-tuning on chat or text) or "
+                     "cpt (continued pretraining on raw text). See trainer_core.methods.", "model")
+    adapter: str = _f(methods.DEFAULT_ADAPTER, "What is trained: lora (adapters on a frozen base), qlora (LoRA on a "
+                      "4-bit base, CUDA only) or full (every weight).", "model")
+    # Deprecated: read from old presets, run folders and scripts and mapped onto method and adapter
+    # (methods.from_training_type). An init-only value, never stored or written: reading cfg.training_type
+    # gives "" (dataclasses.replace reads it back, so it cannot be a property); methods.to_training_type
+    # names a pair the old way.
+    training_type: dataclasses.InitVar[str] = ""
     load_in_4bit: bool = _f(False, "Load the base model in 4-bit (bitsandbytes; CUDA only). Implied by qlora.", "model")
     max_seq_length: int = _f(512, "Longest sequence in tokens; longer rows are truncated.", "model")
     trust_remote_code: bool = _f(False, "Run code shipped with a hub model. Off unless you trust its author.", "model")
@@ -158,6 +146,13 @@ class TrainConfig:
     sample_max_new_tokens: int = _f(64, "Longest answer per sample prompt, in new tokens (bounds the time "
                                     "sampling takes).", "samples")
 
+    def __post_init__(self, training_type: str) -> None:
+        if not training_type:
+            return
+        if training_type not in TRAINING_TYPES:
+            raise ConfigError([FieldError("training_type", _training_type_fix())])
+        self.method, self.adapter = methods.from_training_type(training_type, self.use_lora)
+
     # ------------------------------------------------------------------ helpers
     @classmethod
     def field_names(cls) -> list[str]:
@@ -168,20 +163,20 @@ class TrainConfig:
         return {f.name: f.metadata["help"] for f in fields(cls)}[name]
 
     @property
+    def method_spec(self) -> methods.MethodSpec:
+        return methods.get(self.method)
+
+    @property
     def method_label(self) -> str:
-        return TRAINING_TYPES.get(self.training_type, self.training_type)
+        return methods.run_label(self.method, self.adapter)
 
     @property
     def effective_use_lora(self) -> bool:
-        if self.training_type in ("lora", "qlora"):
-            return True
-        if self.training_type == "full":
-            return False
-        return self.use_lora
+        return self.adapter != "full"
 
     @property
     def effective_4bit(self) -> bool:
-        return self.training_type == "qlora" or self.load_in_4bit
+        return self.adapter == "qlora" or self.load_in_4bit
 
     @property
     def effective_target_modules(self) -> list[str]:
@@ -238,6 +233,9 @@ class TrainConfig:
         known = {f.name: f for f in fields(cls)}
         errors: list[FieldError] = []
         values: dict[str, Any] = {}
+        data = _flatten_sections(data, errors)
+        if "training_type" in data:
+            data = read_training_type(data, errors)
         for key, raw in data.items():
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1)
@@ -274,16 +272,21 @@ class TrainConfig:
         if self.run_name and not _RUN_NAME_RE.fullmatch(self.run_name):  # `$` alone accepts a trailing newline
             bad("run_name", "use letters, digits, spaces and - _ . only (no slashes), at most 80 characters")
         _check_model(self, bad)
-        if self.training_type not in TRAINING_TYPES:
-            bad("training_type", f"choose one of {', '.join(TRAINING_TYPES)}")
+        spec = METHODS.get(self.method)
+        if spec is None:
+            bad("method", f"choose one of {', '.join(METHODS)}")
+        if self.adapter not in ADAPTERS:
+            bad("adapter", f"choose one of {', '.join(ADAPTERS)}")
+        elif spec is not None and self.adapter not in spec.adapters:
+            bad("adapter", f"{self.method} trains with {', '.join(spec.adapters)}: choose one of them")
         if self.effective_4bit and not hardware.cuda_available():
-            bad("training_type" if self.training_type == "qlora" else "load_in_4bit",
+            bad("adapter" if self.adapter == "qlora" else "load_in_4bit",
                 "4-bit loading (QLoRA) needs an NVIDIA GPU with CUDA, and none was found. Choose LoRA instead.")
         elif self.effective_4bit and not hardware.has_module("bitsandbytes"):
-            bad("training_type" if self.training_type == "qlora" else "load_in_4bit",
+            bad("adapter" if self.adapter == "qlora" else "load_in_4bit",
                 "4-bit loading needs bitsandbytes, which is not installed: install the gpu extra "
                 "(pip install -e '.[gpu]'), or choose LoRA")
-        if self.load_in_4bit and self.training_type == "full":
+        if self.load_in_4bit and self.adapter == "full":
             bad("load_in_4bit", "full fine-tuning trains every weight and cannot train 4-bit weights: turn 4-bit "
                 "loading off, or choose QLoRA")
         _check_range(self, bad, "max_seq_length", 16, 131072)
@@ -325,8 +328,8 @@ class TrainConfig:
                 "(pip install -e '.[gpu]'), or choose adamw_torch")
         if self.format_type not in FORMAT_TYPES:
             bad("format_type", f"choose one of {', '.join(FORMAT_TYPES)}")
-        if self.training_type == "cpt" and self.format_type not in ("auto", "text"):
-            bad("format_type", "continued pretraining trains on raw text: choose 'text' or 'auto'")
+        if spec is not None:
+            errors.extend(spec.validate(self))  # the method's own settings, at the place its checks always had
         if self.train_on_completions and self.format_type == "text":
             bad("train_on_completions", "raw text has no completions: turn this off or pick a chat format")
         if self.effective_use_lora:
@@ -344,7 +347,7 @@ class TrainConfig:
             bad("use_loftq", "LoftQ needs CUDA; turn it off on this machine")
         elif self.use_loftq and self.effective_4bit:
             bad("use_loftq", "LoftQ quantizes a 16-bit base itself and cannot start from a 4-bit one: turn LoftQ "
-                "off, or turn 4-bit loading off (training_type lora)")
+                "off, or turn 4-bit loading off (adapter lora)")
         elif self.use_loftq and not hardware.has_module("bitsandbytes"):
             bad("use_loftq", "LoftQ needs bitsandbytes, which is not installed: install the gpu extra, or turn it off")
         _check_devices(self, bad)
@@ -381,6 +384,67 @@ class TrainConfig:
         if errors:
             raise ConfigError(errors)
         return self
+
+
+# ---------------------------------------------------------------------- reading older and grouped files
+def training_type_note(training_type: str, method: str, adapter: str) -> str:
+    """The one deprecation note for ``training_type`` (the CLI, presets and the form show it)."""
+    return (f"training_type is deprecated: '{training_type}' means method: {method} and adapter: {adapter}; "
+            "write those two fields instead (training_type keeps being read).")
+
+
+class TrainingTypeDeprecation(FutureWarning):
+    """Warned once per value when a file or mapping still names training_type (old run folders too)."""
+
+
+def _training_type_fix() -> str:
+    return f"choose one of {', '.join(TRAINING_TYPES)}, or better set method and adapter instead"
+
+
+def read_training_type(data: dict[str, Any], errors: list[FieldError]) -> dict[str, Any]:
+    """``data`` with training_type replaced by method and adapter (problems go to ``errors``; a conflict with
+    either is one). ``from_dict`` calls it; so does the CLI before ``--set`` changes method or adapter."""
+    data = dict(data)
+    value = data.pop("training_type")
+    if value not in TRAINING_TYPES:
+        errors.append(FieldError("training_type", _training_type_fix()))
+        return data
+    use_lora = data.get("use_lora", True) not in (False, "false", "no", "off", "0")
+    method, adapter = methods.from_training_type(value, use_lora)
+    for name, mapped in (("method", method), ("adapter", adapter)):
+        if data.get(name, mapped) != mapped:
+            errors.append(FieldError("training_type", f"'{value}' means {name} {mapped}, but {name} is "
+                                                      f"{data[name]!r}: remove training_type"))
+    data.setdefault("method", method)
+    data.setdefault("adapter", adapter)
+    warnings.warn(training_type_note(value, method, adapter), TrainingTypeDeprecation, stacklevel=3)
+    return data
+
+
+def _flatten_sections(data: dict[str, Any], errors: list[FieldError]) -> dict[str, Any]:
+    """A method's settings may be grouped under its name (``cpt: {embedding_learning_rate: 5e-5}``): they
+    are the flat fields its spec's ``section`` lists, and are read as those."""
+    if not any(name in data for name in METHODS):
+        return data
+    flat = {k: v for k, v in data.items() if k not in METHODS}
+    for name in METHODS:
+        if name not in data:
+            continue
+        section, allowed = data[name], METHODS[name].section
+        if not isinstance(section, dict):
+            errors.append(FieldError(name, f"write the {name} section as a mapping of {', '.join(allowed) or 'no'} "
+                                           "settings"))
+            continue
+        for key, value in section.items():
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else f" It takes {', '.join(allowed) or 'no settings'}."
+                errors.append(FieldError(f"{name}.{key}", f"not a setting of the {name} method.{hint}"))
+            elif key in data:
+                errors.append(FieldError(f"{name}.{key}", f"{key} is set twice (at the top and in {name}): keep one"))
+            else:
+                flat[key] = value
+    return flat
 
 
 def secrets_in_file(data: dict, file_name: str) -> list[FieldError]:
@@ -490,6 +554,23 @@ def looks_like_path(name: str) -> bool:
     return paths.path_problem(name) is None and Path(name).expanduser().exists()
 
 
+def hub_dataset_problem(hub_id: str, instead: str = "clear hf_dataset and put {} in local_datasets instead") -> str | None:
+    """Why ``hub_id`` is not a hub dataset id, or None: the one check for training's hf_dataset and an eval's
+    hub:<id> (``instead`` says how to give local data; {} becomes "your file or folder" or "the path")."""
+    if not _HUB_ID_RE.match(hub_id) or any(part in (".", "..") for part in hub_id.split("/")):
+        return "a hub dataset id looks like org/name"
+    if len(hub_id) > HUB_ID_MAX:
+        return f"a hub dataset id is at most {HUB_ID_MAX} characters (org/name); got {len(hub_id):,}"
+    if hub_id.lower() in builtin_loader_names():
+        # load_dataset("json") etc. reads files from the working folder, bypassing the allowed roots
+        return (f"'{hub_id}' is a builtin loader of the datasets library, not a hub dataset: "
+                + instead.format("your file or folder"))
+    if Path(hub_id).expanduser().exists():
+        # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
+        return f"'{hub_id}' is a local file or folder, not a hub dataset: " + instead.format("the path")
+    return None
+
+
 def _check_dataset(cfg: TrainConfig, bad) -> None:
     if cfg.hf_dataset and cfg.local_datasets:
         bad("hf_dataset", "choose either a hub dataset or local files, not both (clear one of them)")
@@ -498,19 +579,9 @@ def _check_dataset(cfg: TrainConfig, bad) -> None:
         bad("local_datasets", "choose a dataset: the bundled demo, an uploaded file, or a hub dataset id")
         return
     if cfg.hf_dataset:
-        hub_id = cfg.hf_dataset.strip()
-        if not _HUB_ID_RE.match(hub_id) or ".." in hub_id.split("/"):
-            bad("hf_dataset", "a hub dataset id looks like org/name")
-        elif len(hub_id) > HUB_ID_MAX:
-            bad("hf_dataset", f"a hub dataset id is at most {HUB_ID_MAX} characters (org/name); got {len(hub_id):,}")
-        elif hub_id.lower() in builtin_loader_names():
-            # load_dataset("json") etc. reads files from the working folder, bypassing the allowed roots
-            bad("hf_dataset", f"'{hub_id}' is a builtin loader of the datasets library, not a hub dataset: clear "
-                "hf_dataset and put your file or folder in local_datasets instead")
-        elif Path(hub_id).expanduser().exists():
-            # datasets.load_dataset would read a local folder of that name, bypassing the allowed roots
-            bad("hf_dataset", f"'{hub_id}' is a local file or folder, not a hub dataset: clear hf_dataset and "
-                "put the path in local_datasets instead")
+        problem = hub_dataset_problem(cfg.hf_dataset.strip())
+        if problem:
+            bad("hf_dataset", problem)
         if not cfg.train_split.strip():
             bad("train_split", "name the split to train on, e.g. train")
 

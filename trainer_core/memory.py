@@ -87,9 +87,14 @@ def lora_parameters(info: ModelInfo, cfg: TrainConfig) -> int:
     return per_layer * info.num_layers
 
 
+def saved_module_count(cfg: TrainConfig) -> int:
+    """Modules of vocabulary x hidden size the method trains in full beside the adapter (its memory factor:
+    continued pretraining with an embedding LR saves embed_tokens and lm_head)."""
+    return len(cfg.method_spec.saved_modules(cfg))
+
+
 def saves_embeddings(cfg: TrainConfig) -> bool:
-    """Continued pretraining with an embedding LR trains full copies of embed_tokens and lm_head."""
-    return cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0
+    return saved_module_count(cfg) > 0
 
 
 def _optimizer_bytes(optim: str, param_bytes: float) -> float:
@@ -128,7 +133,8 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
         logits = tokens * info.vocab_size * act_bytes / UNSLOTH_LOSS_CHUNKS
     else:
         logits = tokens * info.vocab_size * (act_bytes + 4)  # logits, and their fp32 copy for the cross-entropy
-    return layers + logits
+    # a method that keeps several forward passes per row (chosen and rejected answers) keeps as many of both
+    return (layers + logits) * cfg.method_spec.activation_factor
 
 
 def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
@@ -159,7 +165,7 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
 
     if cfg.effective_use_lora:
         lora = lora_parameters(info, cfg)
-        saved = 2 * info.vocab_size * info.hidden_size if saves_embeddings(cfg) else 0
+        saved = saved_module_count(cfg) * info.vocab_size * info.hidden_size
         saved_bytes = 2 if cfg.effective_4bit else dtype_bytes  # copies keep the base weights' dtype
         trainable = lora + saved
         adapter = lora * LORA_BYTES + saved * saved_bytes
@@ -172,6 +178,8 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
         optimizer = params * _optimizer_bytes(cfg.optim, 4)
 
     activations = _activation_bytes(info, cfg, dtype_bytes, on_cpu, seq, engine)
+    if cfg.method_spec.reference_model and not cfg.effective_use_lora:
+        weights += params * dtype_bytes  # a frozen reference copy (LoRA methods use the base without adapters)
     counted = weights + adapter + gradients + optimizer + activations
     overhead = (CPU_OVERHEAD_GB if on_cpu else CUDA_OVERHEAD_GB) * GB + FRAGMENTATION * counted
     return MemoryEstimate(
@@ -236,11 +244,9 @@ def _suggestions(cfg: TrainConfig, device: str, info: ModelInfo | None, engine: 
     options: list[tuple[str, TrainConfig]] = []
     full = not cfg.effective_use_lora
     if full:
-        options.append(("use LoRA instead of full fine-tuning",
-                        dataclasses.replace(cfg, training_type="lora" if cfg.training_type == "full" else "cpt",
-                                            use_lora=True)))
-    if device == "cuda" and not cfg.effective_4bit and cfg.training_type in ("lora", "full"):
-        options.append(("use QLoRA (4-bit weights)", dataclasses.replace(cfg, training_type="qlora")))
+        options.append(("use LoRA instead of full fine-tuning", dataclasses.replace(cfg, adapter="lora")))
+    if device == "cuda" and not cfg.effective_4bit:
+        options.append(("use QLoRA (4-bit weights)", dataclasses.replace(cfg, adapter="qlora")))
     if not cfg.gradient_checkpointing:
         options.append(("turn on gradient checkpointing", dataclasses.replace(cfg, gradient_checkpointing=True)))
     if cfg.batch_size > 1:

@@ -22,16 +22,17 @@ from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
+from trainer_core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fields that change what the preview shows; others (learning rate, logging...) do not re-run it. The
 # processes (num_processes, gpu_ids) set the global batch and so the steps per epoch.
 PREVIEW_FIELDS = (
-    "model_name", "trust_remote_code", "training_type", "max_seq_length", "hf_dataset", "local_datasets",
+    "model_name", "trust_remote_code", "method", "max_seq_length", "hf_dataset", "local_datasets",
     "local_eval_datasets", "format_type", "subset", "train_split", "eval_split", "eval_fraction",
     "dataset_slice_start", "dataset_slice_end", "custom_format_mapping", "system_prompt", "random_seed",
-    "packing", "train_on_completions", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids",
-)
+    "packing", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids",
+) + tuple(dict.fromkeys(name for spec in METHODS.values() for name in spec.preview_fields))  # each method's hook
 TRUNCATION_DROP = "no trained tokens left after truncation (the prompt fills max_seq_length)"
 _CACHE_SIZE = 8
 

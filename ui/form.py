@@ -21,7 +21,6 @@ from trainer_core.config import (
     OPTIMIZERS,
     SCHEDULERS,
     SECRET_FIELDS,
-    TRAINING_TYPES,
     ConfigError,
     FieldError,
     TrainConfig,
@@ -29,6 +28,7 @@ from trainer_core.config import (
 )
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
+from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.preview import PREVIEW_FIELDS
 
 K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
@@ -44,19 +44,24 @@ DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local"
 UPLOAD_TYPES = [ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS]
 EXTRA_MODULES = list(EMBEDDING_MODULES)
 MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
-CHOICES = {"training_type": list(TRAINING_TYPES), "format_type": FORMAT_TYPES, "lr_scheduler_type": SCHEDULERS,
-           "optim": OPTIMIZERS}  # fields shown as selectboxes
+CHOICES = {"method": list(METHODS), "adapter": list(ADAPTERS), "format_type": FORMAT_TYPES,
+           "lr_scheduler_type": SCHEDULERS, "optim": OPTIMIZERS}  # fields shown as selectboxes
+# The method sections: each registered method's own fields (its spec's ``section``), shown together under
+# the Method picker, those of the other methods greyed out. A label per field; a new method adds its lines.
+SECTION_LABELS = {"train_on_completions": "Train on completions only",
+                  "embedding_learning_rate": "Embedding learning rate"}
+SECTION_FIELDS = tuple(dict.fromkeys(name for spec in METHODS.values() for name in spec.section))
 NOT_MAPPED = "—"
 
 # Fields whose widget holds exactly the config value, under the key nr_<field>.
 PLAIN_FIELDS = (
-    "run_name", "training_type", "max_seq_length", "load_in_4bit", "trust_remote_code", "hf_dataset", "format_type",
+    "run_name", "method", "adapter", "max_seq_length", "load_in_4bit", "trust_remote_code", "hf_dataset", "format_type",
     "subset", "train_split", "eval_split", "eval_fraction", "eval_steps", "early_stopping_patience",
     "dataset_slice_start", "dataset_slice_end", "system_prompt", "num_epochs", "max_steps", "learning_rate",
     "embedding_learning_rate", "batch_size", "gradient_accumulation_steps", "warmup_steps", "warmup_ratio",
     "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
     "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
-    "use_lora", "lora_r",
+    "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
     "num_processes",
@@ -150,6 +155,15 @@ def remembered_keys(state: Mapping) -> list[str]:
     """The widget keys whose values are kept while the user visits another page (role pickers included)."""
     keys = [K + name for name in OTHER_WIDGETS + PLAIN_FIELDS + SAMPLE_FIELDS]
     return keys + [key for key in state if str(key).startswith(K + "map_")]
+
+
+def section_label(name: str) -> str:
+    return SECTION_LABELS.get(name, name.replace("_", " ").capitalize())
+
+
+def section_owner(name: str) -> str:
+    """The method whose section holds field ``name`` (the first one listing it)."""
+    return next(spec.name for spec in METHODS.values() if name in spec.section)
 
 
 def choice_problems(cfg: TrainConfig) -> list[FieldError]:

@@ -98,10 +98,12 @@ def _merge(parts: list[_Part], results: list[NormalizedData], field_name: str) -
 def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, what: str) -> list[DatasetError]:
     """Settings that the detected data contradicts (explicit contradictions are config.py's job)."""
     problems = []
-    if cfg.training_type == "cpt" and data.is_chat and cfg.format_type in ("auto", "text"):
-        problems.append(DatasetError(field_name, f"continued pretraining (cpt) trains on raw text, but {what} holds "
-                                                 f"{data.format} chat data ({data.reason}): use a dataset with a "
-                                                 "'text' column, or choose LoRA or full fine-tuning"))
+    spec = cfg.method_spec
+    shape = "chat" if data.is_chat else "text"
+    if shape not in spec.data_shapes and cfg.format_type in ("auto", "text"):
+        held = f"{data.format} chat data" if data.is_chat else "raw text"
+        problems.append(DatasetError(field_name, f"{spec.label.lower()} ({spec.name}) trains on {spec.shapes_text()}, "
+                                                 f"but {what} holds {held} ({data.reason}): {spec.data_fix}"))
     if not data.is_chat and cfg.system_prompt.strip():
         problems.append(DatasetError("system_prompt", f"raw text has no conversations to add a system prompt to "
                                                       f"({data.reason}): clear the system prompt or use chat data"))
@@ -149,7 +151,7 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
         return errors
     apply_slice = field_name == "local_datasets"
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
-           cfg.system_prompt, cfg.training_type, cfg.train_on_completions,
+           cfg.system_prompt, cfg.method, cfg.train_on_completions,
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:

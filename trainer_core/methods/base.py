@@ -2,11 +2,21 @@
 
 A method (sft, cpt; dpo, grpo... next) is a plug-in with two halves. This module holds the dashboard
 half's types; ``trainer_core.methods`` holds the one registry (name -> MethodSpec) and
-``trainer_core.worker.methods`` the worker halves that build the trainer.
+``trainer_core.worker.methods`` the worker halves that build the trainer from model, data and config.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
+
+from trainer_core.protocol.errors import FieldError
+
+# Data shapes a method may accept, as the data loader detects them (data.formats): a conversation per
+# row ({"messages": [...]}) or raw text ({"text": ...}). Preference and prompt-only shapes come with
+# the methods that need them.
+SHAPES = {"chat": "chat conversations", "text": "raw text"}
+# The adapters every method trains through: what is trained and how the base weights are held.
+ADAPTERS = {"lora": "LoRA", "qlora": "QLoRA (4-bit)", "full": "Full fine-tuning"}
 
 
 @dataclass(frozen=True)
@@ -24,3 +34,60 @@ class MetricSpec:
     format: str = ".4g"
     tile: bool = False
     chart: bool = True
+
+
+# The metrics every transformers.Trainer-based method logs (the generic progress callback reports them).
+TRAINER_METRICS = (
+    MetricSpec("loss", "Train loss", axis="loss", tile=True),
+    MetricSpec("eval_loss", "Eval loss", axis="loss", tile=True),
+    MetricSpec("learning_rate", "Learning rate", axis="learning rate", format=".1e", tile=True),
+    MetricSpec("grad_norm", "Grad norm", axis="gradient norm", tile=True),
+    MetricSpec("tokens_per_s", "Tokens/s", axis="tokens per second", format=".3g", tile=True),
+)
+
+
+def no_checks(cfg: Any) -> list[FieldError]:
+    """For a method whose settings are all checked by TrainConfig.validate."""
+    return []
+
+
+def no_saved_modules(cfg: Any) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """The dashboard half of a method. ``cfg`` below is a ``trainer_core.config.TrainConfig``.
+
+    * ``section``: the TrainConfig fields that belong to this method alone. A YAML file may group them
+      under a mapping named after the method (``cpt: {embedding_learning_rate: 5e-5}``); the form shows
+      them in the method's section.
+    * ``data_shapes``: keys of ``SHAPES`` the method trains on; other data is refused by the loader with
+      ``data_fix`` as the fix.
+    * ``validate(cfg)``: every problem with the method's own settings, each naming field and fix.
+    * memory factors (trainer_core.memory): ``saved_modules(cfg)`` are modules of vocabulary x hidden size
+      trained in full beside the adapter (embed_tokens, lm_head); ``activation_factor`` is forward passes
+      kept per row (1 for one sequence per row); ``reference_model`` a frozen copy of the weights the
+      method compares against.
+    * ``metric_specs``: what charts and tiles show for its runs.
+    * preview hook: ``preview_fields`` are the settings that change what the data preview shows;
+      ``packing_strategy`` is TRL's packing rule the preview and the trainer share.
+    """
+
+    name: str
+    label: str  # shown in the Method picker
+    help: str
+    data_shapes: tuple[str, ...]
+    data_fix: str
+    section: tuple[str, ...] = ()
+    validate: Callable[[Any], list[FieldError]] = no_checks
+    saved_modules: Callable[[Any], tuple[str, ...]] = no_saved_modules
+    activation_factor: float = 1.0
+    reference_model: bool = False
+    metric_specs: tuple[MetricSpec, ...] = TRAINER_METRICS
+    preview_fields: tuple[str, ...] = ()
+    packing_strategy: str = "bfd"
+    adapters: tuple[str, ...] = tuple(ADAPTERS)
+
+    def shapes_text(self) -> str:
+        return " or ".join(SHAPES[s] for s in self.data_shapes)

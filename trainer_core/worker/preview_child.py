@@ -16,6 +16,7 @@ from trainer_core.data import DatasetError
 from trainer_core.data.loading import load_for_training
 from trainer_core.preview import TRUNCATION_DROP, Preview, RenderedRow
 from trainer_core.protocol import paths
+from trainer_core.worker import methods as worker_methods
 from trainer_core.worker import model_files, token_cache
 
 
@@ -27,8 +28,9 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         tokenizer = token_cache.load_tokenizer(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
     except (OSError, ValueError, model_files.ModelSourceError) as exc:  # missing files, offline hub, bad repo
         raise DatasetError("model_name", f"could not load the tokenizer: {type(exc).__name__}: {exc}") from None
-    train_rows, dropped = token_cache.training_rows(data.rows, cfg.train_on_completions)
-    eval_rows, _ = token_cache.training_rows(data.eval_rows, cfg.train_on_completions)
+    method = worker_methods.get(cfg.method)
+    train_rows, dropped = method.shape_rows(data.rows, cfg)  # the rows the method's trainer will take
+    eval_rows, _ = method.shape_rows(data.eval_rows, cfg)
     dropped = {**data.train.dropped, **dropped}
     if not train_rows:
         raise DatasetError("train_on_completions", "no training rows are left: every conversation lacks a "

@@ -92,9 +92,9 @@ def _chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = Fal
 
 
 def packing_strategy(cfg: TrainConfig) -> str:
-    """TRL's "bfd" cuts rows longer than max_seq_length; raw text for continued pretraining is split
-    across packed rows instead ("bfd_split"), so no text is lost."""
-    return "bfd_split" if cfg.training_type == "cpt" else "bfd"
+    """The method's packing rule: TRL's "bfd" cuts rows longer than max_seq_length; continued pretraining
+    splits raw text across packed rows instead ("bfd_split"), so no text is lost."""
+    return cfg.method_spec.packing_strategy
 
 
 def packed_count(ids_list: list[list[int]], cfg: TrainConfig) -> int:

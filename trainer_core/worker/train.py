@@ -131,8 +131,8 @@ class Worker:
 
             self.status(RunStatus.STARTING, "preparing data")
             train_rows, eval_rows = self.load_data(cfg)
-            train_ds = engine.to_dataset(train_rows, cfg.train_on_completions)
-            eval_ds = engine.to_dataset(eval_rows, cfg.train_on_completions) if eval_rows else None
+            train_ds = engine.to_dataset(train_rows, cfg)  # in the shape the run's method trains on
+            eval_ds = engine.to_dataset(eval_rows, cfg) if eval_rows else None
             self.check_cancel()
 
             output_dir = self.run_dir / "checkpoints"

@@ -1,4 +1,5 @@
-"""transformers + peft + trl (SFTTrainer): the engine that runs everywhere. Worker-only."""
+"""transformers + peft (+ the method's trainer: TRL's SFTTrainer for sft and cpt): the engine that runs
+everywhere. Worker-only."""
 from __future__ import annotations
 
 import os
@@ -8,11 +9,11 @@ from typing import Any
 import torch
 from datasets import Dataset
 from peft import LoftQConfig, LoraConfig
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
-from trl import SFTConfig, SFTTrainer
+from transformers import AutoModelForCausalLM, TrainerCallback
 
+from trainer_core.config import TrainConfig
+from trainer_core.worker import methods as worker_methods
 from trainer_core.worker import token_cache
-from trainer_core.config import EMBEDDING_MODULES, TrainConfig
 
 NAME = "transformers"
 
@@ -60,32 +61,25 @@ def load_dtype(cfg: TrainConfig) -> torch.dtype:
 def peft_config(cfg: TrainConfig) -> LoraConfig | None:
     if not cfg.effective_use_lora:
         return None
-    modules_to_save = list(EMBEDDING_MODULES) if cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0 else None
+    saved = list(cfg.method_spec.saved_modules(cfg)) or None  # the method's modules trained in full
     return LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         target_modules=cfg.effective_target_modules, use_rslora=cfg.use_rslora, bias="none",
-        task_type="CAUSAL_LM", modules_to_save=modules_to_save,
+        task_type="CAUSAL_LM", modules_to_save=saved,
         init_lora_weights="loftq" if cfg.use_loftq else True,
         loftq_config=LoftQConfig(loftq_bits=4) if cfg.use_loftq else {})
 
 
-def to_dataset(rows: list[dict], completions_only: bool) -> Dataset:
-    """Rows are {"messages": [...]} or {"text": ...}. For completions-only loss each conversation is
-    split into prompt (everything before the last assistant turn) and completion."""
-    shaped, _ = token_cache.training_rows(rows, completions_only)
+def to_dataset(rows: list[dict], cfg: TrainConfig) -> Dataset:
+    """Rows in the shape the run's method trains on (e.g. SFT's prompt/completion split for
+    completions-only loss), as a dataset."""
+    shaped, _ = worker_methods.get(cfg.method).shape_rows(rows, cfg)
     return Dataset.from_list(shaped)
 
 
-def pretokenize(ds: Dataset, tokenizer, cfg: TrainConfig, log=print) -> Dataset:
-    """``ds`` tokenized the way SFTTrainer would, from the on-disk cache when the same data, tokenizer
-    and settings were tokenized before. SFTTrainer then only builds labels, truncates and packs."""
-    tokenized, _ = token_cache.tokenize(ds.to_list(), tokenizer, cfg, log=log)
-    return tokenized
-
-
-def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
-                  output_dir: Path, run_dir: Path, callbacks: list[TrainerCallback], apply_peft: bool = True,
-                  sharded: bool = False):
+def training_args(cfg: TrainConfig, output_dir: Path, run_dir: Path, has_eval: bool,
+                  sharded: bool = False) -> dict[str, Any]:
+    """The TrainingArguments settings every method shares; the method adds its own and picks the class."""
     report_to = []
     if cfg.enable_wandb:
         report_to.append("wandb")
@@ -97,9 +91,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds
     on_cuda = torch.cuda.is_available()
     half = compute_dtype() if on_cuda else None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    train_ds = pretokenize(train_ds, tokenizer, cfg)
-    eval_ds = pretokenize(eval_ds, tokenizer, cfg) if eval_ds is not None else None
-    args = SFTConfig(
+    return dict(
         output_dir=str(output_dir),
         run_name=cfg.run_name or None,
         num_train_epochs=cfg.num_epochs,
@@ -119,37 +111,30 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds
         logging_first_step=True,
         save_strategy="steps" if cfg.save_steps > 0 else "no",
         save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
-        eval_strategy="steps" if eval_ds is not None else "no",
+        eval_strategy="steps" if has_eval else "no",
         eval_steps=cfg.eval_steps,
         report_to=report_to,
         gradient_checkpointing=cfg.gradient_checkpointing,
-        max_length=cfg.max_seq_length,
-        packing=cfg.packing,
-        packing_strategy=token_cache.packing_strategy(cfg),  # the preview counts packed rows the same way
-        dataset_text_field="text",
-        completion_only_loss=True if cfg.train_on_completions else None,
         bf16=half == torch.bfloat16,
         fp16=half == torch.float16,
         use_cpu=not on_cuda,
         dataloader_num_workers=0,
         disable_tqdm=True,  # progress goes through our events; tqdm bars only bloat worker.log
-        # Rows arrive tokenized (token_cache); what SFTTrainer still maps is cheap. One process, said
-        # explicitly: Unsloth's patched config otherwise forks a pool per CPU core, in every rank.
-        dataset_num_proc=1,
         **(data_parallel_args(on_cuda, sharded) if world_size > 1 else {}),
     )
-    trainer = SFTTrainer(
-        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer,
-        peft_config=peft_config(cfg) if apply_peft else None, callbacks=callbacks)
-    if cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0:
-        # Built after SFTTrainer wrapped the model with PEFT, so it sees the trainable parameters;
-        # Trainer.create_optimizer keeps an optimizer that is already set.
-        trainer.optimizer = embedding_aware_optimizer(trainer.model, args, cfg.embedding_learning_rate)
-    return trainer
+
+
+def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
+                  output_dir: Path, run_dir: Path, callbacks: list[TrainerCallback], apply_peft: bool = True,
+                  sharded: bool = False):
+    """The run's method builds its trainer from the loaded model, the data and the shared arguments."""
+    args = training_args(cfg, output_dir, run_dir, eval_ds is not None, sharded)
+    return worker_methods.get(cfg.method).build_trainer(
+        cfg, model, tokenizer, train_ds, eval_ds, args, callbacks, peft_config(cfg) if apply_peft else None)
 
 
 def data_parallel_args(on_cuda: bool, sharded: bool) -> dict[str, Any]:
-    """SFTConfig settings for a run under torchrun (RANK/WORLD_SIZE set): the Trainer then trains with DDP,
+    """TrainingArguments settings for a run under torchrun (RANK/WORLD_SIZE set): the Trainer then trains with DDP,
     or FSDP when ``sharded``."""
     return {
         # DDP cannot re-enter autograd per bucket: checkpointing must be the non-reentrant kind.
@@ -158,18 +143,3 @@ def data_parallel_args(on_cuda: bool, sharded: bool) -> dict[str, Any]:
         "ddp_find_unused_parameters": False,  # every trainable weight gets a gradient each step
         "fsdp": "full_shard auto_wrap" if sharded else "",  # layers to wrap: the model's _no_split_modules
     }
-
-
-def embedding_aware_optimizer(model, args: SFTConfig, embedding_learning_rate: float):
-    """The optimizer ``args.optim`` names (the Trainer's own choice of class and settings, so adamw_8bit
-    stays 8-bit), with embeddings and lm_head in a group of their own at ``embedding_learning_rate``."""
-    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
-    embed, rest = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (embed if any(m in name for m in EMBEDDING_MODULES) else rest).append(param)
-    # weight decay per group, as Trainer.create_optimizer does (its kwargs carry lr, betas, eps, ...)
-    groups = [{"params": rest, "lr": args.learning_rate, "weight_decay": args.weight_decay}]
-    if embed:
-        groups.append({"params": embed, "lr": embedding_learning_rate, "weight_decay": args.weight_decay})
-    return optimizer_cls(groups, **kwargs)

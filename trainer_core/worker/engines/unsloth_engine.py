@@ -31,9 +31,9 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
         float32_mixed_precision=True if not cfg.effective_use_lora else None)
     if cfg.effective_use_lora:
         loftq = {"loftq_bits": 4, "loftq_iter": 1} if cfg.use_loftq else None
-        modules = cfg.effective_target_modules
-        if cfg.training_type == "cpt" and cfg.embedding_learning_rate > 0:
-            modules = modules + list(transformers_engine.EMBEDDING_MODULES)
+        # the method's modules trained in full (continued pretraining's embeddings): Unsloth trains target
+        # modules it does not adapt in full (its modules_to_save)
+        modules = cfg.effective_target_modules + list(cfg.method_spec.saved_modules(cfg))
         model = FastLanguageModel.get_peft_model(
             model, r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
             target_modules=modules, bias="none",
@@ -48,6 +48,6 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
 def build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, run_dir, callbacks, sharded: bool = False):
     # The model already carries its LoRA adapters (get_peft_model above): don't wrap it twice. Embeddings for
     # continued pretraining are in target_modules, which Unsloth trains in full (its modules_to_save), and
-    # the shared optimizer gives them embedding_learning_rate.
+    # the method's optimizer gives them embedding_learning_rate.
     return transformers_engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, run_dir,
                                              callbacks, apply_peft=False)
