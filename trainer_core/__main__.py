@@ -6,6 +6,7 @@
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
     python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
     python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P]        (an endpoint for teammates)
+    python -m trainer_core stop JOB | cancel JOB [--wait]     (any job: stop & save / cancel; a queued one leaves)
     python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
     python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
 
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "run folder's config.yaml, journal.jsonl and events.jsonl")
     db.set_defaults(func=cmd_db)
     _add_serving_commands(sub)
+    _add_control_commands(sub)
     eval_cli.add_parser(sub, _find, cli_actor)
     from trainer_core import cli_export  # `export RUN --to ...` (issue 11): its own module
 
@@ -383,9 +385,54 @@ def main(argv: list[str] | None = None) -> int:
         return 4
 
 
+def _add_control_commands(sub) -> None:
+    """`stop JOB` and `cancel JOB`: the pages' Stop and Cancel, for a job of any kind."""
+    for name, text in (("stop", "stop a job (a training run saves a checkpoint and its adapter first; a queued "
+                                "job leaves the queue)"),
+                       ("cancel", "cancel a job without saving (a queued job leaves the queue)")):
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("job", help="job id, unique id prefix, or name")
+        parser.add_argument("--wait", action="store_true", help="wait until it has ended (exit 1 if it failed)")
+        parser.set_defaults(func=cmd_control, action=name)
+
+
+def cmd_control(args) -> int:
+    from db.users import UnknownToken
+    from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+
+    orch = Orchestrator()
+    try:
+        actor = cli_actor(orch.store)
+        run = _find(orch.store, args.job)
+        if run is None:
+            return 2
+        status = RunStatus(run.status)
+        if status.is_terminal():
+            print(f"{run.name} ({run.id}) has already ended ({run.kind.status_label(status).lower()}): nothing to "
+                  f"{args.action}", file=sys.stderr)
+            return 0
+        (orch.stop if args.action == "stop" else orch.cancel)(run.id, actor=actor)
+        print(f"{args.action} requested: {run.name} ({run.id})", file=sys.stderr)
+        if not args.wait:
+            return 0
+        orch.wait(run.id, interval=0.5)
+        final = RunStatus(orch.store.get_run(run.id).status)
+        print(f"{run.name} ({run.id}) {run.kind.status_label(final).lower()}")
+        return 1 if final is RunStatus.FAILED else 0
+    except (RunRefused, UnknownToken) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted (the request stands)", file=sys.stderr)
+        return 3
+    finally:
+        orch.close()
+
+
 def _add_serving_commands(sub) -> None:
     """`chat` and `serve`: a serve job for a run's model (trainer_core/serving/cli.py)."""
     from trainer_core.serving import cli as serving_cli
+    from trainer_core.serving.spec import DEFAULT_MAX_TOKENS_CAP, DEFAULT_REQUEST_TIMEOUT_S
 
     def model_args(p, base: bool) -> None:
         p.add_argument("run", help="run id, unique id prefix, or name")
@@ -408,6 +455,12 @@ def _add_serving_commands(sub) -> None:
     model_args(serve, base=True)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: reachable from the network)")
     serve.add_argument("--port", type=int, default=0, help="port (0: a free one)")
+    serve.add_argument("--max-tokens-cap", type=int, default=DEFAULT_MAX_TOKENS_CAP, metavar="N",
+                       help=f"the longest answer one request may ask for (default {DEFAULT_MAX_TOKENS_CAP})")
+    serve.add_argument("--request-timeout", type=int, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="S",
+                       help=f"end a request still running after S seconds (default {DEFAULT_REQUEST_TIMEOUT_S}; 0: never)")
+    serve.add_argument("--tls-cert", metavar="FILE", help="a PEM certificate: serve HTTPS (with --tls-key)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key")
     serve.set_defaults(func=lambda a: serving_cli.cmd_serve(a, _find, cli_actor))
 
 

@@ -12,7 +12,8 @@ from trainer_core.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.protocol.status import JobKind, RunStatus
-from trainer_core.serving.spec import DEFAULT_IDLE_S
+from trainer_core.serving.spec import (DEFAULT_IDLE_S, DEFAULT_MAX_TOKENS_CAP, DEFAULT_REQUEST_TIMEOUT_S,
+                                      MAX_TOKENS_CAP_MAX, REQUEST_TIMEOUT_MAX_S, plain_http_warning)
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.text import code, safe
@@ -51,12 +52,30 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         idle = idle_col.number_input("Idle stop (min)", min_value=0, max_value=7 * 24 * 60, value=DEFAULT_IDLE_S // 60,
                                      step=5, key=f"serve_idle_{run.id}", help="Stop after this long without a "
                                                                               "request; 0 never stops by itself.")
+        cap_col, timeout_col = st.columns(2)
+        cap = cap_col.number_input("Longest answer (tokens)", min_value=1, max_value=MAX_TOKENS_CAP_MAX,
+                                   value=DEFAULT_MAX_TOKENS_CAP, step=256, key=f"serve_cap_{run.id}",
+                                   help="A request asking for more max_tokens gets this many at most.")
+        timeout = timeout_col.number_input("Request timeout (s)", min_value=0, max_value=REQUEST_TIMEOUT_MAX_S,
+                                           value=DEFAULT_REQUEST_TIMEOUT_S, step=30, key=f"serve_timeout_{run.id}",
+                                           help="A request still running after this long is ended (0: never). A "
+                                                "client that disconnects always ends its request.")
+        cert_col, key_col = st.columns(2)
+        cert = cert_col.text_input("TLS certificate (PEM file, optional)", key=f"serve_cert_{run.id}",
+                                   help="With its key: the endpoint speaks HTTPS. The file must be under the data "
+                                        "root or an allowed folder.")
+        tls_key = key_col.text_input("TLS private key (PEM file)", key=f"serve_tls_key_{run.id}")
+        warning = "" if cert.strip() else plain_http_warning(host)
+        if warning:
+            st.warning(safe(warning), icon="🔓")
         if not st.button("Start endpoint", icon="🔌", key=f"serve_start_{run.id}"):
             return
         source = jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else int(choice))
         try:
             job_id, key = orch.start_server([source], actor=current_actor(), purpose="endpoint", host=host,
-                                            port=int(port), idle_timeout_s=int(idle) * 60)
+                                            port=int(port), idle_timeout_s=int(idle) * 60, max_tokens_cap=int(cap),
+                                            request_timeout_s=int(timeout), tls_certfile=cert.strip(),
+                                            tls_keyfile=tls_key.strip())
         except ConfigError as exc:
             for error in exc.errors:
                 st.error(f"{safe(error.field)}: {safe(error.message)}")

@@ -99,3 +99,41 @@ def test_a_serve_jobs_own_page_shows_where_it_listens(served):
     assert not at.exception
     assert "Endpoint" in [t.label for t in at.tabs]
     assert any("`http://gpu-box.lan:8123/v1`" in m.value for m in at.markdown)
+
+
+def test_a_network_bind_without_tls_is_warned_about_and_the_limits_reach_the_job(served, monkeypatch):
+    started = []
+
+    def start_server(orch, sources, **kwargs):
+        started.append(kwargs)
+        served.create_run(serve_row("20260105-100300-dddddd", "endpoint", RunStatus.QUEUED))
+        return "20260105-100300-dddddd", KEY
+
+    monkeypatch.setattr(Orchestrator, "start_server", start_server)
+    at = open_page("pages/run.py", detail_run_id=RUN)
+    assert not [w for w in at.warning if "plain HTTP" in w.value]  # 127.0.0.1: only this machine
+    at.selectbox(key=f"serve_host_{RUN}").set_value("0.0.0.0").run()
+    [warning] = [w.value for w in at.warning if "plain HTTP" in w.value]
+    assert "is reachable from the network and the server speaks plain HTTP" in warning  # (markdown-escaped)
+    assert "HTTPS proxy" in warning and "shared URL (make share)" in warning
+    at.text_input(key=f"serve_cert_{RUN}").set_value("cert.pem")
+    at.text_input(key=f"serve_tls_key_{RUN}").set_value("key.pem").run()
+    assert not [w for w in at.warning if "plain HTTP" in w.value]
+    at.number_input(key=f"serve_cap_{RUN}").set_value(512)
+    at.number_input(key=f"serve_timeout_{RUN}").set_value(60)
+    at.button(key=f"serve_start_{RUN}").click().run()
+    assert not at.exception
+    [kwargs] = started
+    assert (kwargs["max_tokens_cap"], kwargs["request_timeout_s"]) == (512, 60)
+    assert (kwargs["tls_certfile"], kwargs["tls_keyfile"]) == ("cert.pem", "key.pem")
+
+
+def test_a_tls_file_outside_the_allowed_roots_is_refused_naming_the_field(served):
+    at = open_page("pages/run.py", detail_run_id=RUN)
+    at.text_input(key=f"serve_cert_{RUN}").set_value("/etc/hostname")
+    at.button(key=f"serve_start_{RUN}").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("tls_certfile: /etc/hostname resolves to") for e in errors), errors
+    assert "tls_keyfile: tls_certfile is set: give both the certificate and its private key" in errors
+    assert {r.id for r in served.children(RUN)} == {ENDPOINT, PLAYGROUND}

@@ -562,16 +562,21 @@ class Orchestrator:
     def start_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None,
                      purpose: str = "playground", host: str = "127.0.0.1", port: int = 0,
                      idle_timeout_s: int = serve_spec.DEFAULT_IDLE_S, engine: str = "auto",
-                     name: str = "") -> tuple[str, str]:
+                     name: str = "", tied: bool | None = None, **limits) -> tuple[str, str]:
         """Start (or queue) a serve job for ``sources``; returns (job id, API key). The key is generated
         here and only its sha256 is stored; a playground server's key stays in this orchestrator's memory
-        (``server_key``), an endpoint's is shown once by the caller. ConfigError lists every problem."""
+        (``server_key``), an endpoint's is shown once by the caller. ``tied`` (default: a playground's) ends
+        the job when this process exits, queued or serving: nobody else has its key. ``limits``: the
+        ServeSpec fields max_tokens_cap, request_timeout_s, tls_certfile, tls_keyfile. ConfigError lists
+        every problem."""
         key = pysecrets.token_urlsafe(32)
         labels = ", ".join(s.key.removeprefix("run:").removeprefix("base:") for s in sources)
+        tied = purpose == "playground" if tied is None else tied
         spec = serve_spec.ServeSpec(
             name=name or f"{'Playground' if purpose == 'playground' else 'Endpoint'} · {labels}"[:80],
             sources=list(sources), host=host, port=port, api_key_hash=serve_spec.hash_key(key),
-            idle_timeout_s=idle_timeout_s, engine=engine, purpose=purpose)
+            idle_timeout_s=idle_timeout_s, engine=engine, purpose=purpose,
+            consumer=serve_spec.consumer_token() if tied else "", **limits)
         job_id = self.submit(spec, actor)
         if purpose == "playground":
             with self._lock:

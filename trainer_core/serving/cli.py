@@ -3,6 +3,10 @@
 
 Exit codes: 0 done, 1 the server failed or died, 2 bad input or refused, 3 interrupted while starting.
 Every failure is one clear line on stderr, never a traceback.
+
+The serve job lives only as long as this command: Ctrl-C, SIGTERM and SIGHUP all stop it (a queued one leaves
+the queue), and the job itself ends when this process is gone (its spec names it as the consumer), so a
+killed CLI never leaves a server holding the device with a key nobody knows.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling, ServeError, stream_chat
 from trainer_core.serving.endpoint import Endpoint
+from trainer_core.serving.spec import plain_http_warning
 
 READY_POLL_S = 0.25
 STOP_WAIT_S = 60.0
@@ -49,19 +54,43 @@ def source_for(store, ref: str, find: Callable, checkpoint: int | None, base: bo
     return source
 
 
-def start_and_wait(orch, sources: list[ModelSource], actor, purpose: str, host: str = "127.0.0.1",
-                   port: int = 0) -> tuple[str, str, Endpoint]:
-    """Start a serve job and wait until it answers, printing its phase on stderr as it changes."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_signals() -> dict:
+    """SIGTERM (kill, systemd, ``timeout``) and SIGHUP (the terminal closed) mean what Ctrl-C means; returns
+    the handlers to put back."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    return previous
+
+
+def restore_signals(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def start(orch, sources: list[ModelSource], actor, purpose: str, **options) -> tuple[str, str]:
+    """Start (or queue) a serve job tied to this process; returns (job id, key). CliError lists the problems."""
     try:
-        job_id, key = orch.start_server(sources, actor=actor, purpose=purpose, host=host, port=port)
+        return orch.start_server(sources, actor=actor, purpose=purpose, tied=True, **options)
     except ConfigError as exc:
         raise CliError("; ".join(f"{e.field}: {e.message}" for e in exc.errors)) from None
+
+
+def wait_ready(orch, job_id: str) -> Endpoint:
+    """Wait until the job answers, printing its phase on stderr as it changes."""
     shown = ""
     while True:
         run = orch.get_run(job_id)
         endpoint = orch.endpoint(job_id)
         if endpoint is not None:
-            return job_id, key, endpoint
+            return endpoint
         if run is not None and run.status.is_terminal():
             detail = run.error or f"it ended {run.status.label.lower()} before serving"
             raise CliError(f"the model server (job {job_id}) did not start: {detail}", 1)
@@ -74,10 +103,12 @@ def start_and_wait(orch, sources: list[ModelSource], actor, purpose: str, host: 
 
 
 def stop(orch, job_id: str, actor) -> None:
+    """Stop the job (a queued one leaves the queue) and wait a while for it to end; a second Ctrl-C only
+    cuts the wait short: the request is already written, and the job ends without this process too."""
     orch.stop(job_id, actor=actor)
     try:
         orch.wait(job_id, timeout=STOP_WAIT_S, interval=0.25)
-    except TimeoutError:
+    except (TimeoutError, KeyboardInterrupt):
         print(f"note: the model server {job_id} is still stopping", file=sys.stderr)
 
 
@@ -105,13 +136,15 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
         for p in problems:
             print(f"error: --{p.field.replace('_', '-')}: {p.message}", file=sys.stderr)
         return 2
+    previous = interrupt_on_signals()
     orch = Orchestrator()
     job_id = None
     actor = None
     try:
         actor = actor_of(orch.store)
         source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
-        job_id, key, endpoint = start_and_wait(orch, [source], actor, "playground")
+        job_id, key = start(orch, [source], actor, "playground")  # known at once: the finally ends it
+        endpoint = wait_ready(orch, job_id)
         print(f"chatting with {endpoint.models[0].label} ({endpoint.url}, model {endpoint.models[0].name})",
               file=sys.stderr, flush=True)
         messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -137,6 +170,7 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
         if job_id is not None:
             stop(orch, job_id, actor)
         orch.close()
+        restore_signals(previous)
 
 
 def failure(exc: BaseException) -> int:
@@ -163,13 +197,20 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
     from db.users import UnknownToken
     from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 
+    previous = interrupt_on_signals()
     orch = Orchestrator()
     job_id = None
     actor = None
     try:
         actor = actor_of(orch.store)
         source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
-        job_id, key, endpoint = start_and_wait(orch, [source], actor, "endpoint", host=args.host, port=args.port)
+        job_id, key = start(orch, [source], actor, "endpoint", host=args.host, port=args.port,
+                            max_tokens_cap=args.max_tokens_cap, request_timeout_s=args.request_timeout,
+                            tls_certfile=args.tls_cert or "", tls_keyfile=args.tls_key or "")
+        warning = "" if args.tls_cert else plain_http_warning(args.host)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        endpoint = wait_ready(orch, job_id)
         print(f"URL:     {endpoint.share_url}" + (f"   (on this machine: {endpoint.url})"
                                                      if endpoint.share_url != endpoint.url else ""))
         print(f"model:   {endpoint.models[0].name}   ({endpoint.models[0].label})")
@@ -185,7 +226,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
                 print("\nstopping the server", file=sys.stderr, flush=True)
                 orch.stop(job_id, actor=actor)
 
-        signal.signal(signal.SIGINT, on_sigint)
+        for sig in STOP_SIGNALS:  # all three mean "stop the server"
+            signal.signal(sig, on_sigint)
         snap = orch.wait(job_id, interval=0.5)
         if stopping["asked"] or snap.status in (RunStatus.STOPPED, RunStatus.COMPLETED):
             print(f"model server {job_id} {snap.status.label.lower()}", file=sys.stderr)
@@ -200,3 +242,4 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
         if job_id is not None:
             stop(orch, job_id, actor)
         orch.close()
+        restore_signals(previous)
