@@ -445,6 +445,38 @@ def test_chart_controls_drive_the_charts():
     assert at.session_state["_saved_t_x"] == "epoch" and at.session_state["_saved_t_ema"] == 0.5
 
 
+def _live_with_open_metrics(snapshot, specs):
+    from ui.views import render_live
+
+    render_live(snapshot, specs=specs, picker="lv")
+
+
+def test_live_view_tiles_spec_keys_and_charts_picked_other_keys():
+    """Issue 18: a method's specs tile an open key; any other key the run logged is offered and charted."""
+    from trainer_core.jobs.live import LiveRun
+    from trainer_core.methods.base import MetricSpec
+    from trainer_core.protocol.status import RunStatus
+
+    live = LiveRun("r", "grpo", RunStatus.RUNNING)
+    for step in (1, 2, 3):
+        live.add_metric({"step": step, "loss": 1.0 / step, "rewards/format/mean": step / 4, "kl": 0.1 * step})
+    snapshot = live.snapshot()
+    assert snapshot.metric_keys == ("rewards/format/mean", "kl")
+    specs = (*charts.DEFAULT_SPECS, MetricSpec("rewards/format/mean", "Format reward", format=".0%", tile=True))
+    at = AppTest.from_function(_live_with_open_metrics, args=(snapshot, specs), default_timeout=30).run()
+    assert not at.exception, at.exception
+    tile = next(m for m in at.metric if m.label == "Format reward")
+    assert tile.value == "75%"
+    assert at.multiselect(key="lv_extra").options == ["kl"]  # the spec charts the reward already
+    titles = [json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")]
+    assert titles == ["Loss", "Format reward"]
+    at.multiselect(key="lv_extra").select("kl").run()
+    assert [json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")] == ["Loss", "Format reward", "kl"]
+    kl = at.get("vega_lite_chart")[2]
+    rows = dataframe_util.convert_arrow_bytes_to_pandas_df(kl.proto.datasets[0].data.data)
+    assert rows["value"].tolist() == pytest.approx([0.1, 0.2, 0.3])
+
+
 # ---------------------------------------------------------------------- token lengths (New run preview)
 def test_length_chart_bins_here_and_marks_max_seq_length():
     lengths = [10] * 500 + [300, 900]
