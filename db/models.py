@@ -98,6 +98,8 @@ class User(SQLModel, table=True):
     role: str = "viewer"
     created_at: float = 0.0
     last_seen_at: Optional[float] = None
+    # Signed into every session cookie; raising it (sign-out, a lower role) ends all of the user's sessions.
+    session_generation: int = 0
 
 
 class ApiToken(SQLModel, table=True):

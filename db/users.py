@@ -2,6 +2,9 @@
 
 A token is ``fts_<id>_<secret>``: the id finds the row, and only an argon2 hash of the whole token is
 stored (argon2-cffi, with its default parameters), so a copy of the database gives no usable token.
+A session cookie carries its user's ``session_generation``; it works only while the user exists with that
+generation (the sign-in service and the dashboard check it on every request): sign-out, a lower role and
+removal end every session at once, and a lower role or removal deletes the user's tokens too.
 """
 from __future__ import annotations
 
@@ -43,7 +46,9 @@ def ensure_user(store: Store, name: str, role: Role) -> User:
     with store._write_lock, Session(store.engine) as session:
         user = session.get(User, name)
         if user is None:
-            user = User(name=name, role=Role(role).value, created_at=now)
+            # A random first generation: cookies of a removed user never come back to life when someone
+            # adds the same name again (31 bits: an INTEGER column on PostgreSQL too, with room to count up).
+            user = User(name=name, role=Role(role).value, created_at=now, session_generation=secrets.randbelow(1 << 30))
         user.last_seen_at = now
         session.add(user)
         session.commit()
@@ -51,14 +56,58 @@ def ensure_user(store: Store, name: str, role: Role) -> User:
         return user
 
 
-def set_role(store: Store, name: str, role: Role) -> None:
+class RoleChanged(ValueError):
+    """The stored role is not the one the change was asked against (another admin changed it meanwhile)."""
+
+
+_RANK = {role: rank for rank, role in enumerate(Role)}  # viewer < operator < admin
+
+
+def set_role(store: Store, name: str, role: Role, expected: Role | None = None) -> None:
+    """Give ``name`` the role ``role``. With ``expected``, only if that is still the stored role (else
+    RoleChanged, nothing written): a page acts on the value it showed, never on an older one.
+
+    A lower role ends the user's sessions and deletes their API tokens at once: what they could do with
+    the higher role must not outlive the decision."""
     with store._write_lock, Session(store.engine) as session:
         user = session.get(User, name)
         if user is None:
             raise KeyError(f"there is no user {name!r}")
+        if expected is not None and user.role != Role(expected).value:
+            raise RoleChanged(f"{name}'s role was changed to {user.role} meanwhile (not {Role(expected).value}); "
+                              "nothing was changed: look again and choose")
+        if _RANK[Role(role)] < _RANK[Role(user.role)]:
+            user.session_generation += 1
+            session.exec(delete(ApiToken).where(ApiToken.user == name))
         user.role = Role(role).value
         session.add(user)
         session.commit()
+
+
+def delete_user(store: Store, name: str) -> bool:
+    """Remove ``name`` and their API tokens; their sessions end with the row. False if there was none."""
+    with store._write_lock, Session(store.engine) as session:
+        session.exec(delete(ApiToken).where(ApiToken.user == name))
+        result = session.exec(delete(User).where(User.name == name))
+        session.commit()
+        return bool(result.rowcount)
+
+
+def end_sessions(store: Store, name: str) -> None:
+    """Sign ``name`` out everywhere: every session cookie issued so far stops working (tokens stay)."""
+    with store._write_lock, Session(store.engine) as session:
+        user = session.get(User, name)
+        if user is not None:
+            user.session_generation += 1
+            session.add(user)
+            session.commit()
+
+
+def session_user(store: Store, name: str, generation: int) -> User | None:
+    """The user a session cookie (or the proxy's headers) stands for, or None when that session has
+    ended: the user was removed, signed out everywhere, or was given a lower role since."""
+    user = get_user(store, name)
+    return user if user is not None and user.session_generation == generation else None
 
 
 def actor_for(store: Store, name: str) -> Actor:
@@ -104,12 +153,13 @@ def user_for_token(store: Store, token: str) -> Actor:
     except (VerificationError, InvalidHashError):
         raise UnknownToken("the API token is unknown or was revoked; create a new one on the Account page") from None
     with store._write_lock, Session(store.engine) as session:
-        stored = session.get(ApiToken, row.id)
-        if stored is not None:
-            stored.last_used_at = time.time()
-            session.add(stored)
-            session.commit()
-    return actor_for(store, row.user)
+        stored, user = session.get(ApiToken, row.id), session.get(User, row.user)
+        if stored is None or user is None:  # revoked meanwhile, or its user was removed (no ghost viewer)
+            raise UnknownToken("the API token is unknown or was revoked; create a new one on the Account page")
+        stored.last_used_at = time.time()
+        session.add(stored)
+        session.commit()
+        return Actor(user.name, Role(user.role))
 
 
 @dataclass

@@ -1,11 +1,12 @@
-"""The nginx configuration of the shared mode (nginx from the distribution: auth_request, limit_req,
-map and TLS are all built in).
+"""The nginx configuration of the shared mode (nginx from the distribution: auth_request, map and TLS
+are all built in).
 
 Every location except the sign-in pages goes through ``auth_request /auth/check``; nginx then sets
 ``X-Studio-User`` from the sign-in service's answer, replacing whatever the browser sent. Requests
 whose Origin is another site are refused (403) before anything else, and a WebSocket upgrade must
-carry an Origin at all. Uploads are capped at the dashboard's own limit; sign-in posts are rate limited
-per client address.
+carry an Origin at all. Uploads are capped at the dashboard's own limit. No page may be framed by
+another (clickjacking: X-Frame-Options and CSP frame-ancestors). Wrong passwords are limited by the
+sign-in service itself, per client address, so that successful sign-ins never count.
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 UPLOAD_LIMIT_MB = 200  # the same as server.maxUploadSize in .streamlit/config.toml
-SIGNIN_RATE = "10r/m"  # per client address; a burst of 5 is let through at once
-SIGNIN_BURST = 5
 
 
 @dataclass
@@ -39,9 +38,11 @@ _PROXY_HEADERS = """
 _TO_STREAMLIT = """
             auth_request /auth/check;
             auth_request_set $studio_user $upstream_http_x_studio_user;
+            auth_request_set $studio_session $upstream_http_x_studio_session;
             error_page 401 = @signin;
             proxy_pass http://streamlit;""" + _PROXY_HEADERS + """
             proxy_set_header X-Studio-User $studio_user;  # replaces any value the client sent
+            proxy_set_header X-Studio-Session $studio_session;  # the dashboard checks it against the users table
             proxy_set_header Upgrade $http_upgrade;
             proxy_set_header Connection $connection_upgrade;
             proxy_read_timeout 1d;
@@ -81,11 +82,9 @@ http {{
         "~^(?<origin>[^|]+)\\|\\k<origin>$" 0;{public}
         default 1;
     }}
-    map $request_method $signin_post_key {{ POST $binary_remote_addr; default ""; }}
     # Only a page load is sent to the sign-in page; everything else gets a bare 401 from nginx itself,
     # without proxying, so the body of a stranger's upload is never read into a buffer.
     map "$request_method:$http_accept" $page_load {{ "~^(GET|HEAD):.*text/html" 1; default 0; }}
-    limit_req_zone $signin_post_key zone=signin:1m rate={SIGNIN_RATE};
 
     upstream streamlit {{ server 127.0.0.1:{layout.streamlit_port}; }}
     upstream signin {{ server 127.0.0.1:{layout.signin_port}; }}
@@ -95,6 +94,8 @@ http {{
         client_max_body_size {UPLOAD_LIMIT_MB}m;
         add_header X-Content-Type-Options nosniff always;
         add_header Referrer-Policy same-origin always;
+        add_header X-Frame-Options DENY always;
+        add_header Content-Security-Policy "frame-ancestors 'none'" always;
 
         if ($foreign_origin) {{ return 403; }}  # another site's page: no WebSocket, no upload, no sign-in post
 
@@ -115,12 +116,6 @@ http {{
             proxy_set_header X-Original-Method $request_method;
         }}
         location = /auth/start {{ internal; proxy_pass http://signin; }}
-        location = /auth/login {{
-            limit_req zone=signin burst={SIGNIN_BURST} nodelay;
-            limit_req_status 429;
-            client_max_body_size 16k;
-            proxy_pass http://signin;{_PROXY_HEADERS}
-        }}
         location /auth/ {{
             client_max_body_size 16k;
             proxy_pass http://signin;{_PROXY_HEADERS}

@@ -8,7 +8,8 @@ Password mode: ``FINETUNE_STUDIO_PASSWORD`` or ``studio_password`` in secrets.to
 OIDC mode: ``FINETUNE_STUDIO_OIDC_ISSUER`` (the provider's issuer URL; its
 ``/.well-known/openid-configuration`` is read), ``FINETUNE_STUDIO_OIDC_CLIENT_ID`` and
 ``FINETUNE_STUDIO_OIDC_CLIENT_SECRET`` (or ``[oidc]`` ``issuer``/``client_id``/``client_secret`` in
-secrets.toml). Both set: OIDC is used and the password is ignored by the proxy.
+secrets.toml), and ``FINETUNE_STUDIO_PUBLIC_URL`` (the provider sends browsers back to its
+``/auth/callback``). Both set: OIDC is used and the password is ignored by the proxy.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ ADMINS_ENV = "FINETUNE_STUDIO_ADMINS"  # comma-separated user names (OIDC: e-mai
 DEFAULT_ROLE_ENV = "FINETUNE_STUDIO_DEFAULT_ROLE"  # role of a user seen for the first time
 SESSION_HOURS_ENV = "FINETUNE_STUDIO_SESSION_HOURS"
 TLS_ENV = {"cert": "FINETUNE_STUDIO_TLS_CERT", "key": "FINETUNE_STUDIO_TLS_KEY"}
-# The URL browsers use when it is not nginx's own (a TLS terminator or load balancer in front of it):
-# its origin is accepted by the Origin check, and OIDC redirects come back to it.
+# The URL browsers use (required in OIDC mode; otherwise only when it is not nginx's own, e.g. a TLS
+# terminator in front of it): its origin is accepted by the Origin check, and OIDC redirects come back to it.
 PUBLIC_URL_ENV = "FINETUNE_STUDIO_PUBLIC_URL"
 _PUBLIC_URL_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$")
 
@@ -77,7 +78,7 @@ class AuthSettings:
     session_hours: float = 12.0
     tls_cert: str = ""
     tls_key: str = ""
-    public_url: str = ""  # scheme://host[:port], no path; "" = whatever nginx itself serves
+    public_url: str = ""  # scheme://host[:port], no path; "" = whatever nginx itself serves (password mode)
 
     def role_for_new_user(self, name: str) -> Role:
         return Role.ADMIN if name in self.admins else self.default_role
@@ -132,6 +133,10 @@ def load(environ: dict[str, str] | None = None, secrets: dict | None = None) -> 
     if public_url and not _PUBLIC_URL_RE.match(public_url):
         problems.append(f"{PUBLIC_URL_ENV}={public_url!r}: give scheme and host (and port), e.g. "
                         "https://studio.example.com, without a path")
+    elif mode == "oidc" and not public_url:
+        problems.append(f"{PUBLIC_URL_ENV} is not set: OIDC sign-in needs the URL browsers use (e.g. "
+                        "https://studio.example.com) to build its redirect address <URL>/auth/callback, which the "
+                        "provider must list; it is never taken from a request's Host header")
     if problems:
         raise SettingsError("Authentication is not configured correctly, so nothing was started:\n- "
                             + "\n- ".join(problems))

@@ -197,6 +197,7 @@ def test_a_viewer_cannot_load_models(serve_job, runs, monkeypatch):
     users.ensure_user(get_orchestrator().store, "val", Role.VIEWER)
     monkeypatch.setenv(auth.SHARED_ENV, "1")
     monkeypatch.setattr(auth, "proxy_user", lambda: "val")
+    monkeypatch.setattr(auth, "proxy_session", lambda: users.get_user(get_orchestrator().store, "val").session_generation)
     at = open_page()
     button = next(b for b in at.button if b.label == "Load models")
     assert button.disabled and "you are viewer" in button.help

@@ -178,13 +178,60 @@ def test_internal_endpoints_are_not_reachable_and_bad_passwords_are_rate_limited
     attacker, other = fresh_source(), fresh_source()
     statuses = [request(password_share, "POST", "/auth/login", {"Content-Type": "application/x-www-form-urlencoded"},
                         body, source=attacker).status for _ in range(12)]
-    assert statuses[0] == 401 and statuses[-1] == 429, statuses  # 10/min with a burst of 5, per address
+    assert statuses[0] == 401 and statuses[-1] == 429, statuses  # 5 wrong passwords a minute, per address
     assert set(statuses) == {401, 429}
     # ... and the right password from that address is refused too while the limit holds; other addresses pass
     good = urlencode({"name": "val", "password": PASSWORD, "next": "/"}).encode()
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     assert request(password_share, "POST", "/auth/login", form, good, source=attacker).status == 429
     assert request(password_share, "POST", "/auth/login", form, good, source=other).status == 303
+
+
+def test_successful_sign_ins_never_count_towards_the_limit(password_share):
+    """A team behind one address signing in at nine: only wrong passwords are limited (issue 24)."""
+    source = fresh_source()
+    good = urlencode({"name": "val", "password": PASSWORD, "next": "/"}).encode()
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert [request(password_share, "POST", "/auth/login", form, good, source=source).status
+            for _ in range(15)] == [303] * 15
+
+
+def test_no_page_may_be_framed_by_another_site(password_share):
+    cookie = sign_in(password_share, "val")
+    for path, headers in (("/", {"Cookie": cookie, "Accept": "text/html"}), ("/auth/login", {}),
+                          ("/", {"Accept": "text/html"})):
+        response = request(password_share, "GET", path, headers)
+        assert response.getheader("X-Frame-Options") == "DENY", path
+        assert response.getheader("Content-Security-Policy") == "frame-ancestors 'none'", path
+        assert response.getheader("X-Content-Type-Options") == "nosniff", path
+
+
+def test_sign_out_takes_a_post_with_its_token_and_the_cookie_stops_working(password_share):
+    cookie = sign_in(password_share, "val")
+    other_browser = sign_in(password_share, "val")
+    page = http.client.HTTPConnection("127.0.0.1", password_share.port, timeout=20)
+    page.request("GET", "/auth/logout", headers={"Cookie": cookie})
+    response = page.getresponse()
+    form = response.read().decode()
+    page.close()
+    assert response.status == 200  # a GET only asks
+    assert request(password_share, "GET", "/_stcore/health", {"Cookie": cookie}).status == 200
+    token = form.split('name="token" value="', 1)[1].split('"', 1)[0]
+    body = urlencode({"token": token}).encode()
+    out = request(password_share, "POST", "/auth/logout", {"Cookie": cookie,
+                                                           "Content-Type": "application/x-www-form-urlencoded"}, body)
+    assert out.status == 303 and out.getheader("Location") == "/auth/login"
+    for ended in (cookie, other_browser):  # a copy of the cookie is refused as well
+        assert request(password_share, "GET", "/_stcore/health", {"Cookie": ended}).status == 401
+
+
+def test_a_removed_users_cookie_stops_working_at_once(password_share):
+    cookie = sign_in(password_share, "temp")
+    assert request(password_share, "GET", "/_stcore/health", {"Cookie": cookie}).status == 200
+    store = Store(f"sqlite:///{password_share.run_dir.parent / 'studio.db'}")
+    assert users.delete_user(store, "temp")
+    store.engine.dispose()
+    assert request(password_share, "GET", "/_stcore/health", {"Cookie": cookie}).status == 401
 
 
 def test_sign_in_only_redirects_to_this_site(password_share):
@@ -314,6 +361,24 @@ def test_a_signed_in_viewer_cannot_stop_someone_elses_run_nor_pretend_to_be_some
         context.close()
 
 
+def test_signing_out_ends_an_open_dashboard_tab_over_its_websocket(password_share, browser):
+    """The tab's WebSocket was opened with the old session: its next rerun says the session ended."""
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        browser_sign_in(tab, password_share, "/history", "val")
+        tab.get_by_role("heading", name="History").wait_for(timeout=TIMEOUT_S * 1000)
+        other = context.new_page()
+        other.goto(f"{password_share.url}/auth/logout")  # where Sign out links to: a GET asks, nothing ends yet
+        other.get_by_role("button", name="Sign out").click()
+        other.get_by_label("Your name").wait_for(timeout=TIMEOUT_S * 1000)  # back at the sign-in form
+        tab.get_by_test_id("stSidebarNavItems").get_by_role("link", name="Live").click()  # a rerun over the old WebSocket
+        tab.get_by_text("Your session has ended").wait_for(timeout=TIMEOUT_S * 1000)
+        assert tab.get_by_role("heading", name="Live").count() == 0
+    finally:
+        context.close()
+
+
 # ====================================================================== OIDC against a mock provider
 @pytest.mark.browser
 def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
@@ -321,9 +386,11 @@ def test_oidc_round_trip_lands_on_the_deep_link(tmp_path):
     executable = chromium_or_skip()
     with run_server_in_thread() as provider:
         issuer = f"http://localhost:{provider.server_port}"
+        port = free_port()
         env = share_env(tmp_path / "home", FINETUNE_STUDIO_OIDC_ISSUER=issuer, FINETUNE_STUDIO_OIDC_CLIENT_ID="studio",
-                        FINETUNE_STUDIO_OIDC_CLIENT_SECRET="mock-client-secret", FINETUNE_STUDIO_ADMINS="olga@example.com")
-        share = Share(free_port(), host="127.0.0.1", env=env)
+                        FINETUNE_STUDIO_OIDC_CLIENT_SECRET="mock-client-secret", FINETUNE_STUDIO_ADMINS="olga@example.com",
+                        FINETUNE_STUDIO_PUBLIC_URL=f"http://127.0.0.1:{port}")  # required in OIDC mode (issue 24)
+        share = Share(port, host="127.0.0.1", env=env)
         try:
             share.start(timeout=TIMEOUT_S)
             with sync_api.sync_playwright() as playwright:

@@ -3,7 +3,10 @@
 Shared mode (``make share``, ``FINETUNE_STUDIO_SHARED=1``): nginx authenticates every request through
 the sign-in service and sets ``X-Studio-User`` itself (a value sent by the browser is overwritten), and
 Streamlit listens on loopback only, so the header is the identity; its role comes from the users table.
-Without the header the app refuses to draw anything (fail closed).
+Without the header the app refuses to draw anything (fail closed). ``X-Studio-Session`` carries the
+session generation the cookie was signed with: every script run checks it against the users table, so a
+session that was signed out, or whose user was removed or given a lower role, ends at once, even over a
+WebSocket opened before.
 
 Local mode (``make run``): the OS user, as admin. An optional password from ``.streamlit/secrets.toml``
 (``studio_password``) or ``FINETUNE_STUDIO_PASSWORD`` is asked first, compared in constant time (on
@@ -27,7 +30,8 @@ import streamlit as st
 from db import users
 from gateway import settings
 from gateway.settings import SettingsError
-from trainer_core.access import Actor
+from db.models import User
+from trainer_core.access import Actor, Role
 from ui.state import get_orchestrator
 
 _SIGNED_IN = "_studio_signed_in"
@@ -35,6 +39,9 @@ ENV_VAR = settings.PASSWORD_ENV
 SECRET_KEY = settings.PASSWORD_KEY
 SHARED_ENV = "FINETUNE_STUDIO_SHARED"
 USER_HEADER = "X-Studio-User"  # set by nginx from the sign-in service's answer; percent-encoded UTF-8
+SESSION_HEADER = "X-Studio-Session"  # set by nginx the same way: the session generation (an integer)
+SESSION_ENDED = ("Your session has ended: you signed out, or an admin removed your account or changed your role. "
+                 "Reload the page to sign in again.")
 
 
 def shared_mode() -> bool:
@@ -85,17 +92,36 @@ def proxy_user() -> str:
     return unquote(st.context.headers.get(USER_HEADER, "") or "")
 
 
+def proxy_session() -> int | None:
+    """The session generation nginx passed on; None without a well-formed one."""
+    value = st.context.headers.get(SESSION_HEADER, "") or ""
+    return int(value) if value.isdigit() else None
+
+
+def _shared_user() -> User | None:
+    """The users-table row of this session, or None when the session has ended (or never was)."""
+    name, generation = proxy_user(), proxy_session()
+    if not name or generation is None:
+        return None
+    return users.session_user(get_orchestrator().store, name, generation)
+
+
 def current_actor() -> Actor:
-    """The person acting in this session (call after the gate)."""
+    """The person acting in this session (call after the gate). Shared mode: read from the users table at
+    each call; a session that has ended stops the script (a fragment's rerun included) with the reason."""
     if shared_mode():
-        return users.actor_for(get_orchestrator().store, proxy_user())
+        user = _shared_user()
+        if user is None:
+            st.error(SESSION_ENDED)
+            st.stop()
+        return Actor(user.name, Role(user.role))
     return Actor.local()
 
 
 def signed_in() -> bool:
     """True when this session may see the app (a misconfigured gate counts as closed)."""
     if shared_mode():
-        return bool(proxy_user())
+        return _shared_user() is not None
     try:
         return bool(st.session_state.get(_SIGNED_IN)) or not configured_password()
     except SettingsError:
@@ -108,6 +134,9 @@ def require_password() -> None:
         if not proxy_user():
             st.error("This server runs in shared mode and only answers through its sign-in proxy "
                      "(`make share`); this request did not come through it.")
+            st.stop()
+        if _shared_user() is None:
+            st.error(SESSION_ENDED)
             st.stop()
         return
     try:
