@@ -5,10 +5,15 @@ the sign-in service and Streamlit on loopback ports, and nginx on the public por
 Authentication settings are checked first; a bad one starts nothing (exit code 2).
 Streamlit gets an environment without the password, OIDC client secret, session key or API token,
 so neither it nor any worker it starts can read them.
+
+Shutdown runs once and cannot be cut short: the first SIGINT, SIGTERM or SIGHUP starts it and the rest are
+ignored. On Linux each child is also given a parent-death signal (SIGTERM), so the three die with the
+supervisor even when it is SIGKILLed (the jobs the dashboard started are in sessions of their own and go on).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import http.client
 import os
 import shutil
@@ -27,6 +32,23 @@ from trainer_core.access import SERVER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_ENV = "FINETUNE_STUDIO_NGINX"  # path of the nginx binary (default: nginx on PATH, then /usr/sbin/nginx)
+SHUTDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded before any fork: the child between fork and exec may only make the one call.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with(parent: int):
+    """A preexec_fn: the child gets SIGTERM when the thread that started it ends (the supervisor's main
+    thread: its death, SIGKILL included). None where prctl does not exist."""
+    if _LIBC is None:
+        return None
+
+    def set_death_signal() -> None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the supervisor died before the call took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return set_death_signal
 
 
 def free_port() -> int:
@@ -97,7 +119,8 @@ class Share:
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         log = open(self.run_dir / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=_die_with(os.getpid()))
         log.close()
 
     def _wait_http(self, url: str, name: str, timeout: float, ok: tuple[int, ...] = (200,)) -> None:
@@ -123,16 +146,28 @@ class Share:
         return next((name for name, proc in self.procs.items() if proc.poll() is not None), None)
 
     def stop(self) -> None:
-        for name in ("nginx", "streamlit", "sign-in"):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)  # its own process group: nothing else is signalled
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        """Stop all three; safe to call again, and signals wait until it is done (they cannot cut it short)."""
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
+        try:
+            for name in ("nginx", "streamlit", "sign-in"):
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is None:
+                    _killpg(proc.pid, signal.SIGTERM)  # its own process group: nothing else is signalled
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    _killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # it ended between the check and the signal
+        pass
 
 
 def _local_tls() -> ssl.SSLContext:
@@ -167,11 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
-    def interrupt(*_):
-        raise KeyboardInterrupt  # SIGTERM like Ctrl-C (also when started with SIGINT ignored, e.g. in background)
+    interrupted = []
 
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    def interrupt(*_):
+        # SIGTERM and SIGHUP like Ctrl-C (also when started with SIGINT ignored, e.g. in background), and only
+        # the first of a burst: a second KeyboardInterrupt inside the shutdown would leave the children running.
+        if interrupted:
+            return
+        interrupted.append(True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
+        raise KeyboardInterrupt
+
+    for sig in SHUTDOWN_SIGNALS:
+        signal.signal(sig, interrupt)
     try:
         share.start()
         mode = "OIDC via " + share.settings.issuer if share.settings.mode == "oidc" else "shared password"
@@ -189,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        interrupted.append(True)  # from here on every signal is a no-op: nothing interrupts the shutdown
+        signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
         share.stop()
     return 0
 

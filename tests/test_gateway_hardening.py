@@ -4,12 +4,18 @@ service, only failed sign-ins counted, explicit role changes on the Account page
 children never outlive it."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
 
+import psutil
 import pytest
 from itsdangerous import URLSafeTimedSerializer
 from oidc_provider_mock import run_server_in_thread
@@ -19,7 +25,10 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from db.store import Store
 from gateway import nginx, settings, signin
+from gateway.__main__ import _status
 from gateway.settings import AuthSettings
+from tests.browser_support import free_port
+from tests.support import wait_until
 from tests.test_pages import APP, TIMEOUT
 from trainer_core.access import Actor, Role
 from ui import auth
@@ -324,3 +333,69 @@ def test_a_click_from_someone_no_longer_admin_changes_nothing(admins):
     users.set_role(admins, "ada", Role.OPERATOR)  # ada's session ends with it
     click(at, "role_val_admin")
     assert users.get_user(admins, "val").role == "viewer"
+
+
+# ====================================================================== the supervisor's children (wrong states 10)
+def nginx_or_skip() -> None:
+    if not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists() or os.environ.get("FINETUNE_STUDIO_NGINX")):
+        pytest.skip("nginx not found: install Debian's nginx package (.ci/run does) or set FINETUNE_STUDIO_NGINX")
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def supervisor(tmp_path):
+    """``python -m gateway`` as ``make share`` runs it, up and answering; yields (process, its children)."""
+    nginx_or_skip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FINETUNE_STUDIO_") and k != "DATABASE_URL"}
+    env.update(FINETUNE_STUDIO_HOME=str(tmp_path / "home"), FINETUNE_STUDIO_FORCE_CPU="1",
+               FINETUNE_STUDIO_PASSWORD=PASSWORD)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(port), "--host", "127.0.0.1"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    children: list[psutil.Process] = []
+    try:
+        def answering() -> bool:
+            assert proc.poll() is None, f"the supervisor exited with {proc.returncode}"
+            try:
+                return _status(f"http://127.0.0.1:{port}/") == 302
+            except OSError:
+                return False
+        wait_until(answering, timeout=120, what="make share to answer")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        commands = [" ".join(c.cmdline()) for c in children]
+        assert any("gateway.signin" in c for c in commands) and any("ui.serve" in c for c in commands)
+        assert any("nginx" in c for c in commands), commands
+        yield proc, children
+    finally:
+        for child in [*children, psutil.Process(proc.pid) if proc.poll() is None else None]:
+            if child is not None and alive(child):
+                child.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_burst_of_signals_still_stops_every_child(supervisor):
+    proc, children = supervisor
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):  # make and its child signalled, Ctrl-C twice
+        os.kill(proc.pid, sig)
+    assert proc.wait(timeout=60) == 0
+    wait_until(lambda: not any(alive(c) for c in children), timeout=30, what="every child to end")
+
+
+def test_children_die_with_a_sigkilled_supervisor(supervisor):
+    proc, children = supervisor
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_until(lambda: not any(alive(c) for c in children), timeout=30, what="every child to end")
+
+
+def test_sighup_means_stop_too(supervisor):
+    proc, children = supervisor
+    os.kill(proc.pid, signal.SIGHUP)  # the terminal closed
+    assert proc.wait(timeout=60) == 0
+    wait_until(lambda: not any(alive(c) for c in children), timeout=30, what="every child to end")
