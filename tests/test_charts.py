@@ -495,3 +495,21 @@ def test_length_chart_bins_here_and_marks_max_seq_length():
 def test_length_chart_of_no_rows_spans_max_seq_length():
     bars = pd.DataFrame(next(iter(charts.length_chart([], max_seq_length=128).to_dict()["datasets"].values())))
     assert bars["rows"].sum() == 0 and bars["end"].max() == 128
+
+
+def test_a_runs_charts_come_from_its_methods_metric_specs(monkeypatch):
+    from trainer_core import methods
+    from trainer_core.methods.base import MetricSpec
+
+    # sft and cpt (also as an old training_type) keep today's charts: loss, then learning rate, grad norm, tokens/s
+    for config in ({"method": "sft"}, {"method": "cpt", "adapter": "full"}, {"training_type": "qlora"}, {}):
+        assert charts.line_metrics(charts.method_specs(config)) == {
+            "learning_rate": "Learning rate", "grad_norm": "Grad norm", "tokens_per_s": "Tokens/s"}, config
+    assert charts.method_specs({"method": "not-registered"}) is charts.DEFAULT_SPECS
+    grpo = methods.METHODS["sft"].__class__(
+        name="grpo-test", label="GRPO", help="", data_shapes=("chat",), data_fix="",
+        metric_specs=(MetricSpec("loss", "Train loss"), MetricSpec("reward", "Reward", tile=True),
+                      MetricSpec("kl", "KL", chart=False)))
+    monkeypatch.setitem(methods.METHODS, "grpo-test", grpo)
+    specs = charts.method_specs({"method": "grpo-test"})
+    assert charts.line_metrics(specs, extra=["kl", "loss"]) == {"reward": "Reward", "kl": "kl"}

@@ -20,7 +20,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from trainer_core.methods.base import MetricSpec
+from trainer_core import methods
+from trainer_core.methods.base import TRAINER_METRICS, MetricSpec
 
 RAW_LOSS = "train loss"
 SMOOTH_LOSS = "train loss (smoothed)"
@@ -36,16 +37,11 @@ RUN_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2")
 # x column -> label for pickers and axis titles. "wall time" is seconds since the run started.
 X_AXES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time"}
 AXIS_TITLES = {"step": "step", "epoch": "epoch", "tokens_seen": "tokens seen", "elapsed_s": "wall time (s)"}
-# What a run's charts and tiles show when its method names nothing else (sft and cpt): the loss chart
-# (train and eval loss) and one small chart per other charted spec. Any other key a run logged is drawn
-# on request ("Other metrics"), with the same downsampling.
-DEFAULT_SPECS = (
-    MetricSpec("loss", "Train loss", tile=True),
-    MetricSpec("eval_loss", "Eval loss", tile=True),
-    MetricSpec("learning_rate", "Learning rate", tile=True),
-    MetricSpec("grad_norm", "Grad norm", tile=True),
-    MetricSpec("tokens_per_s", "Tokens/s", tile=True),
-)
+# What a run's charts and tiles show when its method names nothing else (sft and cpt, and runs of a method
+# this version does not know): the loss chart (train and eval loss) and one small chart per other charted
+# spec, titled by its label. Any other key a run logged is drawn on request ("Other metrics"), with the same
+# downsampling.
+DEFAULT_SPECS = TRAINER_METRICS
 LOSS_KEYS = ("loss", "eval_loss")  # drawn together on the loss chart, whatever the specs say
 # The small charts of the live page: metric column -> title.
 LINE_METRICS = {s.key: s.label for s in DEFAULT_SPECS if s.chart and s.key not in LOSS_KEYS}
@@ -434,6 +430,13 @@ def loss_chart(df: pd.DataFrame, x: str = "step", smoothing: Smoothing = Smoothi
 def line_chart(df: pd.DataFrame, y: str, title: str, x: str = "step", max_points: int = 1000) -> TrustedLayerChart:
     """One metric (learning rate, grad norm, tokens/s) over ``x``, NaN-free and downsampled."""
     return _line_chart(_prepare(df, x, (y,)), y, title, max_points)
+
+
+def method_specs(config: dict) -> tuple[MetricSpec, ...]:
+    """The metric specs of a run's method, from its stored config (old configs name a training_type)."""
+    method, _ = methods.pair_of_config(config or {})
+    spec = methods.METHODS.get(method)
+    return spec.metric_specs if spec is not None else DEFAULT_SPECS
 
 
 def line_metrics(specs: Iterable[MetricSpec] = DEFAULT_SPECS, extra: Iterable[str] = ()) -> dict[str, str]:

@@ -310,8 +310,8 @@ def render_live(snapshot: LiveSnapshot | None, options: ChartOptions | None = No
 
 
 def run_specs(config: dict) -> tuple[Any, ...]:
-    """The metric specs of a run's method, from its stored config (trainer_core.methods.base.MetricSpec)."""
-    return charts.DEFAULT_SPECS
+    """The metric specs of a run's method, from its stored config (its charts and tiles)."""
+    return charts.method_specs(config)
 
 
 def other_keys(keys: Iterable[str], specs: Iterable[Any] = charts.DEFAULT_SPECS) -> list[str]:
