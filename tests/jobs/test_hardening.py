@@ -224,3 +224,31 @@ def test_the_dashboards_rebuild_refuses_a_shared_mode_user_who_is_not_an_admin(a
     assert _moved_aside() == []
     monkeypatch.setattr(auth, "current_actor", lambda: Actor("root", Role.ADMIN))
     assert state.rebuild_database().runs == []
+
+
+# ====================================================================== db rebuild finishes
+def test_rebuild_finishes_with_a_copied_and_a_renamed_folder_and_a_damaged_journal(make_orch, store, monkeypatch):
+    """cp -a runs/A runs/A-copy gave IntegrityError (exit 4) with half the runs; a renamed folder an AttributeError;
+    one invalid UTF-8 byte in a journal skipped the whole run."""
+    import shutil
+
+    from tests.jobs.test_rebuild import wipe
+    from trainer_core.jobs import rebuild
+
+    orch = make_orch()
+    first = orch.start(fake(monkeypatch, steps=2))
+    orch.wait(first, timeout=60, interval=0.05)
+    second = orch.start(fake(monkeypatch, steps=2))
+    orch.wait(second, timeout=60, interval=0.05)
+    orch.close()
+    shutil.copytree(paths.run_dir(first), paths.run_dir(first + "-copy"), symlinks=True)
+    with open(paths.run_dir(second) / "journal.jsonl", "ab") as fh:
+        fh.write(b'{"op": "event", "kind": "warning", "message": "caf\xe9", "ts": 5.0}\n')
+    wipe(store)
+    report = rebuild.rebuild(store.url)
+    assert report.skipped == []
+    assert sorted(report.runs) == sorted([first, first + "-copy", second])
+    assert report.renamed == [f"{first}-copy: its journal names run {first}"]
+    fresh = type(store)(store.url)
+    assert fresh.get_run(second).status == "completed" and fresh.get_run(first + "-copy").status == "completed"
+    fresh.engine.dispose()

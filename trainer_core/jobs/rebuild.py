@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import journal, paths
-from trainer_core.protocol.status import RunStatus, read_kind
+from trainer_core.protocol.status import JobKind, RunStatus, read_kind
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
 CREATING_S = 10.0  # a run folder written this recently may be a start in progress (its row comes next)
@@ -47,6 +48,8 @@ class RebuildReport:
     runs: list[str] = field(default_factory=list)  # rebuilt, oldest first
     active: list[str] = field(default_factory=list)  # left active for the next orchestrator to adopt
     skipped: list[str] = field(default_factory=list)  # "run id: reason"
+    renamed: list[str] = field(default_factory=list)  # "folder: its journal names run X" (rebuilt as the folder)
+    rebased: list[str] = field(default_factory=list)  # runs whose recorded paths were under an older data root
     moved_aside: list[str] = field(default_factory=list)  # files of the old database, kept
     accounts: tuple[int, int] | None = None  # (users, API tokens) carried over; None: the old file was unreadable
 
@@ -56,6 +59,12 @@ class RebuildReport:
             text += f"; {len(self.active)} not finished (followed again when the dashboard or CLI starts)"
         if self.skipped:
             text += f"; skipped {len(self.skipped)}: " + "; ".join(self.skipped[:5])
+        if self.renamed:
+            text += (f"; {len(self.renamed)} folder(s) named another run in their journal (copied or renamed), "
+                     "rebuilt under their folder's name: " + "; ".join(self.renamed[:5]))
+        if self.rebased:
+            text += (f"; {len(self.rebased)} run(s) recorded paths under an older data root, now read under "
+                     f"{paths.runs_dir()}: " + ", ".join(self.rebased[:5]))
         if self.moved_aside:
             text += ". The previous database was kept as " + ", ".join(self.moved_aside)
         if self.accounts is None and self.moved_aside:
@@ -105,8 +114,12 @@ def rebuild(url: str | None = None) -> RebuildReport:
     with _no_orchestrators(), _start_lock(), _pump_locks() as held:
         db_path = _sqlite_path(url)  # only a SQLite file is set aside; PostgreSQL keeps its users where they are
         accounts = users.read_accounts(url) if db_path is not None and db_path.exists() else None
-        report.moved_aside = _set_aside(url)
-        store = Store(url, journal=False)
+        # A SQLite database is built in a new file and swapped in only once it is complete: a rebuild that stops
+        # half-way (an error, Ctrl-C) leaves the old file where it was, never a half-built database.
+        building = None if db_path is None else db_path.with_name(f"{db_path.name}.rebuilding-{os.getpid()}")
+        if building is not None:
+            _remove_sqlite(building)
+        store = Store(url if building is None else f"sqlite:///{building}", journal=False)
         try:
             if store.count_runs():
                 raise RebuildRefused(
@@ -116,18 +129,32 @@ def rebuild(url: str | None = None) -> RebuildReport:
             if accounts is not None:
                 users.restore_accounts(store, accounts)
                 report.accounts = (len(accounts.users), len(accounts.tokens))
-        finally:
+        except BaseException:
             store.engine.dispose()
+            if building is not None:
+                _remove_sqlite(building)
+            raise
+        store.engine.dispose()  # closes the last connection: SQLite folds its WAL into the file
+        if building is not None:
+            report.moved_aside = _set_aside(url)
+            for suffix in SQLITE_FILES:
+                if Path(f"{building}{suffix}").exists():
+                    os.replace(f"{building}{suffix}", f"{db_path}{suffix}")
     return report
+
+
+def _remove_sqlite(path: Path) -> None:
+    for suffix in SQLITE_FILES:
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def _rebuild_all(store: Store, held: list[tuple[Path, IO]], report: RebuildReport) -> None:
     for run_dir, lock_fh in held:
         try:
-            outcome = _rebuild_run(store, run_dir, lock_fh)
-        except (ConfigError, OSError, ValueError, TypeError, KeyError) as exc:
-            # one unreadable folder must not cost the others their rebuild; the report names it
-            report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
+            outcome = _rebuild_run(store, run_dir, lock_fh, report)
+        except Exception as exc:  # noqa: BLE001 - one folder must not cost the others their rebuild; the report names it
+            _forget(store, run_dir.name)
+            report.skipped.append(f"{run_dir.name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
             continue
         if outcome == "deleted":
             continue
@@ -136,13 +163,33 @@ def _rebuild_all(store: Store, held: list[tuple[Path, IO]], report: RebuildRepor
             report.active.append(run_dir.name)
 
 
-def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
+def _forget(store: Store, run_id: str) -> None:
+    """Remove what a folder that failed half-way had written, so the database holds it whole or not at all."""
+    try:
+        if store.get_run(run_id) is not None:
+            store.finish_run(run_id, RunStatus.FAILED)
+            store.delete_run(run_id)
+    except Exception:  # noqa: BLE001 - best effort; the folder is reported as skipped either way
+        pass
+
+
+def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO, report: RebuildReport) -> str:
     """Restore one run; returns "deleted", "active" or "finished"."""
     records = journal.read(run_dir)
     if any(r["op"] == "delete" for r in records):
         return "deleted"
     created = next((r["row"] for r in records if r["op"] == "create"), None)
-    row = RunRecord.from_dict(created) if created is not None else _row_from_config(run_dir)
+    row = RunRecord.from_dict(created) if created is not None else _row_from_folder(run_dir)
+    if row.id != run_dir.name:  # a copied (cp -a runs/A runs/B) or renamed folder: the folder is what exists
+        report.renamed.append(f"{run_dir.name}: its journal names run {str(row.id)[:64]}")
+        row = row.replace(id=run_dir.name)
+    if row.output_dir and Path(row.output_dir) != run_dir and Path(row.output_dir).name in (run_dir.name, created and
+                                                                                            created.get("id")):
+        if Path(row.output_dir).parent != run_dir.parent:
+            report.rebased.append(run_dir.name)
+        row = row.replace(output_dir=str(run_dir))
+    if store.get_run(row.id) is not None:
+        raise RebuildRefused(f"a run {row.id} was already rebuilt from another folder")
     store.create_run(row)
     for record in records:
         if record["op"] == "update":
@@ -150,6 +197,7 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
         elif record["op"] == "event":
             store.add_event(row.id, record["kind"], record["message"], ts=record["ts"])
     tracked = _replay_events(store, run_dir, lock_fh)
+    _keep_eval_row(store, row, run_dir)
     finish = next((r for r in records if r["op"] == "finish"), None)
     if finish is not None:
         store.finish_run(row.id, RunStatus(finish["status"]), **finish["values"])
@@ -166,12 +214,69 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO) -> str:
 def _replay_events(store: Store, run_dir: Path, lock_fh: IO) -> pump.Tracker:
     """Feed the whole event log through the pump's handlers and store what they produce, like the pump."""
     run = store.get_run(run_dir.name)
-    live = LiveRun(run.id, run.name, RunStatus(run.status), phase=run.phase)
+    # The worker's events start where the live pump started: from a job being launched. The row's status now is
+    # where the journal left it (a Stop request: stopping), and handlers that hold a stopping job would drop
+    # what the live pump stored before the request (a serve job's "serving at URL" line).
+    live = LiveRun(run.id, run.name, RunStatus.STARTING, phase=run.phase)
     tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind)
     pump.drain(tracked, store, max_reads=None)
     pump.flush(tracked, store)
     tracked.log.close()
     return tracked
+
+
+def _keep_eval_row(store: Store, row: RunRecord, run_dir: Path) -> None:
+    """An eval job's result row, as its submission created it, when its log never reported one (queued, running,
+    failed or cancelled): without it a baseline under way is not found and a second one is queued."""
+    if row.kind is not JobKind.EVAL or store.eval_result(row.id) is not None:
+        return
+    from trainer_core.evaluation import samples as eval_samples  # reads data files only: no ML stack
+
+    spec = jobspec.read_spec(run_dir)
+    try:
+        base_model = jobspec.resolve(spec.source).base_model
+    except jobspec.SourceError:
+        base_model = spec.source.model  # its source run is gone: a base model's name is all there is
+    try:
+        fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
+    except Exception:  # noqa: BLE001 - its data changed or went away: the row stays, unmatched by later baselines
+        fingerprint = ""
+    store.save_eval_result(row.id, source_key=spec.source.key, source_run_id=spec.source.run_id,
+                           checkpoint=spec.source.checkpoint, base_model=base_model, data_fingerprint=fingerprint,
+                           settings_hash=eval_samples.settings_hash(spec), data_label=spec.dataset_label,
+                           created_at=row.created_at)
+
+
+def _row_from_folder(run_dir: Path) -> RunRecord:
+    """The row ``Orchestrator.start`` or ``submit`` would have created, from the folder's config.yaml or job.json
+    (a folder without a journal, or whose first line was lost)."""
+    if (run_dir / "config.yaml").is_file() or read_kind(run_dir) is JobKind.TRAIN:
+        row = _row_from_config(run_dir)
+    else:
+        row = _row_from_spec(run_dir)
+    try:
+        owner = (run_dir / "owner.txt").read_text(encoding="utf-8", errors="replace").strip()[:200]
+    except OSError:
+        owner = ""
+    return row.replace(owner=owner) if owner else row
+
+
+def _created_at(run_dir: Path, job_file: Path) -> float:
+    try:
+        return time.mktime(time.strptime(run_dir.name[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return job_file.stat().st_mtime
+
+
+def _row_from_spec(run_dir: Path) -> RunRecord:
+    spec = jobspec.read_spec(run_dir)
+    created = _created_at(run_dir, run_dir / jobspec.SPEC_FILE)
+    label = spec.KIND.label
+    return RunRecord(id=run_dir.name, name=spec.name or f"{label} · {run_dir.name[9:15]}", status=RunStatus.STARTING,
+                     phase="launching worker", model=spec.model_label, dataset=spec.dataset_label, method=label,
+                     created_at=created, started_at=created, output_dir=str(run_dir), total_steps=spec.total_steps,
+                     config_json=json.dumps(spec.to_dict(), sort_keys=True), devices=queue.devices_of(spec),
+                     parent_run_id=spec.source.run_id or None, kind=spec.KIND)
 
 
 def _row_from_config(run_dir: Path) -> RunRecord:

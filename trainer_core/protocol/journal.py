@@ -36,16 +36,17 @@ def append(run_id: str, op: str, **data: Any) -> None:
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
-    """The journal's records in order; a torn last line (a crash mid-write) is skipped."""
+    """The journal's records in order; a torn line (a crash mid-write) is skipped, and so is a line that is not
+    JSON, on its own: one damaged byte (invalid UTF-8 is replaced, line by line) never costs the other records."""
     try:
-        text = (Path(run_dir) / JOURNAL_FILE).read_text(encoding="utf-8")
+        data = (Path(run_dir) / JOURNAL_FILE).read_bytes()
     except FileNotFoundError:
         return []
     records = []
-    for line in text.split("\n"):
+    for raw in data.split(b"\n"):
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = json.loads(raw.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict) and isinstance(record.get("op"), str):
             records.append(record)
