@@ -358,7 +358,8 @@ def render_preview(p: preview.Preview) -> None:
                else "Every token is trained (train on completions is off or the data is raw text).")
     for row in p.rows:
         cut = " · truncated" if row.truncated else ""
-        st.markdown(f"**Row {row.index}** · {row.num_tokens} tokens{cut}")
+        side = f" · {safe(row.label)}" if row.label else ""
+        st.markdown(f"**Row {row.index}**{side} · {row.num_tokens} tokens{cut}")
         st.html(row_html(row))
 
 

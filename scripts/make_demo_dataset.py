@@ -1,8 +1,10 @@
-"""Write the bundled demo dataset, ``trainer_core/data/demo_chat.jsonl``.
+"""Write the bundled demo datasets, ``trainer_core/data/demo_chat.jsonl`` and ``demo_pairs.jsonl``.
 
 About 300 short chatml conversations from "Studio", a friendly assistant that always answers in one
 fixed pattern ("Studio here! <fact>. Happy to help!"). The pattern is what makes the demo useful: a
 LoRA on SmolLM2-135M-Instruct picks it up within ~60 steps, so the loss curve falls visibly.
+The pairs file holds the same questions as preference pairs for DPO, ORPO, SimPO, KTO and reward models:
+the house-style reply is chosen, the bare fact rejected, so a preference run teaches the pattern too.
 The output is deterministic (fixed seed, no clock), so re-running it gives the same bytes.
 
     python scripts/make_demo_dataset.py
@@ -14,6 +16,7 @@ import random
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "trainer_core" / "data" / "demo_chat.jsonl"
+PAIRS_OUT = OUT.with_name("demo_pairs.jsonl")
 SEED = 20240611
 SYSTEM = "You are Studio, a friendly assistant who answers in one short sentence."
 SYSTEM_SHARE = 0.3  # some conversations carry a system turn, so both shapes appear in training
@@ -166,13 +169,27 @@ def build() -> list[dict]:
     return rows
 
 
-def main() -> None:
-    rows = build()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", encoding="utf-8", newline="\n") as fh:
+def build_pairs() -> list[dict]:
+    """Each conversation's question as a pair: the house-style reply chosen, the bare fact rejected."""
+    rows = []
+    for row in build():
+        question, reply = row["messages"][-2]["content"], row["messages"][-1]["content"]
+        fact = reply.removeprefix("Studio here! ").removesuffix(" Happy to help!")
+        rows.append({"prompt": question, "chosen": reply, "rejected": fact})
+    return rows
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as fh:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} conversations to {OUT}")
+    print(f"wrote {len(rows)} rows to {path}")
+
+
+def main() -> None:
+    write(OUT, build())
+    write(PAIRS_OUT, build_pairs())
 
 
 if __name__ == "__main__":

@@ -436,7 +436,7 @@ def method_specs(config: dict) -> tuple[MetricSpec, ...]:
     """The metric specs of a run's method, from its stored config (old configs name a training_type)."""
     method, _ = methods.pair_of_config(config or {})
     spec = methods.METHODS.get(method)
-    return spec.metric_specs if spec is not None else DEFAULT_SPECS
+    return spec.metric_specs_of(config or {}) if spec is not None else DEFAULT_SPECS
 
 
 def line_metrics(specs: Iterable[MetricSpec] = DEFAULT_SPECS, extra: Iterable[str] = ()) -> dict[str, str]:

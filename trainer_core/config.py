@@ -28,6 +28,7 @@ from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
+BUNDLED_PAIRS = "bundled:demo-pairs"  # the demo's questions as preference pairs (DPO, ORPO, SimPO, KTO, reward)
 
 FORMAT_TYPES = ("auto", "alpaca", "chatml", "sharegpt", "text")
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
@@ -46,9 +47,10 @@ MAPPING_VALUE_MAX = 200
 
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whole_items: bool = False,
-       **kw: Any) -> Any:
+       section: bool = False, **kw: Any) -> Any:
     # whole_items: a list field whose items are free text (prompts): a string is one item, never split at commas
-    meta = {"help": help, "group": group, "secret": secret, "whole_items": whole_items}
+    # section: a method's settings mapping (any values; the method's settings dataclass checks them)
+    meta = {"help": help, "group": group, "secret": secret, "whole_items": whole_items, "section": section}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -145,6 +147,18 @@ class TrainConfig:
                                  "the run has no eval set; always once at the end.", "samples")
     sample_max_new_tokens: int = _f(64, "Longest answer per sample prompt, in new tokens (bounds the time "
                                     "sampling takes).", "samples")
+    # --- method sections: each method's own settings (trainer_core.methods.settings), read from the YAML
+    # mapping named after it; the method checks them (docs/methods.md lists every setting) ---
+    dpo: dict = _f({}, "DPO settings, e.g. {beta: 0.1, loss_type: sigmoid} (method dpo).", "method", section=True)
+    orpo: dict = _f({}, "ORPO settings, e.g. {beta: 0.1} (method orpo).", "method", section=True)
+    simpo: dict = _f({}, "SimPO settings, e.g. {beta: 2.0, gamma: 0.5} (method simpo).", "method", section=True)
+    kto: dict = _f({}, "KTO settings, e.g. {beta: 0.1, desirable_weight: 1.0} (method kto).", "method", section=True)
+    reward: dict = _f({}, "Reward-model settings, e.g. {center_rewards_coefficient: 0.01} (method reward).", "method",
+                      section=True)
+    grpo: dict = _f({}, "GRPO settings: rewards, num_generations, max_completion_length, temperature, beta, "
+                    "loss_type... (method grpo).", "method", section=True)
+    embedding: dict = _f({}, "Embedding-model settings: loss, matryoshka_dims, prompts, evaluation (method "
+                         "embedding).", "method", section=True)
 
     def __post_init__(self, training_type: str) -> None:
         if not training_type:
@@ -220,6 +234,9 @@ class TrainConfig:
         data = self.to_dict()
         for name in SECRET_FIELDS:
             data.pop(name, None)
+        for f in fields(self):  # a method section left empty says nothing: config.yaml stays short
+            if f.metadata.get("section") and not data.get(f.name):
+                data.pop(f.name, None)
         return data
 
     def to_yaml(self) -> str:
@@ -424,12 +441,11 @@ def read_training_type(data: dict[str, Any], errors: list[FieldError]) -> dict[s
 def _flatten_sections(data: dict[str, Any], errors: list[FieldError]) -> dict[str, Any]:
     """A method's settings may be grouped under its name (``cpt: {embedding_learning_rate: 5e-5}``): they
     are the flat fields its spec's ``section`` lists, and are read as those."""
-    if not any(name in data for name in METHODS):
+    grouped = [name for name in METHODS if name in data and METHODS[name].settings is None]
+    if not grouped:
         return data
-    flat = {k: v for k, v in data.items() if k not in METHODS}
-    for name in METHODS:
-        if name not in data:
-            continue
+    flat = {k: v for k, v in data.items() if k not in grouped}
+    for name in grouped:
         section, allowed = data[name], METHODS[name].section
         if not isinstance(section, dict):
             errors.append(FieldError(name, f"write the {name} section as a mapping of {', '.join(allowed) or 'no'} "
@@ -603,6 +619,12 @@ def _check_checkpoint(value: str, bad) -> None:
 def _coerce(f: dataclasses.Field, raw: Any) -> Any:
     """Convert loose input to the field's type, with a message that says what was expected."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if f.metadata.get("section"):
+        if raw is None:  # `grpo:` with nothing under it
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a mapping of {f.name} settings, e.g. {f.name}: {{beta: 0.1}}")
+        return dict(raw)
     if raw is None:
         raise ValueError("a value is required")
     if kind == "bool":

@@ -134,7 +134,7 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
     else:
         logits = tokens * info.vocab_size * (act_bytes + 4)  # logits, and their fp32 copy for the cross-entropy
     # a method that keeps several forward passes per row (chosen and rejected answers) keeps as many of both
-    return (layers + logits) * cfg.method_spec.activation_factor
+    return (layers + logits) * cfg.method_spec.activation_factor_of(cfg)
 
 
 def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",

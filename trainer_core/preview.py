@@ -44,6 +44,7 @@ class RenderedRow:
     segments: tuple[tuple[str, bool], ...]  # (text, trained?) pieces that join to ``text``
     num_tokens: int  # before truncation
     truncated: bool
+    label: str = ""  # what the row is when it is not a plain training row ("chosen", "rejected", "prompt")
 
 
 @dataclass(frozen=True)
@@ -142,5 +143,6 @@ def _redact(text: str, cfg: TrainConfig) -> str:
 
 def _from_json(data: dict[str, Any]) -> Preview:
     rows = tuple(RenderedRow(index=r["index"], text=r["text"], segments=tuple((t, bool(b)) for t, b in r["segments"]),
-                             num_tokens=r["num_tokens"], truncated=r["truncated"]) for r in data["rows"])
+                             num_tokens=r["num_tokens"], truncated=r["truncated"], label=r.get("label", ""))
+                 for r in data["rows"])
     return Preview(**{**data, "rows": rows, "lengths": tuple(data["lengths"])})

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError
+from trainer_core.data import preference
+from trainer_core.methods.base import PREFERENCE_SHAPES
 from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, convert_rows, no_usable_rows, normalize_rows
 from trainer_core.data.readers import read_rows
 from trainer_core.data.sources import resolve_source, source_files
@@ -58,12 +60,29 @@ def _labels(parts: list[_Part]) -> str:
     return ", ".join(dict.fromkeys(label for label, _ in parts))
 
 
+def preference_shape(cfg: TrainConfig) -> str | None:
+    """The preference/RL shape the run's method trains on (pairs, kto, prompts), or None for chat/text."""
+    shapes = [s for s in cfg.method_spec.data_shapes if s in PREFERENCE_SHAPES]
+    return shapes[0] if shapes else None
+
+
+def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_empty: bool = False) -> NormalizedData:
+    """Rows in the shape the run's method trains on: chat/text (data.formats) or preference/RL rows
+    (data.preference). ``allow_empty``: an empty chat/text result is returned (merged files decide together)."""
+    shape = preference_shape(cfg)
+    if shape is not None:
+        return preference.normalize(rows, shape, cfg.custom_format_mapping, cfg.system_prompt, field_name)
+    if allow_empty:
+        return convert_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt)
+    return normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt, field_name=field_name)
+
+
 def _normalize_parts(parts: list[_Part], cfg: TrainConfig, field_name: str) -> NormalizedData:
     """Each file detected and normalised on its own (files may differ in layout), then merged."""
     results = []
     for label, rows in parts:
         try:
-            results.append(convert_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt))
+            results.append(normalize_for(rows, cfg, field_name, allow_empty=True))
         except DatasetError as exc:
             raise DatasetError(exc.field, f"{label}: {exc.message}") from None
     return _merge(parts, results, field_name)
@@ -99,7 +118,7 @@ def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, wha
     """Settings that the detected data contradicts (explicit contradictions are config.py's job)."""
     problems = []
     spec = cfg.method_spec
-    shape = "chat" if data.is_chat else "text"
+    shape = data.format if data.format in PREFERENCE_SHAPES else "chat" if data.is_chat else "text"
     if shape not in spec.data_shapes and cfg.format_type in ("auto", "text"):
         held = f"{data.format} chat data" if data.is_chat else "raw text"
         problems.append(DatasetError(field_name, f"{spec.label.lower()} ({spec.name}) trains on {spec.shapes_text()}, "
@@ -165,8 +184,7 @@ def _check_parts(parts: list[_Part], cfg: TrainConfig, field_name: str, apply_sl
     results = []
     for label, rows in parts:
         try:
-            results.append(normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt,
-                                          field_name=field_name))
+            results.append(normalize_for(rows, cfg, field_name))
         except DatasetError as exc:
             problems.append(DatasetError(exc.field, f"{label}: {exc.message}"))
     if not problems:
@@ -214,7 +232,7 @@ def load_hub(cfg: TrainConfig, split: str, apply_slice: bool | None = None) -> N
     rows = ds.to_list()
     if not rows:
         raise DatasetError(split_field, f"split '{split}' of {cfg.hf_dataset} has no rows")
-    data = normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt, field_name="hf_dataset")
+    data = normalize_for(rows, cfg, "hf_dataset")
     problems = _usage_problems(data, cfg, "hf_dataset", cfg.hf_dataset)
     if problems:
         raise problems[0]

@@ -171,6 +171,10 @@ def normalize(rows: list[dict], shape: str, mapping: dict | None = None, system_
               field_name: str = "local_datasets") -> NormalizedData:
     """Rows in TRL's shape for ``shape`` (pairs, kto or prompts). Pairs given to a KTO run are unpaired:
     each becomes a desirable and an undesirable completion of the same prompt."""
+    unknown = [key for key in (mapping or {}) if key not in PAIR_KEYS + KTO_KEYS]
+    if unknown:
+        raise DatasetError("custom_format_mapping", f"unknown name {quoted(unknown)}: map one of "
+                                                    f"{', '.join(dict.fromkeys(PAIR_KEYS + KTO_KEYS))} onto your columns")
     found, reason = detect_shape(rows, mapping)
     unpair = shape == "kto" and found == "pairs"
     if found != shape and not unpair and not (shape == "prompts" and found in ("pairs", "kto")):

@@ -11,14 +11,18 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainer_core.protocol import paths
-from trainer_core.config import BUNDLED_DATASET
+from trainer_core.config import BUNDLED_DATASET, BUNDLED_PAIRS
 from trainer_core.data import DatasetError
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
 
 
-def bundled_demo_path() -> Path:
-    return Path(__file__).resolve().parent / "demo_chat.jsonl"
+# name -> file beside this module: the demo chat (SFT), and the same questions as preference pairs
+BUNDLED_FILES = {BUNDLED_DATASET: "demo_chat.jsonl", BUNDLED_PAIRS: "demo_pairs.jsonl"}
+
+
+def bundled_demo_path(name: str = BUNDLED_DATASET) -> Path:
+    return Path(__file__).resolve().parent / BUNDLED_FILES[name]
 
 
 def resolve_source(source: str, field_name: str = "local_datasets") -> Path:
@@ -26,8 +30,8 @@ def resolve_source(source: str, field_name: str = "local_datasets") -> Path:
     source = str(source).strip()
     if not source:
         raise DatasetError(field_name, "an entry is empty: give a file path, or remove the entry")
-    if source == BUNDLED_DATASET:
-        path = bundled_demo_path()
+    if source in BUNDLED_FILES:
+        path = bundled_demo_path(source)
         if not path.is_file():
             raise DatasetError(field_name, f"the bundled demo dataset is missing from this install ({path}): "
                                            "reinstall Finetune Studio or run scripts/make_demo_dataset.py")

@@ -14,7 +14,12 @@ from trainer_core.protocol.errors import FieldError
 # Data shapes a method may accept, as the data loader detects them (data.formats): a conversation per
 # row ({"messages": [...]}) or raw text ({"text": ...}). Preference and prompt-only shapes come with
 # the methods that need them.
-SHAPES = {"chat": "chat conversations", "text": "raw text"}
+SHAPES = {"chat": "chat conversations", "text": "raw text",
+          "pairs": "preference pairs (prompt, chosen, rejected)",
+          "kto": "answers labelled good or bad (prompt, completion, label)",
+          "prompts": "prompts (text or messages) plus the columns rewards read"}
+# The shapes trainer_core.data.preference reads (the others are trainer_core.data.formats')
+PREFERENCE_SHAPES = ("pairs", "kto", "prompts")
 # The adapters every method trains through: what is trained and how the base weights are held.
 ADAPTERS = {"lora": "LoRA", "qlora": "QLoRA (4-bit)", "full": "Full fine-tuning"}
 
@@ -88,6 +93,28 @@ class MethodSpec:
     preview_fields: tuple[str, ...] = ()
     packing_strategy: str = "bfd"
     adapters: tuple[str, ...] = tuple(ADAPTERS)
+    # The worker half loads its own model (``load_model(cfg, model_ref, token, warn)`` -> (model, tokenizer)):
+    # embedding models are SentenceTransformer objects, not the engine's AutoModelForCausalLM.
+    loads_own_model: bool = False
+    # The method's own settings: a dataclass (trainer_core.methods.settings) read from the TrainConfig field
+    # named after the method, i.e. the YAML section ``dpo: {beta: 0.1}``. None: the method has only
+    # ``section`` fields.
+    settings: type | None = None
+    # How the engine loads the model: causal_lm (AutoModelForCausalLM) or sequence_classification (a
+    # one-label score head: reward models).
+    model_class: str = "causal_lm"
+    # Forward passes kept per row when they depend on the settings (GRPO: one per completion of a group);
+    # None: ``activation_factor``.
+    activations: Callable[[Any], float] | None = None
+    # The metric specs of a run from its stored config (a dict: GRPO's per-reward keys depend on the reward
+    # names); None: ``metric_specs``.
+    metrics_for: Callable[[dict], tuple[MetricSpec, ...]] | None = None
+
+    def activation_factor_of(self, cfg: Any) -> float:
+        return self.activations(cfg) if self.activations is not None else self.activation_factor
+
+    def metric_specs_of(self, config: dict) -> tuple[MetricSpec, ...]:
+        return self.metrics_for(config) if self.metrics_for is not None else self.metric_specs
 
     def shapes_text(self) -> str:
         return " or ".join(SHAPES[s] for s in self.data_shapes)

@@ -29,6 +29,8 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     except (OSError, ValueError, model_files.ModelSourceError) as exc:  # missing files, offline hub, bad repo
         raise DatasetError("model_name", f"could not load the tokenizer: {type(exc).__name__}: {exc}") from None
     method = worker_methods.get(cfg.method)
+    if hasattr(method, "preview"):  # the method renders its own rows (pairs side by side, GRPO's prompts)
+        return method.preview(cfg, data, tokenizer, rows_shown, _tokenizer_label(cfg, tokenizer))
     train_rows, dropped = method.shape_rows(data.rows, cfg)  # the rows the method's trainer will take
     eval_rows, _ = method.shape_rows(data.eval_rows, cfg)
     dropped = {**data.train.dropped, **dropped}

@@ -123,8 +123,14 @@ class Worker:
             self.check_cancel()
             try:
                 sharded = self.shard_model(cfg, model_ref)
-                model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
-                                                     sharded=sharded)
+                if cfg.method_spec.loads_own_model:  # e.g. embedding: a SentenceTransformer, not a causal LM
+                    from trainer_core.worker import methods as worker_methods
+
+                    model, tokenizer = worker_methods.get(cfg.method).load_model(
+                        cfg, model_ref, os.environ.get("HF_TOKEN") or None, warn=self.warn)
+                else:
+                    model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
+                                                         sharded=sharded)
             except OSError as exc:  # transformers' way to say "not found / cannot connect / no access"
                 raise ModelLoadError(_model_load_message(cfg, exc)) from exc
             self.check_cancel()
@@ -138,7 +144,8 @@ class Worker:
             output_dir = self.run_dir / "checkpoints"
             callback = make_callback(self)
             chat = bool(train_rows) and "messages" in train_rows[0]  # samples are rendered like the training rows
-            sampling = samples.make_callback(cfg, tokenizer, chat, eval_ds is not None, sharded, self)
+            sampling = (None if cfg.method_spec.loads_own_model  # generated samples are for language models
+                        else samples.make_callback(cfg, tokenizer, chat, eval_ds is not None, sharded, self))
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
                                            [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")
@@ -296,6 +303,8 @@ def make_callback(worker: Worker):
             self.best_eval: float | None = None
             self.evals_without_gain = 0
             self.refused_keys: set[str] = set()  # open metric keys whose name cannot be stored: warned once each
+            # A method's own callbacks (GRPO's completion samples) report through the run's event log and warnings
+            self.emit, self.warn = worker.events.emit, worker.warn
 
         def on_train_begin(self, args, state, control_, **kwargs):
             self.started = time.time()

@@ -34,7 +34,12 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
         # process's one (0 for a single process). Without it the Trainer would wrap the model in
         # nn.DataParallel over every visible GPU.
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
-    model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
+    if cfg.method_spec.model_class == "sequence_classification":  # a reward model: one score per sequence
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained(model_ref, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
     if cfg.effective_4bit:
         from peft import prepare_model_for_kbit_training
 

@@ -15,7 +15,8 @@ from types import ModuleType
 from trainer_core.methods import METHODS
 
 # name -> module of its worker half; one line per method, beside its line in trainer_core.methods
-WORKER_HALVES = {"sft": "trainer_core.worker.methods.sft", "cpt": "trainer_core.worker.methods.cpt"}
+WORKER_HALVES = {name: f"trainer_core.worker.methods.{name}"
+                 for name in ("sft", "cpt", "dpo", "orpo", "simpo", "kto", "reward", "grpo")}
 
 
 def get(name: str) -> ModuleType:

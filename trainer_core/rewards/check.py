@@ -1,0 +1,104 @@
+"""The reward check before start: each GRPO reward run on a few real rows, with the data's reference answers
+and (optionally) a few base-model generations, in a subprocess (``worker.reward_check_child``): the
+dashboard never imports the ML stack or the user's reward code. The form's "Check rewards" button and the
+CLI's ``rewards check`` show what it finds: each reward's scores and spread, a reward that raises (with the
+line), and a constant reward (a group whose completions all score the same teaches nothing)."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_core import access
+from trainer_core.config import FieldError, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    name: str
+    kind: str
+    weight: float
+    scores: tuple[float | None, ...]
+    error: str | None = None
+
+    @property
+    def spread(self) -> float:
+        values = [v for v in self.scores if v is not None]
+        return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+    @property
+    def mean(self) -> float | None:
+        values = [v for v in self.scores if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def warning(self) -> str | None:
+        if self.error:
+            return f"{self.name} raised {self.error}"
+        if not [v for v in self.scores if v is not None]:
+            return f"{self.name} scored no completion (every score was None)"
+        if self.spread == 0.0 and len(self.scores) > 1:
+            return (f"{self.name} gave every completion the same score ({self.mean:.4g}): a group with zero spread "
+                    "teaches nothing; check its parameters against these completions")
+        return None
+
+
+@dataclass(frozen=True)
+class RewardCheck:
+    rewards: tuple[RewardResult, ...]
+    samples: tuple[dict, ...] = ()
+    errors: tuple[FieldError, ...] = field(default_factory=tuple)
+
+    def warnings(self) -> list[str]:
+        return [w for w in (r.warning() for r in self.rewards) if w]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not any(r.error for r in self.rewards)
+
+
+def check_rewards(cfg: TrainConfig, rows: int = 4, generations: int = 0, timeout_s: float = 300) -> RewardCheck:
+    """Run the check for ``cfg`` (a GRPO config). ``generations``: base-model answers per prompt (0: only the
+    data's reference answers, which needs no model load)."""
+    env = {**access.child_env(os.environ),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "TOKENIZERS_PARALLELISM": "false"}
+    request = json.dumps({"config": cfg.to_public_dict(), "rows": rows, "generations": generations})
+    try:
+        done = subprocess.run([sys.executable, "-m", "trainer_core.worker.reward_check_child"], input=request,
+                              capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return RewardCheck((), errors=(FieldError("reward_check", f"took longer than {timeout_s:.0f} s: check "
+                                                                  "with fewer rows or no generations"),))
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        reply = None
+    if not isinstance(reply, dict):
+        return RewardCheck((), errors=(FieldError("reward_check", f"the check process failed (exit "
+                                                                  f"{done.returncode}): {done.stderr[-1500:]}"),))
+    if "errors" in reply:
+        return RewardCheck((), errors=tuple(FieldError(e["field"], e["message"]) for e in reply["errors"]))
+    results = tuple(RewardResult(name=r["name"], kind=r["kind"], weight=r["weight"], scores=tuple(r["scores"]),
+                                 error=r["error"]) for r in reply["rewards"])
+    return RewardCheck(results, samples=tuple(reply.get("samples", ())))
+
+
+def report(result: RewardCheck) -> list[str]:
+    """The check as lines of text (the CLI prints them; the form shows the same facts as a table)."""
+    if result.errors:
+        return [f"error: {e}" for e in result.errors]
+    lines = [f"{len(result.samples)} completions scored"]
+    for r in result.rewards:
+        scores = ", ".join("None" if v is None else f"{v:.3g}" for v in r.scores)
+        mean = "-" if r.mean is None else f"{r.mean:.4g}"
+        lines.append(f"{r.name} ({r.kind}, weight {r.weight:g}): mean {mean}, spread {r.spread:.4g}"
+                     + (f"; ERROR {r.error}" if r.error else f"; scores [{scores}]"))
+    lines += [f"warning: {w}" for w in result.warnings()]
+    return lines

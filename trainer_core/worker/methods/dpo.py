@@ -1,0 +1,23 @@
+"""DPO (worker half): TRL's DPOTrainer on prompt/chosen/rejected rows. With LoRA the reference is the base
+with the adapter disabled (no second copy); with full fine-tuning TRL keeps a frozen copy."""
+from __future__ import annotations
+
+from typing import Any
+
+from trl import DPOConfig, DPOTrainer
+
+from trainer_core.config import TrainConfig
+from trainer_core.methods.preference import settings_of
+from trainer_core.worker.methods.preference import PAIR_COLUMNS, as_conversational, common_args, preview, shape_rows
+
+__all__ = ["shape_rows", "preview", "build_trainer"]
+
+
+def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
+                  peft_config) -> DPOTrainer:
+    s = settings_of(cfg, "dpo")
+    config = DPOConfig(**common_args(cfg, args), beta=s.beta, loss_type=[s.loss_type],
+                       label_smoothing=s.label_smoothing, **({"rpo_alpha": s.rpo_alpha} if s.rpo_alpha else {}))
+    return DPOTrainer(model=model, args=config, processing_class=tokenizer, peft_config=peft_config,
+                      train_dataset=as_conversational(train_ds, tokenizer, PAIR_COLUMNS),
+                      eval_dataset=as_conversational(eval_ds, tokenizer, PAIR_COLUMNS), callbacks=callbacks)
