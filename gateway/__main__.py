@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from gateway import nginx, settings
 from trainer_core.protocol import paths
+from trainer_core import access
 from trainer_core.access import SERVER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +92,7 @@ class Share:
         check = subprocess.run([*nginx_cmd, "-t", "-q"], env=public, capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"nginx rejected {conf}:\n{check.stderr}")
-        signin_env = {k: v for k, v in self.env.items() if k != "FINETUNE_STUDIO_TOKEN"}
+        signin_env = access.signin_env(self.env)  # auth secrets and the database; no HF_TOKEN, no CLI token
         signin_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH", "")]))
         self._spawn("sign-in", [sys.executable, "-m", "gateway.signin", "--port", str(self.signin_port)]
                     + (["--secure"] if self.secure else []), signin_env)

@@ -104,6 +104,12 @@ class FakeLauncher(WorkerLauncher):
         program = [str(self.worker)] if isinstance(self.worker, Path) else ["-c", self.worker]
         return [real[0], *program, *real[3:]]
 
+    def environment(self, run_dir: Path, cfg, processes: int) -> dict[str, str]:
+        env = super().environment(run_dir, cfg, processes)
+        # The fake's behaviour (FAKE_*), which the real launcher's allow-list rightly does not pass on.
+        env.update({k: v for k, v in os.environ.items() if k.startswith("FAKE_")})
+        return env
+
     def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
         proc = super().spawn(run_dir, cfg)
         self.spawned.append(proc)

@@ -11,7 +11,7 @@ import getpass
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 
 class Role(str, enum.Enum):
@@ -79,6 +79,31 @@ SERVER_SECRET_ENV = ("FINETUNE_STUDIO_PASSWORD", "FINETUNE_STUDIO_OIDC_CLIENT_SE
                      "FINETUNE_STUDIO_TOKEN", "studio_password")
 RUN_SECRET_ENV = ("HF_TOKEN", "WANDB_API_KEY")  # passed to a child only when its run was given them
 
+# What a child process (worker, preview, prompt renderer) inherits from the dashboard: an ALLOW-list. Anything
+# else the dashboard's environment holds (DATABASE_URL with its password, PGPASSWORD, AWS_*, OPENAI_API_KEY,
+# HUGGING_FACE_HUB_TOKEN, a judge key of another job...) never reaches a child unless its job names it
+# (``needs``). A remote model's code (trust_remote_code) runs in the worker and can read all of its environment.
+CHILD_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TMP", "TEMP",
+    "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "CC", "CXX", "CUDA_HOME", "CUDA_PATH",
+    # certificates and proxies for hub downloads
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    # Hugging Face caches and switches (not its tokens)
+    "HF_HOME", "HF_ENDPOINT", "HF_MODULES_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_ALLOW_CODE_EVAL",
+    "HUGGINGFACE_HUB_CACHE",
+})
+# Whole families of settings of the runtime a worker uses (threads, CUDA, NCCL, compilers, caches, logging).
+CHILD_ENV_PREFIXES = ("LC_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "NCCL_", "NVIDIA_", "CUBLAS_",
+                      "CUDNN_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "HF_HUB_", "HF_DATASETS_",
+                      "TRANSFORMERS_", "TOKENIZERS_", "DATASETS_", "UNSLOTH_", "ACCELERATE_", "BNB_", "ROCM_",
+                      "HIP_", "HSA_", "VLLM_", "WANDB_", "TENSORBOARD_", "XDG_", "CONDA_", "COVERAGE_",
+                      "FINETUNE_STUDIO_")
+# A name with one of these words is a credential even inside an allowed family (WANDB_API_KEY, HF_HUB_TOKEN,
+# FINETUNE_STUDIO_TEST_POSTGRES_URL's password): it reaches a child only when its job needs it.
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH",
+                          "POSTGRES", "DATABASE", "DSN", "COOKIE"})
+
 
 def secrets_files(cwd: Path | None = None) -> list[Path]:
     """The files Streamlit reads for ``st.secrets``, later ones winning."""
@@ -97,7 +122,39 @@ def secrets_file_keys() -> set[str]:
     return keys
 
 
+def looks_secret(name: str) -> bool:
+    return bool(SECRET_WORDS & set(name.upper().split("_")))
+
+
+def _inherited(name: str) -> bool:
+    allowed_name = name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)
+    return allowed_name and not looks_secret(name)
+
+
+def worker_env(environ: Mapping[str, str], needs: Iterable[str] = ()) -> dict[str, str]:
+    """The environment of a child process: the runtime settings of ``CHILD_ENV_NAMES``/``CHILD_ENV_PREFIXES``
+    that ``environ`` holds, plus the variables the job ``needs`` (a hub push's HF_TOKEN, a judge key an
+    admin declared), never the server's own secrets. Callers add the run's own secrets explicitly."""
+    never = set(SERVER_SECRET_ENV) | secrets_file_keys()
+    env = {k: v for k, v in environ.items() if _inherited(k) and k not in never}
+    env.update({k: environ[k] for k in needs if k in environ and k not in never})
+    return env
+
+
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``environ`` without any secret; callers add the run's own secrets explicitly."""
-    dropped = set(SERVER_SECRET_ENV + RUN_SECRET_ENV) | secrets_file_keys()
-    return {k: v for k, v in environ.items() if k not in dropped}
+    """A child's environment without any secret (the preview and prompt children): ``worker_env`` with no needs."""
+    return worker_env(environ)
+
+
+# The sign-in service needs the server's authentication secrets and the database (it keeps the users), and
+# nothing a worker or a hub needs: no HF_TOKEN, no W&B or cloud keys, no CLI token.
+SIGNIN_ENV_NAMES = frozenset({"DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT",
+                              "PGSSLKEY", "PGSERVICEFILE", "PGSERVICE", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE"})
+
+
+def signin_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The sign-in service's environment: a child's runtime settings, every FINETUNE_STUDIO_* setting but the
+    CLI's API token (the password, OIDC secret and session key included) and the database connection."""
+    env = {k: v for k, v in environ.items() if _inherited(k) or k in SIGNIN_ENV_NAMES
+           or (k.startswith("FINETUNE_STUDIO_") and k != "FINETUNE_STUDIO_TOKEN")}
+    return env

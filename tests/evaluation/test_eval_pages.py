@@ -135,7 +135,7 @@ def test_the_start_form_lists_every_problem_and_submits_nothing(app_home, tmp_pa
     at.multiselect(key="evaltab_metrics").set_value(["exact", "judge"])
     at.button(key="evaltab_start").click().run()
     assert texts(at, "error") == ["  \n".join([
-        "**judge_url**: the judge needs the base URL of an OpenAI-compatible endpoint, e.g. http\\://127.0.0.1\\:8000/v1 "
+        "**judge_url**: the judge needs the base URL of an OpenAI-compatible endpoint, e.g. https\\://api.openai.com/v1 "
         "(or drop 'judge' from metrics)", "**judge_model**: name the model the judge endpoint should use",
         "**data**: empty.jsonl has no rows"])]
     assert [r.id for r in store.list_runs()] == ["run-a"]  # nothing queued

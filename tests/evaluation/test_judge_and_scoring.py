@@ -19,7 +19,13 @@ from trainer_core.worker.evaluate import Evaluator
 
 
 @pytest.fixture
-def endpoint():
+def allow_loopback(monkeypatch):
+    """The stub judges listen on 127.0.0.1, which a judge may only call when the admin allowed private addresses."""
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE", "1")
+
+
+@pytest.fixture
+def endpoint(allow_loopback):
     """A stub chat endpoint: answers with the reply set in ``state`` and records what it was sent."""
     state = {"reply": "Score: 7", "requests": []}
 
@@ -70,7 +76,7 @@ def test_scores_are_read_from_the_reply(reply, score):
     assert parse_score(reply) == score
 
 
-def test_an_endpoint_that_is_down_is_one_warning_and_an_empty_judge_column(tmp_path):
+def test_an_endpoint_that_is_down_is_one_warning_and_an_empty_judge_column(tmp_path, allow_loopback):
     judge = Judge(closed_port_url(), "grader", DEFAULT_RUBRIC)
     with pytest.raises(JudgeUnavailable, match="cannot be reached"):
         judge.score("q", "r", "a")
@@ -111,6 +117,7 @@ def test_the_judge_key_reaches_the_worker_by_name_only(home, monkeypatch, tmp_pa
     from trainer_core.jobspec import ModelSource
 
     monkeypatch.setenv("JUDGE_API_KEY", "sk-judge-secret")
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "JUDGE_API_KEY")  # declared by the admin
     monkeypatch.setenv("FINETUNE_STUDIO_PASSWORD", "server-password")
     judged = EvalSpec(source=ModelSource(model=BUNDLED_MODEL), data="x.jsonl", metrics=["judge"],
                       judge_url="http://127.0.0.1:1/v1", judge_model="m", judge_key_env="JUDGE_API_KEY")

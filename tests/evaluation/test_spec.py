@@ -47,7 +47,8 @@ def test_every_training_format_gives_prompt_and_reference(files):
                                                                            ("What is the capital of Chile?", "Santiago")]
 
 
-def test_max_samples_and_a_round_trip_through_job_json(files, home):
+def test_max_samples_and_a_round_trip_through_job_json(files, home, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "JUDGE_KEY")  # the admin declared it for judging
     samples, _ = eval_samples.load_samples(spec(data=str(files / "alpaca.jsonl"), max_samples=2))
     assert len(samples) == 2
     folder = paths.run_dir("20260101-000000-abcdef")

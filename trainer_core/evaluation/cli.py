@@ -42,6 +42,7 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
 
 def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
     from db.users import UnknownToken
+    from trainer_core.jobs import evals
     from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 
     orch = Orchestrator()
@@ -58,7 +59,7 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
                             baseline=not (args.no_baseline or args.base))
             actor = actor_of(orch.store)
-            job_id, baseline_id = orch.start_eval(spec, actor=actor)
+            started = evals.submit(orch, spec, actor)
         except ConfigError as exc:
             for error in exc.errors:
                 print(f"error: {error.field}: {error.message}", file=sys.stderr)
@@ -69,8 +70,9 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
         except (RunRefused, UnknownToken) as exc:
             print(f"refused: {exc}", file=sys.stderr)
             return 2
-        print(f"eval job {job_id} submitted" + (f"; baseline {baseline_id}" if baseline_id else ""), file=sys.stderr)
-        return _follow(orch, job_id, baseline_id, actor, args.json)
+        print(f"eval job {started.job_id} submitted" + (f"; baseline {started.baseline_id}" if started.baseline_id
+                                                          else ""), file=sys.stderr)
+        return _follow(orch, started, actor, args.json)
     finally:
         orch.close()
 
@@ -81,18 +83,35 @@ def _source(run_id: str, args) -> jobspec.ModelSource:
     return jobspec.ModelSource(run_id=run_id, checkpoint=args.checkpoint)
 
 
-def _follow(orch, job_id: str, baseline_id: str | None, actor, as_json: bool) -> int:
+def _follow(orch, started, actor, as_json: bool) -> int:
+    """Wait for the eval (``evals.Started``), printing progress; Ctrl-C cancels what this submission started."""
+    from trainer_core.jobs import evals
+
+    job_id, baseline_id = started.job_id, started.baseline_id
+
     def on_sigint(*_):
-        print("\ncancelling the eval", file=sys.stderr)
-        orch.cancel(job_id, actor=actor)
+        cancelled = evals.cancel(orch, started, actor)  # the baseline too, if it was ours and nobody else waits
+        kept = started.baseline_new and baseline_id not in cancelled and \
+            not orch.store.get_run(baseline_id).status.is_terminal()
+        print("\ncancelling the eval" + (f" and its baseline {baseline_id}" if baseline_id in cancelled else "")
+              + (f" (its baseline {baseline_id} goes on: another eval waits for it)" if kept else ""),
+              file=sys.stderr)
 
     signal.signal(signal.SIGINT, on_sigint)
-    shown = {"step": -1}
+    shown: dict[str, int] = {}
+
+    def progress(label: str, snap) -> None:
+        """"N/M samples" once a sample is scored: M is then the rows the worker evaluates, not max_samples."""
+        if snap.status in (RunStatus.RUNNING, RunStatus.STOPPING) and snap.step > 0 and snap.step != shown.get(label):
+            shown[label] = snap.step
+            print(f"{label}{snap.step}/{snap.total_steps} samples", file=sys.stderr, flush=True)
 
     def tick(snap) -> None:
-        if snap.step != shown["step"] and snap.total_steps:
-            shown["step"] = snap.step
-            print(f"{snap.step}/{snap.total_steps} samples", file=sys.stderr, flush=True)
+        if snap.status is RunStatus.QUEUED and baseline_id:  # it waits for the baseline (the same device)
+            base = orch.snapshot(baseline_id)
+            if base is not None:
+                progress("baseline: ", base)
+        progress("", snap)
 
     snap = orch.wait(job_id, on_tick=tick)
     result = orch.eval_result(job_id)

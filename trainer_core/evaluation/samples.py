@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainer_core.config import TrainConfig
+from trainer_core.config import TrainConfig, hub_dataset_problem
 from trainer_core.data import DatasetError, loading
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.formats import NormalizedData
@@ -53,6 +53,15 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
     return dataclasses.replace(base, local_datasets=[spec.data])
 
 
+def hub_problem(data: str) -> str | None:
+    """Why ``hub:<id>`` names no hub dataset (training's check: a path, '.', '..', a builtin loader such as json
+    or csv, a local folder would all be read from disk outside the allowed folders), or None."""
+    hub_id = data[len(HUB_PREFIX):].strip()
+    if not hub_id:
+        return "hub:<dataset id>, e.g. hub:tatsu-lab/alpaca"
+    return hub_dataset_problem(hub_id, instead="give {} as data, without hub:, instead")
+
+
 def split_run(data: str) -> str:
     return data[len(EVAL_SPLIT_PREFIX):].strip()
 
@@ -77,6 +86,9 @@ def load_rows(spec: "EvalSpec") -> NormalizedData:
                               reason=f"the eval split of run {run_id}", rows=rows)
     cfg = data_config(spec)
     if kind == "hub":
+        problem = hub_problem(spec.data)  # again in the worker: its working folder is where a local name would be read
+        if problem:
+            raise DatasetError("data", problem)
         return _renamed(lambda: loading.load_hub(cfg, spec.hub_split, apply_slice=False))
     return _renamed(lambda: loading.load_local([spec.data], cfg, field_name="data", apply_slice=False))
 
@@ -112,8 +124,23 @@ def to_samples(data: NormalizedData, max_samples: int = 0) -> tuple[list[Sample]
     return samples, skipped
 
 
-def load_samples(spec: "EvalSpec") -> tuple[list[Sample], int]:
-    return to_samples(load_rows(spec), spec.max_samples)
+def load_samples(spec: "EvalSpec") -> tuple[list[Sample], str | None]:
+    """(samples, one warning naming every row left out and why, or None)."""
+    data = load_rows(spec)
+    samples, skipped = to_samples(data, spec.max_samples)
+    return samples, left_out_warning(data, skipped)
+
+
+def left_out_warning(data: NormalizedData, skipped: int) -> str | None:
+    """The rows the test set lost, as training reports them (``NormalizedData.drop_warning``): those its format
+    could not read (a missing answer column, an unknown role...) and those with no reference answer."""
+    dropped = dict(data.dropped)
+    if skipped:
+        dropped[NO_REFERENCE] = dropped.get(NO_REFERENCE, 0) + skipped
+    if not dropped:
+        return None
+    read = dataclasses.replace(data, rows=data.rows[:max(len(data.rows) - skipped, 0)], dropped=dropped)
+    return read.drop_warning("test rows").replace("Dropped ", "Left out ", 1)
 
 
 def fingerprint(spec: "EvalSpec") -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from trainer_core import jobspec
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
+from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
 from trainer_core.protocol import paths
@@ -52,8 +53,9 @@ class EvalSpec(JobSpec):
     repetition_penalty: float = 1.0
     seed: int = 0
     batch_size: int = 4  # prompts generated together (left-padded)
-    # LLM judge (metric "judge"): any OpenAI-compatible chat endpoint; the key is read by the worker from the
-    # environment variable named here, never stored.
+    # LLM judge (metric "judge"): an OpenAI-compatible chat endpoint at a public address (private ones only when
+    # the admin set FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE=1); the key is read by the worker from the environment
+    # variable named here, one the admin listed in FINETUNE_STUDIO_JUDGE_KEY_ENVS, never stored.
     judge_url: str = ""
     judge_model: str = ""
     judge_key_env: str = ""
@@ -74,7 +76,9 @@ class EvalSpec(JobSpec):
         return self.max_samples
 
     def env_names(self) -> list[str]:
-        wanted = self.judge_key_env and "judge" in self.metrics and not judge_key_refused(self.judge_key_env)
+        # Only a variable an admin declared for judging (checked again here: job.json may be edited by hand).
+        wanted = isinstance(self.metrics, list) and "judge" in self.metrics and isinstance(self.judge_key_env, str) \
+            and self.judge_key_env and endpoint.key_env_problem(self.judge_key_env) is None
         return [self.judge_key_env] if wanted else []
 
     def validate(self) -> list[FieldError]:
@@ -149,16 +153,18 @@ class EvalSpec(JobSpec):
         errors = []
         if not re.fullmatch(r"https?://[^\s]+", self.judge_url or ""):
             errors.append(FieldError("judge_url", "the judge needs the base URL of an OpenAI-compatible endpoint, "
-                                                  "e.g. http://127.0.0.1:8000/v1 (or drop 'judge' from metrics)"))
+                                                  "e.g. https://api.openai.com/v1 (or drop 'judge' from metrics)"))
+        else:
+            problem = endpoint.url_problem(self.judge_url)  # the resolved address: loopback/private refused
+            if problem:
+                errors.append(FieldError("judge_url", problem))
         if not (self.judge_model or "").strip():
             errors.append(FieldError("judge_model", "name the model the judge endpoint should use"))
         if self.judge_key_env and not ENV_NAME_RE.fullmatch(self.judge_key_env):
             errors.append(FieldError("judge_key_env", "the NAME of an environment variable holding the key "
                                                       "(e.g. JUDGE_API_KEY), not the key itself"))
-        elif self.judge_key_env and judge_key_refused(self.judge_key_env):
-            errors.append(FieldError("judge_key_env", f"{self.judge_key_env} holds a secret of the server or of "
-                                                      "training runs, and the judge URL can be anywhere: put the "
-                                                      "judge's key in a variable of its own, e.g. JUDGE_API_KEY"))
+        elif self.judge_key_env and endpoint.key_env_problem(self.judge_key_env):
+            errors.append(FieldError("judge_key_env", endpoint.key_env_problem(self.judge_key_env)))
         missing = [f for f in RUBRIC_FIELDS if f not in (self.judge_rubric or "")]
         if missing:
             errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "
@@ -169,8 +175,8 @@ class EvalSpec(JobSpec):
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
         kind = eval_samples.data_kind(self.data)
         if kind == "hub":
-            return [] if self.data[len(eval_samples.HUB_PREFIX):].strip() else [
-                FieldError("data", "hub:<dataset id>, e.g. hub:tatsu-lab/alpaca")]
+            problem = eval_samples.hub_problem(self.data)
+            return [FieldError("data", problem)] if problem else []
         if kind == "eval_split":
             try:
                 if jobspec.run_config(eval_samples.split_run(self.data)).hf_dataset:
@@ -219,13 +225,3 @@ def _int(value) -> int | None:
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def judge_key_refused(name: str) -> bool:
-    """Whether ``name`` is a variable a judge must never be sent: the server's own secrets (password, OIDC,
-    session key, API token, secrets-file keys) and the run secrets (HF_TOKEN, WANDB_API_KEY), which the
-    launcher would otherwise copy from the dashboard's environment to a worker that sends them to any URL."""
-    from trainer_core import access
-
-    refused = set(access.SERVER_SECRET_ENV) | set(access.RUN_SECRET_ENV) | access.secrets_file_keys()
-    return name in refused or name.upper().startswith("FINETUNE_STUDIO_")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from db.entities import EvalResultRecord
 from trainer_core import access, jobspec
 from trainer_core.config import ConfigError, FieldError
 from trainer_core.data import DatasetError
@@ -17,6 +19,7 @@ from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import queue
 from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus
 
 if TYPE_CHECKING:
     from trainer_core.jobs.orchestrator import Orchestrator
@@ -57,9 +60,23 @@ def _source_label(source: jobspec.ModelSource) -> str:
         return source.key
 
 
+@dataclass(frozen=True)
+class Started:
+    """What one submission queued: the eval, its baseline (found or new), and whether this submission queued it."""
+    job_id: str
+    baseline_id: str | None = None
+    baseline_new: bool = False
+
+
 def start(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> tuple[str, str | None]:
     """Submit an eval (and, for a run's model, its base-model baseline unless one exists or is under way).
     Returns (eval job id, baseline job id or None)."""
+    started = submit(orch, spec, actor)
+    return started.job_id, started.baseline_id
+
+
+def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> Started:
+    """``start``, also saying whether the baseline is new (the CLI cancels what it started, ``cancel``)."""
     spec = prepared(spec)
     errors = spec.validate()
     if errors:
@@ -70,20 +87,81 @@ def start(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> t
     except DatasetError as exc:
         raise ConfigError([FieldError(exc.field, exc.message)]) from None
     settings = eval_samples.settings_hash(spec)
-    baseline_id = None
+    baseline_id, baseline_new = None, False
     # One lock around "is there a baseline? if not, queue one": two submissions at once queue it once.
-    with queue.FileLock(paths.data_root() / ".eval-baseline.lock"):
+    with _baseline_lock():
         if spec.baseline and not spec.source.is_base and fingerprint:
             base_source = jobspec.ModelSource(model=resolved.base_model)
             found = orch.store.find_eval(base_source.key, fingerprint, settings)
-            if found is not None:
+            if found is not None and reusable(found):
                 baseline_id = found.job_id
             else:
                 base_spec = dataclasses.replace(spec, source=base_source, baseline=False,
                                                 name=f"Baseline · {_source_label(base_source)}")
                 baseline_id = _submit(orch, base_spec, resolved.base_model, fingerprint, settings, actor)
+                baseline_new = True
         job_id = _submit(orch, spec, resolved.base_model, fingerprint, settings, actor)
-    return job_id, baseline_id
+    return Started(job_id, baseline_id, baseline_new)
+
+
+def _baseline_lock() -> queue.FileLock:
+    return queue.FileLock(paths.data_root() / ".eval-baseline.lock")
+
+
+def reusable(found: EvalResultRecord) -> bool:
+    """A baseline under way, or one that completed with samples scored to the end (an eval of 0 samples, from
+    before that was a failure, or a partial one is never reused)."""
+    if not found.status.is_terminal():
+        return True
+    metrics = found.metrics or {}
+    return found.status is RunStatus.COMPLETED and bool(metrics.get("samples")) and not metrics.get("partial")
+
+
+def baseline_of(store, result: EvalResultRecord) -> EvalResultRecord | None:
+    """The base model's eval on the same data and settings (None when there is none, or it is the same job). A
+    completed baseline counts only when it scored the same test rows as ``result`` (a row too long for one
+    model's context is left out of that model's eval only): other rows would be no comparison."""
+    found = store.find_eval(f"base:{result.base_model}", result.data_fingerprint, result.settings_hash)
+    if found is None or found.job_id == result.job_id:
+        return None
+    if found.status is not RunStatus.COMPLETED or result.metrics is None:
+        return found  # under way (or failed): its status is shown
+    return found if same_rows(store, result, found) else None
+
+
+def same_rows(store, one: EvalResultRecord, other: EvalResultRecord) -> bool:
+    if (one.metrics or {}).get("samples") != (other.metrics or {}).get("samples"):
+        return False
+    mine, theirs = store.eval_samples(one.job_id)["index"].tolist(), store.eval_samples(other.job_id)["index"].tolist()
+    return not mine or not theirs or mine == theirs  # rows not stored (an old or rebuilt result): the count decides
+
+
+def cancel(orch: "Orchestrator", started: Started, actor: access.Actor | None) -> list[str]:
+    """Cancel an eval and the baseline this submission queued, unless another eval still waits for that
+    baseline. Returns the job ids cancelled."""
+    orch.cancel(started.job_id, actor=actor)
+    cancelled = [started.job_id]
+    if not (started.baseline_new and started.baseline_id):
+        return cancelled
+    with _baseline_lock():  # no new eval can pick the baseline up while this decides
+        baseline = orch.store.eval_result(started.baseline_id)
+        if baseline is None or baseline.status.is_terminal() or _waiting_for(orch, baseline, started.job_id):
+            return cancelled
+        orch.cancel(started.baseline_id, actor=actor)
+    return cancelled + [started.baseline_id]
+
+
+def _waiting_for(orch: "Orchestrator", baseline: EvalResultRecord, besides: str) -> bool:
+    """Whether an eval other than ``besides`` that is queued or running compares with ``baseline``."""
+    for run in orch.store.active_runs() + orch.store.queued_runs():
+        if run.kind is not JobKind.EVAL or run.id in (besides, baseline.job_id):
+            continue
+        other = orch.store.eval_result(run.id)
+        if other is not None and other.source_key != baseline.source_key and (
+                other.base_model, other.data_fingerprint, other.settings_hash) == (
+                baseline.base_model, baseline.data_fingerprint, baseline.settings_hash):
+            return True
+    return False
 
 
 def _submit(orch: "Orchestrator", spec: EvalSpec, base_model: str, fingerprint: str, settings: str,

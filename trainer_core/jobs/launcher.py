@@ -24,16 +24,13 @@ class WorkerLauncher(LocalLauncher):
     in the run folder, in a session of its own so that it outlives the server, writing to worker.log."""
 
     def environment(self, run_dir: Path, cfg: TrainConfig | JobSpec, processes: int) -> dict[str, str]:
-        env = access.child_env(os.environ)  # no server secrets (password, OIDC secret, ...) in a worker
+        # An allow-list: the runtime's settings and the variables this job names (a hub push's HF_TOKEN, a judge
+        # key an admin declared), never the server's secrets, the database URL or other credentials.
+        env = access.worker_env(os.environ, needs=cfg.env_names() if isinstance(cfg, JobSpec) else ())
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()),
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         env.update(secrets.to_env(cfg.secrets()))  # the job's secrets travel in its environment only
-        if isinstance(cfg, JobSpec):  # the variables a serve/eval/export job names (a judge key, a hub token),
-            # never the server's own secrets: a spec is user input, and a judge URL is anywhere
-            refused = set(access.SERVER_SECRET_ENV) | access.secrets_file_keys()
-            env.update({name: os.environ[name] for name in cfg.env_names()
-                        if name in os.environ and name not in refused})
         env.update(parallel.worker_env(cfg, processes))
         # The worker runs in its run folder (below), so the roots it allows are pinned to ours, cwd included.
         env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())

@@ -645,9 +645,9 @@ class Orchestrator:
         return self.store.eval_results(run_id)
 
     def eval_baseline(self, result: EvalResultRecord) -> EvalResultRecord | None:
-        """The base model's eval on the same data and settings (None when there is none, or it is the same job)."""
-        found = self.store.find_eval(f"base:{result.base_model}", result.data_fingerprint, result.settings_hash)
-        return found if found is not None and found.job_id != result.job_id else None
+        """The base model's eval on the same data and settings and, once completed, the same rows (None when
+        there is none, or it is the same job)."""
+        return evals.baseline_of(self.store, result)
 
     def eval_samples(self, job_id: str) -> pd.DataFrame:
         return self.store.eval_samples(job_id)

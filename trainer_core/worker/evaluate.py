@@ -30,7 +30,15 @@ TEXT_CAP = 20_000  # characters of a prompt/answer kept in an event (predictions
 
 
 class Cancelled(Exception):
-    pass
+    """A Stop or Cancel request before any sample was scored."""
+
+    def __init__(self, action: control.Action):
+        super().__init__(action.value)
+        self.action = action
+
+
+class NothingToScore(Exception):
+    """No test row can be scored; the message says why and what to change."""
 
 
 def prompt_text(messages: list[dict]) -> str:
@@ -50,9 +58,9 @@ class Evaluator(JobWorker):
             if spec.judge_key_env and os.environ.get(spec.judge_key_env):
                 self.secrets.append(os.environ[spec.judge_key_env])
             self.status(RunStatus.STARTING, "reading test data")
-            samples, skipped = eval_samples.load_samples(spec) if spec.data.strip() else ([], 0)
-            if skipped:
-                self.warn(f"Left out {skipped:,} test row(s): {eval_samples.NO_REFERENCE}")
+            samples, left_out = eval_samples.load_samples(spec) if spec.data.strip() else ([], None)
+            if left_out:
+                self.warn(left_out)  # one warning, however many rows and reasons
             fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
             self.check_cancel()
 
@@ -83,8 +91,10 @@ class Evaluator(JobWorker):
                 checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
             self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
             return 0
-        except Cancelled:
-            self.finish(RunStatus.CANCELLED, 0)
+        except Cancelled as request:  # before any sample: nothing to keep either way, but a Stop is a Stop
+            stopped = request.action is control.Action.STOP
+            self.log(f"{'stopped' if stopped else 'cancelled'} before any sample was scored: nothing to keep")
+            self.finish(RunStatus.STOPPED if stopped else RunStatus.CANCELLED, 0)
             return 0
         except BaseException as exc:  # process boundary: report every failure, then exit non-zero
             self.fail(exc)
@@ -118,6 +128,10 @@ class Evaluator(JobWorker):
             ids = chat_ids(tokenizer, sample.prompt)  # message text as text (worker/safe_prompt.py)
             if len(ids) + spec.max_new_tokens <= context:
                 fit.append(sample)
+        if not fit:  # nothing would be scored: a failure, never a completed (and cached) eval of 0 samples
+            raise NothingToScore(f"none of the {len(samples):,} test row(s) fits the model's context of {context:,} "
+                                 f"tokens with max_new_tokens {spec.max_new_tokens}: shorten the rows, lower "
+                                 "max_new_tokens, or evaluate a model with a longer context")
         if len(fit) < len(samples):
             self.warn(f"Left out {len(samples) - len(fit):,} of {len(samples):,} test row(s) whose prompt and "
                       f"max_new_tokens ({spec.max_new_tokens}) do not fit the model's context of {context:,} tokens: "
@@ -132,7 +146,8 @@ class Evaluator(JobWorker):
         started = time.time()
         action = None
         # "w": the worker runs once per job folder; the file grows a line per sample, flushed as it goes.
-        with open(self.run_dir / PREDICTIONS, "w", encoding="utf-8") as out:
+        predictions = Predictions(self.run_dir / PREDICTIONS, self.warn)
+        with predictions:
             for first in range(0, len(samples), spec.batch_size):
                 action = self.requested()
                 if action is not None:
@@ -153,8 +168,7 @@ class Evaluator(JobWorker):
                     rows.append((scores, answer, sample.reference))
                     line = {"index": sample.index, "prompt": prompt, "reference": sample.reference, "answer": answer,
                             **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens}
-                    out.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
-                    out.flush()
+                    predictions.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n", len(rows) - 1)
                     self.events.emit(ev.EvalSampleEvent(
                         index=sample.index, prompt=prompt[:TEXT_CAP], reference=sample.reference[:TEXT_CAP],
                         answer=answer[:TEXT_CAP], exact=scores.exact, rouge_l=scores.rouge_l, bleu=scores.bleu,
@@ -190,7 +204,7 @@ class Evaluator(JobWorker):
             judge.close()
             return None
         if scores.judge is None:
-            self.log(f"the judge gave no 1-10 score: {reply[:200]!r}")
+            self.log(f"the judge gave no 1-10 score (a reply of {len(reply):,} characters)")  # never its text
         return judge
 
     def write_results(self, spec: EvalSpec, resolved, fingerprint: str, metrics: dict, total: int) -> None:
@@ -207,11 +221,46 @@ class Evaluator(JobWorker):
         self.log(f"finished: {status.value} after {done} sample(s)")
 
     def fail(self, exc: BaseException) -> None:
-        self.report_error(f"{type(exc).__name__}: {exc}", exc)
+        self.report_error(str(exc) if isinstance(exc, NothingToScore) else f"{type(exc).__name__}: {exc}", exc)
 
     def check_cancel(self) -> None:
-        if self.requested() is not None:  # before any sample: nothing to keep
-            raise Cancelled()
+        action = self.requested()
+        if action is not None:  # before any sample: nothing to keep
+            raise Cancelled(action)
+
+
+class Predictions:
+    """predictions.jsonl, a line per sample, flushed as it goes. A file deleted or replaced while the eval
+    runs (its lines would go to a file nobody can read) is noticed before the next line: one warning, and a
+    new file from there on."""
+
+    def __init__(self, path: Path, warn):
+        self.path, self.warn = path, warn
+        self.out = None
+
+    def __enter__(self) -> "Predictions":
+        self.out = open(self.path, "w", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.out.close()
+
+    def write(self, line: str, written_before: int) -> None:
+        if not self._still_ours():
+            self.out.close()
+            self.out = open(self.path, "w", encoding="utf-8")
+            self.warn(f"{self.path.name} was deleted or replaced while the eval ran: started it again; the "
+                      f"{written_before:,} sample(s) scored before are in the job's events and the Evaluation tab, "
+                      "not in the new file")
+        self.out.write(line)
+        self.out.flush()
+
+    def _still_ours(self) -> bool:
+        try:
+            now, ours = os.stat(self.path), os.fstat(self.out.fileno())
+            return (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+        except FileNotFoundError:
+            return False
 
 
 # ---------------------------------------------------------------------- model calls
