@@ -1,0 +1,106 @@
+"""Embedding method, dashboard half and data: shapes, detection, loss choice, retrieval sets, validation."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from trainer_core.data import embedding_pairs as pairs
+from trainer_core.methods import embedding
+
+
+def test_detects_each_shape_with_its_loss_and_says_why():
+    found = pairs.detect([{"query": "q", "passage": "p"}])
+    assert (found.shape, found.columns, found.loss) == ("anchor_positive", {"anchor": "query", "positive": "passage"}, "mnrl")
+    assert "MultipleNegativesRankingLoss" in found.reason and "in-batch negatives" in found.reason
+    assert pairs.detect([{"anchor": "a", "positive": "p", "negative": "n"}]).shape == "triplet"
+    scored = pairs.detect([{"sentence1": "a", "sentence2": "b", "score": 0.3}])
+    assert (scored.shape, scored.loss) == ("scored_pair", "cosent")
+    labelled = pairs.detect([{"text": "a", "label": "sports"}])
+    assert (labelled.shape, labelled.loss) == ("labelled", "batch_all_triplet")
+
+
+def test_a_mapping_names_other_columns_and_unknown_columns_are_refused_with_the_fix():
+    found = pairs.detect([{"frage": "q", "antwort": "p"}], {"anchor": "frage", "positive": "antwort"})
+    assert found.columns == {"anchor": "frage", "positive": "antwort"}
+    with pytest.raises(ValueError, match=r"columns frage, antwort: .*embedding.columns"):
+        pairs.detect([{"frage": "q", "antwort": "p"}])
+
+
+def test_normalize_orders_columns_and_counts_dropped_rows():
+    rows = [{"passage": "p1", "query": "q1"}, {"query": "", "passage": "p2"}, {"query": "q3", "passage": 5}]
+    shaped, dropped = pairs.normalize(rows, pairs.detect(rows))
+    assert [list(r) for r in shaped] == [["anchor", "positive"]] and shaped[0] == {"anchor": "q1", "positive": "p1"}
+    assert dropped == {"'query' is empty or not text": 1, "'passage' is empty or not text": 1}
+
+
+def test_a_loss_that_does_not_fit_the_shape_is_refused_naming_the_choices():
+    [problem] = pairs.loss_problems("triplet", "anchor_positive", [])
+    assert problem.field == "embedding.loss" and "choose auto, mnrl, cached_mnrl" in problem.message
+    [problem] = pairs.loss_problems("contrastive", "scored_pair", [{"score": 0.4}])
+    assert "0/1 labels" in problem.message
+    assert pairs.loss_problems("contrastive", "scored_pair", [{"score": 1.0}, {"score": 0.0}]) == []
+    assert pairs.chosen_loss("auto", "scored_pair") == "cosent" and pairs.chosen_loss("angle", "scored_pair") == "angle"
+
+
+def test_pairs_become_a_retrieval_set_with_every_passage_in_the_corpus():
+    ir = pairs.ir_from_pairs([{"anchor": "q1", "positive": "p1"}, {"anchor": "q2", "positive": "p2", "negative": "n2"}],
+                             [{"anchor": "t", "positive": "p1"}, {"anchor": "u", "positive": "p3"}])
+    assert ir.queries == {"q0": "q1", "q1": "q2"}
+    assert ir.corpus == {"d0": "p1", "d1": "p2", "d2": "n2", "d3": "p3"}
+    assert ir.relevant == {"q0": {"d0"}, "q1": {"d1"}}
+
+
+def test_carved_eval_rows_share_no_anchor_or_positive_with_training():
+    rows = [{"anchor": f"q{i}", "positive": f"p{i % 5}"} for i in range(20)]
+    train, held = pairs.carve_eval(rows, 0.1, seed=3)
+    assert len(held) == 2
+    held_texts = {r["anchor"] for r in held} | {r["positive"] for r in held}
+    assert train and not any(r["anchor"] in held_texts or r["positive"] in held_texts for r in train)
+
+
+def test_beir_files_are_read_with_tsv_or_jsonl_qrels(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "title": "T", "text": "body"}) + "\n"
+                                           + json.dumps({"_id": "d2", "text": "other"}) + "\n")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "ask"}) + "\n"
+                                            + json.dumps({"_id": "q2", "text": "unjudged"}) + "\n")
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq9\td1\t1\n")
+    ir = pairs.read_beir(tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl", tmp_path / "qrels.tsv")
+    assert (ir.queries, ir.corpus, ir.relevant) == ({"q1": "ask"}, {"d1": "T body", "d2": "other"}, {"q1": {"d1"}})
+    (tmp_path / "qrels.jsonl").write_text(json.dumps({"query-id": "q2", "corpus-id": "d2", "score": 2}) + "\n")
+    assert pairs.read_beir(tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl",
+                           tmp_path / "qrels.jsonl").relevant == {"q2": {"d2"}}
+    (tmp_path / "none.tsv").write_text("q7\td7\t1\n")
+    with pytest.raises(ValueError, match="embedding.eval_qrels: no judgement"):
+        pairs.read_beir(tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl", tmp_path / "none.tsv")
+
+
+def test_preview_shows_prompts_and_counts_in_batch_duplicates():
+    rows = [{"anchor": "a", "positive": "p"}, {"anchor": "b", "positive": "p"}, {"anchor": "c", "positive": "p"}]
+    assert pairs.preview_rows(rows[:1], "query: ", "passage: ") == [{"anchor": "query: a", "positive": "passage: p"}]
+    assert pairs.batch_duplicates(rows, 2) == 1 and pairs.batch_duplicates(rows, 3) == 2
+
+
+def _cfg(**section):
+    return SimpleNamespace(embedding=section, packing=False, adapter="lora")
+
+
+def test_validation_collects_every_problem_with_its_field(tmp_path):
+    problems = embedding.validate(SimpleNamespace(
+        embedding={"loss": "softmax", "matryoshka_dims": [256, 0], "eval_corpus": str(tmp_path / "missing.jsonl"),
+                   "scal": 3}, packing=True, adapter="qlora"))
+    fields = [p.field for p in problems]
+    assert fields == ["embedding.loss", "embedding.scal", "embedding.matryoshka_dims", "embedding.eval_queries",
+                      "embedding.eval_corpus", "packing", "adapter"]
+    assert "did you mean 'scale'" in problems[1].message
+    assert embedding.validate(_cfg(loss="cached_mnrl", matryoshka_dims=[384, 128], query_prompt="query: ")) == []
+
+
+def test_settings_defaults_and_headline_metrics():
+    s = embedding.settings_of(_cfg())
+    assert (s.loss, s.batch_sampler, s.eval_on_start, s.matryoshka_dims) == ("auto", "no_duplicates", True, [])
+    keys = [m.key for m in embedding.SPEC.metric_specs if m.tile]
+    assert keys[:6] == ["eval_ir_cosine_ndcg@10", "eval_ir_cosine_mrr@10", "eval_ir_cosine_recall@1",
+                        "eval_ir_cosine_recall@10", "eval_ir_cosine_accuracy@1", "eval_sts_spearman_cosine"]
+    assert embedding.SPEC.adapters == ("lora", "full") and embedding.SPEC.loads_own_model
