@@ -85,3 +85,17 @@ def test_runs_lists_newest_first(runs, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("id")
     assert [line.split()[0] for line in out[1:]] == ["20260101-000000-bbbbbb", "20260101-000000-aaaaaa"]
+
+
+def test_runs_show_says_resumed_only_for_a_resumed_training_run(runs, capsys):
+    # an eval/export/serve job's parent is the run it works on, not a run it resumed ("at step None")
+    for kind, run_id in (("eval", "20260101-000000-eeeeee"), ("export", "20260101-000000-ffffff"),
+                         ("serve", "20260101-000000-gggggg")):
+        runs.create_run(RunRecord(id=run_id, name=f"{kind} job", kind=kind, parent_run_id="20260101-000000-aaaaaa",
+                                  status=RunStatus.COMPLETED.value))
+        assert main(["runs", "show", run_id]) == 0
+        assert "resumed from" not in capsys.readouterr().out
+    runs.create_run(RunRecord(id="20260101-000000-hhhhhh", name="resumed", parent_run_id="20260101-000000-aaaaaa",
+                              resumed_from_step=2, status=RunStatus.COMPLETED.value))
+    assert main(["runs", "show", "20260101-000000-hhhhhh"]) == 0
+    assert "resumed from    20260101-000000-aaaaaa at step 2\n" in capsys.readouterr().out

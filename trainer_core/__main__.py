@@ -305,7 +305,7 @@ def _show(store, ref: str) -> int:
         ("tokens seen", f"{run.tokens_seen:,}" if run.tokens_seen else "—"),
         ("outputs", run.output_dir or "—"), ("alerts", str(len(alerts))),
     ]
-    if run.parent_run_id:
+    if run.parent_run_id and run.kind == "train":  # an eval/export/serve job's parent is the run it works on
         lines.append(("resumed from", f"{run.parent_run_id} at step {run.resumed_from_step}"))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:

@@ -32,6 +32,9 @@ from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like
 from trainer_core.data import DatasetError, loading
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
+from trainer_core.methods import grpo
+from trainer_core.rewards import files as reward_files
+from trainer_core.rewards import spec as reward_spec
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
 from trainer_core.jobs.launcher import WorkerLauncher
 from trainer_core.evaluation.spec import EvalSpec
@@ -97,6 +100,10 @@ class Orchestrator:
         Queued runs start by themselves (also after a server restart) when the runs before them end.
         ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
         _authorize(actor, access.Action.START, "")
+        rewards = grpo.rewards_of(cfg) if cfg.method == "grpo" else []
+        if actor is not None and actor.role is not access.Role.ADMIN and reward_spec.needs_admin(rewards):
+            raise RunRefused("Not allowed: a custom Python reward runs its code on this host, so only an admin may "
+                             "start a run with one; use the built-in rewards, or ask an admin to start it.")
         errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
@@ -108,7 +115,7 @@ class Orchestrator:
                    parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
                    steps_done=resumed_from_step or 0)
         run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
-                              lambda run_dir: (run_dir / "config.yaml").write_text(cfg.to_yaml()),
+                              lambda run_dir: _write_train_job(run_dir, cfg, rewards),
                               note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + _by(actor))
                               if parent is not None else "")
         return run_id
@@ -704,3 +711,9 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
 
 def _json(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
+
+
+def _write_train_job(run_dir: Path, cfg: TrainConfig, rewards: list) -> None:
+    """config.yaml, and a copy of each custom reward file with its sha256 (the worker loads only the copy)."""
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    reward_files.snapshot(rewards, run_dir)
