@@ -21,7 +21,6 @@ from trainer_core.rewards.builtin import BUILTINS, CHOICES, PARAMS
 MAX_REWARDS = 16
 MAX_REWARD_FILE = 1 << 20  # bytes: a reward module is code, not data
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
 @dataclass(frozen=True)
