@@ -83,3 +83,16 @@ def test_the_protocol_needs_only_the_standard_library():
                 top = name.split(".")[0]
                 assert top in sys.stdlib_module_names or top in PROTOCOL_THIRD_PARTY \
                     or name.startswith("trainer_core.protocol") or name == "__future__", f"{path.name} imports {name}"
+
+
+def test_test_module_names_are_unique():
+    """pytest imports test modules by basename (tests/ folders are not packages): two test_hardening.py in
+    different folders stop collection of the whole suite ("import file mismatch"), as CI found once."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = str(path.relative_to(ROOT))
+        if path.name in seen:
+            clashes.append((seen[path.name], rel))
+        seen.setdefault(path.name, rel)
+    assert clashes == []
