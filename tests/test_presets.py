@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer_core import presets
-from trainer_core.config import BUNDLED_MODEL, TrainConfig
+from trainer_core.config import BUNDLED_MODEL, CONFIG_BYTES_MAX, ConfigError, TrainConfig
 from trainer_core.presets import PresetError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,3 +193,35 @@ def test_installed_layout_finds_presets_inside_the_package(home, tmp_path, monke
     assert presets.builtin_dir() == package / "builtin_presets"
     assert presets.list_presets()[0] == presets.Preset("shipped", package / "builtin_presets" / "shipped.yaml",
                                                        True, "Shipped")
+
+
+# An over-large config is refused before it is parsed (issue 24, wrong states 11: a 24 MB YAML of 1.5M keys ran
+# validate for minutes and GBs). The files below are not even valid YAML: the size error, not a YAML error, shows
+# that nothing parsed them.
+OVERSIZED = "a: [\n" + "x" * (CONFIG_BYTES_MAX + 1)
+
+
+def test_an_oversized_config_file_is_refused_by_the_cli_before_parsing(home, tmp_path):
+    from trainer_core.__main__ import load_config
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(OVERSIZED)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), [])
+    assert [e.field for e in info.value.errors] == ["config"]
+    assert f"({CONFIG_BYTES_MAX:,})" in str(info.value) and f"{path.stat().st_size:,} bytes" in str(info.value)
+
+
+def test_an_oversized_preset_is_refused_before_parsing(home):
+    (home / "presets").mkdir(parents=True, exist_ok=True)
+    (home / "presets" / "huge.yaml").write_text(OVERSIZED)
+    with pytest.raises(PresetError) as info:
+        presets.load_preset("huge")
+    assert [e.field for e in info.value.errors] == ["preset"]
+    assert f"({CONFIG_BYTES_MAX:,})" in str(info.value)
+
+
+def test_an_oversized_run_config_text_is_refused_before_parsing():
+    with pytest.raises(ConfigError, match=r"larger than a config can be"):
+        TrainConfig.from_yaml(OVERSIZED)
+    assert TrainConfig.from_yaml("max_steps: 3\n").max_steps == 3  # the limit is far above a real config

@@ -49,7 +49,7 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
     if problem:
         raise ConfigError([FieldError("config", problem)])
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(TrainConfig.read_text(path)) or {}
     except FileNotFoundError:
         raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
     except (OSError, UnicodeDecodeError) as exc:

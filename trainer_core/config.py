@@ -44,6 +44,9 @@ HUB_ID_MAX = 200  # the hub allows 96 characters for the owner and for the name
 # gone wrong, and would be copied into every training row (system_prompt) or every page that shows the run.
 TEXT_LIMITS = {"system_prompt": 20_000, "subset": 200, "train_split": 200, "eval_split": 200, "wandb_project": 128}
 MAPPING_VALUE_MAX = 200
+# A config is a few dozen fields (a few KB); parsing a hostile 24 MB YAML of 1.5M keys took minutes and GBs, so a
+# file or text above this is refused before it is parsed, with the limit in the message.
+CONFIG_BYTES_MAX = 1 << 20
 
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whole_items: bool = False,
@@ -269,11 +272,24 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, text: str) -> "TrainConfig":
+        if len(text) > CONFIG_BYTES_MAX:
+            raise ConfigError([FieldError("config", f"{len(text):,} characters is larger than a config can be "
+                                                    f"({CONFIG_BYTES_MAX:,}): keep only the fields you set")])
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError([FieldError("config", f"not valid YAML: {exc}")]) from exc
         return cls.from_dict(data)
+
+    @classmethod
+    def read_text(cls, path: str | Path, field_name: str = "config") -> str:
+        """A config file's text, refused before it is read when it is larger than ``CONFIG_BYTES_MAX``
+        (``OSError`` and ``UnicodeDecodeError`` reach the caller, which names the file its own way)."""
+        size = Path(path).stat().st_size
+        if size > CONFIG_BYTES_MAX:
+            raise ConfigError([FieldError(field_name, f"{path} is {size:,} bytes, larger than a config can be "
+                                                      f"({CONFIG_BYTES_MAX:,}): keep only the fields you set")])
+        return Path(path).read_text(encoding="utf-8")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> list[FieldError]:

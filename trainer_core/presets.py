@@ -109,7 +109,9 @@ def load_preset(name: str) -> TrainConfig:
         except paths.UnsafePathError as exc:
             raise PresetError.one(f"{exc}. Copy the file into {user_dir()} instead of linking it.") from None
     try:
-        text = preset.path.read_text(encoding="utf-8")
+        text = TrainConfig.read_text(preset.path, "preset")
+    except ConfigError as exc:
+        raise PresetError(exc.errors) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PresetError.one(f"cannot read {preset.path}: {exc}") from None
     try:
