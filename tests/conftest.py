@@ -122,8 +122,8 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)] if P
 
 # What a test needs (markers registered in pyproject.toml); `slow` is their union, so `-m "not slow"` leaves out
 # every test that trains, starts a transformers subprocess, drives Chromium, puts nginx in front, or needs
-# PostgreSQL or a GPU, and `-m "not browser"` only the Chromium ones.
-NEEDS = ("train", "subprocess", "browser", "gateway", "postgres", "gpu")
+# PostgreSQL, a GPU or a local Ray cluster, and `-m "not browser"` only the Chromium ones.
+NEEDS = ("train", "subprocess", "browser", "gateway", "postgres", "gpu", "ray")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection runs on the same hook
