@@ -121,9 +121,24 @@ def _detect(rows: list[dict], m: _Mapping, columns: list[str]) -> tuple[str, str
     if m.col("text") in columns:
         return "text", f"found a {found('text')} column of raw text"
     needs = "; ".join(f"{fmt} needs {what}" for fmt, what in FORMAT_NEEDS.items())
+    other = _other_method_hint(columns)
     raise DatasetError("format_type", f"could not tell the format: the columns are {quoted(columns)}. {needs}. "
                                       "Rename your columns, or map them with custom_format_mapping "
-                                      "(e.g. {instruction: question, output: answer}).")
+                                      "(e.g. {instruction: question, output: answer})." + other)
+
+
+# Columns that say the file was made for another kind of training than chat/text: the fix is the method.
+_OTHER_METHODS = ((("prompt", "chosen", "rejected"), "preference pairs: train them with method dpo, orpo, simpo, "
+                                                     "kto or reward"),
+                  (("prompt", "completion", "label"), "labelled answers: train them with method kto"),
+                  (("anchor", "positive"), "embedding pairs: train them with method embedding"))
+
+
+def _other_method_hint(columns: list[str]) -> str:
+    for needed, what in _OTHER_METHODS:
+        if set(needed) <= set(columns):
+            return f" These columns look like {what}."
+    return ""
 
 
 def _turn_shape(rows: list[dict], column: str, m: _Mapping) -> str | None:
