@@ -90,6 +90,9 @@ class Tracker:
     writes: list = field(default_factory=list)  # store calls of other job kinds' results (eval), at the next flush
     artifacts: list = field(default_factory=list)  # export artifact rows not yet stored
     export_roots: list | None = None  # folders besides run_dir its paths may be in (read from job.json once)
+    # db rebuild: where this folder was when its log was written (a moved data root, a copied or renamed folder);
+    # paths under it are read under run_dir instead
+    moved_from: Path | None = None
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -211,23 +214,34 @@ def _on_eval(t: Tracker, e: ev.EvalEvent) -> None:
         t.run_values["best_eval_loss"] = e.eval_loss
 
 
-def inside(t: Tracker, e: ev.Event, path: str, refused: str) -> bool:
-    """Whether ``path`` from the log lies inside the job's folder (or its export target); a warning says why
-    not. A worker running remote code, or anyone who can write the run folder, could name any file here."""
+def moved(path: str, old_dir: Path | None, run_dir: Path) -> str:
+    """``path`` written when the run folder was at ``old_dir`` (db rebuild of a moved data root, a copied or
+    renamed folder), read under ``run_dir``; any other path unchanged (``inside`` still checks the result)."""
+    if old_dir is None or not Path(path).is_absolute() or old_dir not in (Path(path), *Path(path).parents):
+        return path
+    return str(run_dir / Path(path).relative_to(old_dir))
+
+
+def inside(t: Tracker, e: ev.Event, path: str, refused: str) -> str | None:
+    """``path`` from the log as it is stored, when it lies inside the job's folder (or its export target); else
+    None and a warning says why. A worker running remote code, or anyone who can write the run folder, could
+    name any file here."""
     if t.export_roots is None:
         t.export_roots = jobspec.export_roots(t.run_dir)
+    path = moved(path, t.moved_from, t.run_dir)
     try:
         paths.inside_run(t.run_dir, path, t.export_roots)
-        return True
+        return path
     except paths.UnsafePathError as exc:
         on_log_problem(t, f"{refused}: {exc}", e.ts)
-        return False
+        return None
 
 
 def _on_checkpoint(t: Tracker, e: ev.CheckpointEvent) -> None:
-    if not inside(t, e, e.path, "checkpoint event ignored"):
+    path = inside(t, e, e.path, "checkpoint event ignored")
+    if path is None:
         return
-    t.timeline.append((e.ts, "checkpoint", f"checkpoint saved at step {e.step}: {e.path}"))
+    t.timeline.append((e.ts, "checkpoint", f"checkpoint saved at step {e.step}: {path}"))
     t.urgent = True
 
 
@@ -235,8 +249,9 @@ def _on_complete(t: Tracker, e: ev.CompleteEvent) -> None:
     values: dict[str, Any] = {"final_loss": e.final_loss}
     if e.steps:
         values["steps_done"] = e.steps
-    if e.output_dir and inside(t, e, e.output_dir, "complete event: output_dir not stored"):
-        values["output_dir"] = e.output_dir
+    output_dir = e.output_dir and inside(t, e, e.output_dir, "complete event: output_dir not stored")
+    if output_dir:
+        values["output_dir"] = output_dir
     set_terminal(t, RunStatus(e.status), **values)
 
 
@@ -286,11 +301,12 @@ def on_log_problem(t: Tracker, problem: str, ts: float | None = None) -> None:
 
 # ---- export jobs
 def _on_artifact(t: Tracker, e: ev.ArtifactEvent) -> None:
-    if not inside(t, e, e.path, "artifact event ignored"):
+    path = inside(t, e, e.path, "artifact event ignored")
+    if path is None:
         return  # never a row: the page would offer the file to every viewer
-    t.artifacts.append(dict(job_id=t.run_id, path=e.path, source_run_id=e.source_run_id, kind=e.artifact,
+    t.artifacts.append(dict(job_id=t.run_id, path=path, source_run_id=e.source_run_id, kind=e.artifact,
                             detail=e.detail, size=e.size, sha256=e.sha256, created_at=e.ts))
-    t.timeline.append((e.ts, "artifact", f"{e.artifact}{' ' + e.detail if e.detail else ''}: {e.path} "
+    t.timeline.append((e.ts, "artifact", f"{e.artifact}{' ' + e.detail if e.detail else ''}: {path} "
                                          f"({e.size:,} bytes, sha256 {e.sha256[:12]}…)"))
     t.urgent = True
 

@@ -183,24 +183,26 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO, report: RebuildReport
     if row.id != run_dir.name:  # a copied (cp -a runs/A runs/B) or renamed folder: the folder is what exists
         report.renamed.append(f"{run_dir.name}: its journal names run {str(row.id)[:64]}")
         row = row.replace(id=run_dir.name)
+    moved_from = None  # where the folder was when its journal and log were written, when that was elsewhere
     if row.output_dir and Path(row.output_dir) != run_dir and Path(row.output_dir).name in (run_dir.name, created and
                                                                                             created.get("id")):
         if Path(row.output_dir).parent != run_dir.parent:
             report.rebased.append(run_dir.name)
+        moved_from = Path(row.output_dir)
         row = row.replace(output_dir=str(run_dir))
     if store.get_run(row.id) is not None:
         raise RebuildRefused(f"a run {row.id} was already rebuilt from another folder")
     store.create_run(row)
     for record in records:
         if record["op"] == "update":
-            store.update_run(row.id, **record["values"])
+            store.update_run(row.id, **_rebased(record["values"], moved_from, run_dir))
         elif record["op"] == "event":
             store.add_event(row.id, record["kind"], record["message"], ts=record["ts"])
-    tracked = _replay_events(store, run_dir, lock_fh)
+    tracked = _replay_events(store, run_dir, lock_fh, moved_from)
     _keep_eval_row(store, row, run_dir)
     finish = next((r for r in records if r["op"] == "finish"), None)
     if finish is not None:
-        store.finish_run(row.id, RunStatus(finish["status"]), **finish["values"])
+        store.finish_run(row.id, RunStatus(finish["status"]), **_rebased(finish["values"], moved_from, run_dir))
         return "finished"
     if created is None:  # a folder from before the journal: the log's outcome is all there is
         status, values = tracked.terminal or (RunStatus.FAILED, {
@@ -211,14 +213,21 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO, report: RebuildReport
     return "active"
 
 
-def _replay_events(store: Store, run_dir: Path, lock_fh: IO) -> pump.Tracker:
+def _rebased(values: dict, moved_from: Path | None, run_dir: Path) -> dict:
+    """A journal record's values with an output_dir under the folder's old place read under its new one."""
+    if not values.get("output_dir"):
+        return values
+    return {**values, "output_dir": pump.moved(values["output_dir"], moved_from, run_dir)}
+
+
+def _replay_events(store: Store, run_dir: Path, lock_fh: IO, moved_from: Path | None = None) -> pump.Tracker:
     """Feed the whole event log through the pump's handlers and store what they produce, like the pump."""
     run = store.get_run(run_dir.name)
     # The worker's events start where the live pump started: from a job being launched. The row's status now is
     # where the journal left it (a Stop request: stopping), and handlers that hold a stopping job would drop
     # what the live pump stored before the request (a serve job's "serving at URL" line).
     live = LiveRun(run.id, run.name, RunStatus.STARTING, phase=run.phase)
-    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind)
+    tracked = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, moved_from=moved_from)
     pump.drain(tracked, store, max_reads=None)
     pump.flush(tracked, store)
     tracked.log.close()
