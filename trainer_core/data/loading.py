@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError
-from trainer_core.data import preference
+from trainer_core.data import images, preference
 from trainer_core.methods.base import PREFERENCE_SHAPES
 from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, convert_rows, no_usable_rows, normalize_rows
 from trainer_core.data.readers import read_rows
@@ -29,7 +29,7 @@ def _read_sources(sources: list[str], field_name: str) -> tuple[list[_Part], lis
         try:
             files = source_files(resolve_source(source, field_name), field_name)
             for file in files:
-                rows = read_rows(file, field_name)
+                rows = images.resolve_rows(read_rows(file, field_name), file.parent, field_name)  # paths from here
                 stat = file.stat()
                 parts.append((file.name, rows))
                 keys.append((str(file), stat.st_mtime_ns, stat.st_size))
@@ -72,6 +72,8 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     shape = preference_shape(cfg)
     if shape is not None:
         return preference.normalize(rows, shape, cfg.custom_format_mapping, cfg.system_prompt, field_name)
+    if images.has_images(rows):  # image + text rows: one vision shape whatever the layout
+        return images.normalize(rows, cfg.custom_format_mapping, cfg.system_prompt, field_name, allow_empty)
     if allow_empty:
         return convert_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt)
     return normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt, field_name=field_name)
@@ -129,6 +131,7 @@ def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, wha
     if not data.is_chat and cfg.train_on_completions and cfg.format_type == "auto":
         problems.append(DatasetError("train_on_completions", f"raw text has no completions ({data.reason}): "
                                                              "turn this off or use chat data"))
+    problems += images.model_problems(cfg, images.FORMAT in data.format.split("+"), field_name)
     return problems
 
 
@@ -170,7 +173,8 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
         return errors
     apply_slice = field_name == "local_datasets"
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
-           cfg.system_prompt, cfg.method, cfg.train_on_completions,
+           cfg.system_prompt, cfg.method, cfg.train_on_completions, cfg.model_name, cfg.max_seq_length,
+           cfg.is_dataset_image, cfg.packing,
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:

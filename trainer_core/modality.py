@@ -1,0 +1,153 @@
+"""Text model or vision-language model, told from its config files without loading it (dashboard side: no torch,
+transformers or peft here; the worker's ``trainer_core.worker.model_resolver`` picks the auto classes).
+
+Reads ``config.json`` and, when present, ``preprocessor_config.json`` / ``processor_config.json`` as JSON: what the
+vision tower is, the image size it sees, and how many tokens one image takes in the sequence (the number that has to
+fit in max_seq_length: a cut ``<image>`` run is the "Image features and image tokens do not match" failure).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer_core import model_info
+from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
+from trainer_core.protocol import paths
+
+TEXT, VISION = "text", "vision"
+# Model types whose processors tile or resize images to a size of their own: tokens per image depend on the image.
+_DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolution)",
+            "qwen2_5_vl": "grows with the image's pixels (Qwen2.5-VL dynamic resolution)",
+            "qwen3_vl": "grows with the image's pixels (Qwen3-VL dynamic resolution)",
+            "llava_next": "grows with the image's aspect ratio (LLaVA-NeXT anyres tiles)",
+            "llava_onevision": "grows with the image's aspect ratio (anyres tiles)",
+            "idefics3": "one block per tile; large images are split into tiles",
+            "smolvlm": "one block per tile; large images are split into tiles",
+            "mllama": "one block per tile (up to max_image_tiles)",
+            "mistral3": "grows with the image's pixels (Pixtral patches)",
+            "pixtral": "grows with the image's pixels (Pixtral patches)"}
+_VISION_ARCH_HINTS = ("ForConditionalGeneration", "ImageTextToText", "VisionText", "Vision2Seq")
+
+
+@dataclass(frozen=True)
+class ModalityInfo:
+    """What the form shows about a model's inputs. ``image_tokens`` is the smallest number of tokens one image
+    takes (the fixed count for fixed-size models, the base block for tiled or dynamic ones; 0 when unknown)."""
+
+    kind: str  # TEXT or VISION
+    architecture: str
+    model_type: str
+    vision_tower: str = ""  # the vision config's model_type, e.g. siglip_vision_model
+    image_size: int = 0  # pixels per side the tower sees (0: unknown or dynamic)
+    patch_size: int = 0
+    image_tokens: int = 0
+    dynamic: str = ""  # how the count grows for models whose count depends on the image; "" when fixed
+    image_token: str = ""  # the placeholder the processor expands, e.g. <image>
+
+    @property
+    def is_vision(self) -> bool:
+        return self.kind == VISION
+
+    def summary(self) -> str:
+        if not self.is_vision:
+            return f"Text model ({self.architecture}): trains on chat or text data."
+        parts = [f"Vision-language model ({self.architecture})"]
+        if self.vision_tower:
+            parts.append(f"vision tower {self.vision_tower}")
+        if self.image_size:
+            parts.append(f"images at {self.image_size}×{self.image_size} px" +
+                         (f" in {self.patch_size}-px patches" if self.patch_size else ""))
+        if self.image_tokens:
+            count = f"{self.image_tokens} tokens per image"
+            parts.append(count + (f" at least; {self.dynamic}" if self.dynamic else ""))
+        elif self.dynamic:
+            parts.append(f"tokens per image {self.dynamic}")
+        else:
+            parts.append("tokens per image unknown")
+        return ", ".join(parts) + "."
+
+
+def detect_modality(model_name: str, token: str | None = None) -> ModalityInfo:
+    """The modality of the bundled model, a local folder or a hub id (hub: the local cache first, then the small
+    JSON files). Raises ``model_info.ModelInfoError`` (field model_name) when the config cannot be read."""
+    name = model_name.strip()
+    if name == BUNDLED_MODEL:
+        return ModalityInfo(TEXT, "LlamaForCausalLM", "llama")
+    folder = _folder(name, token)
+    config = model_info._read_json(folder / "config.json")
+    processor = {**model_info._read_json(folder / "preprocessor_config.json", missing_ok=True),
+                 **model_info._read_json(folder / "processor_config.json", missing_ok=True)}
+    return from_configs(config, processor)
+
+
+def _folder(name: str, token: str | None) -> Path:
+    if looks_like_path(name):
+        try:
+            folder = paths.resolve_inside(name, paths.allowed_data_roots())
+        except paths.UnsafePathError as exc:
+            raise model_info.ModelInfoError(f"{exc}. Put the model under the data root or set "
+                                            "FINETUNE_STUDIO_ALLOWED_ROOTS.") from None
+        if not (folder / "config.json").is_file():
+            raise model_info.ModelInfoError(f"{folder} has no config.json: point at a Hugging Face model folder")
+        return folder
+    if not _HUB_ID_RE.match(name):
+        raise model_info.ModelInfoError("not a hub id (org/name) nor an existing folder")
+    config_path = Path(model_info._hub_file(name, "config.json", token, required=True))
+    for optional in ("preprocessor_config.json", "processor_config.json"):
+        model_info._hub_file(name, optional, token, required=False)  # lands beside config.json in the snapshot
+    return config_path.parent
+
+
+def from_configs(config: dict, processor: dict | None = None) -> ModalityInfo:
+    """The modality from a model's config.json and its merged (pre)processor config (JSON dicts)."""
+    processor = processor or {}
+    architecture = str((config.get("architectures") or ["unknown"])[0])
+    model_type = str(config.get("model_type") or "unknown")
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        if any(hint in architecture for hint in _VISION_ARCH_HINTS) and "image_token_index" in config:
+            vision = {}
+        else:
+            return ModalityInfo(TEXT, architecture, model_type)
+    image_size = _int(vision.get("image_size")) or _size(processor.get("size")) or _size(processor.get("crop_size"))
+    patch_size = _int(vision.get("patch_size")) or _int(processor.get("patch_size"))
+    return ModalityInfo(
+        VISION, architecture, model_type,
+        vision_tower=str(vision.get("model_type") or ""),
+        image_size=image_size, patch_size=patch_size,
+        image_tokens=_image_tokens(config, processor, model_type, image_size, patch_size),
+        dynamic=_DYNAMIC.get(model_type, ""),
+        image_token=str(processor.get("image_token") or "<image>"))
+
+
+def _image_tokens(config: dict, processor: dict, model_type: str, image_size: int, patch_size: int) -> int:
+    """Tokens one image takes: a count the config states, else one per patch (what LLaVA-style towers emit)."""
+    for source, key in ((config, "mm_tokens_per_image"), (processor, "image_seq_length"),
+                        (processor, "image_seq_len"), (config, "image_seq_length"), (processor, "num_image_tokens")):
+        value = _int(source.get(key))
+        if value:
+            return value
+    if not (image_size and patch_size):
+        return 0
+    patches = (image_size // patch_size) ** 2
+    if model_type in ("idefics3", "smolvlm"):
+        scale = _int(config.get("scale_factor")) or 1
+        return patches // (scale * scale)
+    if model_type.startswith("qwen") and model_type.endswith("_vl"):
+        merge = _int(config.get("vision_config", {}).get("spatial_merge_size")) or 2
+        return max(1, patches // (merge * merge))
+    extra = _int(processor.get("num_additional_image_tokens"))
+    if config.get("vision_feature_select_strategy") == "default":  # the CLS token is dropped
+        extra = max(0, extra - 1)
+    return patches + extra
+
+
+def _int(value) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else 0
+
+
+def _size(value) -> int:
+    if isinstance(value, dict):
+        return _int(value.get("height")) or _int(value.get("shortest_edge")) or _int(value.get("longest_edge"))
+    return _int(value)
