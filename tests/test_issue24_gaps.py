@@ -212,3 +212,23 @@ def test_an_oversized_job_json_is_refused_before_parsing_with_the_limit(home):
     (job / jobspec.SPEC_FILE).write_text(json.dumps(ExportSpec(source=ModelSource(model=BUNDLED_MODEL),
                                                                targets=["adapter"]).to_dict()))
     assert jobspec.read_spec(job).targets == ["adapter"]  # a real spec is far below the limit
+
+
+# ====================================================================== security 14: the journal is a run folder's file
+def test_a_forged_output_dir_in_the_journal_is_not_stored_by_rebuild(home, store):
+    """The pump checks output_dir from the event log; rebuild restored the journal's own copy unchecked."""
+    job = export_job(store)
+    with open(job / journal.JOURNAL_FILE, "a") as fh:
+        fh.write(json.dumps({"op": "update", "values": {"output_dir": "/etc"}}) + "\n")
+    lines = (job / journal.JOURNAL_FILE).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for record in records:
+        if record["op"] == "finish":
+            record["values"]["output_dir"] = "../../../../etc"
+    (job / journal.JOURNAL_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    wipe(store)
+    rebuild.rebuild(store.url)
+    fresh = Store(store.url)
+    assert fresh.get_run(job.name).output_dir == str(job)  # what its submission recorded; never /etc
+    assert fresh.get_run(job.name).status == RunStatus.COMPLETED
+    fresh.engine.dispose()

@@ -214,10 +214,16 @@ def _rebuild_run(store: Store, run_dir: Path, lock_fh: IO, report: RebuildReport
 
 
 def _rebased(values: dict, moved_from: Path | None, run_dir: Path) -> dict:
-    """A journal record's values with an output_dir under the folder's old place read under its new one."""
+    """A journal record's values with an output_dir under the folder's old place read under its new one, and
+    left out unless it lies inside the folder or its export target (the journal is a file of the run folder)."""
     if not values.get("output_dir"):
         return values
-    return {**values, "output_dir": pump.moved(values["output_dir"], moved_from, run_dir)}
+    output_dir = pump.moved(str(values["output_dir"]), moved_from, run_dir)
+    try:
+        paths.inside_run(run_dir, output_dir, jobspec.export_roots(run_dir))
+    except paths.UnsafePathError:
+        return {k: v for k, v in values.items() if k != "output_dir"}
+    return {**values, "output_dir": output_dir}
 
 
 def _replay_events(store: Store, run_dir: Path, lock_fh: IO, moved_from: Path | None = None) -> pump.Tracker:
