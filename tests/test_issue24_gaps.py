@@ -232,3 +232,19 @@ def test_a_forged_output_dir_in_the_journal_is_not_stored_by_rebuild(home, store
     assert fresh.get_run(job.name).output_dir == str(job)  # what its submission recorded; never /etc
     assert fresh.get_run(job.name).status == RunStatus.COMPLETED
     fresh.engine.dispose()
+
+
+# ====================================================================== cosmetic: a running eval or export is not "Training"
+def test_eval_and_export_panels_name_a_running_job_by_its_kind():
+    """The timeline was fixed ("Evaluating: generating"), but the eval picker, its result header and the export
+    job's title still said "Training" for a running eval or export."""
+    from db.entities import EvalResultRecord
+    from ui import evaluation, export_panel
+
+    result = EvalResultRecord(job_id="e", source_key="run:r", source_run_id="r", checkpoint=None, base_model="m",
+                              data_fingerprint="f", settings_hash="h", data_label="test.jsonl", metrics=None,
+                              created_at=0.0, status=RunStatus.RUNNING)
+    assert evaluation._result_label(result).endswith(" · test.jsonl · Evaluating")
+    job = RunRecord(id="x", name="export", status=RunStatus.RUNNING, kind=JobKind.EXPORT, dataset="adapter")
+    assert export_panel._title(job) == "🏃 export · adapter · Exporting"
+    assert export_panel._title(job.replace(status=RunStatus.COMPLETED)) == "✅ export · adapter · Completed"

@@ -117,12 +117,14 @@ def render_evaluation(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
 
 def _result_label(result: EvalResultRecord) -> str:
     where = "final model" if result.checkpoint is None else f"step {result.checkpoint}"
-    return f"{fmt.timestamp(result.created_at)} · {where} · {result.data_label} · {result.status.label}"
+    status = JobKind.EVAL.status_label(result.status)
+    return f"{fmt.timestamp(result.created_at)} · {where} · {result.data_label} · {status}"
 
 
 def render_result(orch: Orchestrator, result: EvalResultRecord, job: RunRecord | None) -> None:
     status = result.status
-    st.markdown(f"**{safe(result.source_key)}** on {code(result.data_label or '—')} · {status.icon} {status.label}")
+    st.markdown(f"**{safe(result.source_key)}** on {code(result.data_label or '—')} · {status.icon} "
+                f"{JobKind.EVAL.status_label(status)}")
     if job is not None and status is RunStatus.FAILED and job.error:
         st.error(safe(job.error), icon="❌")
     if not status.is_terminal():
@@ -167,7 +169,7 @@ def render_metrics(metrics: dict, baseline: EvalResultRecord | None) -> None:
     if base is not None:
         st.caption(f"Deltas against the base model {safe(baseline.base_model)} on the same data and settings.")
     elif baseline is not None:
-        st.caption(f"Base-model baseline: {baseline.status.label.lower()}.")
+        st.caption(f"Base-model baseline: {JobKind.EVAL.status_label(baseline.status).lower()}.")
     else:
         st.caption("No base-model baseline on the same data and settings.")
     st.caption(f"{metrics.get('samples', 0)} sample(s)")

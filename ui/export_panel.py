@@ -117,9 +117,14 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         st.success(f"Export job {safe(job_id)} started; it is listed below.", icon="📦")
 
 
+def _title(job: RunRecord) -> str:
+    status = RunStatus(job.status)
+    return f"{status.icon} {job.name} · {job.dataset} · {JobKind.EXPORT.status_label(status)}"
+
+
 def _job(orch: Orchestrator, job: RunRecord) -> None:
     status = RunStatus(job.status)
-    title = f"{status.icon} {job.name} · {job.dataset} · {status.label}"
+    title = _title(job)
     with st.container(border=True):
         st.markdown(safe(title))
         if not status.is_terminal():
