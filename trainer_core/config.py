@@ -11,6 +11,7 @@ import difflib
 import functools
 import importlib.util
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field, fields
@@ -26,6 +27,9 @@ from trainer_core.protocol import paths
 from trainer_core.protocol.errors import ConfigError, FieldError
 from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
+LAUNCHERS = ("local", "ray")
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable: the cluster's dashboard address (Ray Jobs)
+SHARED_STORAGE_ENV = "FINETUNE_STUDIO_SHARED_STORAGE"  # a path every node of the Ray cluster mounts
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
 BUNDLED_PAIRS = "bundled:demo-pairs"  # the demo's questions as preference pairs (DPO, ORPO, SimPO, KTO, reward)
@@ -81,6 +85,12 @@ class TrainConfig:
     gpu_ids: list = _f([], "GPU indices to use (empty: all visible). Ignored on CPU.", "model")
     num_processes: int = _f(0, "Data-parallel processes (torchrun): 0 means one per GPU of the run's GPUs, or 1 on CPU. "
                             "On CPU 2 or more runs the same launcher with the gloo backend.", "model")
+    launcher: str = _f("local", "Where the worker runs: local (this host; torchrun for several processes) or ray (a Ray "
+                       "cluster: a Ray job, Ray Train's TorchTrainer with num_processes workers; run folders on "
+                       f"{SHARED_STORAGE_ENV}). See docs/ray.md.", "model")
+    ray_address: str = _f("", "The Ray cluster's dashboard address for launcher: ray, e.g. http://head:8265 (empty: "
+                          f"{RAY_ADDRESS_ENV} of the server's environment).", "model")
+    ray_gpus_per_worker: float = _f(0.0, "GPUs per Ray worker for launcher: ray (0: CPU workers, gloo).", "model")
     # --- dataset ---
     hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
     local_datasets: list = _f([BUNDLED_DATASET], "Local dataset files (.jsonl/.json/.csv/.parquet) or the bundled demo.", "dataset")
@@ -383,7 +393,12 @@ class TrainConfig:
                 "off, or turn 4-bit loading off (adapter lora)")
         elif self.use_loftq and not hardware.has_module("bitsandbytes"):
             bad("use_loftq", "LoftQ needs bitsandbytes, which is not installed: install the gpu extra, or turn it off")
-        _check_devices(self, bad)
+        if self.launcher not in LAUNCHERS:
+            bad("launcher", f"choose {' or '.join(LAUNCHERS)} (this host, or a Ray cluster)")
+        if self.launcher == "ray":
+            _check_ray(self, bad)
+        else:
+            _check_devices(self, bad)
         for name, what in (("is_dataset_image", "image"), ("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
             if getattr(self, name):
                 bad(name, f"{what} training is not supported yet; turn this off")
@@ -532,6 +547,32 @@ def _check_devices(cfg: TrainConfig, bad) -> None:
                 "GPUs the run should use (each process trains on one), or set num_processes to 0")
     elif cfg.num_processes > 64:
         bad("num_processes", "at most 64 processes on CPU (each one holds a full copy of the model)")
+
+
+def _check_ray(cfg: TrainConfig, bad) -> None:
+    """launcher: ray: Ray places the workers, so only what the cluster needs from us is checked here."""
+    if not hardware.has_module("ray"):
+        bad("launcher", "the Ray launcher needs ray, which is not installed: pip install -e '.[ray]', or use "
+            "launcher: local")
+    if not (cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV)):
+        bad("ray_address", f"launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
+            f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment")
+    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    if not shared:
+        bad("launcher", f"launcher: ray needs run folders on storage every node mounts: set {SHARED_STORAGE_ENV} to "
+            "that path in the server's environment, with FINETUNE_STUDIO_HOME under it")
+    elif not paths.runs_dir().resolve().is_relative_to(Path(shared).resolve()):
+        bad("launcher", f"run folders ({paths.runs_dir()}) are not under the shared storage {shared} "
+            f"({SHARED_STORAGE_ENV}): set FINETUNE_STUDIO_HOME to a folder under it")
+    for name in cfg.secrets():  # Ray keeps a job's environment in its job table, which its dashboard shows
+        bad(name, "secrets are not passed to Ray jobs yet (Ray shows a job's environment on its dashboard): use a "
+            "model and data that need no token, or launcher: local")
+    if cfg.gpu_ids:
+        bad("gpu_ids", "Ray places the workers on the cluster's GPUs: leave gpu_ids empty and set ray_gpus_per_worker")
+    if not _finite(cfg.num_processes) or cfg.num_processes < 0:
+        bad("num_processes", f"use 0 or 1 (one worker) or more Ray workers, got {cfg.num_processes!r}")
+    if not _finite(cfg.ray_gpus_per_worker) or cfg.ray_gpus_per_worker < 0:
+        bad("ray_gpus_per_worker", f"use 0 (CPU workers) or a positive number of GPUs, got {cfg.ray_gpus_per_worker!r}")
 
 
 def _check_model(cfg: TrainConfig, bad) -> None:

@@ -7,14 +7,20 @@ command, own session, worker.log, liveness).
 from __future__ import annotations
 
 import os
+import secrets as pysecrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer_core import access, parallel
-from trainer_core.config import TrainConfig
+from trainer_core.config import RAY_ADDRESS_ENV, TrainConfig
 from trainer_core.jobspec import JobSpec
-from trainer_core.launchers import Launcher  # noqa: F401 - the interface, where callers looked for it
+from trainer_core.launchers import JobHandle, Launcher
+from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.local import LocalLauncher
 from trainer_core.protocol import paths, secrets
+
+if TYPE_CHECKING:
+    from db.entities import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the worker's PYTHONPATH
 
@@ -38,3 +44,33 @@ class WorkerLauncher(LocalLauncher):
         # repository and never shared by two runs that train at once.
         env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
         return env
+
+
+class PlacingLauncher(Launcher):
+    """Where each job runs: a Ray job on the cluster when its config says ``launcher: ray`` (its ``ray_address``,
+    else the server's RAY_ADDRESS), on this host otherwise. A run started on Ray is found again by the Ray job
+    recorded in its folder."""
+
+    def __init__(self, local: Launcher | None = None):
+        self.local = local or WorkerLauncher()
+
+    def start(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> JobHandle:
+        if on_ray(cfg):
+            address = cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV, "")
+            return ray_jobs.RayLauncher(address).start(run_dir, cfg)
+        return self.local.start(run_dir, cfg)
+
+    def adopt(self, run: RunRecord) -> JobHandle:
+        if (paths.run_dir(run.id) / ray_jobs.JOB_FILE).is_file():
+            return ray_jobs.RayLauncher(os.environ.get(RAY_ADDRESS_ENV, "")).adopt(run)
+        return self.local.adopt(run)
+
+
+def on_ray(cfg: TrainConfig | JobSpec) -> bool:
+    return isinstance(cfg, TrainConfig) and cfg.launcher == "ray"
+
+
+def cluster_devices(cfg: TrainConfig | JobSpec) -> str | None:
+    """The queue's device string of a job the cluster places (None for a job of this host): its own token, so
+    it never waits for this host's devices, nor they for it; Ray queues it until the cluster has room."""
+    return f"ray-{pysecrets.token_hex(4)}" if on_ray(cfg) else None

@@ -36,7 +36,7 @@ from trainer_core.methods import grpo
 from trainer_core.rewards import files as reward_files
 from trainer_core.rewards import spec as reward_spec
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
-from trainer_core.jobs.launcher import WorkerLauncher
+from trainer_core.jobs.launcher import PlacingLauncher, cluster_devices
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
@@ -64,7 +64,7 @@ class RunRefused(RuntimeError):
 class Orchestrator:
     def __init__(self, store: Store | None = None, start_pump: bool = True, launcher: Launcher | None = None):
         self.store = store or Store()
-        self.launcher = launcher or WorkerLauncher()
+        self.launcher = launcher or PlacingLauncher()
         self._lock = threading.RLock()
         self._tracked: dict[str, pump.Tracker] = {}
         self._finished: BoundedCache[str, LiveRun] = BoundedCache(LIVE_KEEP)
@@ -140,7 +140,7 @@ class Orchestrator:
     def _record(self, kind: JobKind, job: TrainConfig | JobSpec, name: str, row: dict[str, Any],
                 actor: access.Actor | None, write: Callable[[Path], None], note: str = "") -> str:
         """Write the job folder, create its row, and launch it now or leave it queued."""
-        devices = queue.devices_of(job)
+        devices = cluster_devices(job) or queue.devices_of(job)
         with queue.start_lock():
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + pysecrets.token_hex(3)
             run_dir = paths.run_dir(run_id)

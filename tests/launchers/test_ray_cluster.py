@@ -1,0 +1,210 @@
+"""The Ray launcher against a real local Ray cluster of two nodes (a head and a second ``ray start --address``
+node, one CPU each), started and stopped by this module: runs go through the orchestrator as Ray jobs, a
+two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one rank per node, Stop & save after a
+dashboard restart re-adopted the job, and Ray's own account of a stopped job. Skips without ray."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import MODELS_CACHE, ROOT, wait_until
+from trainer_core import hardware
+from trainer_core.config import TrainConfig
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.launchers import JobState
+from trainer_core.launchers import ray as ray_jobs
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import RunStatus
+from trainer_core.worker.ray_entry import PLACEMENT_FILE
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+from ray.job_submission import JobSubmissionClient  # noqa: E402 - after the skip
+from ray.util.state import list_nodes  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.train]
+
+SERVER_SECRET = "hf_server_secret_never_in_ray"  # in the dashboard's environment: must not reach Ray
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ray_start(*args: str) -> subprocess.Popen:
+    """One Ray node, blocking in its own session (so that teardown ends exactly what it started)."""
+    ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "metrics-export-port",
+                                                    "runtime-env-agent-port")]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    return subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--block", "--num-cpus=1",
+                             "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
+                             "--disable-usage-stats", *ports, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def node_count(address: str) -> int:
+    try:
+        return sum(1 for n in list_nodes(address=address) if n.state == "ALIVE")
+    except Exception:  # noqa: BLE001 - the dashboard is not up yet
+        return 0
+
+
+def dashboard_up(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{address}/api/version", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The dashboard address of a two-node local cluster; every process it started is ended afterwards."""
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
+    gcs, dashboard = free_port(), free_port()
+    address = f"http://127.0.0.1:{dashboard}"
+    nodes = [ray_start("--head", f"--port={gcs}", f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
+                       f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}")]
+    try:
+        wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
+        nodes.append(ray_start(f"--address=127.0.0.1:{gcs}"))
+        wait_until(lambda: node_count(address) == 2, timeout=120, what="two Ray nodes")
+        yield address
+    finally:
+        end_sessions(nodes)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def end_sessions(nodes: list[subprocess.Popen]) -> None:
+    """SIGTERM, then SIGKILL, to every process of the sessions the nodes were started in (and their
+    descendants: Ray's actors and job drivers)."""
+    procs = {}
+    for node in nodes:
+        for proc in [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]:
+            procs[proc.pid] = proc
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == node.pid:
+                    procs[proc.pid] = proc
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+                pass
+    for proc in procs.values():
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for node in nodes:
+        node.wait(timeout=30)
+
+
+@pytest.fixture
+def studio(cluster, tmp_path, monkeypatch):
+    """An orchestrator whose data root is on the cluster's "shared storage" (this machine's tmp_path), with
+    RAY_ADDRESS and a hub token in the server's environment."""
+    monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(tmp_path))
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
+    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
+    monkeypatch.setenv("RAY_ADDRESS", cluster)
+    monkeypatch.setenv("HF_TOKEN", SERVER_SECRET)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    hardware.cuda_available.cache_clear()
+    orch = Orchestrator()
+    yield orch
+    orch.close()
+    for run in orch.store.active_runs():  # a test that failed half-way: leave no job on the cluster
+        ray_jobs.RayLauncher(cluster).adopt(run).kill()
+
+
+def on_ray(tiny_model, **values) -> TrainConfig:
+    base = dict(model_name=str(tiny_model), launcher="ray", max_steps=3, batch_size=2, max_seq_length=128,
+                logging_steps=1, warmup_steps=0)
+    return TrainConfig(**{**base, **values})
+
+
+def job_of(cluster: str, run_id: str):
+    return JobSubmissionClient(cluster).get_job_info(ray_jobs.submission_id(run_id))
+
+
+def wait_for_step(orch: Orchestrator, run_id: str, step: int) -> None:
+    def reached() -> bool:
+        snap = orch.snapshot(run_id)
+        assert not snap.status.is_terminal(), f"run ended early: {snap.status} {snap.error}\n{orch.log_tail(run_id)}"
+        return snap.step >= step
+    wait_until(reached, timeout=240, what=f"step {step}")
+
+
+def test_a_single_process_run_is_a_ray_job_whose_metadata_holds_no_secret(studio, cluster, tiny_model):
+    run_id = studio.start(on_ray(tiny_model))
+    snap = studio.wait(run_id, timeout=300)
+    assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
+    assert list(studio.metrics(run_id).dropna(subset=["loss"])["step"]) == [1, 2, 3]
+    run_dir = paths.run_dir(run_id)
+    assert json.loads((run_dir / ray_jobs.JOB_FILE).read_text()) == {
+        "address": cluster, "job_id": ray_jobs.submission_id(run_id)}
+    job = job_of(cluster, run_id)
+    assert job.status == "SUCCEEDED" and job.metadata == {"finetune_studio_run": run_id}
+    shown = json.dumps([job.entrypoint, job.metadata, job.runtime_env])  # what Ray's dashboard shows anyone
+    assert str(run_dir) in shown and SERVER_SECRET not in shown and "HF_TOKEN" not in shown
+
+
+def test_two_workers_train_one_run_with_one_rank_on_each_node(studio, cluster, tiny_model):
+    run_id = studio.start(on_ray(tiny_model, num_processes=2))
+    snap = studio.wait(run_id, timeout=300)
+    assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
+    assert list(studio.metrics(run_id).dropna(subset=["loss"])["step"]) == [1, 2, 3]  # rank 0 alone reports
+    placement = json.loads((paths.run_dir(run_id) / PLACEMENT_FILE).read_text())
+    assert [p["rank"] for p in placement] == [0, 1]
+    nodes = {n.node_id for n in list_nodes(address=cluster)}
+    assert len({p["node_id"] for p in placement}) == 2 and {p["node_id"] for p in placement} == nodes
+    assert job_of(cluster, run_id).status == "SUCCEEDED"
+
+
+def test_stop_and_save_reaches_a_job_adopted_by_a_restarted_dashboard(studio, cluster, tiny_model):
+    run_id = studio.start(on_ray(tiny_model, max_steps=2000))
+    wait_for_step(studio, run_id, 1)
+    studio.close()  # the dashboard goes away; the Ray job trains on
+
+    restarted = Orchestrator()
+    try:
+        wait_until(lambda: restarted._is_tracked(run_id), timeout=30, what="adoption by the restarted dashboard")
+        restarted.stop(run_id)
+        snap = restarted.wait(run_id, timeout=180)
+        assert snap.status is RunStatus.STOPPED, (snap.error, restarted.log_tail(run_id))
+        saved = [p.name for p in (paths.run_dir(run_id) / "checkpoints").glob("checkpoint-*")]
+        assert saved == [f"checkpoint-{snap.step}"]
+        wait_until(lambda: job_of(cluster, run_id).status == "SUCCEEDED", timeout=60, what="the Ray job to end")
+    finally:
+        restarted.close()
+
+
+def test_a_job_stopped_on_the_cluster_says_so(studio, cluster, tiny_model):
+    run_id = studio.start(on_ray(tiny_model, max_steps=2000))
+    wait_for_step(studio, run_id, 1)
+    handle = ray_jobs.RayLauncher(cluster).adopt(studio.get_run(run_id))
+    assert handle.state() == JobState(True) and handle.pid is None and not handle.started_here
+    handle.kill()  # Ray's stop_job: SIGTERM to the worker (which a single worker reads as Cancel), then SIGKILL
+    wait_until(lambda: not handle.state().alive, timeout=60, what="Ray to report the job stopped")
+    assert handle.state() == JobState(False, "ended on the Ray cluster as STOPPED: Job was intentionally stopped.")
+    snap = studio.wait(run_id, timeout=60)
+    assert snap.status is RunStatus.CANCELLED, (snap.error, studio.log_tail(run_id))

@@ -1,0 +1,190 @@
+"""Workers on a Ray cluster: each job is a Ray job (Ray Jobs), so it outlives the dashboard; a training run with
+several processes runs Ray Train's ``TorchTrainer`` inside it (trainer_core/worker/ray_entry.py).
+
+The run folder lives on storage every node mounts (``FINETUNE_STUDIO_SHARED_STORAGE``), so the pump, the control
+file (Stop & save, Cancel) and ``db rebuild`` work as for a local run. The Ray job id is a function of the run id
+and is also written into the run folder (``ray_job.json``, with the cluster's address), which is what ``adopt``
+reads: the database stays a cache of the run folders. Liveness is Ray's job status.
+
+Secrets never enter the job: Ray keeps a job's entrypoint, metadata and runtime_env in its job table, which
+anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it,
+and config validation refuses a Ray run that was given one (trainer_core/config.py ``_check_ray``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer_core import access
+from trainer_core.config import SHARED_STORAGE_ENV
+from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
+from trainer_core.parallel import NPROC_ENV
+from trainer_core.protocol import paths
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+    from db.entities import RunRecord
+    from trainer_core.config import TrainConfig
+    from trainer_core.jobspec import JobSpec
+
+JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster it was submitted to
+GPUS_ENV = "FINETUNE_STUDIO_RAY_GPUS_PER_WORKER"  # read by trainer_core.worker.ray_entry
+PYTHON_ENV = "FINETUNE_STUDIO_RAY_PYTHON"  # the Python of the cluster's nodes, when not the same path as ours
+ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the job's PYTHONPATH
+STATE_EVERY_S = 1.0  # the pump asks several times a second; the cluster is asked at most once a second
+UNREACHABLE_S = 60.0  # a cluster that does not answer for this long ends the run (not a hang)
+# Names of the allow-listed environment that describe this host, not the cluster's nodes.
+HOST_ONLY = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV",
+                       "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
+                       "PYTHONPATH", "PYTHONHOME", "TERM"})
+
+
+def submission_id(run_id: str) -> str:
+    """The Ray job id of a run (one job per run folder)."""
+    return f"finetune-studio-{run_id}"
+
+
+def shared_storage_problem(run_dir: Path) -> str:
+    """Why ``run_dir`` cannot be used by a Ray job ("" when it can): it must be on the shared storage."""
+    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    if not shared:
+        return f"{SHARED_STORAGE_ENV} is not set: Ray jobs need run folders on storage every node mounts"
+    if not run_dir.resolve().is_relative_to(Path(shared).resolve()):
+        return (f"the run folder {run_dir} is not under the shared storage {shared} ({SHARED_STORAGE_ENV}): "
+                "set FINETUNE_STUDIO_HOME to a folder under it")
+    return ""
+
+
+class RayHandle(JobHandle):
+    """A Ray job, by its submission id, on the cluster at ``address``."""
+
+    def __init__(self, address: str, job_id: str, started_here: bool = False):
+        self.address, self.job_id, self.started_here = address, job_id, started_here
+        self.pid = None  # no process of this host
+        self._client: JobSubmissionClient | None = None
+        self._last: tuple[float, JobState] | None = None  # (when asked, answer): Ray is asked once a second
+        self._unreachable_since: float | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {}  # the run folder's ray_job.json is the record (written before the job was submitted)
+
+    def client(self) -> JobSubmissionClient:
+        if self._client is None:
+            self._client = job_client(self.address)
+        return self._client
+
+    def state(self) -> JobState:
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] < STATE_EVERY_S:
+            return self._last[1]
+        answer = self._ask()
+        self._last = (now, answer)
+        return answer
+
+    def _ask(self) -> JobState:
+        try:
+            info = self.client().get_job_info(self.job_id)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster: retried until UNREACHABLE_S
+            self._client = None
+            return self._unreachable(exc)
+        self._unreachable_since = None
+        if info.status in ("PENDING", "RUNNING"):  # JobStatus is a str enum
+            return ALIVE
+        message = (info.message or "").strip()
+        return JobState(False, f"ended on the Ray cluster as {info.status.value}" + (f": {message}" if message else ""))
+
+    def _unreachable(self, exc: Exception) -> JobState:
+        if "does not exist" in str(exc) or "404" in str(exc):
+            return JobState(False, f"is not known to the Ray cluster at {self.address} (job {self.job_id})")
+        self._unreachable_since = self._unreachable_since or time.monotonic()
+        if time.monotonic() - self._unreachable_since < UNREACHABLE_S:
+            return ALIVE  # a dashboard restart or a network blip: ask again
+        return JobState(False, f"could not be followed: the Ray cluster at {self.address} has not answered for "
+                               f"{UNREACHABLE_S:.0f}s ({type(exc).__name__}: {exc})")
+
+    def request_stop(self) -> None:
+        # Stop & save and Cancel already travel through the run folder's control file, which every rank reads;
+        # this is the fallback for a job that does not answer it: Ray sends the job SIGTERM, then SIGKILL.
+        self._stop()
+
+    def kill(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        try:
+            self.client().stop_job(self.job_id)
+        except Exception:  # noqa: BLE001 - the job or the cluster is gone already: nothing left to stop
+            self._client = None
+        self._last = None
+
+
+class RayLauncher(Launcher):
+    """Submits each job to the Ray cluster whose dashboard answers at ``address`` (e.g. http://head:8265)."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def start(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> RayHandle:
+        problem = shared_storage_problem(run_dir)
+        if problem:
+            raise OSError(problem)
+        processes = max(getattr(cfg, "num_processes", 1), 1)
+        gpus = float(getattr(cfg, "ray_gpus_per_worker", 0.0))
+        job_id = submission_id(run_dir.name)
+        (run_dir / JOB_FILE).write_text(json.dumps({"address": self.address, "job_id": job_id}) + "\n")
+        entry = dict(entrypoint_num_cpus=1, entrypoint_num_gpus=gpus or None) if processes == 1 else {}
+        try:  # several processes: the driver only waits; TorchTrainer's workers hold the CPUs and GPUs
+            RayHandle(self.address, job_id).client().submit_job(
+                entrypoint=shlex.join([ray_python(), "-m", "trainer_core.worker.ray_entry", str(run_dir)]),
+                submission_id=job_id, runtime_env={"env_vars": self.environment(run_dir, processes, gpus)},
+                metadata={"finetune_studio_run": run_dir.name}, **entry)
+        except Exception as exc:  # noqa: BLE001 - the cluster refused or cannot be reached: the run fails with why
+            raise OSError(f"the Ray cluster at {self.address} did not take the job ({type(exc).__name__}: {exc})") \
+                from None
+        return RayHandle(self.address, job_id, started_here=True)
+
+    def adopt(self, run: RunRecord) -> RayHandle:
+        recorded = read_job(paths.run_dir(run.id))
+        return RayHandle(recorded.get("address", self.address), recorded.get("job_id", submission_id(run.id)))
+
+    def environment(self, run_dir: Path, processes: int, gpus: float) -> dict[str, str]:
+        """The job's environment: the allow-list of a local worker without this host's own paths, and never a
+        secret (no ``needs``, no run secrets): Ray shows a job's runtime_env to anyone with its dashboard."""
+        env = {k: v for k, v in access.worker_env(os.environ).items() if k not in HOST_ONLY}
+        env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()), PYTHONPATH=str(ROOT),
+                   TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        env[NPROC_ENV] = str(processes)
+        env[GPUS_ENV] = str(gpus)
+        env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
+        env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
+        env.pop(PYTHON_ENV, None)
+        return env
+
+
+def job_client(address: str) -> JobSubmissionClient:
+    """A Ray Jobs client. ray is imported here, not with this module: a dashboard that never uses a cluster
+    does not pay its import time (seconds)."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as exc:
+        raise OSError("the Ray launcher needs ray, which is not installed: pip install -e '.[ray]'") from exc
+    return JobSubmissionClient(address)
+
+
+def ray_python() -> str:
+    """The Python the job runs: the cluster's nodes are expected to have this environment at the same path
+    (one image or one shared venv); ``FINETUNE_STUDIO_RAY_PYTHON`` names another."""
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
+def read_job(run_dir: Path) -> dict[str, str]:
+    try:
+        return json.loads((run_dir / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return {}

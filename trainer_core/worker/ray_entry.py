@@ -1,0 +1,139 @@
+"""The entry point of a Ray job (trainer_core/launchers/ray.py): ``python -m trainer_core.worker.ray_entry RUN_DIR``.
+
+One process: the worker itself replaces this process (``exec``), writing worker.log in the run folder on the
+shared storage; Ray's stop_job sends it SIGTERM, which a single worker reads as Cancel.
+
+Several processes (``FINETUNE_STUDIO_NPROC``): Ray Train's ``TorchTrainer`` places one Ray Train worker per
+process (``ScalingConfig``: one CPU each, ``FINETUNE_STUDIO_RAY_GPUS_PER_WORKER`` GPUs each) and sets up a
+process group among them. Each Ray Train worker runs the same worker recipe as a local rank of torchrun: a
+``python -m trainer_core.worker RUN_DIR`` child with the RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR that Ray
+Train set, and a fresh MASTER_PORT agreed over Ray's process group (its own port is taken by Ray's store). The
+transformers Trainer in the child then builds DDP (gloo on CPU, NCCL on GPUs) exactly as under torchrun. A
+child notices when its Ray worker is gone (``Worker._watch_launcher``) and exits with it.
+
+Rank 0 writes the run's events; the ranks' placement (Ray node id, address, GPUs) goes to ``ray_ranks.json``.
+When a rank fails, Ray Train stops the others and this driver reports the rank that failed first as the run's
+error event, as the torchrun launcher does (worker/launch.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer_core.launchers.ray import GPUS_ENV
+from trainer_core.parallel import NPROC_ENV
+from trainer_core.protocol import events as ev, paths
+from trainer_core.worker import ranks
+
+PLACEMENT_FILE = "ray_ranks.json"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m trainer_core.worker.ray_entry RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
+    processes = int(os.environ.get(NPROC_ENV, "1"))
+    if processes <= 1:
+        return run_alone(run_dir)
+    return run_workers(run_dir, processes, float(os.environ.get(GPUS_ENV, "0") or 0))
+
+
+def run_alone(run_dir: Path) -> int:
+    """The worker in place of this process: its output in worker.log, Ray's SIGTERM reaching it directly."""
+    log = os.open(run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.execv(sys.executable, [sys.executable, "-m", "trainer_core.worker", str(run_dir)])
+    return 1  # not reached: execv replaces this process
+
+
+def run_workers(run_dir: Path, processes: int, gpus: float) -> int:
+    import ray.train
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    resources = {"CPU": 1, **({"GPU": gpus} if gpus else {})}
+    trainer = TorchTrainer(
+        train_rank, train_loop_config={"run_dir": str(run_dir)},
+        scaling_config=ScalingConfig(num_workers=processes, use_gpu=gpus > 0, resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        # Ray Train's own results (not ours: events and checkpoints stay in the run folder) next to the run.
+        # max_failures=0: a restarted worker group would train from step 0 again and repeat the run's metrics.
+        run_config=RunConfig(name="ray-train", storage_path=str(run_dir), failure_config=FailureConfig(max_failures=0)))
+    print(f"Ray Train: {processes} workers, {resources} each", flush=True)
+    try:
+        trainer.fit()
+    except ray.train.TrainingFailedError as exc:  # process boundary: a rank failed and Ray stopped the others
+        report_failure(run_dir, processes, exc)
+        return 1
+    return 0
+
+
+def train_rank(config: dict) -> None:
+    """One Ray Train worker: the worker recipe as one rank of the run, in a child process."""
+    import ray
+    import ray.train
+    import torch.distributed as dist
+
+    run_dir = Path(config["run_dir"])
+    rank = ray.train.get_context().get_world_rank()
+    port = [free_port() if rank == 0 else 0]
+    dist.broadcast_object_list(port, src=0)  # the children's rendezvous, on rank 0's node (MASTER_ADDR)
+    here = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
+            "address": ray.util.get_node_ip_address(), "gpus": ray.get_gpu_ids()}
+    placement = [None] * dist.get_world_size()
+    dist.all_gather_object(placement, here)
+    if rank == 0:
+        (run_dir / PLACEMENT_FILE).write_text(json.dumps(placement, indent=1) + "\n")
+    env = dict(os.environ, MASTER_PORT=str(port[0]))
+    log_path = run_dir / "worker.log" if rank == 0 else run_dir / "ranks" / f"ray-rank-{rank}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    with open(log_path, "ab") as log:
+        code = subprocess.call([sys.executable, "-m", "trainer_core.worker", str(run_dir)], env=env, cwd=run_dir,
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if code != 0:
+        raise RuntimeError(f"rank {rank} on node {here['node_id']} ({here['address']}) exited with code {code}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def report_failure(run_dir: Path, processes: int, exc: BaseException) -> str:
+    """The run's error event: the rank that reported its own failure first (worker/ranks.py), else Ray's account."""
+    reports = []
+    for rank in range(processes):
+        path = ranks.rank_error_path(run_dir, rank)
+        if path.is_file():
+            own = json.loads(path.read_text())
+            reports.append((float(own.get("ts", 0.0)), rank, own.get("message", ""), own.get("exc_type", "")))
+    if reports:
+        _, rank, reason, exc_type = min(reports)
+        message = f"Rank {rank} of {processes} failed: {reason}"
+    else:
+        message, exc_type = f"The Ray Train run failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}", type(exc).__name__
+    tail = tail_of(run_dir, rank if reports else 0)
+    print(f"\n---- {message}\n{tail}", flush=True)
+    writer = ev.EventWriter(run_dir / ev.LOG_NAME)
+    writer.emit(ev.ErrorEvent(message=message, exc_type=exc_type or "RankFailed", traceback=tail[-8000:]))
+    writer.close()
+    return message
+
+
+def tail_of(run_dir: Path, rank: int) -> str:
+    path = run_dir / "worker.log" if rank == 0 else run_dir / "ranks" / f"ray-rank-{rank}.log"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-ranks.RANK_LOG_LINES:])
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
