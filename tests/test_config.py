@@ -138,8 +138,7 @@ def test_target_module_names_are_identifiers(home):
         "target_modules", "module names are plain identifiers such as q_proj")]
 
 
-@pytest.mark.parametrize("name, what", [("is_dataset_image", "image"), ("is_dataset_audio", "audio"),
-                                        ("is_embedding", "embedding")])
+@pytest.mark.parametrize("name, what", [("is_dataset_audio", "audio"), ("is_embedding", "embedding")])
 def test_unsupported_modalities(home, name, what):
     assert errors(**{name: True}) == [FieldError(name, f"{what} training is not supported yet; turn this off")]
 

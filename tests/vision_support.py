@@ -48,7 +48,7 @@ BUILD_TINY_VLM = textwrap.dedent("""
                                 image_size=size, patch_size=patch, vision_use_head=False)
     text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                       tie_word_embeddings=True, initializer_range=0.4, pad_token_id=tokenizer.pad_token_id,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     config = LlavaConfig(vision_config=vision, text_config=text,
                          image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
@@ -65,7 +65,9 @@ BUILD_TINY_VLM = textwrap.dedent("""
 
 def build_tiny_vlm(target: Path = TINY_VLM, models_cache: Path = MODELS_CACHE) -> Path:
     """A 3M-parameter LLaVA (SigLIP 32 px / 8 px patches: 16 image tokens; 2-layer Llama) that loads with
-    AutoModelForImageTextToText and AutoProcessor. Built once per checkout."""
+    AutoModelForImageTextToText and AutoProcessor. Built once per checkout. The language model's weights are drawn
+    wider than usual (initializer_range 0.4): with the default 0.02 its tied embeddings give near-uniform logits
+    that a LoRA adapter on a frozen base cannot sharpen, so a test could not tell learning from noise."""
     if (target / "processor_config.json").exists() and (target / "model.safetensors").exists():
         return target
     result = run_python(BUILD_TINY_VLM, str(target), str(IMAGE_SIZE), str(PATCH_SIZE), json.dumps(CHAT_TEMPLATE),

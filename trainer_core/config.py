@@ -106,7 +106,8 @@ class TrainConfig:
     dataset_slice_end: int = _f(0, "Row after the last to use (0: to the end).", "dataset")
     custom_format_mapping: dict = _f({}, "Map your column names onto the format's roles, e.g. {instruction: question}.", "dataset")
     system_prompt: str = _f("", "Optional system prompt added to every conversation.", "dataset")
-    is_dataset_image: bool = _f(False, "Image dataset (not supported yet).", "dataset")
+    is_dataset_image: bool = _f(False, "Require images: image + text rows are detected without it (docs/vision.md); "
+                                "on, a dataset without images is refused.", "dataset")
     is_dataset_audio: bool = _f(False, "Audio dataset (not supported yet).", "dataset")
     is_embedding: bool = _f(False, "Embedding-model training (not supported yet).", "dataset")
     # --- training ---
@@ -140,7 +141,8 @@ class TrainConfig:
     use_rslora: bool = _f(False, "Rank-stabilised LoRA scaling.", "lora")
     use_loftq: bool = _f(False, "LoftQ initialisation of the adapters from a 16-bit base (CUDA and bitsandbytes; "
                          "not with 4-bit loading).", "lora")
-    finetune_vision_layers: bool = _f(False, "Adapt vision layers (vision models only).", "lora")
+    finetune_vision_layers: bool = _f(False, "Adapt the vision tower and its projector too (vision-language models; "
+                                      "the attention/MLP switches pick the tower's layers).", "lora")
     finetune_language_layers: bool = _f(True, "Adapt language layers.", "lora")
     finetune_attention_modules: bool = _f(True, "Adapt attention projections.", "lora")
     finetune_mlp_modules: bool = _f(True, "Adapt MLP projections.", "lora")
@@ -379,9 +381,9 @@ class TrainConfig:
             _check_range(self, bad, "lora_r", 1, 4096, fix="use a rank such as 8, 16 or 64")
             _check_range(self, bad, "lora_alpha", 1, 1_000_000)
             _check_range(self, bad, "lora_dropout", 0.0, 1.0, high_open=True)
-            if not self.finetune_language_layers:
-                bad("finetune_language_layers", "turning language layers off leaves nothing to train on a "
-                    "text model; turn it on (vision layers are not supported yet)")
+            if not self.finetune_language_layers and not self.finetune_vision_layers:
+                bad("finetune_language_layers", "turning language layers off leaves nothing to train; turn it on, "
+                    "or turn on finetune_vision_layers (vision-language models)")
             if not self.effective_target_modules:
                 bad("target_modules", "list at least one module (e.g. q_proj, v_proj) or turn on attention/MLP modules")
             elif not all(isinstance(m, str) and re.match(r"^[\w.*-]+$", m) for m in self.effective_target_modules):
@@ -399,11 +401,9 @@ class TrainConfig:
             _check_ray(self, bad)
         else:
             _check_devices(self, bad)
-        for name, what in (("is_dataset_image", "image"), ("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
+        for name, what in (("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
             if getattr(self, name):
                 bad(name, f"{what} training is not supported yet; turn this off")
-        if self.finetune_vision_layers:
-            bad("finetune_vision_layers", "vision models are not supported yet; turn this off")
         for name, limit in TEXT_LIMITS.items():
             if len(getattr(self, name)) > limit:
                 bad(name, f"is {len(getattr(self, name)):,} characters long; the limit is {limit:,}: shorten it")

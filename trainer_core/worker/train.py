@@ -137,6 +137,11 @@ class Worker:
 
             self.status(RunStatus.STARTING, "preparing data")
             train_rows, eval_rows = self.load_data(cfg)
+            from trainer_core.worker import vision  # imports transformers: after the engine, like model_files
+
+            # image rows train with the model's processor (rows that would cut an image's tokens left out)
+            tokenizer, train_rows, eval_rows = vision.prepare_run(tokenizer, train_rows, eval_rows, cfg, self.warn,
+                                                                  self.log)
             train_ds = engine.to_dataset(train_rows, cfg)  # in the shape the run's method trains on
             eval_ds = engine.to_dataset(eval_rows, cfg) if eval_rows else None
             self.check_cancel()
@@ -145,7 +150,8 @@ class Worker:
             callback = make_callback(self)
             chat = bool(train_rows) and "messages" in train_rows[0]  # samples are rendered like the training rows
             sampling = (None if cfg.method_spec.loads_own_model  # generated samples are for language models
-                        else samples.make_callback(cfg, tokenizer, chat, eval_ds is not None, sharded, self))
+                        else samples.make_callback(cfg, vision.text_tokenizer(tokenizer), chat, eval_ds is not None,
+                                                   sharded, self))
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
                                            [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")

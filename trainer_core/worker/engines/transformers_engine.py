@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from datasets import Dataset
 from peft import LoftQConfig, LoraConfig
-from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers import TrainerCallback
 
 from trainer_core.config import TrainConfig
 from trainer_core.worker import methods as worker_methods
-from trainer_core.worker import token_cache
+from trainer_core.worker import model_resolver, token_cache
 
 NAME = "transformers"
 
@@ -21,7 +21,11 @@ NAME = "transformers"
 def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: bool = False):
     """``sharded``: FSDP places the weights itself (the model is loaded on the CPU first)."""
     kwargs: dict[str, Any] = {"token": token, "trust_remote_code": cfg.trust_remote_code}
-    tokenizer = token_cache.load_tokenizer(cfg, model_ref, token)  # the preview loads it the same way
+    resolved = model_resolver.resolve(model_ref, cfg, token)  # config -> auto class (text or vision-language)
+    if resolved.kind == model_resolver.VISION:
+        tokenizer = model_resolver.load_processor(model_ref, cfg, token)  # the worker picks processor or tokenizer
+    else:
+        tokenizer = token_cache.load_tokenizer(cfg, model_ref, token)  # the preview loads it the same way
     if cfg.effective_4bit:
         from transformers import BitsAndBytesConfig  # only reachable on CUDA hosts with the gpu extra
 
@@ -35,11 +39,8 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
         # nn.DataParallel over every visible GPU.
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
     if cfg.method_spec.model_class == "sequence_classification":  # a reward model: one score per sequence
-        from transformers import AutoModelForSequenceClassification
-
-        model = AutoModelForSequenceClassification.from_pretrained(model_ref, num_labels=1, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
+        kwargs["num_labels"] = 1
+    model = resolved.model_class.from_pretrained(model_ref, **kwargs)
     if cfg.effective_4bit:
         from peft import prepare_model_for_kbit_training
 
@@ -63,13 +64,20 @@ def load_dtype(cfg: TrainConfig) -> torch.dtype:
     return compute_dtype()
 
 
-def peft_config(cfg: TrainConfig) -> LoraConfig | None:
+def peft_config(cfg: TrainConfig, model=None) -> LoraConfig | None:
     if not cfg.effective_use_lora:
         return None
     saved = list(cfg.method_spec.saved_modules(cfg)) or None  # the method's modules trained in full
+    targets: Any = cfg.effective_target_modules
+    if model is not None and model_resolver.is_vision_config(model.config):
+        # by full name: the vision tower has q_proj/k_proj too, adapted only when finetune_vision_layers says so
+        targets = model_resolver.lora_targets(model, cfg)
+        if not targets:
+            raise ValueError("target_modules: no layer of this vision-language model matches the LoRA switches: turn "
+                             "on finetune_language_layers or finetune_vision_layers, and attention or MLP modules")
     return LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-        target_modules=cfg.effective_target_modules, use_rslora=cfg.use_rslora, bias="none",
+        target_modules=targets, use_rslora=cfg.use_rslora, bias="none",
         task_type="CAUSAL_LM", modules_to_save=saved,
         init_lora_weights="loftq" if cfg.use_loftq else True,
         loftq_config=LoftQConfig(loftq_bits=4) if cfg.use_loftq else {})
@@ -135,7 +143,7 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds
     """The run's method builds its trainer from the loaded model, the data and the shared arguments."""
     args = training_args(cfg, output_dir, run_dir, eval_ds is not None, sharded)
     return worker_methods.get(cfg.method).build_trainer(
-        cfg, model, tokenizer, train_ds, eval_ds, args, callbacks, peft_config(cfg) if apply_peft else None)
+        cfg, model, tokenizer, train_ds, eval_ds, args, callbacks, peft_config(cfg, model) if apply_peft else None)
 
 
 def data_parallel_args(on_cuda: bool, sharded: bool) -> dict[str, Any]:

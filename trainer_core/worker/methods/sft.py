@@ -7,11 +7,14 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from trainer_core.config import TrainConfig
-from trainer_core.worker import token_cache
+from trainer_core.worker import token_cache, vision
 
 
 def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str, int]]:
-    """Chat rows stay {"messages"} ({"prompt", "completion"} when training on completions); text stays {"text"}."""
+    """Chat rows stay {"messages"} ({"prompt", "completion"} when training on completions); text stays {"text"};
+    image rows keep their "images" beside either."""
+    if vision.is_vision_rows(rows):
+        return vision.training_rows(rows, cfg.train_on_completions)
     return token_cache.training_rows(rows, cfg.train_on_completions)
 
 
@@ -38,6 +41,10 @@ def pretokenize(ds: Dataset, tokenizer, cfg: TrainConfig, log=print) -> Dataset:
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> SFTTrainer:
+    if "images" in train_ds.column_names:  # tokenized per batch by the processor, with the images
+        return SFTTrainer(model=model, args=sft_args(cfg, args), train_dataset=train_ds, eval_dataset=eval_ds,
+                          processing_class=tokenizer, data_collator=vision.collator(tokenizer, cfg),
+                          peft_config=peft_config, callbacks=callbacks)
     train_ds = pretokenize(train_ds, tokenizer, cfg)
     eval_ds = pretokenize(eval_ds, tokenizer, cfg) if eval_ds is not None else None
     return SFTTrainer(model=model, args=sft_args(cfg, args), train_dataset=train_ds, eval_dataset=eval_ds,
