@@ -5,20 +5,10 @@ dashboard restart re-adopted the job, and Ray's own account of a stopped job. Sk
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.ray_support import local_cluster
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core import hardware
 from trainer_core.config import TrainConfig
@@ -38,82 +28,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.train]
 SERVER_SECRET = "hf_server_secret_never_in_ray"  # in the dashboard's environment: must not reach Ray
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def ray_start(*args: str) -> subprocess.Popen:
-    """One Ray node, blocking in its own session (so that teardown ends exactly what it started)."""
-    ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "metrics-export-port",
-                                                    "runtime-env-agent-port")]
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    return subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--block", "--num-cpus=1",
-                             "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
-                             "--disable-usage-stats", *ports, *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-
-
-def node_count(address: str) -> int:
-    try:
-        return sum(1 for n in list_nodes(address=address) if n.state == "ALIVE")
-    except Exception:  # noqa: BLE001 - the dashboard is not up yet
-        return 0
-
-
-def dashboard_up(address: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{address}/api/version", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """The dashboard address of a two-node local cluster; every process it started is ended afterwards."""
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
-    gcs, dashboard = free_port(), free_port()
-    address = f"http://127.0.0.1:{dashboard}"
-    nodes = [ray_start("--head", f"--port={gcs}", f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
-                       f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}")]
-    try:
-        wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
-        nodes.append(ray_start(f"--address=127.0.0.1:{gcs}"))
-        wait_until(lambda: node_count(address) == 2, timeout=120, what="two Ray nodes")
+    """The dashboard address of a two-node local cluster (tests/ray_support.py), for this module."""
+    with local_cluster() as address:
         yield address
-    finally:
-        end_sessions(nodes)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def end_sessions(nodes: list[subprocess.Popen]) -> None:
-    """SIGTERM, then SIGKILL, to every process of the sessions the nodes were started in (and their
-    descendants: Ray's actors and job drivers)."""
-    procs = {}
-    for node in nodes:
-        for proc in [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]:
-            procs[proc.pid] = proc
-        for proc in psutil.process_iter():
-            try:
-                if os.getsid(proc.pid) == node.pid:
-                    procs[proc.pid] = proc
-            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-                pass
-    for proc in procs.values():
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=5)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for node in nodes:
-        node.wait(timeout=30)
 
 
 @pytest.fixture

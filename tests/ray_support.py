@@ -1,0 +1,102 @@
+"""A local Ray cluster of two nodes for tests and benchmarks: a head and a second ``ray start --address`` node on
+this machine, one CPU each, each blocking in a session of its own so that ending it ends exactly the processes it
+started (never ``ray stop``, which stops every Ray process of the user)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+
+from tests.support import wait_until
+
+
+@contextlib.contextmanager
+def local_cluster(cpus_per_node: int = 1) -> Iterator[str]:
+    """The dashboard address (Ray Jobs) of a two-node local cluster, for the time of the ``with``."""
+    from ray.util.state import list_nodes
+
+    def alive_nodes() -> int:
+        try:
+            return sum(1 for n in list_nodes(address=address) if n.state == "ALIVE")
+        except Exception:  # noqa: BLE001 - the dashboard is not up yet
+            return 0
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
+    gcs, dashboard = free_port(), free_port()
+    address = f"http://127.0.0.1:{dashboard}"
+    nodes = [ray_start(cpus_per_node, "--head", f"--port={gcs}", f"--dashboard-port={dashboard}",
+                       "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}")]
+    try:
+        wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
+        nodes.append(ray_start(cpus_per_node, f"--address=127.0.0.1:{gcs}"))
+        wait_until(lambda: alive_nodes() == 2, timeout=120, what="two Ray nodes")
+        yield address
+    finally:
+        end_sessions(nodes)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ray_start(cpus: int, *args: str) -> subprocess.Popen:
+    """One Ray node, blocking in its own session."""
+    ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "metrics-export-port",
+                                                    "runtime-env-agent-port")]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    return subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--block", f"--num-cpus={cpus}",
+                             "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
+                             "--disable-usage-stats", *ports, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def dashboard_up(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{address}/api/version", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def end_sessions(nodes: list[subprocess.Popen]) -> None:
+    """SIGTERM, then SIGKILL, to every process of the sessions the nodes were started in and their
+    descendants (Ray's actors and job drivers)."""
+    procs = {}
+    for node in nodes:
+        try:
+            found = [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            found = []
+        procs.update((p.pid, p) for p in found)
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == node.pid:
+                    procs[proc.pid] = proc
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+                pass
+    for proc in procs.values():
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for node in nodes:
+        node.wait(timeout=30)
