@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = {"local": TrainConfig(**base, launcher="local"), "ray": TrainConfig(**base, launcher="ray")}
     print(f"bench: {args.pairs} pairs of {args.steps} steps, two processes (gloo, CPU), {model}", flush=True)
     started = time.time()
-    with local_cluster() as address:
+    with local_cluster() as cluster:
         print(f"local two-node Ray cluster up in {time.time() - started:.1f}s", flush=True)
-        os.environ["RAY_ADDRESS"] = address
+        os.environ["RAY_ADDRESS"] = cluster.address
         orch = Orchestrator()
         results: list[Result] = []
         try:

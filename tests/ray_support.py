@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -20,9 +21,19 @@ import psutil
 from tests.support import wait_until
 
 
+@dataclass
+class LocalCluster:
+    address: str  # the dashboard (Ray Jobs) address
+    nodes: list[subprocess.Popen]  # the head first
+
+    def lose_node(self) -> None:
+        """The second node goes away at once, as a crashed machine: every process of its session is killed."""
+        end_sessions(self.nodes[1:], grace_s=0.0)
+
+
 @contextlib.contextmanager
-def local_cluster(cpus_per_node: int = 1) -> Iterator[str]:
-    """The dashboard address (Ray Jobs) of a two-node local cluster, for the time of the ``with``."""
+def local_cluster(cpus_per_node: int = 1) -> Iterator[LocalCluster]:
+    """A two-node local cluster, for the time of the ``with``."""
     from ray.util.state import list_nodes
 
     def alive_nodes() -> int:
@@ -40,7 +51,7 @@ def local_cluster(cpus_per_node: int = 1) -> Iterator[str]:
         wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
         nodes.append(ray_start(cpus_per_node, f"--address=127.0.0.1:{gcs}"))
         wait_until(lambda: alive_nodes() == 2, timeout=120, what="two Ray nodes")
-        yield address
+        yield LocalCluster(address, nodes)
     finally:
         end_sessions(nodes)
         shutil.rmtree(temp, ignore_errors=True)
@@ -71,7 +82,7 @@ def dashboard_up(address: str) -> bool:
         return False
 
 
-def end_sessions(nodes: list[subprocess.Popen]) -> None:
+def end_sessions(nodes: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     """SIGTERM, then SIGKILL, to every process of the sessions the nodes were started in and their
     descendants (Ray's actors and job drivers)."""
     procs = {}
@@ -89,10 +100,10 @@ def end_sessions(nodes: list[subprocess.Popen]) -> None:
                 pass
     for proc in procs.values():
         try:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM if grace_s else signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=5)
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s or 1.0)
     for proc in alive:
         try:
             proc.kill()

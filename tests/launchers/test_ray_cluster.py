@@ -1,7 +1,8 @@
 """The Ray launcher against a real local Ray cluster of two nodes (a head and a second ``ray start --address``
 node, one CPU each), started and stopped by this module: runs go through the orchestrator as Ray jobs, a
 two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one rank per node, Stop & save after a
-dashboard restart re-adopted the job, and Ray's own account of a stopped job. Skips without ray."""
+dashboard restart re-adopted the job, Ray's own account of a stopped job, and a lost node failing the run with
+the rank and node named. Skips without ray."""
 from __future__ import annotations
 
 import json
@@ -29,10 +30,16 @@ SERVER_SECRET = "hf_server_secret_never_in_ray"  # in the dashboard's environmen
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The dashboard address of a two-node local cluster (tests/ray_support.py), for this module."""
-    with local_cluster() as address:
-        yield address
+def ray_cluster():
+    """A two-node local cluster (tests/ray_support.py), for this module."""
+    with local_cluster() as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(ray_cluster) -> str:
+    """Its dashboard (Ray Jobs) address."""
+    return ray_cluster.address
 
 
 @pytest.fixture
@@ -127,3 +134,19 @@ def test_a_job_stopped_on_the_cluster_says_so(studio, cluster, tiny_model):
     assert handle.state() == JobState(False, "ended on the Ray cluster as STOPPED: Job was intentionally stopped.")
     snap = studio.wait(run_id, timeout=60)
     assert snap.status is RunStatus.CANCELLED, (snap.error, studio.log_tail(run_id))
+
+
+def test_losing_a_node_fails_the_run_naming_the_rank_and_its_node(studio, ray_cluster, tiny_model):
+    # Last in this module: the cluster keeps only its head afterwards.
+    run_id = studio.start(on_ray(tiny_model, num_processes=2, max_steps=2000))
+    wait_for_step(studio, run_id, 2)
+    second = next(n.node_id for n in list_nodes(address=ray_cluster.address) if not n.is_head_node)
+    placement = json.loads((paths.run_dir(run_id) / PLACEMENT_FILE).read_text())
+    lost = next(p for p in placement if p["node_id"] == second)
+    ray_cluster.lose_node()
+    snap = studio.wait(run_id, timeout=180)
+    assert snap.status is RunStatus.FAILED
+    assert snap.error.startswith(f"Rank {lost['rank']} of 2 on node {lost['address']} ({second[:12]}) was lost: its "
+                                 "Ray worker died ("), snap.error
+    steps = list(studio.metrics(run_id).dropna(subset=["loss"])["step"])
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2  # nothing lost or repeated

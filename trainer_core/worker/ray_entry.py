@@ -23,10 +23,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from trainer_core.launchers.ray import GPUS_ENV
 from trainer_core.parallel import NPROC_ENV
-from trainer_core.protocol import events as ev, paths
+from trainer_core.protocol import events as ev, files, paths
 from trainer_core.worker import ranks
 
 PLACEMENT_FILE = "ray_ranks.json"
@@ -96,8 +97,13 @@ def train_rank(config: dict) -> None:
     with open(log_path, "ab") as log:
         code = subprocess.call([sys.executable, "-m", "trainer_core.worker", str(run_dir)], env=env, cwd=run_dir,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    if code != 0:
+    if code != 0:  # how it ended, for the driver's report (a rank whose Ray worker died leaves none)
+        exit_path(run_dir, rank).write_text(json.dumps({"exitcode": code}) + "\n")
         raise RuntimeError(f"rank {rank} on node {here['node_id']} ({here['address']}) exited with code {code}")
+
+
+def exit_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "ranks" / f"ray-rank-{rank}.exit.json"
 
 
 def free_port() -> int:
@@ -107,32 +113,53 @@ def free_port() -> int:
 
 
 def report_failure(run_dir: Path, processes: int, exc: BaseException) -> str:
-    """The run's error event: the rank that reported its own failure first (worker/ranks.py), else Ray's account."""
-    reports = []
-    for rank in range(processes):
-        path = ranks.rank_error_path(run_dir, rank)
-        if path.is_file():
-            own = json.loads(path.read_text())
-            reports.append((float(own.get("ts", 0.0)), rank, own.get("message", ""), own.get("exc_type", "")))
-    if reports:
-        _, rank, reason, exc_type = min(reports)
-        message = f"Rank {rank} of {processes} failed: {reason}"
+    """The run's error event, naming the rank that failed first and its node. A rank whose Ray worker died
+    (its node was lost, or the worker was killed) comes first: its peers then fail in a collective, which is
+    not the cause. Then the ranks that exited, blamed as torchrun's are (worker/ranks.py: killed by a signal,
+    then the earliest error a rank reported itself, then any other exit code)."""
+    failed = getattr(exc, "worker_failures", None) or {}  # Ray Train's {world rank: exception}
+    exits = {rank: _read_json(exit_path(run_dir, rank)) for rank in range(processes)}
+    lost = sorted(rank for rank in failed if not exits.get(rank))
+    if lost:
+        rank, reason, exc_type = lost[0], f"was lost: its Ray worker died ({_first_line(failed[lost[0]])})", "RankLost"
+    elif any(exits.values()):
+        codes = {r: SimpleNamespace(exitcode=int(e["exitcode"])) for r, e in exits.items() if e}
+        rank, reason, exc_type = ranks.root_cause(codes, run_dir)
     else:
-        message, exc_type = f"The Ray Train run failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}", type(exc).__name__
-    tail = tail_of(run_dir, rank if reports else 0)
+        rank, reason, exc_type = None, "", type(exc).__name__
+    if rank is None:
+        message = f"The Ray Train run failed: {_first_line(exc)}"
+    else:
+        message = f"Rank {rank} of {processes}{_node_of(run_dir, rank)} {reason}"
+    tail = tail_of(run_dir, rank or 0)
     print(f"\n---- {message}\n{tail}", flush=True)
     writer = ev.EventWriter(run_dir / ev.LOG_NAME)
-    writer.emit(ev.ErrorEvent(message=message, exc_type=exc_type or "RankFailed", traceback=tail[-8000:]))
+    writer.emit(ev.ErrorEvent(message=message, exc_type=exc_type, traceback=tail[-8000:]))
     writer.close()
     return message
 
 
+def _node_of(run_dir: Path, rank: int) -> str:
+    placement = _read_json(run_dir / PLACEMENT_FILE) or []
+    where = next((p for p in placement if p.get("rank") == rank), None)
+    return f" on node {where['address']} ({where['node_id'][:12]})" if where else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(exc).__name__
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def tail_of(run_dir: Path, rank: int) -> str:
     path = run_dir / "worker.log" if rank == 0 else run_dir / "ranks" / f"ray-rank-{rank}.log"
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-ranks.RANK_LOG_LINES:])
-    except OSError:
-        return ""
+    return "\n".join(files.tail_lines(path, ranks.RANK_LOG_LINES)) if path.is_file() else ""
 
 
 if __name__ == "__main__":
