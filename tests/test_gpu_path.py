@@ -331,8 +331,9 @@ ETA = textwrap.dedent("""
     clock = [0.0]
     train.time = types.SimpleNamespace(time=lambda: clock[0])
     emitted = []
+    warnings = []
     fake = types.SimpleNamespace(events=types.SimpleNamespace(emit=emitted.append), requested=lambda: None,
-                                 distributed=False)
+                                 distributed=False, warn=warnings.append)
     callback = train.make_callback(fake)
     callback.memory_mb = lambda: 0.0
     state = types.SimpleNamespace(global_step=0, max_steps=10, num_input_tokens_seen=0, epoch=0.0)
