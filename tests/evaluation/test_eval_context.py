@@ -14,8 +14,9 @@ from trainer_core.worker.evaluate import Evaluator
 class WordTokenizer:
     """One token per word of every turn, plus two for the generation prompt."""
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        return list(range(sum(len(m["content"].split()) for m in messages) + 2))
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False, **_):
+        ids = list(range(sum(len(m["content"].split()) for m in messages) + 2))
+        return {"input_ids": ids} if return_dict else ids  # the safe-prompt encoder asks for a dict
 
 
 def test_rows_that_do_not_fit_the_context_are_left_out_with_one_warning(tmp_path):
