@@ -1,18 +1,22 @@
 """The Ray launcher against a real local Ray cluster of two nodes (a head and a second ``ray start --address``
-node, one CPU each), started and stopped by this module: runs go through the orchestrator as Ray jobs, a
-two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one rank per node, Stop & save after a
-dashboard restart re-adopted the job, Ray's own account of a stopped job, and a lost node failing the run with
-the rank and node named. Skips without ray."""
+node, one CPU each), started and stopped by this module: runs go through the CLI and the orchestrator as Ray
+jobs (no secret in what Ray stores), a two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one
+rank per node, Stop & save after a dashboard restart re-adopted the job, Ray's own account of a stopped job,
+and a lost node failing the run with the rank and node named. Skips without ray."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+import yaml
 
+from db.store import Store
 from tests.ray_support import local_cluster
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core import hardware
-from trainer_core.config import TrainConfig
+from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import JobState
 from trainer_core.launchers import ray as ray_jobs
@@ -80,18 +84,28 @@ def wait_for_step(orch: Orchestrator, run_id: str, step: int) -> None:
     wait_until(reached, timeout=240, what=f"step {step}")
 
 
-def test_a_single_process_run_is_a_ray_job_whose_metadata_holds_no_secret(studio, cluster, tiny_model):
-    run_id = studio.start(on_ray(tiny_model))
-    snap = studio.wait(run_id, timeout=300)
-    assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
-    assert list(studio.metrics(run_id).dropna(subset=["loss"])["step"]) == [1, 2, 3]
-    run_dir = paths.run_dir(run_id)
+def test_the_cli_trains_the_bundled_model_as_a_ray_job(cluster, tmp_path):
+    config = tmp_path / "on-ray.yaml"
+    config.write_text(yaml.safe_dump({"launcher": "ray", "model_name": BUNDLED_MODEL, "max_steps": 3,
+                                      "batch_size": 1, "max_seq_length": 64, "logging_steps": 1, "warmup_steps": 0}))
+    home = tmp_path / "home"
+    env = {"FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_SHARED_STORAGE": str(tmp_path), "RAY_ADDRESS": cluster,
+           "FINETUNE_STUDIO_FORCE_CPU": "1", "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE), "OMP_NUM_THREADS": "1",
+           "FINETUNE_STUDIO_ALLOWED_ROOTS": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+           "FINETUNE_STUDIO_PASSWORD": SERVER_SECRET}  # the dashboard's own secret: never for a worker
+    result = subprocess.run([sys.executable, "-m", "trainer_core", "run", "--config", str(config)],
+                            capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "final status: completed" in result.stdout
+    run_dir = next((home / "runs").iterdir())
+    store = Store(f"sqlite:///{home / 'studio.db'}")
+    assert list(store.metrics_frame(run_dir.name).dropna(subset=["loss"])["step"]) == [1, 2, 3]
     assert json.loads((run_dir / ray_jobs.JOB_FILE).read_text()) == {
-        "address": cluster, "job_id": ray_jobs.submission_id(run_id)}
-    job = job_of(cluster, run_id)
-    assert job.status == "SUCCEEDED" and job.metadata == {"finetune_studio_run": run_id}
-    shown = json.dumps([job.entrypoint, job.metadata, job.runtime_env])  # what Ray's dashboard shows anyone
-    assert str(run_dir) in shown and SERVER_SECRET not in shown and "HF_TOKEN" not in shown
+        "address": cluster, "job_id": ray_jobs.submission_id(run_dir.name)}
+    job = job_of(cluster, run_dir.name)
+    assert job.status == "SUCCEEDED" and job.metadata == {"finetune_studio_run": run_dir.name}
+    assert job.entrypoint.endswith(f"-m trainer_core.worker.ray_entry {run_dir}")
+    assert SERVER_SECRET not in json.dumps([job.entrypoint, job.metadata, job.runtime_env])
 
 
 def test_two_workers_train_one_run_with_one_rank_on_each_node(studio, cluster, tiny_model):
@@ -127,6 +141,9 @@ def test_stop_and_save_reaches_a_job_adopted_by_a_restarted_dashboard(studio, cl
 def test_a_job_stopped_on_the_cluster_says_so(studio, cluster, tiny_model):
     run_id = studio.start(on_ray(tiny_model, max_steps=2000))
     wait_for_step(studio, run_id, 1)
+    job = job_of(cluster, run_id)  # what Ray's dashboard shows anyone: no trace of the server's HF_TOKEN
+    assert SERVER_SECRET not in json.dumps([job.entrypoint, job.metadata, job.runtime_env])
+    assert "HF_TOKEN" not in job.runtime_env["env_vars"]
     handle = ray_jobs.RayLauncher(cluster).adopt(studio.get_run(run_id))
     assert handle.state() == JobState(True) and handle.pid is None and not handle.started_here
     handle.kill()  # Ray's stop_job: SIGTERM to the worker (which a single worker reads as Cancel), then SIGKILL
