@@ -2,6 +2,7 @@
 the test process plays the dashboard server, which must never import the ML stack."""
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -51,6 +52,21 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 60
     merged = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=merged,
                           timeout=timeout, cwd=ROOT)
+
+
+def run_in_child(function, *args: str, timeout: int = 900) -> str:
+    """Run a module-level test function (its asserts included) in a fresh interpreter and return its output.
+
+    For tests that must import the ML stack themselves: torch imported into the pytest process would make every
+    later "the dashboard never imported torch" assertion of the session fail (or pass for the wrong reason)."""
+    # by file: pytest imports test modules by basename (tests/ folders are not packages)
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('child_test', sys.argv[1])\n"
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+            "getattr(module, sys.argv[2])(*sys.argv[3:])\n")
+    result = run_python(code, inspect.getfile(function), function.__name__, *args, timeout=timeout)
+    assert result.returncode == 0, f"{function.__name__} failed in its child process:\n{result.stderr[-4000:]}"
+    return result.stdout
 
 
 def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACHE) -> Path:
