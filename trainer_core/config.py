@@ -550,20 +550,14 @@ def _check_devices(cfg: TrainConfig, bad) -> None:
 
 
 def _check_ray(cfg: TrainConfig, bad) -> None:
-    """launcher: ray: Ray places the workers, so only what the cluster needs from us is checked here."""
+    """launcher: ray: Ray places the workers, so only what the cluster needs from us is checked here (the shared
+    storage is the server's setting: the orchestrator checks it, trainer_core/jobs/launcher.py)."""
     if not hardware.has_module("ray"):
         bad("launcher", "the Ray launcher needs ray, which is not installed: pip install -e '.[ray]', or use "
             "launcher: local")
     if not (cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV)):
         bad("ray_address", f"launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
             f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment")
-    shared = os.environ.get(SHARED_STORAGE_ENV, "")
-    if not shared:
-        bad("launcher", f"launcher: ray needs run folders on storage every node mounts: set {SHARED_STORAGE_ENV} to "
-            "that path in the server's environment, with FINETUNE_STUDIO_HOME under it")
-    elif not paths.runs_dir().resolve().is_relative_to(Path(shared).resolve()):
-        bad("launcher", f"run folders ({paths.runs_dir()}) are not under the shared storage {shared} "
-            f"({SHARED_STORAGE_ENV}): set FINETUNE_STUDIO_HOME to a folder under it")
     for name in cfg.secrets():  # Ray keeps a job's environment in its job table, which its dashboard shows
         bad(name, "secrets are not passed to Ray jobs yet (Ray shows a job's environment on its dashboard): use a "
             "model and data that need no token, or launcher: local")

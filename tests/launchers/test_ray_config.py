@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from trainer_core.config import FieldError, TrainConfig
+from trainer_core.config import ConfigError, FieldError, TrainConfig
 from trainer_core.jobs import queue
-from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher, cluster_devices
+from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher, cluster_devices, launcher_problems
+from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.local import LocalHandle
 from trainer_core.protocol import paths
@@ -35,14 +36,10 @@ def test_a_ray_run_with_a_cluster_and_shared_storage_validates(shared):
 
 def test_every_missing_piece_of_a_ray_run_is_named_with_its_fix(home, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
     cfg = TrainConfig(launcher="ray", gpu_ids=[0], hf_token="hf_x", ray_gpus_per_worker=-1)
     assert ray_errors(cfg) == [
         FieldError("ray_address", "launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
                    "http://head:8265), or RAY_ADDRESS in the server's environment"),
-        FieldError("launcher", "launcher: ray needs run folders on storage every node mounts: set "
-                   "FINETUNE_STUDIO_SHARED_STORAGE to that path in the server's environment, with "
-                   "FINETUNE_STUDIO_HOME under it"),
         FieldError("hf_token", "secrets are not passed to Ray jobs yet (Ray shows a job's environment on its "
                    "dashboard): use a model and data that need no token, or launcher: local"),
         FieldError("gpu_ids", "Ray places the workers on the cluster's GPUs: leave gpu_ids empty and set "
@@ -53,13 +50,29 @@ def test_every_missing_piece_of_a_ray_run_is_named_with_its_fix(home, monkeypatc
         FieldError("launcher", "choose local or ray (this host, or a Ray cluster)")]
 
 
+def test_a_server_without_shared_storage_refuses_ray_runs_before_recording_them(home, store, monkeypatch):
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    cfg = TrainConfig(launcher="ray", ray_address="http://head:8265")
+    assert cfg.validate() == []  # the fields are fine: it is this server that lacks the setting
+    problem = FieldError("launcher", "launcher: ray: run folders must be on storage every node of the Ray cluster "
+                         "mounts: set FINETUNE_STUDIO_SHARED_STORAGE to that path in the server's environment, with "
+                         "FINETUNE_STUDIO_HOME under it")
+    assert launcher_problems(cfg) == [problem] and launcher_problems(TrainConfig()) == []
+    orch = Orchestrator(store=store, start_pump=False)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            orch.start(cfg)
+        assert problem in refused.value.errors and store.list_runs() == []
+    finally:
+        orch.close()
+
+
 def test_run_folders_outside_the_shared_storage_are_refused_at_validation_and_at_launch(home, tmp_path, monkeypatch):
     elsewhere = tmp_path / "nfs"
     elsewhere.mkdir()
     monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(elsewhere))
-    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
-    assert ray_errors(TrainConfig(launcher="ray")) == [FieldError(
-        "launcher", f"run folders ({paths.runs_dir()}) are not under the shared storage {elsewhere} "
+    assert launcher_problems(TrainConfig(launcher="ray")) == [FieldError(
+        "launcher", f"launcher: ray: {paths.runs_dir()} is not under the shared storage {elsewhere} "
         "(FINETUNE_STUDIO_SHARED_STORAGE): set FINETUNE_STUDIO_HOME to a folder under it")]
     run_dir = paths.run_dir("r1")
     run_dir.mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer_core import access, parallel
-from trainer_core.config import RAY_ADDRESS_ENV, TrainConfig
+from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig
 from trainer_core.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher
 from trainer_core.launchers import ray as ray_jobs
@@ -68,6 +68,12 @@ class PlacingLauncher(Launcher):
 
 def on_ray(cfg: TrainConfig | JobSpec) -> bool:
     return isinstance(cfg, TrainConfig) and cfg.launcher == "ray"
+
+
+def launcher_problems(cfg: TrainConfig | JobSpec) -> list[FieldError]:
+    """What this server lacks for the job's launcher (the fields themselves: ``TrainConfig.validate``)."""
+    problem = ray_jobs.shared_storage_problem(paths.runs_dir()) if on_ray(cfg) else ""
+    return [FieldError("launcher", f"launcher: ray: {problem}")] if problem else []
 
 
 def cluster_devices(cfg: TrainConfig | JobSpec) -> str | None:

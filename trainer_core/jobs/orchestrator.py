@@ -36,7 +36,7 @@ from trainer_core.methods import grpo
 from trainer_core.rewards import files as reward_files
 from trainer_core.rewards import spec as reward_spec
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
-from trainer_core.jobs.launcher import PlacingLauncher, cluster_devices
+from trainer_core.jobs.launcher import PlacingLauncher, cluster_devices, launcher_problems
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
@@ -91,7 +91,7 @@ class Orchestrator:
     # ================================================================== public API
     def validate(self, cfg: TrainConfig) -> list[FieldError]:
         """Every field problem; when the fields are fine, whether the device can plausibly hold the run."""
-        return (cfg.validate() + loading.check_data(cfg)) or resource_check.memory_problems(cfg)
+        return (cfg.validate() + loading.check_data(cfg) + launcher_problems(cfg)) or resource_check.memory_problems(cfg)
 
     def start(self, cfg: TrainConfig, parent: RunRecord | None = None, resumed_from_step: int | None = None,
               actor: access.Actor | None = None) -> str:

@@ -50,14 +50,16 @@ def submission_id(run_id: str) -> str:
     return f"finetune-studio-{run_id}"
 
 
-def shared_storage_problem(run_dir: Path) -> str:
-    """Why ``run_dir`` cannot be used by a Ray job ("" when it can): it must be on the shared storage."""
+def shared_storage_problem(folder: Path) -> str:
+    """Why run folders in ``folder`` cannot be used by Ray jobs ("" when they can): they must be on the storage
+    every node mounts."""
     shared = os.environ.get(SHARED_STORAGE_ENV, "")
     if not shared:
-        return f"{SHARED_STORAGE_ENV} is not set: Ray jobs need run folders on storage every node mounts"
-    if not run_dir.resolve().is_relative_to(Path(shared).resolve()):
-        return (f"the run folder {run_dir} is not under the shared storage {shared} ({SHARED_STORAGE_ENV}): "
-                "set FINETUNE_STUDIO_HOME to a folder under it")
+        return (f"run folders must be on storage every node of the Ray cluster mounts: set {SHARED_STORAGE_ENV} to "
+                "that path in the server's environment, with FINETUNE_STUDIO_HOME under it")
+    if not folder.resolve().is_relative_to(Path(shared).resolve()):
+        return (f"{folder} is not under the shared storage {shared} ({SHARED_STORAGE_ENV}): set "
+                "FINETUNE_STUDIO_HOME to a folder under it")
     return ""
 
 
