@@ -273,7 +273,8 @@ FAKE_CUDA = textwrap.dedent("""
     def from_pretrained(ref, **kwargs):
         seen["load"] = {k: str(v) for k, v in kwargs.items() if k != "quantization_config"}
         return "model"
-    te.AutoModelForCausalLM = type("Auto", (), {"from_pretrained": staticmethod(from_pretrained)})
+    from trainer_core.worker import model_resolver  # the engine loads the class the resolver picks
+    model_resolver.AutoModelForCausalLM = type("Auto", (), {"from_pretrained": staticmethod(from_pretrained)})
     peft.prepare_model_for_kbit_training = lambda model, **kwargs: model
     from trainer_core.config import TrainConfig
     os.environ["LOCAL_RANK"] = "1"
