@@ -26,7 +26,8 @@ RAW_TEXT = ["The tide tables of the northern harbour list two high waters a day.
 CASES: dict[str, tuple[dict, str, str]] = {
     "sft": ({}, "chat", "loss"),
     "cpt": ({"local_datasets": ["{text}"]}, "text", "loss"),
-    "dpo": ({"local_datasets": [BUNDLED_PAIRS]}, "pairs", "rewards/accuracies"),
+    # with the RPO term: TRL 1.16 has no DPOConfig.rpo_alpha (it raised TypeError at start); "sft" loss weight now
+    "dpo": ({"local_datasets": [BUNDLED_PAIRS], "dpo": {"rpo_alpha": 0.5}}, "pairs", "rewards/accuracies"),
     "orpo": ({"local_datasets": [BUNDLED_PAIRS]}, "pairs", "rewards/accuracies"),
     "simpo": ({"local_datasets": [BUNDLED_PAIRS]}, "pairs", "rewards/accuracies"),
     "kto": ({"local_datasets": [BUNDLED_PAIRS]}, "kto", "kl"),

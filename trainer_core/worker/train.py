@@ -148,10 +148,11 @@ class Worker:
 
             output_dir = self.run_dir / "checkpoints"
             callback = make_callback(self)
-            chat = bool(train_rows) and "messages" in train_rows[0]  # samples are rendered like the training rows
-            sampling = (None if cfg.method_spec.loads_own_model  # generated samples are for language models
-                        else samples.make_callback(cfg, vision.text_tokenizer(tokenizer), chat, eval_ds is not None,
-                                                   sharded, self))
+            chat = rows_are_chat(cfg, train_rows, tokenizer)  # samples are rendered like the training rows
+            generates = not cfg.method_spec.loads_own_model and cfg.method_spec.model_class == "causal_lm"
+            sampling = (samples.make_callback(cfg, vision.text_tokenizer(tokenizer), chat, eval_ds is not None,
+                                              sharded, self)
+                        if generates else None)  # samples are for language models (not embedders, reward heads)
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
                                            [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")
@@ -425,3 +426,17 @@ def agree(action: control.Action | None, device) -> control.Action | None:
 def main(run_dir: Path) -> int:
     """The entry point of a training job (``python -m trainer_core.worker RUN_DIR`` picks it by kind)."""
     return Worker(run_dir).run()
+
+
+def rows_are_chat(cfg: TrainConfig, rows: list[dict], tokenizer) -> bool:
+    """Whether the run trains on conversations, so its sample prompts are rendered with the chat template: chat
+    rows, message-list prompts, or text prompts that the method's worker half turns into a user turn (the
+    preference methods' ``as_conversational``). Rendering those raw made DPO's samples look empty."""
+    if not rows:
+        return False
+    if "messages" in rows[0] or isinstance(rows[0].get("prompt"), list):
+        return True
+    from trainer_core.worker import methods as worker_methods
+
+    text_as_chat = getattr(worker_methods.get(cfg.method), "TEXT_PROMPTS_AS_CHAT", False)
+    return isinstance(rows[0].get("prompt"), str) and text_as_chat and bool(getattr(tokenizer, "chat_template", None))

@@ -19,6 +19,11 @@ def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str
     return rows, {}
 
 
+# Text prompts become conversations when the model has a chat template (as_conversational): the worker renders
+# the run's sample prompts the same way (train.rows_are_chat). The preference halves re-export it.
+TEXT_PROMPTS_AS_CHAT = True
+
+
 def as_conversational(ds: Dataset | None, tokenizer, columns: tuple[str, ...]) -> Dataset | None:
     """Text rows for a model with a chat template become one user turn and one assistant turn, as SFT does
     with alpaca rows: an instruct model then learns its answers in the format it is prompted with."""

@@ -8,9 +8,10 @@ from trl import RewardConfig, RewardTrainer
 
 from trainer_core.config import TrainConfig
 from trainer_core.methods.preference import settings_of
-from trainer_core.worker.methods.preference import PAIR_COLUMNS, as_conversational, common_args, preview, shape_rows
+from trainer_core.worker.methods.preference import (PAIR_COLUMNS, as_conversational, common_args, preview, shape_rows,
+                                                    TEXT_PROMPTS_AS_CHAT)
 
-__all__ = ["shape_rows", "preview", "build_trainer"]
+__all__ = ["shape_rows", "preview", "build_trainer", "TEXT_PROMPTS_AS_CHAT"]
 
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
