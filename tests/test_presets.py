@@ -22,6 +22,8 @@ CPU_ERRORS = {
     "qlora-8b-24gb": {"adapter", "optim"},
     "full-small": set(),
     "cpt-raw-text": set(),
+    "dpo-demo": set(),
+    "grpo-demo": set(),
 }
 
 
@@ -29,7 +31,7 @@ def builtin_names() -> list[str]:
     return [p.name for p in presets.list_presets() if p.builtin]
 
 
-def test_the_builtin_presets_are_the_documented_four(home):
+def test_the_builtin_presets_are_the_documented_six(home):
     assert sorted(builtin_names()) == sorted(CPU_ERRORS)
     assert all(p.description for p in presets.list_presets() if p.builtin)
 
@@ -65,9 +67,17 @@ def test_builtin_presets_match_their_method(home):
     assert kinds["qlora-8b-24gb"].train_on_completions is True  # read from its sft section
     assert kinds["cpt-raw-text"].embedding_learning_rate > 0
     assert kinds["cpu-demo"].model_name == BUNDLED_MODEL
+    assert (kinds["dpo-demo"].method, kinds["grpo-demo"].method) == ("dpo", "grpo")
 
 
-@pytest.mark.parametrize("name", sorted(CPU_ERRORS))
+OLD_PRESETS = sorted(p.stem for p in (ROOT / "tests" / "fixtures" / "old_presets").glob("*.yaml"))
+
+
+def test_every_preset_from_before_method_and_adapter_is_kept_as_a_fixture():
+    assert OLD_PRESETS == ["cpt-raw-text", "cpu-demo", "full-small", "qlora-8b-24gb"]  # dpo/grpo came after
+
+
+@pytest.mark.parametrize("name", OLD_PRESETS)
 def test_the_presets_as_written_before_method_and_adapter_still_load_the_same(home, name):
     """tests/fixtures/old_presets: the built-in presets as they were, with training_type (and a user's own
     presets written then look the same): each loads to the very config its new file holds."""

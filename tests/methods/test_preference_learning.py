@@ -1,5 +1,6 @@
 """Preference and RL methods learn what their data asks for (issue 19), measured through the studio's own
-surfaces: a run started by the orchestrator, its stored metrics and its stored samples.
+surfaces: the built-in demo presets (dpo-demo, grpo-demo) started by the orchestrator, their stored metrics and
+their stored samples.
 
 * DPO on the bundled pairs, whose chosen answers start "Studio here!": after training, the run's greedy answers
   to questions it never saw start with the marker (its samples, rendered with the chat template as the pairs were
@@ -12,14 +13,13 @@ import json
 
 import pytest
 
-from tests.support import bundled_model_folder, run_python
-from trainer_core.config import BUNDLED_PAIRS, TrainConfig
+from tests.support import ROOT, bundled_model_folder, run_python
+from trainer_core import presets
 from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.train
 
 MARKER = "Studio here!"
-STEPS = 20
 UNSEEN = ["What is the capital of Italy?", "How many legs does a spider have?"]
 
 BASE_GREEDY = """
@@ -37,16 +37,15 @@ print(json.dumps(out))
 
 
 def test_dpo_teaches_the_chosen_answers_marker_to_unseen_questions(studio):
-    cfg = TrainConfig(run_name="dpo marker", method="dpo", local_datasets=[BUNDLED_PAIRS], max_steps=24,
-                      batch_size=4, max_seq_length=128, learning_rate=5e-4, warmup_steps=0, logging_steps=1,
-                      dpo={"beta": 0.1}, sample_prompts=UNSEEN, sample_max_new_tokens=12)
+    cfg = presets.load_preset("dpo-demo")  # the built-in DPO demo, as a user starts it
+    assert cfg.sample_prompts == UNSEEN and "Italy" not in (ROOT / "trainer_core/data/demo_pairs.jsonl").read_text()
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=900)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
 
     frame = studio.metrics(run_id, keys=["rewards/accuracies", "rewards/margins"])
     margins = frame.dropna(subset=["rewards/margins"])["rewards/margins"].tolist()
-    assert len(margins) == 24 and sum(margins[-4:]) / 4 > sum(margins[:4]) / 4  # the margin grew
+    assert len(margins) == cfg.max_steps and sum(margins[-4:]) / 4 > sum(margins[:4]) / 4  # the margin grew
     final = max(s.step for s in studio.samples(run_id))
     answers = {s.prompt: s.text for s in studio.samples(run_id) if s.step == final}
     assert sorted(answers) == sorted(UNSEEN)
@@ -58,16 +57,13 @@ def test_dpo_teaches_the_chosen_answers_marker_to_unseen_questions(studio):
 
 
 def test_grpo_with_a_length_reward_raises_the_mean_reward(studio):
-    cfg = TrainConfig(run_name="grpo length", method="grpo", max_steps=STEPS, batch_size=4,
-                      max_seq_length=128, learning_rate=1e-3, warmup_steps=0, logging_steps=1,
-                      grpo={"num_generations": 4, "max_completion_length": 16, "max_prompt_length": 96,
-                            "rewards": [{"type": "length", "target": 3}], "sample_every": 0})
+    cfg = presets.load_preset("grpo-demo")  # the built-in GRPO demo, as a user starts it
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=900)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
     key = "rewards/length/mean"
     rewards = studio.metrics(run_id, keys=[key]).dropna(subset=[key])[key].tolist()
-    assert len(rewards) == STEPS
+    assert len(rewards) == cfg.max_steps
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"GRPO length reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
     assert last > first + 0.25, rewards
