@@ -151,6 +151,8 @@ def test_a_job_stopped_on_the_cluster_says_so(studio, cluster, tiny_model):
     assert handle.state() == JobState(False, "ended on the Ray cluster as STOPPED: Job was intentionally stopped.")
     snap = studio.wait(run_id, timeout=60)
     assert snap.status is RunStatus.CANCELLED, (snap.error, studio.log_tail(run_id))
+    unknown = ray_jobs.RayHandle(cluster, "finetune-studio-unknown")  # e.g. a head restarted without its job table
+    assert unknown.state() == JobState(False, f"is not known to the Ray cluster at {cluster} (job finetune-studio-unknown)")
 
 
 def test_losing_a_node_fails_the_run_naming_the_rank_and_its_node(studio, ray_cluster, tiny_model):
