@@ -139,9 +139,27 @@ def test_target_module_names_are_identifiers(home):
         "target_modules", "module names are plain identifiers such as q_proj")]
 
 
-@pytest.mark.parametrize("name, what", [("is_dataset_audio", "audio"), ("is_embedding", "embedding")])
-def test_unsupported_modalities(home, name, what):
-    assert errors(**{name: True}) == [FieldError(name, f"{what} training is not supported yet; turn this off")]
+def test_unsupported_modalities(home):
+    assert errors(is_dataset_audio=True) == [FieldError("is_dataset_audio",
+                                                        "audio training is not supported yet; turn this off")]
+
+
+def test_an_old_is_embedding_switch_reads_as_the_embedding_method_with_one_note(home):
+    with pytest.warns(FutureWarning, match="is_embedding is deprecated: true means method: embedding"):
+        cfg = TrainConfig.from_yaml("is_embedding: true\nmodel_name: bundled:all-MiniLM-L6-v2\n")
+    assert (cfg.method, cfg.is_embedding) == ("embedding", False)
+    assert cfg.validate() == []
+    assert TrainConfig.from_dict({"is_embedding": False}).method == "sft"  # old run folders wrote false
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"is_embedding": True, "method": "dpo"})
+    assert info.value.errors == [FieldError("is_embedding", "is_embedding is deprecated: true means method: "
+                                                            "embedding, but method is 'dpo': remove is_embedding")]
+
+
+def test_the_bundled_embedding_model_is_for_the_embedding_method(home):
+    assert errors(method="embedding", model_name="bundled:all-MiniLM-L6-v2") == []
+    assert errors(model_name="bundled:all-MiniLM-L6-v2") == [FieldError(
+        "model_name", "bundled:all-MiniLM-L6-v2 is an embedding model: choose method embedding, or a language model")]
 
 
 @pytest.mark.parametrize("run_name", ["a/b", "../up", "x" * 81, "tab\there", "name\n", "semi;colon"])
@@ -274,7 +292,8 @@ def test_every_problem_is_reported_at_once(home):
         FieldError("batch_size", "use a batch size of at least 1 (got 0)"),
         FieldError("dataset_slice_end", "must be greater than dataset_slice_start (or 0 for 'to the end')"),
         FieldError("lora_r", "use a rank such as 8, 16 or 64 (got 0)"),
-        FieldError("is_embedding", "embedding training is not supported yet; turn this off"),
+        FieldError("is_embedding", "is_embedding is deprecated: true means method: embedding (method is 'sft'): "
+                                   "set method: embedding, or turn this off"),
     ]
     assert cfg.validate() == expected
     with pytest.raises(ConfigError) as info:

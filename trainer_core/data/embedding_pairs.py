@@ -18,14 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer_core.methods.embedding_shapes import LOSS_SHAPES, SHAPES
 from trainer_core.protocol.errors import FieldError
 
-SHAPES = {
-    "anchor_positive": "(anchor, positive) pairs, e.g. query and the passage that answers it",
-    "triplet": "(anchor, positive, negative) triplets: a hard negative per pair",
-    "scored_pair": "(sentence1, sentence2, score) pairs with a similarity score (0-1, or 0/1 labels)",
-    "labelled": "(sentence, label) rows: sentences of the same label belong together",
-}
 COLUMNS = {"anchor_positive": ("anchor", "positive"), "triplet": ("anchor", "positive", "negative"),
            "scored_pair": ("sentence1", "sentence2", "score"), "labelled": ("sentence", "label")}
 # Source names each canonical column is found under (first match wins), lower-cased.
@@ -39,18 +34,13 @@ ALIASES = {
     "sentence": ("sentence", "text", "content"),
     "label": ("label", "class", "category", "labels"),
 }
-# Which shapes each loss trains on; "auto" takes the first loss listed for the shape in DEFAULT_LOSS.
-LOSS_SHAPES = {
-    "mnrl": ("anchor_positive", "triplet"), "cached_mnrl": ("anchor_positive", "triplet"),
-    "triplet": ("triplet",), "cosent": ("scored_pair",), "angle": ("scored_pair",),
-    "contrastive": ("scored_pair",), "batch_all_triplet": ("labelled",),
-}
 DEFAULT_LOSS = {"anchor_positive": "mnrl", "triplet": "mnrl", "scored_pair": "cosent", "labelled": "batch_all_triplet"}
 LOSS_LABELS = {
     "mnrl": "MultipleNegativesRankingLoss", "cached_mnrl": "CachedMultipleNegativesRankingLoss",
     "triplet": "TripletLoss", "cosent": "CoSENTLoss", "angle": "AnglELoss", "contrastive": "ContrastiveLoss",
     "batch_all_triplet": "BatchAllTripletLoss",
 }
+__all__ = ["SHAPES", "LOSS_SHAPES", "COLUMNS", "DEFAULT_LOSS", "LOSS_LABELS", "WHY_LOSS", "detect", "normalize"]
 IN_BATCH_NEGATIVES = ("mnrl", "cached_mnrl")  # losses whose negatives are the batch's other rows
 WHY_LOSS = {
     "anchor_positive": "pairs without negatives: every other positive in the batch is a negative "
@@ -108,6 +98,17 @@ def detect(rows: list[dict], mapping: dict | None = None) -> Detection:
     raise ValueError(f"no embedding data shape fits the columns {', '.join(seen) or '(none)'}: use anchor/positive "
                      "(optional negative), sentence1/sentence2/score or sentence/label columns, or map yours with "
                      "embedding.columns, e.g. {anchor: question, positive: answer}")
+
+
+def canonical_shape(rows: list[dict]) -> str | None:
+    """The shape whose canonical columns, in order, every row has exactly (rows ``normalize`` made), or None."""
+    if not rows:
+        return None
+    keys = tuple(rows[0])
+    shape = next((name for name, columns in COLUMNS.items() if keys == columns), None)
+    if shape is None or any(tuple(row) != keys for row in rows[:50]):
+        return None
+    return shape
 
 
 def _number(value: Any) -> float | None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError
-from trainer_core.data import images, preference
-from trainer_core.methods.base import PREFERENCE_SHAPES
+from trainer_core.data import embedding_pairs, images, preference
+from trainer_core.methods.base import EMBEDDING_SHAPES, PREFERENCE_SHAPES
 from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, convert_rows, no_usable_rows, normalize_rows
 from trainer_core.data.readers import read_rows
 from trainer_core.data.sources import resolve_source, source_files
@@ -69,6 +69,8 @@ def preference_shape(cfg: TrainConfig) -> str | None:
 def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_empty: bool = False) -> NormalizedData:
     """Rows in the shape the run's method trains on: chat/text (data.formats) or preference/RL rows
     (data.preference). ``allow_empty``: an empty chat/text result is returned (merged files decide together)."""
+    if cfg.method_spec.data_shapes and all(s in EMBEDDING_SHAPES for s in cfg.method_spec.data_shapes):
+        return embedding_rows(rows, cfg, field_name, allow_empty)
     shape = preference_shape(cfg)
     if shape is not None:
         return preference.normalize(rows, shape, cfg.custom_format_mapping, cfg.system_prompt, field_name)
@@ -77,6 +79,56 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     if allow_empty:
         return convert_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt)
     return normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt, field_name=field_name)
+
+
+def _embedding_settings(cfg: TrainConfig) -> dict:
+    section = getattr(cfg, "embedding", None)
+    return section if isinstance(section, dict) else {}
+
+
+def embedding_rows(rows: list[dict], cfg: TrainConfig, field_name: str, allow_empty: bool = False) -> NormalizedData:
+    """An embedding run's rows (data.embedding_pairs): the shape detected from the column names (or the
+    ``embedding.columns`` mapping), canonical columns in the order sentence-transformers reads them, unusable
+    rows dropped and counted; the reason says which shape and which loss that implies."""
+    columns = _embedding_settings(cfg).get("columns") or {}
+    mapping = columns if isinstance(columns, dict) else {}
+    try:
+        found = embedding_pairs.detect(rows, mapping)
+    except ValueError as exc:
+        raise DatasetError("embedding.columns" if mapping else field_name, str(exc)) from None
+    shaped, dropped = embedding_pairs.normalize(rows, found)
+    loss = _embedding_settings(cfg).get("loss", "auto")
+    if loss in embedding_pairs.LOSS_LABELS and loss != found.loss:
+        names = ", ".join(f"{c}={s!r}" for c, s in found.columns.items())
+        reason = (f"{embedding_pairs.SHAPES[found.shape]} ({names}); loss {embedding_pairs.LOSS_LABELS[loss]} "
+                  f"(embedding.loss; auto would pick {embedding_pairs.LOSS_LABELS[found.loss]})")
+    else:
+        reason = found.reason
+    if not shaped and not allow_empty:
+        raise no_usable_rows(field_name, len(rows), dict(dropped))
+    return NormalizedData(format=found.shape, reason=reason, rows=shaped, dropped=dict(dropped))
+
+
+def _embedding_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, what: str) -> list[DatasetError]:
+    """What an embedding run's settings contradict in its data: one shape for all files, a loss that fits it,
+    and no chat-only settings (an embedding model encodes texts; it has no conversations)."""
+    problems = []
+    shapes = data.format.split("+")
+    if len(shapes) > 1:
+        problems.append(DatasetError(field_name, f"{what} mix data shapes ({', '.join(shapes)}): an embedding run "
+                                                 "trains on one shape; use files with the same columns"))
+    else:
+        loss = _embedding_settings(cfg).get("loss", "auto")
+        if loss in embedding_pairs.LOSS_LABELS:
+            problems += [DatasetError(p.field, p.message)
+                         for p in embedding_pairs.loss_problems(loss, shapes[0], data.rows)]
+    if cfg.system_prompt.strip():
+        problems.append(DatasetError("system_prompt", "an embedding model encodes texts, not conversations: clear "
+                                                      "the system prompt (for a prefix such as 'query: ' set "
+                                                      "embedding.query_prompt)"))
+    if cfg.train_on_completions:
+        problems.append(DatasetError("train_on_completions", "an embedding model has no completions: turn this off"))
+    return problems
 
 
 def _normalize_parts(parts: list[_Part], cfg: TrainConfig, field_name: str) -> NormalizedData:
@@ -118,8 +170,10 @@ def _merge(parts: list[_Part], results: list[NormalizedData], field_name: str) -
 
 def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, what: str) -> list[DatasetError]:
     """Settings that the detected data contradicts (explicit contradictions are config.py's job)."""
-    problems = []
     spec = cfg.method_spec
+    if data.format.split("+")[0] in EMBEDDING_SHAPES:
+        return _embedding_problems(data, cfg, field_name, what)
+    problems = []
     shape = data.format if data.format in PREFERENCE_SHAPES else "chat" if data.is_chat else "text"
     if shape not in spec.data_shapes and cfg.format_type in ("auto", "text"):
         held = f"{data.format} chat data" if data.is_chat else "raw text"
@@ -174,7 +228,7 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
     apply_slice = field_name == "local_datasets"
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
            cfg.system_prompt, cfg.method, cfg.train_on_completions, cfg.model_name, cfg.max_seq_length,
-           cfg.is_dataset_image, cfg.packing,
+           cfg.is_dataset_image, cfg.packing, repr(getattr(cfg, "embedding", None)),
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainer_core.methods.embedding_shapes import SHAPES as _EMBEDDING_SHAPES
 from trainer_core.protocol.errors import FieldError
 
 # Data shapes a method may accept, as the data loader detects them (data.formats): a conversation per
@@ -17,9 +18,12 @@ from trainer_core.protocol.errors import FieldError
 SHAPES = {"chat": "chat conversations", "text": "raw text",
           "pairs": "preference pairs (prompt, chosen, rejected)",
           "kto": "answers labelled good or bad (prompt, completion, label)",
-          "prompts": "prompts (text or messages) plus the columns rewards read"}
+          "prompts": "prompts (text or messages) plus the columns rewards read",
+          **_EMBEDDING_SHAPES}
 # The shapes trainer_core.data.preference reads (the others are trainer_core.data.formats')
 PREFERENCE_SHAPES = ("pairs", "kto", "prompts")
+# The shapes trainer_core.data.embedding_pairs reads: texts an embedding model encodes, no conversations
+EMBEDDING_SHAPES = tuple(_EMBEDDING_SHAPES)
 # The adapters every method trains through: what is trained and how the base weights are held.
 ADAPTERS = {"lora": "LoRA", "qlora": "QLoRA (4-bit)", "full": "Full fine-tuning"}
 

