@@ -28,7 +28,7 @@ from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import engines
-from ui import form
+from ui import form, vision
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -252,6 +252,8 @@ def mapping_panel() -> None:
                    "in 'More mapping' below (role=column per line).")
         return
     columns = formats.columns_of(rows)
+    if vision.image_format_note(rows):  # image rows have one shape and no column pickers (docs/vision.md)
+        return
     format_type = state[K + "format_type"]
     mapping, _ = form.current_mapping(state)
     try:
@@ -427,6 +429,10 @@ with st.expander("Access and remote code"):
     st.caption("⚠️ Trusting remote code runs Python from the model's repository on this machine, "
                "with your permissions. Only turn it on for authors you trust.")
 info = model_panel(form.model_name(st.session_state[K + "model_source"], st.session_state[K + "model_text"]))
+vision_info = vision.modality_panel(form.model_name(st.session_state[K + "model_source"],
+                                                    st.session_state[K + "model_text"]),
+                                    st.session_state.get(K + "hf_token", "").strip() or None,
+                                    st.session_state[K + "max_seq_length"])
 
 st.subheader("Dataset")
 st.radio("Dataset source", list(DATASET_SOURCES), format_func=DATASET_SOURCES.get, horizontal=True,
@@ -441,6 +447,7 @@ hub_cols[2].text_input("Train split", key=K + "train_split", help=H("train_split
 hub_cols[3].text_input("Eval split", key=K + "eval_split", help=H("eval_split"))
 st.selectbox("Format", FORMAT_TYPES, key=K + "format_type", help=H("format_type"))
 mapping_panel()
+vision.thumbnails_panel(dataset_sample()[0], form.sample_source(st.session_state)[0], vision_info)
 config, config_errors = form.build_config(st.session_state)  # after the pickers: they decide which format's mapping applies
 with st.expander("System prompt and more mapping"):
     st.text_area("System prompt", key=K + "system_prompt", help=H("system_prompt"))

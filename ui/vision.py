@@ -1,0 +1,88 @@
+"""The New run page's vision panels: what the model's config says about images (trainer_core.modality), and the
+first image rows of the chosen file as thumbnails with the tokens each image takes. Config files and images only:
+no ML stack. Paths are resolved and checked by the data loader (allowed roots) before an image is opened."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from trainer_core import model_info
+from trainer_core.data import DatasetError
+from trainer_core.data import images as image_data
+from trainer_core.modality import ModalityInfo, detect_modality
+from ui.text import safe
+
+THUMBNAILS = 4  # image rows shown under the dataset picker
+THUMB_PX = 96
+
+
+@st.cache_data(ttl=600, max_entries=32, show_spinner=False)
+def modality_cached(name: str, _token: str | None = None) -> tuple[ModalityInfo | None, str]:
+    """(info, "") or (None, why). Failures are cached too: an offline hub id is not retried per rerun."""
+    try:
+        return detect_modality(name, token=_token), ""
+    except model_info.ModelInfoError as exc:
+        return None, exc.message
+
+
+def modality_panel(name: str, token: str | None, max_seq_length: int) -> ModalityInfo | None:
+    """A line saying what the detector found for a vision-language model (text models need no extra line)."""
+    if not name:
+        return None
+    info, _ = modality_cached(name, token)
+    if info is None or not info.is_vision:
+        return info
+    st.info(safe(info.summary()) + " Image rows train with its processor; text-only data trains as text.", icon="🖼️")
+    if info.image_tokens and max_seq_length <= info.image_tokens:
+        st.warning(f"**max_seq_length** ({max_seq_length}) leaves no room for one image ({info.image_tokens} tokens): "
+                   f"raise it above {info.image_tokens} plus the text's length.")
+    return info
+
+
+def image_format_note(rows: list[dict]) -> bool:
+    """For image rows: say what was detected (they need no column pickers) and return True."""
+    if not image_data.has_images(rows):
+        return False
+    data = image_data.normalize(rows, None, "", "local_datasets", allow_empty=True)
+    dropped = sum(data.dropped.values())
+    st.caption(f"Auto-detected format: **{image_data.FORMAT}** ({safe(data.reason)})"
+               + (f"; {dropped} of the first {len(rows)} rows would be dropped" if dropped else "") + ".")
+    return True
+
+
+def image_rows(rows: list[dict], folder: Path) -> tuple[list[dict], str]:
+    """The first image rows in the trainer's shape, their paths resolved from ``folder`` ([] when none); or a
+    problem (a URL, a path outside the allowed roots) as the loader words it."""
+    if not image_data.has_images(rows):
+        return [], ""
+    try:
+        resolved = image_data.resolve_rows(rows[:THUMBNAILS * 3], folder, "local_datasets")
+        data = image_data.normalize(resolved, None, "", "local_datasets", allow_empty=True)
+    except DatasetError as exc:
+        return [], exc.message
+    return data.rows[:THUMBNAILS], ""
+
+
+def thumbnails_panel(rows: list[dict], source: Path | None, info: ModalityInfo | None) -> None:
+    """Thumbnails of the first image rows of ``source`` (the first dataset file), each with the tokens its images
+    take in the model's sequence."""
+    if source is None:
+        return
+    shown, problem = image_rows(rows, source if source.is_dir() else source.parent)
+    if problem:
+        st.warning(f"**local_datasets**: {safe(problem)}")
+        return
+    if not shown:
+        return
+    per_image = info.image_tokens if info is not None and info.is_vision else 0
+    st.markdown("**Images** (the first rows, as the model will see them)")
+    for column, row in zip(st.columns(len(shown)), shown):
+        refs = [ref for ref in row["images"] if isinstance(ref, str)]
+        if refs:
+            column.image(refs[0], width=THUMB_PX)
+        question = next((p["text"] for m in row["messages"] if m["role"] == "user"
+                         for p in m["content"] if p["type"] == "text"), "")
+        tokens = (f"{per_image * len(row['images'])} image tokens" if per_image
+                  else "image tokens: see the model's processor")
+        column.caption(f"{len(row['images'])} image(s) · {tokens} · {safe(question[:60])}")
