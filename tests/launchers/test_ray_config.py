@@ -91,6 +91,7 @@ def test_the_job_environment_holds_no_secret_and_no_path_of_this_host(shared, mo
     assert not {"hf_server", "wandb_server", "dashboard"} & set(env.values())
     assert not {"HF_TOKEN", "WANDB_API_KEY", "FINETUNE_STUDIO_PASSWORD", "PATH", "HOME", "VIRTUAL_ENV"} & set(env)
     assert (env["OMP_NUM_THREADS"], env["FINETUNE_STUDIO_NPROC"], env[ray_jobs.GPUS_ENV]) == ("3", "2", "1.0")
+    assert env["RAY_JOB_STOP_WAIT_TIME_S"] == "30"  # time for a worker's Cancel before Ray's SIGKILL
     assert env["FINETUNE_STUDIO_HOME"] == str(paths.data_root()) and env["PYTHONPATH"] == str(ray_jobs.ROOT)
 
 

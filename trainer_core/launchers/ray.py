@@ -37,6 +37,7 @@ JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster i
 GPUS_ENV = "FINETUNE_STUDIO_RAY_GPUS_PER_WORKER"  # read by trainer_core.worker.ray_entry
 PYTHON_ENV = "FINETUNE_STUDIO_RAY_PYTHON"  # the Python of the cluster's nodes, when not the same path as ours
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the job's PYTHONPATH
+STOP_WAIT_ENV, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 30  # read by Ray's job supervisor from the job's env
 STATE_EVERY_S = 1.0  # the pump asks several times a second; the cluster is asked at most once a second
 UNREACHABLE_S = 60.0  # a cluster that does not answer for this long ends the run (not a hang)
 # Names of the allow-listed environment that describe this host, not the cluster's nodes.
@@ -165,6 +166,9 @@ class RayLauncher(Launcher):
         env[GPUS_ENV] = str(gpus)
         env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
         env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
+        # Ray's stop_job sends SIGTERM, then SIGKILL after this many seconds (Ray's default: 3). A single worker
+        # reads SIGTERM as Cancel and needs to finish its step and write its last events first.
+        env[STOP_WAIT_ENV] = str(STOP_WAIT_S)
         env.pop(PYTHON_ENV, None)
         return env
 
