@@ -117,6 +117,9 @@ def test_two_workers_train_one_run_with_one_rank_on_each_node(studio, cluster, t
     assert [p["rank"] for p in placement] == [0, 1]
     nodes = {n.node_id for n in list_nodes(address=cluster)}
     assert len({p["node_id"] for p in placement}) == 2 and {p["node_id"] for p in placement} == nodes
+    log = studio.log_text(run_id)
+    assert all(f"Ray: rank {p['rank']} on node {p['address']} ({p['node_id'][:12]}), GPUs none\n" in log
+               for p in placement)
     assert job_of(cluster, run_id).status == "SUCCEEDED"
 
 

@@ -95,6 +95,10 @@ def train_rank(config: dict) -> None:
     log_path = run_dir / "worker.log" if rank == 0 else run_dir / "ranks" / f"ray-rank-{rank}.log"
     log_path.parent.mkdir(exist_ok=True)
     with open(log_path, "ab") as log:
+        if rank == 0:  # where each rank runs, in the log the dashboard shows
+            log.write("".join(f"Ray: rank {p['rank']} on node {p['address']} ({p['node_id'][:12]}), GPUs "
+                              f"{p['gpus'] or 'none'}\n" for p in placement).encode())
+            log.flush()
         code = subprocess.call([sys.executable, "-m", "trainer_core.worker", str(run_dir)], env=env, cwd=run_dir,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if code != 0:  # how it ended, for the driver's report (a rank whose Ray worker died leaves none)
