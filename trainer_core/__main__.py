@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from trainer_core.jobs import resource_check
 from trainer_core.protocol import paths, secrets
-from trainer_core.access import Actor
+from trainer_core.access import Actor, Role
 from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, read_training_type,
                                  secrets_in_file)
 from trainer_core.data import loading
@@ -187,6 +187,49 @@ def cmd_validate(args) -> int:
         return 2
     print("config is valid")
     return 0
+
+
+def cmd_rewards(args) -> int:
+    """`rewards check`: each GRPO reward run on a few real rows (the data's reference answers, and with
+    --generations the base model's sampled answers) before a GPU hour is spent: scores, spread, a reward that
+    raises (exit 1, with its message and line) or gives every completion the same score (a warning)."""
+    from db.store import Store
+    from db.users import UnknownToken
+    from trainer_core.methods import grpo
+    from trainer_core.rewards import check as reward_check
+    from trainer_core.rewards import spec as reward_spec
+
+    try:
+        cfg = load_config(args.config, args.set or [])
+        if cfg.method != "grpo":
+            raise ConfigError([FieldError("method", f"rewards are checked for method grpo, this config trains "
+                                                    f"{cfg.method}: set method: grpo")])
+        errors = cfg.validate() + loading.check_data(cfg)
+        if errors:
+            raise ConfigError(errors)
+        if reward_spec.needs_admin(grpo.rewards_of(cfg)):  # the check runs the user's Python file
+            store = Store()
+            try:
+                actor = cli_actor(store)
+            finally:
+                store.engine.dispose()
+            if actor.role is not Role.ADMIN:
+                print("error: a custom Python reward runs its code on this host: only an admin may check or "
+                      "start it (FINETUNE_STUDIO_TOKEN of an admin, or no token as the local user)", file=sys.stderr)
+                return 2
+    except ConfigError as exc:
+        for error in exc.errors:
+            print(f"error: {error.field}: {error.message}", file=sys.stderr)
+        return 2
+    except UnknownToken as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = reward_check.check_rewards(cfg, rows=args.rows, generations=args.generations)
+    for line in reward_check.report(result):
+        print(line, file=sys.stderr if line.startswith("error:") else sys.stdout)
+    if result.errors:
+        return 2
+    return 0 if result.ok else 1
 
 
 def cmd_runs(args) -> int:
@@ -353,6 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--config", required=True)
     val.add_argument("--set", action="append", metavar="KEY=VALUE")
     val.set_defaults(func=cmd_validate)
+    rewards = sub.add_parser("rewards", help="`rewards check --config FILE`: run a GRPO config's rewards on a few "
+                                             "rows before starting it")
+    rewards_sub = rewards.add_subparsers(dest="rewards_command", required=True)
+    check = rewards_sub.add_parser("check", help="each reward's scores on the data's reference answers (and with "
+                                                 "--generations the base model's), its spread, and any exception")
+    check.add_argument("--config", required=True)
+    check.add_argument("--set", action="append", metavar="KEY=VALUE")
+    check.add_argument("--rows", type=int, default=4, help="dataset rows to score (default 4)")
+    check.add_argument("--generations", type=int, default=0,
+                       help="base-model answers sampled per prompt besides the references (default 0: no model load)")
+    check.set_defaults(func=cmd_rewards)
     runs = sub.add_parser("runs", help="list runs; `runs show RUN`, `runs export RUN --format csv`")
     runs.add_argument("--limit", type=int, default=50)
     runs.set_defaults(func=cmd_runs, runs_command="list")
