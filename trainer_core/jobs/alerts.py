@@ -13,6 +13,15 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
   i.e. on the (patience + 1)-th evaluation of a rising streak; once per streak (a value that is not
   higher ends it). Non-finite eval losses are ignored.
 
+* GRPO (open metrics, so they apply to any run that logs these keys): ``no_learning_signal`` when
+  ``frac_reward_zero_std`` is at least ``zero_spread_share`` on ``grpo_patience`` steps in a row (groups whose
+  completions all score the same teach nothing); ``always_clipped`` when ``completions/clipped_ratio`` is at
+  least ``clipped_share`` on ``grpo_patience`` steps in a row (answers never finish: raise
+  max_completion_length); ``length_collapse`` when ``completions/mean_length`` has fallen to at most
+  ``collapse_share`` of its first value (and below ``collapse_tokens``) while ``reward`` is above its first
+  value (a reward without a length term being gamed by ever shorter answers). Once per streak; the collapse
+  once per run.
+
 * ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
   during training was flagged degenerate (``trainer_core.samples_check``); once per kind per run.
 
@@ -37,9 +46,15 @@ NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
 GRAD_SPIKE = "grad_spike"
 EVAL_RISING = "eval_rising"
-KINDS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_SPIKE, EVAL_RISING)
+NO_LEARNING_SIGNAL = "no_learning_signal"
+ALWAYS_CLIPPED = "always_clipped"
+LENGTH_COLLAPSE = "length_collapse"
+KINDS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_SPIKE, EVAL_RISING, NO_LEARNING_SIGNAL, ALWAYS_CLIPPED,
+         LENGTH_COLLAPSE)
 LABELS = {NONFINITE_LOSS: "non-finite loss", NONFINITE_GRAD_NORM: "non-finite grad norm",
-          GRAD_SPIKE: "grad-norm spike", EVAL_RISING: "eval loss rising"}
+          GRAD_SPIKE: "grad-norm spike", EVAL_RISING: "eval loss rising",
+          NO_LEARNING_SIGNAL: "no learning signal (GRPO)", ALWAYS_CLIPPED: "completions always clipped (GRPO)",
+          LENGTH_COLLAPSE: "reward rising while completions collapse (GRPO)"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +97,8 @@ class AlertMonitor:
     """The alert rules of one run, fed one metric row at a time (see the module docstring)."""
 
     def __init__(self, spike_factor: float = 10.0, spike_window: int = 50, min_history: int = 10,
-                 eval_patience: int = 3):
+                 eval_patience: int = 3, grpo_patience: int = 5, zero_spread_share: float = 0.9,
+                 clipped_share: float = 0.99, collapse_share: float = 0.1, collapse_tokens: float = 3.0):
         if spike_factor <= 1 or spike_window < 1 or not 1 <= min_history <= spike_window or eval_patience < 1:
             raise ValueError("need spike_factor > 1, spike_window >= 1, 1 <= min_history <= spike_window "
                              f"and eval_patience >= 1; got {spike_factor}, {spike_window}, {min_history}, "
@@ -98,6 +114,12 @@ class AlertMonitor:
         self._spiking = False
         self._evals: list[tuple[int, float]] = []   # the current rising streak, starting at its low point
         self._streak_alerted = False
+        self.grpo_patience = grpo_patience
+        self.zero_spread_share, self.clipped_share = zero_spread_share, clipped_share
+        self.collapse_share, self.collapse_tokens = collapse_share, collapse_tokens
+        self._streaks: dict[str, int] = {}          # GRPO streak kind -> steps in a row so far (-1: alerted)
+        self._first: dict[str, float] = {}          # reward / mean length at their first step
+        self._collapsed = False
 
     def observe(self, row: dict[str, Any]) -> list[Alert]:
         """The alerts this row raises (usually none)."""
@@ -112,6 +134,48 @@ class AlertMonitor:
             alert = check(step, value, row)
             if alert:
                 alerts.append(alert)
+        if "reward" in row or "frac_reward_zero_std" in row or "completions/clipped_ratio" in row:
+            alerts += self._grpo(step, row, nonfinite)
+        return alerts
+
+    def _grpo(self, step: int, row: dict[str, Any], nonfinite: set[str]) -> list[Alert]:
+        if step <= self._last_step.get("grpo", -math.inf):
+            return []
+        self._last_step["grpo"] = step
+        alerts = []
+        nonfinite = {name.removeprefix("metrics.") for name in nonfinite}  # open metrics are named metrics.<key>
+        for kind, key, share, text in (
+                (NO_LEARNING_SIGNAL, "frac_reward_zero_std", self.zero_spread_share,
+                 "of the groups had no reward spread (every completion scored the same): they teach nothing. "
+                 "Make the rewards finer, raise temperature or num_generations, or use easier prompts."),
+                (ALWAYS_CLIPPED, "completions/clipped_ratio", self.clipped_share,
+                 "of the completions were cut at max_completion_length: answers never finish. Raise "
+                 "grpo.max_completion_length or reward shorter answers.")):
+            present, value = _read(row, key, nonfinite)
+            if not present:
+                continue
+            if value is None or value < share:
+                self._streaks[kind] = 0
+                continue
+            if self._streaks.get(kind, 0) < 0:
+                continue  # this streak was alerted on
+            self._streaks[kind] = self._streaks.get(kind, 0) + 1
+            if self._streaks[kind] >= self.grpo_patience:
+                self._streaks[kind] = -1
+                alerts.append(Alert(kind, step, f"For {self.grpo_patience} steps in a row (to step {step}), "
+                                                f"{value:.0%} {text}"))
+        reward = _read(row, "reward", nonfinite)[1]
+        length = _read(row, "completions/mean_length", nonfinite)[1]
+        if reward is not None and length is not None:
+            self._first.setdefault("reward", reward)
+            first_length = self._first.setdefault("length", length)
+            if (not self._collapsed and reward > self._first["reward"] and length <= self.collapse_tokens
+                    and length <= self.collapse_share * first_length):
+                self._collapsed = True
+                alerts.append(Alert(LENGTH_COLLAPSE, step, f"Reward rose from {_num(self._first['reward'])} to "
+                                    f"{_num(reward)} while completions shrank from {_num(first_length)} to "
+                                    f"{_num(length)} tokens (step {step}): a reward without a length term may be "
+                                    "gamed by ever shorter answers; add a length or format reward."))
         return alerts
 
     def replay(self, rows: Iterable[dict[str, Any]]) -> list[Alert]:
