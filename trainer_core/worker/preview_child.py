@@ -17,7 +17,7 @@ from trainer_core.data.loading import load_for_training
 from trainer_core.preview import TRUNCATION_DROP, Preview, RenderedRow
 from trainer_core.protocol import paths
 from trainer_core.worker import methods as worker_methods
-from trainer_core.worker import model_files, token_cache
+from trainer_core.worker import model_files, token_cache, vision
 
 
 def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> Preview:
@@ -38,15 +38,23 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         raise DatasetError("train_on_completions", "no training rows are left: every conversation lacks a "
                                                    "prompt before its last assistant reply")
     arrow_rows = token_cache.Dataset.from_list(train_rows).to_list()  # the round trip the engine's rows take
-    tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
-    ids_list = tokenized["input_ids"]
-    masks = tokenized["completion_mask"] if "completion_mask" in tokenized.column_names else [None] * len(ids_list)
+    if vision.is_vision_rows(arrow_rows):  # image rows: the processor expands every image to its tokens
+        from trainer_core.worker import model_resolver
+
+        processor = model_resolver.load_processor(model_ref, cfg, os.environ.get("HF_TOKEN") or None)
+        ids_list, masks = vision.encodings(arrow_rows, processor)
+    else:
+        tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
+        ids_list = tokenized["input_ids"]
+        masks = tokenized["completion_mask"] if "completion_mask" in tokenized.column_names else [None] * len(ids_list)
     counts = _count(cfg, ids_list, masks)
     processes = parallel.process_count(cfg)
     if counts["fully_masked"]:
         dropped[TRUNCATION_DROP] = counts["fully_masked"]
     shown = tuple(_render(tokenizer, index, ids_list[index], masks[index], cfg.max_seq_length, cfg.packing)
                   for index in range(min(rows_shown, len(ids_list))))
+    if vision.is_vision_rows(arrow_rows):  # "<image> × 16 tokens" rather than sixteen <image>s
+        shown = tuple(vision.readable_row(row, getattr(processor, "image_token", "")) for row in shown)
     return Preview(
         format=data.train.format, format_reason=data.train.reason, tokenizer=_tokenizer_label(cfg, tokenizer),
         rows=shown, lengths=tuple(len(ids) for ids in ids_list), max_seq_length=cfg.max_seq_length,

@@ -7,7 +7,8 @@ Rows arrive in the one vision shape of ``trainer_core.data.images`` ({"messages"
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PIL import Image
@@ -161,3 +162,45 @@ def prepare_run(processing, train_rows: list[dict], eval_rows: list[dict], cfg: 
 def text_tokenizer(processing):
     """The tokenizer inside a processor (samples during training are text prompts), or the tokenizer itself."""
     return processing.tokenizer if isinstance(processing, ProcessorMixin) else processing
+
+
+def encodings(rows: list[dict], processor) -> tuple[list[list[int]], list[list[int]]]:
+    """(token ids, trained mask) of each shaped row as the collator builds it, every image expanded to its tokens
+    (the preview counts and renders these): completions-only rows train their completion, others every token;
+    image tokens never."""
+    image_id = getattr(processor, "image_token_id", None)
+    ids_list, masks = [], []
+    for row in rows:
+        example = prepared(row)
+        if "prompt" in example:
+            prompt = prepare_multimodal_messages(example["prompt"], images=example["images"])
+            whole = prompt + prepare_multimodal_messages(example["completion"])
+            start = len(_ids(processor.apply_chat_template(prompt, tokenize=True, return_dict=True,
+                                                           add_generation_prompt=True)))
+        else:
+            whole, start = prepare_multimodal_messages(example["messages"], images=example["images"]), 0
+        ids = _ids(processor.apply_chat_template(whole, tokenize=True, return_dict=True))
+        ids_list.append(ids)
+        masks.append([int(i >= start and token != image_id) for i, token in enumerate(ids)])
+    return ids_list, masks
+
+
+def _ids(out) -> list[int]:
+    ids = out["input_ids"]
+    return list(ids[0]) if ids and isinstance(ids[0], list) else list(ids)
+
+
+def collapse_image_runs(text: str, image_token: str) -> str:
+    """A run of image tokens as one marker saying how many ('<image> x 16 tokens'), for reading."""
+    if not image_token:
+        return text
+    pattern = re.compile(f"(?:{re.escape(image_token)})+")
+    return pattern.sub(lambda m: f"{image_token} × {len(m.group(0)) // len(image_token)} tokens", text)
+
+
+def readable_row(row, image_token: str):
+    """A preview row (trainer_core.preview.RenderedRow) with its image-token runs collapsed, and how many images."""
+    segments = tuple((collapse_image_runs(text, image_token), trained) for text, trained in row.segments)
+    images = sum(text.count(f"{image_token} × ") for text, _ in segments) if image_token else 0
+    return replace(row, segments=segments, text="".join(t for t, _ in segments),
+                   label=f"{images} image(s)" if images else row.label)
