@@ -4,7 +4,9 @@ that only a real GPU can confirm printed side by side.
     python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH]
 
 Cases: Unsloth and transformers x LoRA and QLoRA, plus full fine-tuning, on a GPU (a case whose engine or
-bitsandbytes is not installed is listed as skipped); transformers + LoRA on a CPU. With two GPUs or more
+bitsandbytes is not installed is listed as skipped), and each engine with LoRA for DPO (bundled pairs) and GRPO
+(a length reward; once more with vLLM generation when the vllm extra is installed); transformers + LoRA for SFT,
+DPO and GRPO on a CPU. With two GPUs or more
 it also trains one 2-process run through torchrun and the CLI. Each case prints the library versions, the
 dtype the weights train in, the eos/pad tokens (checked against the GGUF for the bundled model), trainable
 parameters, first and last loss, tokens/s after warm-up, peak allocated and reserved memory next to the
@@ -38,27 +40,41 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "unsloth", "unsloth_zoo",
              "bitsandbytes")
 GOAL_SPEEDUP, GOAL_MEMORY, GOAL_ESTIMATE = 1.5, 0.7, 0.25
+# What the DPO and GRPO cases report besides the loss (first and last logged step)
+OBJECTIVE_METRICS = ("rewards/accuracies", "rewards/margins", "reward", "rewards/length/mean",
+                     "completions/mean_length", "frac_reward_zero_std")
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 # ---------------------------------------------------------------------- parent: which cases, and the report
-def cases(cuda: bool, gpus: int) -> list[tuple[str, str, str]]:
-    """(name, engine, training_type); the engine "cli-ddp" is a 2-process run through torchrun."""
+# The training objectives besides SFT, each on the bundled data it needs: DPO on preference pairs, GRPO on the
+# demo prompts with a length reward (and, with the vllm extra on CUDA, TRL's colocated vLLM generation).
+OBJECTIVES = ("dpo", "grpo")
+
+
+def cases(cuda: bool, gpus: int) -> list[tuple[str, str, str, str]]:
+    """(name, engine, adapter, objective); the engine "cli-ddp" is a 2-process run through torchrun; the
+    objective is sft, dpo, grpo or grpo-vllm."""
     if not cuda:
-        return [("transformers-lora", "transformers", "lora")]
-    found = [(f"{engine}-{method}", engine, method) for engine in ("unsloth", "transformers")
-             for method in ("lora", "qlora", "full")]
+        return [("transformers-lora", "transformers", "lora", "sft"),
+                *((f"transformers-lora-{o}", "transformers", "lora", o) for o in OBJECTIVES)]
+    found = [(f"{engine}-{adapter}", engine, adapter, "sft") for engine in ("unsloth", "transformers")
+             for adapter in ("lora", "qlora", "full")]
+    found += [(f"{engine}-lora-{o}", engine, "lora", o) for engine in ("unsloth", "transformers")
+              for o in (*OBJECTIVES, "grpo-vllm")]
     if gpus >= 2:
-        found.append(("ddp2-transformers-lora", "cli-ddp", "lora"))
+        found.append(("ddp2-transformers-lora", "cli-ddp", "lora", "sft"))
     return found
 
 
-def skip_reason(engine: str, method: str) -> str:
+def skip_reason(engine: str, adapter: str, objective: str = "sft") -> str:
     if engine == "unsloth" and not hardware.has_module("unsloth"):
         return "unsloth is not installed (pip install -e '.[gpu]')"
-    if method == "qlora" and not hardware.has_module("bitsandbytes"):
+    if adapter == "qlora" and not hardware.has_module("bitsandbytes"):
         return "bitsandbytes is not installed (pip install -e '.[gpu]')"
+    if objective == "grpo-vllm" and not hardware.has_module("vllm"):
+        return "vllm is not installed (pip install -e '.[vllm]')"
     return ""
 
 
@@ -97,10 +113,10 @@ tokenizer.save_pretrained(target)
     return target
 
 
-def run_case(name: str, engine: str, method: str, model: str, steps: int, out: Path) -> dict:
+def run_case(name: str, engine: str, method: str, model: str, steps: int, out: Path, objective: str = "sft") -> dict:
     case_dir = out / name
     case_dir.mkdir(parents=True, exist_ok=True)
-    reason = skip_reason("unsloth" if engine == "unsloth" else "transformers", method)
+    reason = skip_reason("unsloth" if engine == "unsloth" else "transformers", method, objective)
     if reason:
         return {"case": name, "skipped": reason}
     env = {"FINETUNE_STUDIO_MODELS": str(out / "models"),  # the bundled GGUF is converted once for all cases
@@ -115,7 +131,7 @@ def run_case(name: str, engine: str, method: str, model: str, steps: int, out: P
     else:
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU, as the orchestrator starts it
         command = [sys.executable, str(Path(__file__).resolve()), "--case", engine, method, model, str(steps),
-                   str(case_dir)]
+                   str(case_dir), objective]
     started = time.time()
     with open(case_dir / "case.log", "wb") as log:
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=case_dir)
@@ -164,7 +180,10 @@ def describe(r: dict) -> str:
             + (f"peak {r['peak_allocated_mb']:,.0f} MiB allocated, {r['peak_reserved_mb']:,.0f} MiB reserved"
                if r["device"] == "cuda" else f"peak RSS {r['peak_reserved_mb']:,.0f} MiB")
             + f", estimate {r['estimate_gb']:.2f} GB; "
-            f"saved {', '.join(r['files'])}")
+            f"saved {', '.join(r['files'])}"
+            + "".join(f"; {key} {r['first_metrics'][key]:.4g} -> {r['last_metrics'][key]:.4g}"
+                      for key in OBJECTIVE_METRICS if key in r.get("first_metrics", {})
+                      and key in r.get("last_metrics", {})))
 
 
 def main(argv: list[str]) -> int:
@@ -187,8 +206,8 @@ def main(argv: list[str]) -> int:
           f"model {model}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
           flush=True)
     results = []
-    for name, engine, method in cases(cuda, hardware.gpu_count() if cuda else 0):
-        result = run_case(name, engine, method, model, args.steps, out)
+    for name, engine, method, objective in cases(cuda, hardware.gpu_count() if cuda else 0):
+        result = run_case(name, engine, method, model, args.steps, out, objective)
         results.append(result)
         print(describe(result), flush=True)
     verdicts = goals(results, cuda)
@@ -208,7 +227,19 @@ def _version(name: str) -> str:
 
 
 # ---------------------------------------------------------------------- child: one case
-def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: Path) -> int:
+def objective_fields(objective: str) -> dict:
+    """The TrainConfig fields of a case's training objective (sft: none)."""
+    if objective == "dpo":
+        return {"method": "dpo", "local_datasets": ["bundled:demo-pairs"], "max_seq_length": 128}
+    if objective.startswith("grpo"):
+        return {"method": "grpo", "max_seq_length": 128,
+                "grpo": {"num_generations": 4, "max_prompt_length": 96, "max_completion_length": 16,
+                         "rewards": [{"type": "length", "target": 3}], "sample_every": 0,
+                         "use_vllm": objective == "grpo-vllm"}}
+    return {}
+
+
+def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: Path, objective: str = "sft") -> int:
     """Train ``steps`` steps with one engine, as the worker does, and write result.json."""
     engine = importlib.import_module(f"trainer_core.worker.engines.{engine_name}_engine")  # unsloth before transformers
     import torch
@@ -218,24 +249,32 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     from trainer_core.data.loading import load_for_training
     from trainer_core.worker import model_files
 
-    cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4, max_seq_length=256,
+    fields = {"max_seq_length": 256, **objective_fields(objective)}
+    cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4,
                       learning_rate=2e-5 if method == "full" else 2e-4, warmup_steps=0, logging_steps=1,
                       gradient_checkpointing=torch.cuda.is_available(),
                       optim="adamw_8bit" if torch.cuda.is_available() and hardware.has_module("bitsandbytes")
-                      else "adamw_torch")
+                      else "adamw_torch", **fields)
+    if fields.get("method"):  # training_type set the adapter; the objective is the method
+        cfg.method = fields["method"]
     os.environ["FINETUNE_STUDIO_HOME"] = str(case_dir / "home")
     model_ref = model_files.resolve_model(cfg)
 
     class Timer(TrainerCallback):
         def __init__(self):
             self.logs: list[tuple[float, int, float]] = []  # (time, tokens seen, loss)
+            self.steps: list[int] = []
+            self.extra: list[dict] = []  # the objective's own metrics at each log
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 tokens = int(logs.get("num_tokens") or state.num_input_tokens_seen or 0)
                 self.logs.append((time.time(), tokens, float(logs["loss"])))
+                self.steps.append(state.global_step)
+                self.extra.append({k: float(v) for k, v in logs.items() if k in OBJECTIVE_METRICS})
 
     model, tokenizer = engine.load_model(cfg, model_ref, None)
+    cfg.validate()  # settings parsed as the orchestrator would (the case's own config is known to be valid)
     data = load_for_training(cfg)
     train_ds = engine.to_dataset(data.rows, cfg)
     timer = Timer()
@@ -254,7 +293,7 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     weights = next(p for p in trainer.model.parameters() if p.requires_grad)
     frozen = next((p for p in trainer.model.parameters() if not p.requires_grad), None)
     result = {
-        "case": f"{engine_name}-{method}", "engine": engine_name, "device": device,
+        "case": case_dir.name, "engine": engine_name, "device": device,
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "",
         "torch_cuda": torch.version.cuda, "weight_dtype": str(weights.dtype),
         "base_dtype": str(frozen.dtype) if frozen is not None else "-",  # a 4-bit base shows as torch.uint8
@@ -263,6 +302,8 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "first_loss": timer.logs[0][2], "last_loss": timer.logs[-1][2],
         "tokens_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0,
+        "steps_per_s": (timer.steps[-1] - timer.steps[warm - 1]) / (t1 - t0) if t1 > t0 else 0.0,
+        "objective": objective, "first_metrics": timer.extra[0], "last_metrics": timer.extra[-1],
         "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else _rss_mb(),
         "peak_reserved_mb": torch.cuda.max_memory_reserved() / 2**20 if device == "cuda" else _rss_mb(),
         "estimate_gb": estimate.total_gb, "estimate_trainable_params": estimate.trainable_params,
@@ -311,7 +352,8 @@ def _rss_mb() -> float:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--case"]:
-        sys.exit(case_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])))
+        sys.exit(case_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), Path(sys.argv[6]),
+                           *sys.argv[7:8]))
     if sys.argv[1:2] == ["--ddp-case"]:
         sys.exit(ddp_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
     sys.exit(main(sys.argv[1:]))

@@ -25,11 +25,17 @@ def load_script():
 
 def test_cases_per_host():
     smoke = load_script()
-    assert smoke.cases(cuda=False, gpus=0) == [("transformers-lora", "transformers", "lora")]
-    on_two = [name for name, _, _ in smoke.cases(cuda=True, gpus=2)]
+    assert smoke.cases(cuda=False, gpus=0) == [("transformers-lora", "transformers", "lora", "sft"),
+                                               ("transformers-lora-dpo", "transformers", "lora", "dpo"),
+                                               ("transformers-lora-grpo", "transformers", "lora", "grpo")]
+    on_two = [name for name, *_ in smoke.cases(cuda=True, gpus=2)]
     assert on_two == ["unsloth-lora", "unsloth-qlora", "unsloth-full", "transformers-lora", "transformers-qlora",
-                      "transformers-full", "ddp2-transformers-lora"]
-    assert "ddp2-transformers-lora" not in [name for name, _, _ in smoke.cases(cuda=True, gpus=1)]
+                      "transformers-full", "unsloth-lora-dpo", "unsloth-lora-grpo", "unsloth-lora-grpo-vllm",
+                      "transformers-lora-dpo", "transformers-lora-grpo", "transformers-lora-grpo-vllm",
+                      "ddp2-transformers-lora"]
+    assert "ddp2-transformers-lora" not in [name for name, *_ in smoke.cases(cuda=True, gpus=1)]
+    assert smoke.skip_reason("transformers", "lora", "grpo-vllm") == ("" if smoke.hardware.has_module("vllm") else
+                                                                     "vllm is not installed (pip install -e '.[vllm]')")
 
 
 @pytest.mark.train  # trains a tiny Llama in a subprocess
@@ -41,7 +47,13 @@ def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cuda"] is False and summary["model"] == str(tmp_path / "tiny-llama")
-    [case] = summary["results"]
+    case, dpo, grpo = summary["results"]
+    assert (dpo["case"], dpo["objective"], grpo["case"], grpo["objective"]) == (
+        "transformers-lora-dpo", "dpo", "transformers-lora-grpo", "grpo")
+    for other in (dpo, grpo):  # each objective trained its steps and saved an adapter
+        assert math.isfinite(other["first_loss"]) and math.isfinite(other["last_loss"]) and other["steps_per_s"] > 0
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(other["files"])
+    assert "rewards/margins" in dpo["last_metrics"] and "rewards/length/mean" in grpo["last_metrics"]
     assert case["case"] == "transformers-lora" and case["device"] == "cpu"
     assert case["weight_dtype"] == "torch.float32" and case["compute_dtype"] == "fp32"
     assert (case["eos_token"], case["pad_token"]) == ("<|im_end|>", "<|im_end|>")
