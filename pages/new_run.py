@@ -428,9 +428,9 @@ with st.expander("Access and remote code"):
         st.checkbox("I have read this model's code and trust its author", key=K + "trust_remote_code_confirm")
     st.caption("⚠️ Trusting remote code runs Python from the model's repository on this machine, "
                "with your permissions. Only turn it on for authors you trust.")
-info = model_panel(form.model_name(st.session_state[K + "model_source"], st.session_state[K + "model_text"]))
-vision_info = vision.modality_panel(form.model_name(st.session_state[K + "model_source"],
-                                                    st.session_state[K + "model_text"]),
+chosen_model = form.model_name(st.session_state[K + "model_source"], st.session_state[K + "model_text"], chosen_method)
+info = model_panel(chosen_model)
+vision_info = vision.modality_panel(chosen_model,
                                     st.session_state.get(K + "hf_token", "").strip() or None,
                                     st.session_state[K + "max_seq_length"])
 

@@ -28,7 +28,7 @@ from trainer_core.config import (
 )
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
-from trainer_core.methods import ADAPTERS, METHODS
+from trainer_core.methods import ADAPTERS, METHODS, embedding
 from trainer_core.preview import PREVIEW_FIELDS
 
 K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
@@ -38,7 +38,8 @@ UPLOADS = K + "uploads"  # upload file_id -> saved path, so an upload is hashed 
 PREVIEW = K + "preview"  # (config key, Preview | list[FieldError]) of the last "Preview data"
 MAP_AS = K + "map_as"  # the format whose role pickers were shown last
 
-MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct)", "local": "Local folder", "hub": "Hugging Face hub id"}
+MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct; all-MiniLM-L6-v2 for embedding)", "local": "Local folder",
+                 "hub": "Hugging Face hub id"}
 DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local": "Local file path",
                    "hub": "Hugging Face hub dataset"}
 UPLOAD_TYPES = [ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS]
@@ -116,10 +117,10 @@ def parse_gpu_ids(text: str) -> tuple[list[int], list[FieldError]]:
         return [], [FieldError("gpu_ids", f"write GPU numbers separated by commas, such as 0,1; got {text!r}")]
 
 
-def model_name(source: str, text: str) -> str:
+def model_name(source: str, text: str, method: str = "sft") -> str:
     text = text.strip()
-    if source == "bundled":
-        return BUNDLED_MODEL
+    if source == "bundled":  # the bundled model of the method's kind: an embedding run gets the embedding model
+        return embedding.BUNDLED_MODEL if method == embedding.SPEC.name else BUNDLED_MODEL
     if source == "local" and text and not looks_like_path(text):
         return "./" + text  # a relative folder name must not be mistaken for a hub id
     return text
@@ -129,7 +130,7 @@ def model_name(source: str, text: str) -> str:
 def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
     """The widget values that show ``cfg`` (secrets are left alone: they never come from a config)."""
     state = {K + name: getattr(cfg, name) for name in PLAIN_FIELDS}
-    if cfg.model_name == BUNDLED_MODEL:
+    if cfg.model_name in (BUNDLED_MODEL, embedding.BUNDLED_MODEL):
         state.update({K + "model_source": "bundled", K + "model_text": ""})
     else:
         source = "local" if looks_like_path(cfg.model_name) else "hub"
@@ -263,7 +264,8 @@ def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[Trai
     errors = mapping_errors + errors + gpu_errors
     values.update(dataset)
     values.update(
-        model_name=model_name(state[K + "model_source"], state.get(K + "model_text", "")),
+        model_name=model_name(state[K + "model_source"], state.get(K + "model_text", ""),
+                              state.get(K + "method", "sft")),
         local_eval_datasets=split_list(state.get(K + "local_eval_datasets", "")),
         custom_format_mapping=mapping,
         target_modules=list(dict.fromkeys(state[K + "target_modules"]
@@ -300,7 +302,7 @@ def config_key(cfg: TrainConfig) -> str:
     """What a preview depends on (the preview's own fields): a change elsewhere (learning rate, LoRA rank)
     keeps the shown preview current."""
     data = cfg.to_public_dict()
-    return json.dumps({name: data[name] for name in PREVIEW_FIELDS}, sort_keys=True, default=str)
+    return json.dumps({name: data.get(name) for name in PREVIEW_FIELDS}, sort_keys=True, default=str)
 
 
 # ---------------------------------------------------------------------- samples during training
