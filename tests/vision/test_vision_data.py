@@ -155,3 +155,16 @@ def test_max_seq_length_below_the_image_tokens_is_a_field_error(shapes, tmp_path
     problems = check_data(_cfg(path, model_name=str(model), max_seq_length=IMAGE_TOKENS))
     assert [p.field for p in problems] == ["max_seq_length"]
     assert "one image takes 16 tokens" in problems[0].message and "the <image> run would be cut" in problems[0].message
+
+
+def test_image_bytes_as_the_datasets_image_feature_stores_them_in_parquet(shapes):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, rows = shapes
+    table = pa.table({"image": [{"bytes": (folder / r["image"]).read_bytes(), "path": None} for r in rows],
+                      "question": [r["question"] for r in rows], "answer": [r["answer"] for r in rows]})
+    pq.write_table(table, folder / "train.parquet")
+    data = load_local([str(folder / "train.parquet")], _cfg(folder / "train.parquet"))
+    assert len(data.rows) == len(rows)
+    assert data.rows[0]["images"] == [(folder / rows[0]["image"]).read_bytes()]  # bytes travel as they are
