@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import run_python
-from tests.vision_support import COLOURS, IMAGE_TOKENS, build_tiny_vlm, shape_rows, write_jsonl
+from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows, write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.protocol.status import RunStatus
 
@@ -70,13 +70,15 @@ def test_tiny_vlm_learns_the_colours_of_held_out_shapes(studio, tiny_vlm, tmp_pa
     cfg = TrainConfig(run_name="vision e2e", model_name=str(tiny_vlm), local_datasets=[str(data)], max_steps=30,
                       batch_size=8, learning_rate=1e-2, warmup_steps=2, max_seq_length=64, logging_steps=5,
                       train_on_completions=True, finetune_vision_layers=True, lora_r=16, lora_alpha=32,
-                      target_modules=[], random_seed=0)
+                      target_modules=[], random_seed=0, sample_prompts=[QUESTION], sample_max_new_tokens=3)
     assert cfg.validate() == []
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=400)
     log = studio.log_tail(run_id, 200)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{log}"
     assert f"Image rows: 96, longest" in log
+    # samples during training: text prompts through the processor's tokenizer, answered by the vision model
+    assert [s.step for s in studio.samples(run_id)] == [30] and "warning: Samples" not in log
 
     run = studio.get_run(run_id)
     adapter = Path(run.output_dir)
