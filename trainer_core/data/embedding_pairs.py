@@ -40,7 +40,6 @@ LOSS_LABELS = {
     "triplet": "TripletLoss", "cosent": "CoSENTLoss", "angle": "AnglELoss", "contrastive": "ContrastiveLoss",
     "batch_all_triplet": "BatchAllTripletLoss",
 }
-__all__ = ["SHAPES", "LOSS_SHAPES", "COLUMNS", "DEFAULT_LOSS", "LOSS_LABELS", "WHY_LOSS", "detect", "normalize"]
 IN_BATCH_NEGATIVES = ("mnrl", "cached_mnrl")  # losses whose negatives are the batch's other rows
 WHY_LOSS = {
     "anchor_positive": "pairs without negatives: every other positive in the batch is a negative "
