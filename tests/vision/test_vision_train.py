@@ -41,7 +41,19 @@ ANSWER_HELD_OUT = textwrap.dedent("""
     model = AutoModelForImageTextToText.from_pretrained(base_dir).eval()
     base = answers(model)
     tuned = answers(PeftModel.from_pretrained(model, adapter_dir).eval())
-    print(json.dumps({"base": base, "tuned": tuned}))
+
+    # the merged 16-bit folder (export --to merged, serving) loads in transformers with its processor
+    from pathlib import Path
+    from trainer_core.config import TrainConfig
+    from trainer_core.jobspec import ModelSource, ResolvedSource
+    from trainer_core.worker.sources import merge_adapter
+
+    resolved = ResolvedSource(source=ModelSource(run_id="r"), label="r", base_model=base_dir,
+                              adapter_dir=Path(adapter_dir), config=TrainConfig(model_name=base_dir))
+    merged_dir = merge_adapter(resolved, Path(sys.argv[4]), dtype="float32")
+    processor = AutoProcessor.from_pretrained(merged_dir)
+    merged = answers(AutoModelForImageTextToText.from_pretrained(merged_dir).eval())
+    print(json.dumps({"base": base, "tuned": tuned, "merged": merged}))
 """)
 
 
@@ -92,11 +104,12 @@ def test_tiny_vlm_learns_the_colours_of_held_out_shapes(studio, tiny_vlm, tmp_pa
     assert losses[-1] < 0.6 * losses[0], losses  # the loss falls
 
     rows = [{**r, "image": str(folder / r["image"])} for r in held_out]
-    result = run_python(ANSWER_HELD_OUT, str(tiny_vlm), str(adapter), json.dumps(rows))
+    result = run_python(ANSWER_HELD_OUT, str(tiny_vlm), str(adapter), json.dumps(rows), str(tmp_path / "merged"))
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     base, tuned = _score(found["base"], rows), _score(found["tuned"], rows)
     print(f"held-out colour accuracy: base {base:.2f}, tuned {tuned:.2f}; losses {losses[0]:.2f} -> {losses[-1]:.3f}")
     assert base <= 0.25  # a random model does not name colours
     assert tuned >= 0.75 and tuned >= base + 0.5, (found, base, tuned)
+    assert found["merged"] == found["tuned"]  # merged in float32: the same greedy answers as the adapter
     assert "torch" not in sys.modules and "transformers" not in sys.modules  # the dashboard never imported them

@@ -37,16 +37,16 @@ def torch_dtype(device: str):
 
 def load_source(resolved: ResolvedSource, device: str = "cpu", log=print):
     """(model, tokenizer) of ``resolved`` on ``device``, in eval mode; an adapter stays unmerged (PeftModel)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     dtype = torch_dtype(device)
     if resolved.model_dir is not None:
         folder = str(resolved.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = auto_class(folder).from_pretrained(folder, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
         base = base_folder(resolved, log=log)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        model = auto_class(base).from_pretrained(base, dtype=dtype)
         # The run saved its tokenizer (with the chat template it trained with) next to the adapter.
         tokenizer_dir = resolved.adapter_dir if resolved.adapter_dir and (resolved.adapter_dir / "tokenizer_config.json").exists() else base
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -59,6 +59,16 @@ def load_source(resolved: ResolvedSource, device: str = "cpu", log=print):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def auto_class(folder: str):
+    """AutoModelForImageTextToText for a vision-language model (a vision run's adapter applies to its whole model),
+    AutoModelForCausalLM otherwise."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from trainer_core.worker.model_resolver import is_vision_config
+
+    return AutoModelForImageTextToText if is_vision_config(AutoConfig.from_pretrained(folder)) else AutoModelForCausalLM
 
 
 def _adapter_stamp(adapter_dir: Path) -> str:
@@ -109,6 +119,10 @@ def _merge_into(resolved: ResolvedSource, target: Path, dtype: str, stamp: str, 
     try:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if (resolved.adapter_dir / "processor_config.json").exists():  # a vision run: the processor it trained with
+            from transformers import AutoProcessor
+
+            AutoProcessor.from_pretrained(str(resolved.adapter_dir)).save_pretrained(tmp)
         (tmp / MERGED_MARKER).write_text(stamp)
     except BaseException:  # a full disk or a Cancel: no half-written copy of the model left in the run's folder
         shutil.rmtree(tmp, ignore_errors=True)
