@@ -1,8 +1,10 @@
 """What the studio costs over a bare TRL script, on the same short training job.
 
-    .venv/bin/python bench/overhead.py [--steps 20] [--pairs 3] [--threads N] [--models DIR]
+    .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo] [--steps 20] [--pairs 3] [--threads N]
+                                       [--models DIR]
 
-(a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess.
+(a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess (for dpo-demo TRL's
+    DPOTrainer, for grpo-demo its GRPOTrainer, built by the method's worker half with the worker's arguments).
 (b) the real path: ``Orchestrator(store).start(cfg)`` -> worker subprocess -> events.jsonl -> pump -> SQLite.
 
 Both are children of this process, started with the same environment, and run alternately (a b, b a,
@@ -39,7 +41,7 @@ from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
 
-PRESET = ROOT / "presets" / "cpu-demo.yaml"
+PRESETS = ROOT / "presets"
 BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
 RUN_TIMEOUT_S = 1800
 
@@ -89,12 +91,13 @@ def cpu_since(start: tuple[float, float]) -> tuple[float, float]:
     return own - start[0], children - start[1]
 
 
-def bench_config(steps: int) -> TrainConfig:
-    """The CPU demo preset (bundled model, bundled chat data, LoRA, seed 3407), shortened, without
-    eval or intermediate checkpoints, logging every step."""
-    cfg = TrainConfig.from_yaml(PRESET.read_text())
+def bench_config(steps: int, preset: str = "cpu-demo") -> TrainConfig:
+    """A built-in preset (bundled model, bundled data, LoRA, seed 3407), shortened, without eval, samples or
+    intermediate checkpoints, logging every step: the bare script has none of those either."""
+    cfg = TrainConfig.from_yaml((PRESETS / f"{preset}.yaml").read_text())
     return replace(cfg, run_name="overhead bench", max_steps=steps, logging_steps=1, save_steps=0,
-                   eval_fraction=0.0, local_eval_datasets=[], enable_wandb=False, enable_tensorboard=False)
+                   eval_fraction=0.0, local_eval_datasets=[], enable_wandb=False, enable_tensorboard=False,
+                   sample_prompts=[], sample_prompt_set="")
 
 
 def child_env() -> dict[str, str]:
@@ -146,6 +149,8 @@ def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu-demo", choices=("cpu-demo", "dpo-demo", "grpo-demo"),
+                        help="the job: SFT (cpu-demo, default), DPO (dpo-demo) or GRPO (grpo-demo)")
     parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
     parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
     parser.add_argument("--threads", type=int, default=0,
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DATABASE_URL", None)  # a throwaway SQLite database, never the user's one
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    cfg = bench_config(args.steps)
+    cfg = bench_config(args.steps, args.preset)
     errors = cfg.validate()
     if errors:
         print("config problems: " + "; ".join(map(str, errors)), file=sys.stderr)
