@@ -90,12 +90,8 @@ def training_rows(rows: list[dict], completions_only: bool) -> tuple[list[dict],
 
 def row_length(processor, row: dict) -> int:
     """Tokens of one row as the collator builds it: the chat template with each image expanded by the processor."""
-    example = prepared(row)
-    messages = example.get("messages") or example["prompt"] + example["completion"]
-    filled = prepare_multimodal_messages(messages, images=example["images"])
-    out = processor.apply_chat_template(filled, tokenize=True, return_dict=True)
-    ids = out["input_ids"]
-    return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+    ids_list, _ = encodings([row], processor)
+    return len(ids_list[0])
 
 
 def fitting_rows(rows: list[dict], processor, cfg: TrainConfig, warn, log) -> list[dict]:
