@@ -106,6 +106,8 @@ def test_unsloth_trains_only_single_process_runs(monkeypatch):
     monkeypatch.setattr(hardware, "unsloth_usable", lambda: True)
     assert engines.choose_engine(1) == "unsloth"
     assert engines.choose_engine(2) == "transformers"
+    # a vision-language model trains with the transformers engine: Unsloth's FastVisionModel is not wired
+    assert engines.choose_engine(1, vision=True) == "transformers"
 
 
 def test_fsdp_only_when_a_copy_does_not_fit():

@@ -111,7 +111,7 @@ class Worker:
         try:
             cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
             self.early_stopping_patience = cfg.early_stopping_patience
-            self.engine_name = choose_engine(self.world_size)
+            self.engine_name = choose_engine(self.world_size, vision=_is_vision_model(cfg))
             self.status(RunStatus.STARTING, "loading model")
             # Import the engine only now: unsloth must be imported before transformers when it is used.
             engine = importlib.import_module(f"trainer_core.worker.engines.{self.engine_name}_engine")
@@ -440,3 +440,14 @@ def rows_are_chat(cfg: TrainConfig, rows: list[dict], tokenizer) -> bool:
 
     text_as_chat = getattr(worker_methods.get(cfg.method), "TEXT_PROMPTS_AS_CHAT", False)
     return isinstance(rows[0].get("prompt"), str) and text_as_chat and bool(getattr(tokenizer, "chat_template", None))
+
+
+def _is_vision_model(cfg: TrainConfig) -> bool:
+    """Whether the run's model is a vision-language model, from its config files (no weights); a model whose
+    config cannot be read here is taken as text (loading it reports the real problem)."""
+    from trainer_core import model_info, modality
+
+    try:
+        return modality.detect_modality(cfg.model_name, os.environ.get("HF_TOKEN") or None).kind == modality.VISION
+    except (model_info.ModelInfoError, OSError):
+        return False

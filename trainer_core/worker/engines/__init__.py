@@ -7,7 +7,8 @@ UNSLOTH = "unsloth"
 TRANSFORMERS = "transformers"
 
 
-def choose_engine(processes: int = 1) -> str:
+def choose_engine(processes: int = 1, vision: bool = False) -> str:
     """Unsloth when CUDA and the ``gpu`` extra are present and the run trains on one process (Unsloth pins
-    its model to one GPU); transformers + peft + trl everywhere else, data-parallel runs included."""
-    return UNSLOTH if processes == 1 and hardware.unsloth_usable() else TRANSFORMERS
+    its model to one GPU); transformers + peft + trl everywhere else, data-parallel runs included, and for
+    vision-language models (the Unsloth engine here loads text models only: FastVisionModel is not wired)."""
+    return UNSLOTH if processes == 1 and not vision and hardware.unsloth_usable() else TRANSFORMERS
