@@ -27,7 +27,15 @@ from ui.text import code, safe
 
 # metric key -> (label, higher is better)
 METRIC_LABELS = {"exact": ("Exact match", True), "rouge_l": ("ROUGE-L", True), "bleu": ("BLEU", True),
-                 "loss": ("Loss", False), "perplexity": ("Perplexity", False), "judge": ("Judge (1-10)", True)}
+                 "loss": ("Loss", False), "perplexity": ("Perplexity", False), "judge": ("Judge (1-10)", True),
+                 "preference_accuracy": ("Preference accuracy", True), "preference_margin": ("Preference margin", True),
+                 "reward": ("Reward (weighted total)", True)}
+REWARD_PREFIX = "reward/"  # one metric per reward function of the GRPO run: reward/<name>
+METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answer the model prefers: a LoRA run by "
+                                      "its implicit reward (log-prob minus the base's, adapter disabled), a model "
+                                      "without a reference (the base) by its plain log-prob margin",
+               "preference_margin": "Mean of reward(chosen) - reward(rejected), in nats",
+               "reward": "Mean weighted total of the GRPO run's rewards on the model's greedy answers"}
 SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss"}
 K = "evaltab_"
 
@@ -40,14 +48,16 @@ def _number(value: Any) -> float | int | None:
 
 
 def metric_rows(metrics: dict, baseline: dict | None) -> list[dict[str, Any]]:
-    """One row per overall metric present: label, value, the baseline's value and the difference."""
+    """One row per overall metric present: label, value, the baseline's value, the difference and whether higher
+    is better (each reward function's ``reward/<name>`` after the fixed metrics)."""
+    labels = {key: value for key, value in METRIC_LABELS.items() if key in metrics}
+    labels.update({key: (f"Reward: {key[len(REWARD_PREFIX):]}", True) for key in metrics
+                   if isinstance(key, str) and key.startswith(REWARD_PREFIX)})
     rows = []
-    for key, (label, _) in METRIC_LABELS.items():
-        if key not in metrics:
-            continue
+    for key, (label, higher) in labels.items():
         value = _number(metrics[key])
         base = _number((baseline or {}).get(key))
-        rows.append({"metric": label, "key": key, "value": value, "baseline": base,
+        rows.append({"metric": label, "key": key, "value": value, "baseline": base, "higher": higher,
                      "delta": value - base if value is not None and base is not None else None})
     return rows
 
@@ -61,8 +71,8 @@ def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def headline(metrics: dict | None) -> str:
-    """History's short text for an eval: its ROUGE-L, else exact match, BLEU or judge score."""
-    for key in ("rouge_l", "exact", "bleu", "judge"):
+    """History's short text for an eval: its ROUGE-L, else exact match, BLEU, judge, preference accuracy or reward."""
+    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward"):
         if metrics and _number(metrics.get(key)) is not None:
             return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
     return ""
@@ -161,11 +171,14 @@ def render_metrics(metrics: dict, baseline: EvalResultRecord | None) -> None:
     if rows:
         cols = st.columns(len(rows))
         for col, row in zip(cols, rows):
-            higher = METRIC_LABELS[row["key"]][1]
+            base_text = f"base model: {fmt.number(row['baseline'])}" if row["baseline"] is not None else ""
             col.metric(row["metric"], fmt.number(row["value"]),
                        delta=None if row["delta"] is None else f"{row['delta']:+.4f}",
-                       delta_color="normal" if higher else "inverse", border=True,
-                       help=f"base model: {fmt.number(row['baseline'])}" if row["baseline"] is not None else None)
+                       delta_color="normal" if row["higher"] else "inverse", border=True,
+                       help=" · ".join(filter(None, [METRIC_HELP.get(row["key"], ""), base_text])) or None)
+    if metrics.get("preference_implicit_reward") is False and "preference_accuracy" in metrics:
+        st.caption("Preference accuracy here is the plain log-prob margin: this model has no reference to compare "
+                   "with (a base model, or full fine-tuned weights).")
     if base is not None:
         st.caption(f"Deltas against the base model {safe(baseline.base_model)} on the same data and settings.")
     elif baseline is not None:
@@ -232,7 +245,9 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         hub_col, split_col = st.columns([3, 1])
         hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")
         split_col.text_input("Split", value="test", key=K + "hub_split")
-    metrics = st.multiselect("Metrics", list(METRICS), default=DEFAULT_METRICS, key=K + "metrics")
+    metrics = st.multiselect("Metrics", list(METRICS), default=DEFAULT_METRICS, key=K + "metrics",
+                             help="preference_accuracy: test data of preference pairs (prompt/chosen/rejected); "
+                                  "reward: a GRPO run's reward functions on the answers to the test prompts")
     a, b, c = st.columns(3)
     max_samples = a.number_input("Max samples (0: all)", min_value=0, value=200, step=10, key=K + "max_samples")
     max_new = b.number_input("Max new tokens", min_value=1, max_value=4096, value=128, key=K + "max_new")
@@ -262,7 +277,8 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                         judge_model=judge_model.strip(), judge_key_env=judge_key_env.strip(), judge_rubric=rubric,
                         lm_eval_tasks=[t.strip() for t in tasks.split(",") if t.strip()],
                         hub_split=st.session_state.get(K + "hub_split", "test") or "test",
-                        baseline=bool(baseline) and which != "base")
+                        baseline=bool(baseline) and which != "base",
+                        reward_run=run.id if "reward" in metrics else "")  # the base model scored with its rewards
         job_id, baseline_id = orch.start_eval(spec, actor=actor)
     except ConfigError as exc:
         st.error("  \n".join(f"**{safe(e.field)}**: {safe(e.message)}" for e in exc.errors))

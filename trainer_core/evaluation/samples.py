@@ -2,6 +2,11 @@
 works), split into a prompt (every turn before the last assistant reply) and the reference answer (that
 reply), as training on completions splits them (``worker.token_cache.prompt_completion``).
 
+Two metrics read other shapes, as the methods they judge train on them (``data.preference``):
+``preference_accuracy`` reads preference pairs (prompt/chosen/rejected, as DPO reads them; the reference is the
+chosen answer), and ``reward`` reads prompts (as GRPO reads them: a prompt column, or chat rows whose last
+assistant turn becomes the ``answer`` column; every other column reaches the reward functions by name).
+
 Also the two keys of the cached base-model baseline: a fingerprint of the test data and a hash of the
 settings that change scores. No ML stack: the dashboard validates and keys evals with these.
 """
@@ -10,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainer_core.config import TrainConfig, hub_dataset_problem
-from trainer_core.data import DatasetError, loading
+from trainer_core.data import DatasetError, loading, preference
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.formats import NormalizedData
+from trainer_core.methods import grpo
+from trainer_core.protocol import paths
+from trainer_core.rewards import files
 
 if TYPE_CHECKING:
     from trainer_core.evaluation.spec import EvalSpec
@@ -24,13 +32,30 @@ if TYPE_CHECKING:
 EVAL_SPLIT_PREFIX = "eval_split:"  # data "eval_split:<run id>": that run's own held-out rows
 HUB_PREFIX = "hub:"  # data "hub:<dataset id>": a split of a Hugging Face hub dataset (online)
 NO_REFERENCE = "no assistant reply after a prompt (nothing to compare an answer with)"
+PAIRS_METRIC = "preference_accuracy"  # needs preference pairs
+REWARD_METRIC = "reward"  # scores generated answers with a GRPO run's reward functions
+REFERENCE_METRICS = ("exact", "rouge", "bleu", "perplexity", "judge")  # compare with a reference answer
+GENERATION_METRICS = ("exact", "rouge", "bleu", "judge", "reward")  # score the model's own answers
+SHAPE_METHOD = {"pairs": "dpo", "prompts": "grpo"}  # the method whose loader reads that shape
 
 
 @dataclass(frozen=True)
 class Sample:
     index: int
     prompt: list[dict]  # chat turns, up to (not including) the reference answer
-    reference: str
+    reference: str  # "" when the row has none (a prompts row without an answer column)
+    chosen: list[dict] | None = None  # preference pairs: each side's answer turns
+    rejected: list[dict] | None = None
+    columns: dict = field(default_factory=dict)  # prompts rows: the other columns, for the reward functions
+
+
+def data_shape(metrics: list) -> str:
+    """How the test rows are read: 'pairs' for preference_accuracy, 'prompts' for reward, else 'chat'."""
+    if PAIRS_METRIC in metrics:
+        return "pairs"
+    if REWARD_METRIC in metrics:
+        return "prompts"
+    return "chat"
 
 
 def data_kind(data: str) -> str:
@@ -44,9 +69,11 @@ def data_kind(data: str) -> str:
 
 def data_config(spec: "EvalSpec") -> TrainConfig:
     """The TrainConfig whose data fields read ``spec.data`` with the spec's format settings."""
+    shape = data_shape(spec.metrics) if isinstance(spec.metrics, list) else "chat"
     base = dataclasses.replace(TrainConfig(), format_type=spec.format_type,
                                custom_format_mapping=dict(spec.custom_format_mapping), system_prompt=spec.system_prompt,
-                               local_datasets=[], local_eval_datasets=[], eval_fraction=0.0)
+                               local_datasets=[], local_eval_datasets=[], eval_fraction=0.0,
+                               method=SHAPE_METHOD.get(shape, TrainConfig().method))
     if data_kind(spec.data) == "hub":
         return dataclasses.replace(base, hf_dataset=spec.data[len(HUB_PREFIX):].strip(), subset=spec.hub_subset,
                                    train_split=spec.hub_split, eval_split="")
@@ -82,15 +109,47 @@ def load_rows(spec: "EvalSpec") -> NormalizedData:
         if not rows:
             raise DatasetError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): "
                                        "give a test file instead")
+        shape = data_shape(spec.metrics)
+        if shape != "chat":  # the run's rows are in its own method's shape (and carry its mapping and system prompt)
+            return _shaped(lambda: preference.normalize(rows, shape, None, "", field_name="data"), shape)
         return NormalizedData(format="chatml" if "messages" in rows[0] else "text",
                               reason=f"the eval split of run {run_id}", rows=rows)
     cfg = data_config(spec)
+    shape = data_shape(spec.metrics)
     if kind == "hub":
         problem = hub_problem(spec.data)  # again in the worker: its working folder is where a local name would be read
         if problem:
             raise DatasetError("data", problem)
-        return _renamed(lambda: loading.load_hub(cfg, spec.hub_split, apply_slice=False))
-    return _renamed(lambda: loading.load_local([spec.data], cfg, field_name="data", apply_slice=False))
+
+    def read(config: TrainConfig) -> NormalizedData:
+        if kind == "hub":
+            return loading.load_hub(config, spec.hub_split, apply_slice=False)
+        return loading.load_local([spec.data], config, field_name="data", apply_slice=False)
+
+    if shape == "prompts":  # GRPO's own prompt rows; chat or instruction rows (alpaca...) become prompts too
+        try:
+            return _renamed(lambda: read(cfg))
+        except DatasetError as exc:
+            if exc.field not in ("format_type", "custom_format_mapping"):
+                raise
+            chat = _renamed(lambda: read(dataclasses.replace(cfg, method=TrainConfig().method)))
+            if not chat.is_chat:
+                raise DatasetError("data", f"reward needs prompts ({preference.SHAPES['prompts']}): {exc.message}") \
+                    from None
+            return _shaped(lambda: preference.normalize(chat.rows, shape, None, "", field_name="data"), shape)
+    return _shaped(lambda: _renamed(lambda: read(cfg)), shape)
+
+
+def _shaped(read, shape: str) -> NormalizedData:
+    """Rows in a preference shape; a shape that does not fit names ``data``, the metric and the columns it needs."""
+    try:
+        return read()
+    except DatasetError as exc:
+        if exc.field != "format_type" or shape == "chat":
+            raise
+        metric = PAIRS_METRIC if shape == "pairs" else REWARD_METRIC
+        raise DatasetError("data", f"{metric} needs {'preference pairs' if shape == 'pairs' else 'prompts'}: "
+                                   f"{preference.SHAPES[shape]} ({exc.message})") from None
 
 
 def _renamed(read):
@@ -101,8 +160,10 @@ def _renamed(read):
         raise DatasetError(field, exc.message) from None
 
 
-def to_samples(data: NormalizedData, max_samples: int = 0) -> tuple[list[Sample], int]:
+def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool = True) -> tuple[list[Sample], int]:
     """(samples, rows left out for having no reference answer); DatasetError when none is left."""
+    if data.format in ("pairs", "prompts"):
+        return _preference_samples(data, max_samples, needs_reference)
     if not data.is_chat:
         raise DatasetError("data", f"raw text has no reference answers ({data.reason}): evaluate on chat or "
                                    "instruction data (alpaca instruction/output, chatml messages or sharegpt "
@@ -124,10 +185,45 @@ def to_samples(data: NormalizedData, max_samples: int = 0) -> tuple[list[Sample]
     return samples, skipped
 
 
+def _turns(value, role: str) -> list[dict]:
+    """A text prompt or answer as one chat turn (as the preference trainers do for a model with a chat template)."""
+    return value if isinstance(value, list) else [{"role": role, "content": value}]
+
+
+def _text(turns: list[dict]) -> str:
+    return "".join(turn["content"] for turn in turns if turn["role"] == "assistant")
+
+
+def _preference_samples(data: NormalizedData, max_samples: int, needs_reference: bool) -> tuple[list[Sample], int]:
+    """Pairs: the prompt, each side's answer turns, and the chosen answer as the reference. Prompts: the prompt,
+    the ``answer`` column as the reference (when it is text), every other column kept for the rewards."""
+    samples: list[Sample] = []
+    skipped = 0
+    for row in data.rows:
+        prompt = _turns(row["prompt"], "user")
+        if data.format == "pairs":
+            chosen, rejected = _turns(row["chosen"], "assistant"), _turns(row["rejected"], "assistant")
+            samples.append(Sample(len(samples), prompt, _text(chosen), chosen=chosen, rejected=rejected))
+        else:
+            answer = row.get("answer")
+            reference = answer if isinstance(answer, str) else ""
+            if needs_reference and not reference.strip():
+                skipped += 1
+                continue
+            columns = {k: v for k, v in row.items() if k != "prompt"}
+            samples.append(Sample(len(samples), prompt, reference, columns=columns))
+        if max_samples and len(samples) >= max_samples:
+            break
+    if not samples:
+        raise DatasetError("data", f"none of the {len(data.rows):,} prompts has an answer column to compare with: "
+                                   f"drop {', '.join(REFERENCE_METRICS)} from metrics, or add an answer column")
+    return samples, skipped
+
+
 def load_samples(spec: "EvalSpec") -> tuple[list[Sample], str | None]:
     """(samples, one warning naming every row left out and why, or None)."""
     data = load_rows(spec)
-    samples, skipped = to_samples(data, spec.max_samples)
+    samples, skipped = to_samples(data, spec.max_samples, any(m in REFERENCE_METRICS for m in spec.metrics))
     return samples, left_out_warning(data, skipped)
 
 
@@ -171,4 +267,25 @@ SCORED_FIELDS = ("format_type", "custom_format_mapping", "system_prompt", "metri
 def settings_hash(spec: "EvalSpec") -> str:
     values = {name: getattr(spec, name) for name in SCORED_FIELDS}
     values["metrics"] = sorted(values["metrics"])
+    if REWARD_METRIC in spec.metrics:  # the rewards that score, not the run that holds them: runs may share a baseline
+        values["rewards"] = reward_identity(spec.reward_run or spec.source.run_id or "")
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def reward_identity(run_id: str) -> list:
+    """What the ``reward`` metric of an eval scores with: the GRPO run's reward settings and, for a Python
+    reward, the sha256 of the copy in its run folder (an edited file is another reward)."""
+    from trainer_core import jobspec
+
+    try:
+        cfg = jobspec.run_config(run_id)
+    except jobspec.SourceError:
+        return [run_id]
+    if cfg.method != "grpo":
+        return [run_id]
+    try:
+        manifest = {row["name"]: row["sha256"]
+                    for row in json.loads((files.folder(paths.run_dir(run_id)) / files.MANIFEST).read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        manifest = {}
+    return [{**spec.to_dict(), "sha256": manifest.get(spec.name, "")} for spec in grpo.rewards_of(cfg)]

@@ -2,6 +2,12 @@
 ROUGE-L from ``rouge-score`` (Google's reference implementation), BLEU from ``sacrebleu`` (sentence BLEU per
 sample, corpus BLEU overall). Exact match compares the texts with whitespace runs collapsed. Loss and
 perplexity come from the model (worker/evaluate.py); ``overall`` only aggregates them here.
+
+``preference_accuracy``: the share of held-out pairs whose chosen answer the model prefers (``preferred`` 1 or 0
+per pair), with the mean ``margin``; the worker computes both from sequence log-probabilities (the implicit
+reward of a LoRA run against its own base, or the plain log-prob of a model without a reference).
+``reward``: the weighted total of a GRPO run's rewards per answer, averaged, and each reward's mean
+(``reward/<name>``), from the values the worker's reward functions gave.
 """
 from __future__ import annotations
 
@@ -44,6 +50,10 @@ class SampleScores:
     loss: float | None = None  # mean negative log-likelihood of the reference answer's tokens
     tokens: int = 0  # reference answer tokens the loss is over
     judge: float | None = None
+    preferred: float | None = None  # a pair: 1.0 when the chosen answer's reward beats the rejected one's, else 0.0
+    margin: float | None = None  # a pair: reward(chosen) - reward(rejected), in nats (not scaled by a DPO beta)
+    reward: float | None = None  # the weighted total of the rewards that scored this answer
+    rewards: dict | None = None  # reward name -> value (None: that reward gave no score for this answer)
 
 
 def score_text(answer: str, reference: str, metrics: list[str]) -> SampleScores:
@@ -71,7 +81,21 @@ def overall(scores: list[SampleScores], answers: list[str], references: list[str
     if "judge" in metrics:
         result["judge"] = _mean([s.judge for s in scores])
         result["judged"] = sum(s.judge is not None for s in scores)
+    if "preference_accuracy" in metrics:
+        result["preference_accuracy"] = _mean([s.preferred for s in scores])
+        result["preference_margin"] = _mean([s.margin for s in scores])
+    if "reward" in metrics:
+        result["reward"] = _mean([s.reward for s in scores])
+        names = dict.fromkeys(name for s in scores for name in (s.rewards or {}))
+        for name in names:
+            result[f"reward/{name}"] = _mean([(s.rewards or {}).get(name) for s in scores])
     return result
+
+
+def weighted_total(values: dict[str, float | None], weights: dict[str, float]) -> float | None:
+    """TRL's total reward of one answer: the weighted sum of the rewards that gave a score (None: none did)."""
+    given = [weights[name] * value for name, value in values.items() if value is not None]
+    return sum(given) if given else None
 
 
 def _mean(values: list[float | None]) -> float | None:

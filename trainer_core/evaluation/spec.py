@@ -13,10 +13,14 @@ from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
+from trainer_core.methods import grpo
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 
-METRICS = ("exact", "rouge", "bleu", "perplexity", "judge")
+# preference_accuracy: on preference pairs, how often the model's implicit reward (a LoRA run: its log-prob minus
+# the base's, the adapter disabled) prefers the chosen answer; the base model has no reference, so its plain
+# log-prob margin decides. reward: a GRPO run's reward functions on the model's answers (docs/evaluation.md).
+METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward")
 DEFAULT_METRICS = ["exact", "rouge", "bleu", "perplexity"]
 DEFAULT_RUBRIC = (
     "You are grading an assistant's answer against a reference answer.\n\n"
@@ -64,6 +68,9 @@ class EvalSpec(JobSpec):
     lm_eval_tasks: list = field(default_factory=list)
     lm_eval_limit: int = 0  # examples per task (0: all)
     baseline: bool = True  # also evaluate the run's base model on the same data and settings (cached)
+    # Metric "reward": the GRPO run whose grpo.rewards score the answers (its own copies of Python reward files);
+    # empty: the source run. A baseline keeps it, so the base model is scored with the same rewards.
+    reward_run: str = ""
 
     @property
     def dataset_label(self) -> str:
@@ -83,7 +90,7 @@ class EvalSpec(JobSpec):
 
     def validate(self) -> list[FieldError]:
         text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",
-                       "judge_model", "judge_key_env", "judge_rubric")
+                       "judge_model", "judge_key_env", "judge_rubric", "reward_run")
         wrong = [FieldError(n, "text") for n in text_fields if not isinstance(getattr(self, n), str)]
         if not isinstance(self.lm_eval_tasks, list) or not all(isinstance(t, str) for t in self.lm_eval_tasks):
             wrong.append(FieldError("lm_eval_tasks", "a list of task names or local task YAML paths"))
@@ -143,6 +150,8 @@ class EvalSpec(JobSpec):
             bad("baseline", "true or false")
         if isinstance(self.metrics, list) and "judge" in self.metrics:
             errors.extend(self._judge_errors())
+        if isinstance(self.metrics, list) and eval_samples.REWARD_METRIC in self.metrics:
+            errors.extend(self._reward_errors())
         if not isinstance(self.lm_eval_tasks, list):
             bad("lm_eval_tasks", "a list of task names or local task YAML paths")
         else:
@@ -170,6 +179,26 @@ class EvalSpec(JobSpec):
             errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "
                                                      "judge grades)"))
         return errors
+
+    def _reward_errors(self) -> list[FieldError]:
+        """``reward`` scores with a GRPO run's rewards: the source run's, or ``reward_run``'s."""
+        run_id = self.reward_run.strip() or self.source.run_id
+        if not run_id:
+            return [FieldError("metrics", "reward scores answers with a GRPO run's reward functions, and the base "
+                                          "model has none: evaluate a grpo run (its base-model baseline is scored "
+                                          "with the same rewards), set reward_run to one, or drop 'reward'")]
+        where = "reward_run" if self.reward_run.strip() else "metrics"
+        try:
+            cfg = jobspec.run_config(run_id)
+        except jobspec.SourceError as exc:
+            return [FieldError(where, str(exc))]
+        if cfg.method != "grpo":
+            return [FieldError(where, f"reward needs a run trained with method grpo (its grpo.rewards score the "
+                                      f"answers); run {run_id} was trained with {cfg.method}: evaluate a grpo run, "
+                                      "or drop 'reward' from metrics")]
+        if not grpo.rewards_of(cfg):
+            return [FieldError(where, f"run {run_id} has no readable grpo.rewards to score with: drop 'reward'")]
+        return []
 
     def _data_errors(self) -> list[FieldError]:
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""

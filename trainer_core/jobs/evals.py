@@ -18,8 +18,10 @@ from trainer_core.data.sources import resolve_source
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import queue
+from trainer_core.methods import grpo
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.rewards import spec as reward_spec
 
 if TYPE_CHECKING:
     from trainer_core.jobs.orchestrator import Orchestrator
@@ -48,6 +50,8 @@ def prepared(spec: EvalSpec) -> EvalSpec:
         values["lm_eval_tasks"] = [str(Path(t).expanduser().absolute())
                                    if isinstance(t, str) and t.endswith((".yaml", ".yml")) and "\x00" not in t else t
                                    for t in spec.lm_eval_tasks]
+    if isinstance(spec.metrics, list) and "reward" in spec.metrics and not spec.reward_run and not spec.source.is_base:
+        values["reward_run"] = spec.source.run_id  # the baseline (a copy with the base model) scores with these too
     if not spec.name:
         values["name"] = f"Eval · {_source_label(spec.source)}"
     return dataclasses.replace(spec, **values)
@@ -81,6 +85,12 @@ def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> 
     errors = spec.validate()
     if errors:
         raise ConfigError(errors)
+    if "reward" in spec.metrics and actor is not None and actor.role is not access.Role.ADMIN \
+            and reward_spec.needs_admin(grpo.rewards_of(jobspec.run_config(spec.reward_run or spec.source.run_id))):
+        # scoring runs the run's Python reward in the eval worker: the rule that guards starting such a run
+        raise ConfigError([FieldError("metrics", "the run's rewards include a custom Python reward, which runs its "
+                                                 "code on this host: only an admin may evaluate with it; drop "
+                                                 "'reward', or ask an admin")])
     resolved = jobspec.resolve(spec.source)
     try:
         fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""

@@ -5,6 +5,8 @@ samples: generate, score, write a line of predictions.jsonl and report -> lm-eva
 results.json -> report. Prompts are built exactly as training builds them (the run's chat template, its
 format mapping, the prompt/completion split of ``token_cache``), so the loss here is the loss training
 reports on the same rows. Stop ends between samples and keeps the results so far; Cancel ends without them.
+``preference_accuracy`` (pairs) and ``reward`` (a GRPO run's rewards on the answers) are worker/eval_metrics.py;
+an eval asking for neither generation nor reward metrics (only preference_accuracy, perplexity) generates nothing.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from trainer_core.evaluation.judge import Judge, JudgeUnavailable
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker import eval_metrics
 from trainer_core.worker.job import JobWorker
 from trainer_core.worker.safe_prompt import chat_batch, chat_ids
 
@@ -69,12 +72,24 @@ class Evaluator(JobWorker):
             model, tokenizer, device = self.load(resolved)
             samples = self.fitting(samples, model, tokenizer, spec)
             self.check_cancel()
+            if eval_samples.PAIRS_METRIC in spec.metrics and not eval_metrics.has_reference(model) \
+                    and not spec.source.is_base:
+                self.warn(f"{resolved.label} is full fine-tuned weights, with no base in memory to compare with: "
+                          "preference_accuracy uses its plain log-prob margin, as for a base model")
+            scorer = None
+            if eval_samples.REWARD_METRIC in spec.metrics and samples:
+                scorer = eval_metrics.RewardScorer(spec.reward_run or spec.source.run_id, self.warn)
 
             if samples:
                 self.status(RunStatus.RUNNING, "generating")
-            rows, action = self.evaluate(spec, samples, model, tokenizer, device)
+            rows, action = self.evaluate(spec, samples, model, tokenizer, device, scorer)
             metrics = scoring.overall([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], spec.metrics) \
                 if samples else {}
+            if scorer is not None and scorer.failed:  # the metric is missing, never a total of fewer rewards
+                for name in ["", *scorer.failed]:
+                    metrics.pop(f"reward/{name}" if name else "reward", None)
+            if eval_samples.PAIRS_METRIC in spec.metrics and samples:
+                metrics["preference_implicit_reward"] = eval_metrics.has_reference(model)
             if action is control.Action.CANCEL:
                 self.finish(RunStatus.CANCELLED, len(rows))
                 return 0
@@ -123,10 +138,13 @@ class Evaluator(JobWorker):
         context = getattr(model.config, "max_position_embeddings", None)
         if not context or not samples:
             return samples
+        new_tokens = spec.max_new_tokens if generates(spec) else 0
         fit = []
         for sample in samples:
             ids = chat_ids(tokenizer, sample.prompt)  # message text as text (worker/safe_prompt.py)
-            if len(ids) + spec.max_new_tokens <= context:
+            pair = eval_metrics.pair_lengths(tokenizer, sample.prompt, sample.chosen, sample.rejected) \
+                if eval_samples.PAIRS_METRIC in spec.metrics else 0
+            if len(ids) + new_tokens <= context and pair <= context:
                 fit.append(sample)
         if not fit:  # nothing would be scored: a failure, never a completed (and cached) eval of 0 samples
             raise NothingToScore(f"none of the {len(samples):,} test row(s) fits the model's context of {context:,} "
@@ -138,7 +156,8 @@ class Evaluator(JobWorker):
                       "shorten those rows or lower max_new_tokens")
         return fit
 
-    def evaluate(self, spec: EvalSpec, samples: list, model, tokenizer, device: str):
+    def evaluate(self, spec: EvalSpec, samples: list, model, tokenizer, device: str,
+                 scorer: eval_metrics.RewardScorer | None = None):
         """Generate and score every sample; returns ([(scores, answer, reference)], the control action that
         ended it early or None)."""
         judge = self.make_judge(spec)
@@ -153,8 +172,10 @@ class Evaluator(JobWorker):
                 if action is not None:
                     break
                 batch = samples[first:first + spec.batch_size]
-                answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device)
-                for sample, answer in zip(batch, answers):
+                answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device) if generates(spec) \
+                    else [""] * len(batch)
+                rewarded = scorer.score(batch, answers) if scorer is not None else [(None, None)] * len(batch)
+                for sample, answer, (reward, rewards) in zip(batch, answers, rewarded):
                     action = self.requested()
                     if action is not None:
                         break
@@ -162,12 +183,17 @@ class Evaluator(JobWorker):
                     if "perplexity" in spec.metrics:
                         scores.loss, scores.tokens = answer_loss(model, tokenizer, sample.prompt, sample.reference,
                                                                  device)
+                    scores.reward, scores.rewards = reward, rewards
+                    extra = {}
+                    if eval_samples.PAIRS_METRIC in spec.metrics:
+                        scores.preferred, scores.margin, extra = eval_metrics.prefers(model, tokenizer, sample, device)
                     prompt = prompt_text(sample.prompt)
                     if judge is not None:
                         judge = self.judge_one(judge, scores, prompt, sample.reference, answer)
                     rows.append((scores, answer, sample.reference))
                     line = {"index": sample.index, "prompt": prompt, "reference": sample.reference, "answer": answer,
-                            **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens}
+                            **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens,
+                            **extra}
                     predictions.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n", len(rows) - 1)
                     self.events.emit(ev.EvalSampleEvent(
                         index=sample.index, prompt=prompt[:TEXT_CAP], reference=sample.reference[:TEXT_CAP],
@@ -264,6 +290,11 @@ class Predictions:
 
 
 # ---------------------------------------------------------------------- model calls
+def generates(spec: EvalSpec) -> bool:
+    """Whether the eval needs the model's own answers (a metric scores them)."""
+    return any(metric in eval_samples.GENERATION_METRICS for metric in spec.metrics)
+
+
 def generate(model, tokenizer, prompts: list[list[dict]], spec: EvalSpec, device: str) -> list[str]:
     """Answers to a batch of chat prompts (left-padded), greedy unless the spec sets a temperature."""
     import torch
