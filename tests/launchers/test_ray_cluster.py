@@ -158,6 +158,11 @@ def test_a_job_stopped_on_the_cluster_says_so(studio, cluster, tiny_model):
     assert unknown.state() == JobState(False, f"is not known to the Ray cluster at {cluster} (job finetune-studio-unknown)")
 
 
+def test_the_cluster_check_finds_every_node_sharing_the_storage(studio, cluster, tmp_path):
+    assert ray_jobs.check_cluster(cluster) == []
+    assert not list(tmp_path.glob(".ray-probe-*"))  # the probe cleans up after itself
+
+
 def test_losing_a_node_fails_the_run_naming_the_rank_and_its_node(studio, ray_cluster, tiny_model):
     # Last in this module: the cluster keeps only its head afterwards.
     run_id = studio.start(on_ray(tiny_model, num_processes=2, max_steps=2000))

@@ -132,3 +132,12 @@ def test_a_cluster_that_stops_answering_ends_the_run_after_a_grace_period(monkey
     state = handle.state()
     assert not state.alive and state.reason.startswith(
         "could not be followed: the Ray cluster at http://127.0.0.1:9 has not answered for 60s (")
+
+
+def test_the_cluster_check_names_what_is_missing_without_raising(home, tmp_path, monkeypatch):
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    assert ray_jobs.check_cluster("http://127.0.0.1:9") == [ray_jobs.shared_storage_problem(paths.runs_dir())]
+    monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(tmp_path))
+    [problem] = ray_jobs.check_cluster("http://127.0.0.1:9")  # port 9: nobody listens
+    assert problem.startswith("the Ray cluster at http://127.0.0.1:9 cannot be used (ConnectionError: ")
+    assert not list(tmp_path.glob(".ray-probe-*"))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -171,6 +173,47 @@ class RayLauncher(Launcher):
         env[STOP_WAIT_ENV] = str(STOP_WAIT_S)
         env.pop(PYTHON_ENV, None)
         return env
+
+
+def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:
+    """What keeps the cluster at ``address`` from running jobs, one line per problem ([] when nothing does): it
+    must answer, and every alive node must see the shared storage, which a probe job checks by writing one file
+    per node (trainer_core/worker/ray_probe.py) that this host then finds. For Settings and the CLI."""
+    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    if not shared:
+        return [shared_storage_problem(paths.runs_dir())]
+    folder = Path(shared) / f".ray-probe-{secrets.token_hex(4)}"
+    try:
+        from ray.util.state import list_nodes
+
+        client = job_client(address)
+        nodes = [n for n in list_nodes(address=address) if n.state == "ALIVE"]
+        folder.mkdir()
+        job = client.submit_job(entrypoint=shlex.join([ray_python(), "-m", "trainer_core.worker.ray_probe", str(folder)]),
+                                runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        deadline = time.monotonic() + timeout_s
+        while client.get_job_status(job) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if time.monotonic() > deadline:
+                client.stop_job(job)
+                return [f"the probe job {job} did not finish within {timeout_s:.0f}s (is the cluster out of room?)"]
+            time.sleep(0.5)
+        info = client.get_job_info(job)
+        if info.status != "SUCCEEDED":
+            return [f"the probe job {job} ended {info.status.value}: {info.message}"]
+        seen = {p.name for p in folder.iterdir()}
+        return [f"node {n.node_ip} ({n.node_id[:12]}) cannot share files with this host under {shared}: its probe "
+                f"file is missing here ({_probe_line(client.get_job_logs(job), n.node_id)})"
+                for n in nodes if n.node_id not in seen]
+    except Exception as exc:  # noqa: BLE001 - no ray, or the cluster did not answer: say so, never raise into a page
+        return [f"the Ray cluster at {address} cannot be used ({type(exc).__name__}: {exc})"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _probe_line(logs: str, node_id: str) -> str:
+    """The node's own answer in the probe job's log (its write error), or what is known without it."""
+    found = next((line for line in logs.splitlines() if line.startswith(f"{node_id}: ")), "")
+    return found.split(": ", 1)[1] if found else "it did not report"
 
 
 def job_client(address: str) -> JobSubmissionClient:
