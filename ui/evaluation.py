@@ -36,7 +36,9 @@ METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answ
                                       "without a reference (the base) by its plain log-prob margin",
                "preference_margin": "Mean of reward(chosen) - reward(rejected), in nats",
                "reward": "Mean weighted total of the GRPO run's rewards on the model's greedy answers"}
-SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss"}
+SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss",
+            "margin": "Preference margin", "reward": "Reward"}
+PER_SAMPLE = ("preference_accuracy", "reward")  # metrics whose per-sample scores are in predictions.jsonl only
 K = "evaltab_"
 
 
@@ -144,7 +146,17 @@ def render_result(orch: Orchestrator, result: EvalResultRecord, job: RunRecord |
         st.caption("The eval ended before reporting metrics.")
     else:
         render_metrics(result.metrics, orch.eval_baseline(result))
-    render_samples(orch.eval_samples(result.job_id))
+    render_samples(samples_of(orch, result))
+
+
+def samples_of(orch: Orchestrator, result: EvalResultRecord) -> pd.DataFrame:
+    """The scored samples: the stored ones, or, for preference and reward scores (which only the predictions
+    file holds), that file's lines when it still has every sample."""
+    stored = orch.eval_samples(result.job_id)
+    if not any(key in (result.metrics or {}) for key in PER_SAMPLE):
+        return stored
+    lines = orch.eval_predictions(result.job_id)
+    return pd.DataFrame(lines) if lines and len(lines) >= len(stored) else stored
 
 
 @st.fragment(run_every=2.0)
@@ -203,8 +215,9 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     by = st.selectbox("Sort by (worst first)", choices, format_func=SORTABLE.get, key=f"{K}sort_{key}") \
         if choices else None
     shown = worst_first(samples, by) if by else samples
-    columns = [c for c in ("index", "rouge_l", "bleu", "exact", "judge", "loss", "prompt", "reference", "answer")
-               if c in shown and (c not in SORTABLE or shown[c].notna().any())]
+    columns = [c for c in ("index", "rouge_l", "bleu", "exact", "judge", "loss", "preferred", "margin", "reward",
+                           "prompt", "reference", "answer")
+               if c in shown and (c not in SORTABLE and c != "preferred" or shown[c].notna().any())]
     st.dataframe(shown[columns], hide_index=True, column_config={
         "index": st.column_config.NumberColumn("#"),
         "rouge_l": st.column_config.NumberColumn("ROUGE-L", format="%.3f"),
@@ -212,6 +225,9 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
         "exact": st.column_config.NumberColumn("Exact", format="%.0f"),
         "judge": st.column_config.NumberColumn("Judge", format="%.0f"),
         "loss": st.column_config.NumberColumn("Loss", format="%.3f"),
+        "preferred": st.column_config.NumberColumn("Prefers chosen", format="%.0f"),
+        "margin": st.column_config.NumberColumn("Margin", format="%.3f"),
+        "reward": st.column_config.NumberColumn("Reward", format="%.3f"),
         "prompt": st.column_config.TextColumn("Prompt", width="medium"),
         "reference": st.column_config.TextColumn("Reference", width="medium"),
         "answer": st.column_config.TextColumn("Answer", width="medium"),

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 
+from db.store import Store
+from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.support import run_python
+from tests.test_pages import insert_finished_run, open_page
 from trainer_core import access
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples
@@ -24,6 +28,7 @@ from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.rewards.builtin import length
+from ui.evaluation import headline, metric_rows
 
 BASE = ModelSource(model=BUNDLED_MODEL)
 PAIRS = [("What is the capital of France?", "Paris.", "The capital of France is Berlin, a city in Spain."),
@@ -143,6 +148,18 @@ def test_a_python_reward_is_evaluated_by_an_admin_only(runs, tmp_path, monkeypat
         evals.submit(None, spec, operator)  # refused before anything is queued (no orchestrator needed)
     assert [e.field for e in refused.value.errors] == ["metrics"]
     assert "only an admin may evaluate with it" in refused.value.errors[0].message
+
+
+def test_the_tab_shows_each_metric_with_its_baseline_delta():
+    tuned = {"preference_accuracy": 0.75, "preference_margin": 0.5, "reward": -0.2, "reward/length": -0.2,
+             "reward/format": 1.0, "preference_implicit_reward": True, "samples": 4}
+    base = {"preference_accuracy": 0.5, "preference_margin": 2.0, "reward": -0.7, "reward/length": -0.7}
+    rows = metric_rows(tuned, base)
+    assert [(r["metric"], r["delta"], r["higher"]) for r in rows] == [
+        ("Preference accuracy", 0.25, True), ("Preference margin", -1.5, True),
+        ("Reward (weighted total)", pytest.approx(0.5), True), ("Reward: length", pytest.approx(0.5), True),
+        ("Reward: format", None, True)]
+    assert headline({"reward": -0.25}) == "Reward (weighted total) -0.250"
 
 
 # ---------------------------------------------------------------------- real eval jobs
@@ -268,3 +285,28 @@ def test_reward_of_a_grpo_run_and_its_baseline(studio, tiny_model, tmp_path, one
     assert "reward" not in metrics and "reward/picky" not in metrics and "reward/length" in metrics
     warnings = [e.message for e in studio.events(job_id) if e.kind == "warning"]
     assert any("Reward picky raised (ValueError: boom column set)" in w for w in warnings), warnings
+
+
+def test_the_tab_shows_preference_and_reward_scores_per_sample_from_the_predictions(app_home):
+    store = Store()
+    insert_finished_run(store, "run-g", "grpo run", [1.0, 0.5])
+    add_eval(store, "eval-base", BASE_KEY, "", {"samples": 2, "preference_accuracy": 0.5, "reward": -1.0},
+             created=time.time() - 100)
+    lines = [{"index": 0, "prompt": "q0", "reference": "a0", "answer": "one two", "preferred": 1.0, "margin": 0.4,
+              "reward": -0.5, "rewards": {"length": -0.5}},
+             {"index": 1, "prompt": "q1", "reference": "a1", "answer": "three", "preferred": 0.0, "margin": -0.2,
+              "reward": 0.0, "rewards": {"length": 0.0}}]
+    add_eval(store, "eval-g", "run:run-g", "run-g", {"samples": 2, "preference_accuracy": 0.5, "reward": -0.25,
+                                                     "reward/length": -0.25, "preference_implicit_reward": True},
+             [{k: v for k, v in line.items() if k in ("index", "prompt", "reference", "answer")} for line in lines])
+    folder = paths.run_dir("eval-g")
+    folder.mkdir(parents=True)
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    at = open_page("pages/run.py", detail_run_id="run-g")
+    shown = {m.label: (m.value, m.proto.delta) for m in at.metric}
+    assert shown["Preference accuracy"] == ("0.5", "+0.0000")
+    assert shown["Reward (weighted total)"] == ("-0.25", "+0.7500")  # against the base model's reward
+    assert shown["Reward: length"][0] == "-0.25"
+    table = samples_table(at)
+    assert table.sort_values("index")[["preferred", "margin", "reward"]].values.tolist() == [[1.0, 0.4, -0.5],
+                                                                                         [0.0, -0.2, 0.0]]
