@@ -310,3 +310,13 @@ def test_the_tab_shows_preference_and_reward_scores_per_sample_from_the_predicti
     table = samples_table(at)
     assert table.sort_values("index")[["preferred", "margin", "reward"]].values.tolist() == [[1.0, 0.4, -0.5],
                                                                                          [0.0, -0.2, 0.0]]
+
+
+def test_a_dpo_runs_eval_split_gives_pairs_whose_chosen_answer_is_the_reference(runs, tmp_path):
+    data = write_pairs(tmp_path / "train_pairs.jsonl", PAIRS * 4)
+    run_id = "20260101-000000-3e3e3e"
+    write_run(run_id, method="dpo", local_datasets=[str(data)], eval_fraction=0.25)
+    for metrics in (["rouge"], ["preference_accuracy"]):
+        samples, _ = eval_samples.load_samples(EvalSpec(source=BASE, data=f"eval_split:{run_id}", metrics=metrics))
+        assert len(samples) == 3 and all(s.reference == s.chosen[0]["content"] for s in samples), metrics
+        assert {s.reference for s in samples} <= {c for _, c, _ in PAIRS}

@@ -110,6 +110,8 @@ def load_rows(spec: "EvalSpec") -> NormalizedData:
             raise DatasetError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): "
                                        "give a test file instead")
         shape = data_shape(spec.metrics)
+        if shape == "chat" and "messages" not in rows[0] and "prompt" in rows[0]:  # a preference or GRPO run's rows:
+            shape = "pairs" if "chosen" in rows[0] else "prompts"  # the chosen answer / answer column is the reference
         if shape != "chat":  # the run's rows are in its own method's shape (and carry its mapping and system prompt)
             return _shaped(lambda: preference.normalize(rows, shape, None, "", field_name="data"), shape)
         return NormalizedData(format="chatml" if "messages" in rows[0] else "text",
