@@ -109,7 +109,8 @@ class TrainConfig:
     system_prompt: str = _f("", "Optional system prompt added to every conversation.", "dataset")
     is_dataset_image: bool = _f(False, "Require images: image + text rows are detected without it (docs/vision.md); "
                                 "on, a dataset without images is refused.", "dataset")
-    is_dataset_audio: bool = _f(False, "Audio dataset (not supported yet).", "dataset")
+    is_dataset_audio: bool = _f(False, "Audio dataset: speech clips and transcripts, trained with method stt "
+                                "(docs/speech.md).", "dataset")
     is_embedding: bool = _f(False, "Deprecated: true means method: embedding (write that instead; docs/methods.md).",
                             "dataset")
     # --- training ---
@@ -176,6 +177,8 @@ class TrainConfig:
                     "loss_type... (method grpo).", "method", section=True)
     embedding: dict = _f({}, "Embedding-model settings: loss, matryoshka_dims, prompts, evaluation (method "
                          "embedding).", "method", section=True)
+    stt: dict = _f({}, "Speech-to-text settings: language, task (transcribe or translate), columns, "
+                   "evaluation (method stt).", "method", section=True)
 
     def __post_init__(self, training_type: str) -> None:
         if not training_type:
@@ -407,8 +410,9 @@ class TrainConfig:
             _check_ray(self, bad)
         else:
             _check_devices(self, bad)
-        if self.is_dataset_audio:
-            bad("is_dataset_audio", "audio training is not supported yet; turn this off")
+        if self.is_dataset_audio and self.method != "stt":
+            bad("is_dataset_audio", "audio trains with method stt (speech-to-text): set method: stt, or turn "
+                "this off")
         if self.is_embedding and self.method != "embedding":
             bad("is_embedding", f"{IS_EMBEDDING_NOTE} (method is {self.method!r}): set method: embedding, or turn "
                 "this off")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError
-from trainer_core.data import embedding_pairs, images, preference
+from trainer_core.data import audio, embedding_pairs, images, preference
 from trainer_core.methods.base import EMBEDDING_SHAPES, PREFERENCE_SHAPES
 from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, convert_rows, no_usable_rows, normalize_rows
 from trainer_core.data.readers import read_rows
@@ -29,7 +29,8 @@ def _read_sources(sources: list[str], field_name: str) -> tuple[list[_Part], lis
         try:
             files = source_files(resolve_source(source, field_name), field_name)
             for file in files:
-                rows = images.resolve_rows(read_rows(file, field_name), file.parent, field_name)  # paths from here
+                rows = audio.resolve_rows(read_rows(file, field_name), file.parent, field_name)  # paths from here
+                rows = images.resolve_rows(rows, file.parent, field_name)
                 stat = file.stat()
                 parts.append((file.name, rows))
                 keys.append((str(file), stat.st_mtime_ns, stat.st_size))
@@ -71,9 +72,17 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     (data.preference). ``allow_empty``: an empty chat/text result is returned (merged files decide together)."""
     if cfg.method_spec.data_shapes and all(s in EMBEDDING_SHAPES for s in cfg.method_spec.data_shapes):
         return embedding_rows(rows, cfg, field_name, allow_empty)
+    if audio.FORMAT in cfg.method_spec.data_shapes:  # speech-to-text: audio + transcript rows
+        section = getattr(cfg, "stt", None)
+        mapping = section.get("columns") if isinstance(section, dict) else None
+        return audio.normalize(rows, mapping if isinstance(mapping, dict) else None, field_name, allow_empty,
+                               window_s=audio.window_of(cfg.model_name))
     shape = preference_shape(cfg)
     if shape is not None:
         return preference.normalize(rows, shape, cfg.custom_format_mapping, cfg.system_prompt, field_name)
+    if audio.has_audio(rows):
+        raise DatasetError(field_name, f"holds audio clips, which {cfg.method_spec.label.lower()} ({cfg.method}) cannot "
+                                       "train on: set method: stt (speech-to-text) and a Whisper model")
     if images.has_images(rows):  # image + text rows: one vision shape whatever the layout
         return images.normalize(rows, cfg.custom_format_mapping, cfg.system_prompt, field_name, allow_empty)
     if allow_empty:
@@ -173,6 +182,8 @@ def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, wha
     spec = cfg.method_spec
     if data.format.split("+")[0] in EMBEDDING_SHAPES:
         return _embedding_problems(data, cfg, field_name, what)
+    if data.format == audio.FORMAT:
+        return audio.model_problems(cfg, field_name)
     problems = []
     shape = data.format if data.format in PREFERENCE_SHAPES else "chat" if data.is_chat else "text"
     if shape not in spec.data_shapes and cfg.format_type in ("auto", "text"):
@@ -228,7 +239,7 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
     apply_slice = field_name == "local_datasets"
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
            cfg.system_prompt, cfg.method, cfg.train_on_completions, cfg.model_name, cfg.max_seq_length,
-           cfg.is_dataset_image, cfg.packing, repr(getattr(cfg, "embedding", None)),
+           cfg.is_dataset_image, cfg.packing, repr(getattr(cfg, "embedding", None)), repr(getattr(cfg, "stt", None)),
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:
@@ -278,6 +289,10 @@ def load_hub(cfg: TrainConfig, split: str, apply_slice: bool | None = None) -> N
         ds = hf_datasets.load_dataset(cfg.hf_dataset, cfg.subset or None, split=split, token=token)
     except Exception as exc:  # noqa: BLE001 - the hub raises many types; each becomes a field error the form shows
         raise _hub_error(exc, cfg, split, split_field, token) from None
+    if audio.FORMAT in cfg.method_spec.data_shapes:  # clips stay {bytes, path}: the stt collator decodes them
+        for name, feature in ds.features.items():
+            if isinstance(feature, hf_datasets.Audio):
+                ds = ds.cast_column(name, hf_datasets.Audio(decode=False))
     if apply_slice is None:
         apply_slice = split == cfg.train_split
     total = len(ds)

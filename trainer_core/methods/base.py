@@ -19,7 +19,8 @@ SHAPES = {"chat": "chat conversations", "text": "raw text",
           "pairs": "preference pairs (prompt, chosen, rejected)",
           "kto": "answers labelled good or bad (prompt, completion, label)",
           "prompts": "prompts (text or messages) plus the columns rewards read",
-          **_EMBEDDING_SHAPES}
+          **_EMBEDDING_SHAPES,
+          "speech": "speech clips with transcripts (audio, text)"}
 # The shapes trainer_core.data.preference reads (the others are trainer_core.data.formats')
 PREFERENCE_SHAPES = ("pairs", "kto", "prompts")
 # The shapes trainer_core.data.embedding_pairs reads: texts an embedding model encodes, no conversations

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
-                          AutoModelForSequenceClassification, AutoProcessor)
-from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+                          AutoModelForSequenceClassification, AutoModelForSpeechSeq2Seq, AutoProcessor)
+from transformers.models.auto.modeling_auto import (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+                                                    MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
 
 from trainer_core.config import TrainConfig
-from trainer_core.modality import TEXT, VISION
+from trainer_core.modality import SPEECH, TEXT, VISION
 
 # Module path parts that mark the vision side of a vision-language model (tower and projector) across families:
 # LLaVA (vision_tower, multi_modal_projector), Qwen-VL (visual, merger), Idefics3/SmolVLM (vision_model,
@@ -30,7 +31,7 @@ VISION_MLP = ("fc1", "fc2", "gate_proj", "up_proj", "down_proj", "linear_fc1", "
 
 @dataclass(frozen=True)
 class Resolved:
-    kind: str  # TEXT or VISION
+    kind: str  # TEXT, VISION or SPEECH
     model_class: type
     model_type: str
 
@@ -41,6 +42,8 @@ def resolve(model_ref: str, cfg: TrainConfig, token: str | None) -> Resolved:
     model_type = str(getattr(config, "model_type", ""))
     if cfg.method_spec.model_class == "sequence_classification":
         return Resolved(TEXT, AutoModelForSequenceClassification, model_type)
+    if is_speech_config(config):  # Whisper-style encoder-decoders: audio in, transcript out
+        return Resolved(SPEECH, AutoModelForSpeechSeq2Seq, model_type)
     if is_vision_config(config):
         return Resolved(VISION, AutoModelForImageTextToText, model_type)
     return Resolved(TEXT, AutoModelForCausalLM, model_type)
@@ -53,6 +56,11 @@ def is_vision_config(config) -> bool:
         return True
     auto_map = getattr(config, "auto_map", None) or {}  # remote-code models name their own classes
     return "AutoModelForImageTextToText" in auto_map or "AutoModelForVision2Seq" in auto_map
+
+
+def is_speech_config(config) -> bool:
+    """A model transformers loads as speech-to-text (Whisper, Speech2Text, ...)."""
+    return str(getattr(config, "model_type", "")) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
 
 def load_processor(model_ref: str, cfg: TrainConfig, token: str | None):

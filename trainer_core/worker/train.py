@@ -139,9 +139,11 @@ class Worker:
             train_rows, eval_rows = self.load_data(cfg)
             from trainer_core.worker import vision  # imports transformers: after the engine, like model_files
 
-            # image rows train with the model's processor (rows that would cut an image's tokens left out)
-            tokenizer, train_rows, eval_rows = vision.prepare_run(tokenizer, train_rows, eval_rows, cfg, self.warn,
-                                                                  self.log)
+            # image rows train with the model's processor (rows that would cut an image's tokens left out); a method
+            # that loads its own model keeps its processing class (stt: the WhisperProcessor)
+            if not cfg.method_spec.loads_own_model:
+                tokenizer, train_rows, eval_rows = vision.prepare_run(tokenizer, train_rows, eval_rows, cfg,
+                                                                      self.warn, self.log)
             train_ds = engine.to_dataset(train_rows, cfg)  # in the shape the run's method trains on
             eval_ds = engine.to_dataset(eval_rows, cfg) if eval_rows else None
             self.check_cancel()

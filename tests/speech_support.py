@@ -1,0 +1,106 @@
+"""Helpers for speech tests: a tiny Whisper built offline and spoken clips made with espeak-ng.
+
+The model (WhisperForConditionalGeneration, d_model 64, two encoder and two decoder layers, 0.3M parameters) has a
+byte-level BPE tokenizer trained with the ``tokenizers`` library on the test phrases and saved as a
+WhisperTokenizer with Whisper's special tokens (``<|startoftranscript|>``, ``<|en|>``, ``<|transcribe|>``,
+``<|notimestamps|>``...), so language and task settings work as on a real Whisper; its feature extractor takes
+4-second windows (real Whisper: 30) to keep the encoder small. Built in a subprocess (this process plays the
+dashboard, which never imports torch) and cached per checkout under .test-cache, like tests/support.py's tiny Llama.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.support import ROOT, run_python
+
+TINY_WHISPER = ROOT / ".test-cache" / "tiny-whisper"
+WINDOW_S = 4  # the tiny model's feature extractor window (chunk_length)
+PHRASES = ("open the door", "close the window", "turn on the light", "play some music")
+ESPEAK = shutil.which("espeak-ng")
+NO_ESPEAK = "espeak-ng is not installed (apt-get install espeak-ng; .ci/run installs it)"
+
+BUILD_TINY_WHISPER = textwrap.dedent("""
+    import json, shutil, sys
+    from pathlib import Path
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
+                              WhisperProcessor, WhisperTokenizer)
+
+    target, phrases, window = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+    work = target.parent / (target.name + ".bpe")
+    work.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(phrases * 4, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.model.save(str(work))
+    end = "<|endoftext|>"
+    tokenizer = WhisperTokenizer(str(work / "vocab.json"), str(work / "merges.txt"), unk_token=end, bos_token=end,
+                                 eos_token=end, pad_token=end)
+    specials = ["<|startoftranscript|>", "<|en|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
+                "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in specials}
+    extractor = WhisperFeatureExtractor(feature_size=80, chunk_length=window)
+    torch.manual_seed(0)
+    config = WhisperConfig(vocab_size=len(tokenizer), num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                           decoder_ffn_dim=128, max_source_positions=extractor.nb_max_frames // 2,
+                           max_target_positions=64, pad_token_id=tokenizer.pad_token_id,
+                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                           decoder_start_token_id=ids["<|startoftranscript|>"], suppress_tokens=[],
+                           begin_suppress_tokens=[])
+    model = WhisperForConditionalGeneration(config)
+    generation = model.generation_config
+    generation.lang_to_id = {"<|en|>": ids["<|en|>"]}
+    generation.task_to_id = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
+    generation.no_timestamps_token_id = ids["<|notimestamps|>"]
+    generation.is_multilingual = True
+    generation.decoder_start_token_id = ids["<|startoftranscript|>"]
+    generation.max_length = 64
+    generation._from_model_config = False  # else loading rebuilds it from config.json, without these ids
+    model.save_pretrained(target)
+    WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(target)
+    shutil.rmtree(work)
+    print("ok", target)
+""")
+
+
+def build_tiny_whisper(target: Path = TINY_WHISPER) -> Path:
+    """The tiny Whisper folder (config, weights, generation config, processor), built once per checkout."""
+    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    result = run_python(BUILD_TINY_WHISPER, str(target), json.dumps(list(PHRASES)), str(WINDOW_S))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return target
+
+
+def speak(text: str, path: Path, speed: int = 175, pitch: int = 50, voice: str = "en") -> Path:
+    """``text`` spoken by espeak-ng into a WAV file (22.05 kHz mono, 16-bit)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([ESPEAK, "-v", voice, "-s", str(speed), "-p", str(pitch), "-w", str(path), text], check=True,
+                   capture_output=True, timeout=60)
+    return path
+
+
+def spoken_rows(folder: Path, phrases=PHRASES, variants=((175, 50), (150, 40), (200, 60))) -> list[dict]:
+    """Every phrase spoken at a few speeds and pitches, saved under ``folder``: rows {audio (relative path), text}."""
+    rows = []
+    for p, phrase in enumerate(phrases):
+        for v, (speed, pitch) in enumerate(variants):
+            name = f"clip-{p}-{v}.wav"
+            speak(phrase, folder / name, speed=speed, pitch=pitch)
+            rows.append({"audio": name, "text": phrase})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

@@ -1,0 +1,214 @@
+"""Speech datasets (dashboard side: no ML imports): audio + transcript rows detected, audio file paths resolved and
+checked under the allowed roots, and every layout normalised to the one row shape the stt worker half takes::
+
+    {"audio": "/abs/clip.wav" | b"RIFF..." | {"array": [...], "sampling_rate": 16000}, "text": "the transcript"}
+
+Layouts read: an audio column (``audio``, ``path``, ``file``, ``file_name``, ``audio_path``, ``audio_filepath``:
+a file path, raw bytes, or the ``datasets`` Audio feature as stored, ``{"bytes", "path"}`` or decoded
+``{"array", "sampling_rate"}``) beside a text column (``text``, ``transcript``, ``transcription``, ``sentence``,
+``normalized_text``), or the columns ``stt.columns`` names; and an audio folder with ``metadata.jsonl`` /
+``metadata.csv`` (the Hugging Face audiofolder convention: ``file_name`` + ``transcription``). Durations are read
+from the file headers (soundfile): clips longer than the model's window cannot be transcribed whole and are
+left out, counted, with the fix.
+"""
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import soundfile
+
+from trainer_core.data import DatasetError
+from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, no_usable_rows
+from trainer_core.protocol import paths
+
+FORMAT = "speech"
+AUDIO_COLUMNS = ("audio", "path", "file", "file_name", "audio_path", "audio_filepath")  # first found wins
+TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence", "normalized_text")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64")
+WHISPER_WINDOW_S = 30.0  # Whisper's feature extractor pads or cuts every clip to 30 s
+_SAMPLE = 50  # rows looked at to decide whether a dataset holds audio
+
+
+def _is_audio_value(column: str, value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value.get("bytes") or value.get("array") is not None
+                    or str(value.get("path") or "").lower().endswith(AUDIO_EXTENSIONS))
+    if isinstance(value, (bytes, bytearray)):
+        return column == "audio"
+    return isinstance(value, str) and value.strip().lower().endswith(AUDIO_EXTENSIONS)
+
+
+def audio_column(rows: list[dict], mapping: dict[str, str] | None = None) -> str | None:
+    """The column that holds the clips: ``mapping['audio']`` when given, else the first known name whose values
+    look like audio (a path with an audio extension, bytes, the Audio feature)."""
+    if mapping and mapping.get("audio"):
+        return mapping["audio"]
+    sample = [r for r in rows[:_SAMPLE] if isinstance(r, dict)]
+    for column in AUDIO_COLUMNS:
+        if any(_is_audio_value(column, r.get(column)) for r in sample):
+            return column
+    # any other column of audio file names or Audio-feature values (a mapped column is resolved before the
+    # mapping is read: the loader resolves paths per file, without the run's settings)
+    others = dict.fromkeys(c for r in sample for c in r if c not in AUDIO_COLUMNS)
+    return next((c for c in others if any(_is_audio_value(c, r.get(c)) for r in sample)), None)
+
+
+def text_column(rows: list[dict], mapping: dict[str, str] | None = None) -> str | None:
+    if mapping and mapping.get("text"):
+        return mapping["text"]
+    for column in TEXT_COLUMNS:
+        if any(isinstance(r, dict) and isinstance(r.get(column), str) for r in rows[:_SAMPLE]):
+            return column
+    return None
+
+
+def has_audio(rows: list[dict]) -> bool:
+    return audio_column(rows) is not None
+
+
+# ---------------------------------------------------------------------- audio references
+def resolve_rows(rows: list[dict], folder: Path, field_name: str) -> list[dict]:
+    """The rows with every clip given as a file path made absolute (relative paths are taken from ``folder``, the
+    dataset file's folder) and checked: a URL, a path or symlink that leads outside the allowed roots, or a missing
+    file is a DatasetError naming the row. Rows without audio are returned as they are."""
+    column = audio_column(rows)
+    if column is None:
+        return rows
+    roots = paths.allowed_data_roots()
+    out = []
+    for index, row in enumerate(rows):
+        if isinstance(row, dict) and row.get(column) not in (None, ""):
+            row = {**row, column: _resolve_ref(row[column], folder, roots, field_name, index)}
+        out.append(row)
+    return out
+
+
+def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, index: int) -> Any:
+    if isinstance(ref, dict) and ref.get("bytes"):  # the datasets Audio feature as stored in parquet
+        return bytes(ref["bytes"])
+    if isinstance(ref, dict) and ref.get("array") is not None:
+        return ref  # decoded already: {"array", "sampling_rate"}
+    if isinstance(ref, dict) and ref.get("path"):
+        ref = ref["path"]
+    if not isinstance(ref, str):
+        return ref
+    text = ref.strip()
+    if text.lower().startswith(("http://", "https://", "ftp://", "data:")):
+        raise DatasetError(field_name, f"row {index}: audio {text[:80]!r} is a URL; clips are not fetched: save them "
+                                       "next to the dataset file and refer to them by relative path")
+    problem = paths.path_problem(text)
+    if problem:
+        raise DatasetError(field_name, f"row {index}: {problem}")
+    candidate = Path(text).expanduser()
+    if not candidate.is_absolute():
+        candidate = folder / candidate
+    try:
+        resolved = paths.resolve_inside(candidate, roots)
+    except paths.UnsafePathError as exc:
+        raise DatasetError(field_name, f"row {index}: {exc}. Keep audio files (and what their links point to) under "
+                                       "the dataset's folder or an allowed root (FINETUNE_STUDIO_ALLOWED_ROOTS).") from None
+    if not resolved.is_file():
+        raise DatasetError(field_name, f"row {index}: audio {text[:80]!r} does not exist ({resolved}): check the "
+                                       "path, which is taken from the dataset file's folder")
+    return str(resolved)
+
+
+def duration_s(ref: Any) -> float:
+    """Seconds of audio in a clip (a resolved path, bytes or a decoded array), from the header where there is one.
+    Raises ValueError when the clip cannot be read."""
+    if isinstance(ref, dict) and ref.get("array") is not None:
+        rate = ref.get("sampling_rate") or 0
+        if not rate:
+            raise ValueError("a decoded clip without its sampling_rate")
+        return len(ref["array"]) / float(rate)
+    if isinstance(ref, dict):  # the Audio feature undecoded (a hub split): {bytes, path}
+        ref = ref.get("bytes") or ref.get("path")
+        if not ref:
+            raise ValueError("an audio value without bytes or a path")
+    try:
+        info = soundfile.info(io.BytesIO(bytes(ref)) if isinstance(ref, (bytes, bytearray)) else ref)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, OSError) as exc:
+        raise ValueError(str(exc).strip() or type(exc).__name__) from None
+    return info.frames / float(info.samplerate)
+
+
+# ---------------------------------------------------------------------- normalisation
+def too_long_reason(window_s: float) -> str:
+    return (f"longer than the model's {window_s:g} s window (cut the clips into pieces of at most {window_s:g} s, "
+            "each with its own transcript)")
+
+
+def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str, allow_empty: bool = False,
+              window_s: float = WHISPER_WINDOW_S) -> NormalizedData:
+    """Audio rows in the one speech shape (module docstring); unusable rows are dropped and counted: no clip, no
+    transcript, a clip that cannot be read, or one longer than ``window_s``."""
+    mapping = {k: v for k, v in (mapping or {}).items() if isinstance(v, str) and v}
+    audio, text = audio_column(rows, mapping), text_column(rows, mapping)
+    if audio is None or text is None:
+        missing = "an audio column" if audio is None else "a text column"
+        where = "stt.columns" if mapping else field_name
+        raise DatasetError(where, f"speech-to-text needs {missing}: give an audio column (audio, path or file) and a "
+                                  "text column (text, transcript, transcription or sentence), or map yours with "
+                                  "stt.columns, e.g. {audio: clip, text: sentence}")
+    out: list[dict] = []
+    dropped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    seconds = 0.0
+    for index, row in enumerate(rows):
+        row = row if isinstance(row, dict) else {}
+        clip, words = row.get(audio), row.get(text)
+        problem = None
+        if clip in (None, "", b""):
+            problem = f"no audio in '{audio}'"
+        elif not isinstance(words, str) or not words.strip():
+            problem = f"no transcript in '{text}'"
+        else:
+            try:
+                length = duration_s(clip)
+            except ValueError:
+                length, problem = 0.0, "audio that cannot be read (not a WAV/FLAC/OGG/MP3 file soundfile decodes)"
+            if not problem and length > window_s:
+                problem = too_long_reason(window_s)
+        if problem:
+            dropped[problem] += 1
+            shown = examples.setdefault(problem, [])
+            if len(shown) < MAX_DROP_EXAMPLES:
+                shown.append(f"row {index}")
+            continue
+        seconds += length
+        out.append({"audio": clip, "text": words.strip()})
+    reason = f"audio in '{audio}', transcripts in '{text}'; {len(out)} clips, {seconds:.1f} s of speech"
+    data = NormalizedData(format=FORMAT, reason=reason, rows=out, dropped=dict(dropped),
+                          drop_examples={k: v for k, v in examples.items() if v})
+    if not out and not allow_empty:
+        raise no_usable_rows(field_name, len(rows), data.dropped)
+    return data
+
+
+def model_problems(cfg: Any, field_name: str) -> list[DatasetError]:
+    """What the model says about speech data before start: it must be a speech-to-text model (Whisper-style)."""
+    from trainer_core import model_info, modality  # reads the model's config files: only when audio is in play
+
+    try:
+        found = modality.detect_modality(cfg.model_name)
+    except model_info.ModelInfoError:
+        return []  # the model field's own check says what is wrong with it
+    if found.kind != modality.SPEECH:
+        return [DatasetError("model_name", f"{cfg.model_label} is not a speech-to-text model ({found.architecture}), "
+                                           f"but {field_name} holds speech: choose a Whisper model (e.g. "
+                                           "openai/whisper-tiny, openai/whisper-small)")]
+    return []
+
+
+def window_of(model_name: str) -> float:
+    """The clip length the model's feature extractor takes (its chunk_length; 30 s for Whisper)."""
+    from trainer_core import model_info, modality
+
+    try:
+        found = modality.detect_modality(model_name)
+    except model_info.ModelInfoError:
+        return WHISPER_WINDOW_S
+    return found.audio_window_s or WHISPER_WINDOW_S
