@@ -76,3 +76,37 @@ def test_whisper_trains_on_spoken_phrases_and_its_wer_falls_far_below_the_base_m
     transcript = result.stdout.split("TRANSCRIPT:")[-1].strip()
     print("transcript of a fresh clip:", transcript)
     assert transcript == PHRASES[2]
+
+
+LOAD_ADAPTER = """
+import sys
+from peft import PeftModel
+from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
+from trainer_core.worker.methods.stt import decode
+base, adapter, clip = sys.argv[1], sys.argv[2], sys.argv[3]
+processor = AutoProcessor.from_pretrained(adapter)  # the run saved the processor beside the adapter
+model = PeftModel.from_pretrained(AutoModelForSpeechSeq2Seq.from_pretrained(base), adapter).eval()
+features = processor.feature_extractor(decode(clip, 16000), sampling_rate=16000, return_tensors="pt").input_features
+ids = model.generate(input_features=features, language="en", task="transcribe", max_new_tokens=20)
+adapted = {name.split(".lora_A")[0].split(".")[-1] for name, _ in model.named_parameters() if ".lora_A" in name}
+print("ADAPTED:" + ",".join(sorted(adapted)))
+print("TRANSCRIPT:" + processor.tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip())
+"""
+
+
+@pytest.mark.train
+@pytest.mark.subprocess
+def test_a_lora_run_saves_an_adapter_on_q_and_v_that_loads_onto_its_base_with_the_processor(studio, tmp_path):
+    cfg = speech_config(tmp_path, adapter="lora", max_steps=4, eval_steps=4, lora_r=4, lora_alpha=8)
+    run_id = studio.start(cfg)
+    snap = studio.wait(run_id, timeout=600)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
+    wer = studio.metrics(run_id, keys=["eval_wer"]).dropna(subset=["eval_wer"])
+    assert list(wer["step"]) == [0, 4]
+    output = Path(studio.get_run(run_id).output_dir)
+    assert output.name == "adapter" and (output / "adapter_model.safetensors").is_file()
+    clip = speak(PHRASES[0], tmp_path / "fresh.wav")
+    result = run_python(LOAD_ADAPTER, str(cfg.model_name), str(output), str(clip))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ADAPTED:" + "q_proj,v_proj" in result.stdout  # stt.lora_target_modules' default
+    assert "TRANSCRIPT:" in result.stdout
