@@ -96,3 +96,28 @@ def test_test_module_names_are_unique():
             clashes.append((seen[path.name], rel))
         seen.setdefault(path.name, rel)
     assert clashes == []
+
+
+COLLECT_ALL = """
+import importlib.util, json, sys
+for i, path in enumerate(json.loads(sys.argv[1])):
+    spec = importlib.util.spec_from_file_location(f"collected_{i}", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    leaked = [m for m in json.loads(sys.argv[2]) if m in sys.modules]
+    if leaked:
+        print(json.dumps([path, leaked]))
+        break
+else:
+    print(json.dumps(None))
+"""
+
+
+def test_collecting_the_tests_imports_no_ml_stack():
+    """pytest imports every test module into one process before the first test: a module that imports torch at
+    its top (directly or through a worker module) makes every "the dashboard never imported torch" assertion of
+    the session fail. Worker modules the tests import must keep the ML stack in their functions."""
+    modules = sorted(str(p) for p in (ROOT / "tests").rglob("*.py"))
+    result = run_python(COLLECT_ALL, json.dumps(modules), json.dumps(ML_STACK))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) is None

@@ -23,7 +23,6 @@ from trainer_core.evaluation.judge import Judge, JudgeUnavailable
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
-from trainer_core.worker import eval_metrics
 from trainer_core.worker.job import JobWorker
 from trainer_core.worker.safe_prompt import chat_batch, chat_ids
 
@@ -72,13 +71,13 @@ class Evaluator(JobWorker):
             model, tokenizer, device = self.load(resolved)
             samples = self.fitting(samples, model, tokenizer, spec)
             self.check_cancel()
-            if eval_samples.PAIRS_METRIC in spec.metrics and not eval_metrics.has_reference(model) \
+            if eval_samples.PAIRS_METRIC in spec.metrics and not _metrics().has_reference(model) \
                     and not spec.source.is_base:
                 self.warn(f"{resolved.label} is full fine-tuned weights, with no base in memory to compare with: "
                           "preference_accuracy uses its plain log-prob margin, as for a base model")
             scorer = None
             if eval_samples.REWARD_METRIC in spec.metrics and samples:
-                scorer = eval_metrics.RewardScorer(spec.reward_run or spec.source.run_id, self.warn)
+                scorer = _metrics().RewardScorer(spec.reward_run or spec.source.run_id, self.warn)
 
             if samples:
                 self.status(RunStatus.RUNNING, "generating")
@@ -89,7 +88,7 @@ class Evaluator(JobWorker):
                 for name in ["", *scorer.failed]:
                     metrics.pop(f"reward/{name}" if name else "reward", None)
             if eval_samples.PAIRS_METRIC in spec.metrics and samples:
-                metrics["preference_implicit_reward"] = eval_metrics.has_reference(model)
+                metrics["preference_implicit_reward"] = _metrics().has_reference(model)
             if action is control.Action.CANCEL:
                 self.finish(RunStatus.CANCELLED, len(rows))
                 return 0
@@ -142,7 +141,7 @@ class Evaluator(JobWorker):
         fit = []
         for sample in samples:
             ids = chat_ids(tokenizer, sample.prompt)  # message text as text (worker/safe_prompt.py)
-            pair = eval_metrics.pair_lengths(tokenizer, sample.prompt, sample.chosen, sample.rejected) \
+            pair = _metrics().pair_lengths(tokenizer, sample.prompt, sample.chosen, sample.rejected) \
                 if eval_samples.PAIRS_METRIC in spec.metrics else 0
             if len(ids) + new_tokens <= context and pair <= context:
                 fit.append(sample)
@@ -157,7 +156,7 @@ class Evaluator(JobWorker):
         return fit
 
     def evaluate(self, spec: EvalSpec, samples: list, model, tokenizer, device: str,
-                 scorer: eval_metrics.RewardScorer | None = None):
+                 scorer: "RewardScorer | None" = None):
         """Generate and score every sample; returns ([(scores, answer, reference)], the control action that
         ended it early or None)."""
         judge = self.make_judge(spec)
@@ -186,7 +185,7 @@ class Evaluator(JobWorker):
                     scores.reward, scores.rewards = reward, rewards
                     extra = {}
                     if eval_samples.PAIRS_METRIC in spec.metrics:
-                        scores.preferred, scores.margin, extra = eval_metrics.prefers(model, tokenizer, sample, device)
+                        scores.preferred, scores.margin, extra = _metrics().prefers(model, tokenizer, sample, device)
                     prompt = prompt_text(sample.prompt)
                     if judge is not None:
                         judge = self.judge_one(judge, scores, prompt, sample.reference, answer)
@@ -340,3 +339,11 @@ def answer_loss(model, tokenizer, prompt: list[dict], reference: str, device: st
 def main(run_dir: Path) -> int:
     """The entry point of an eval job (``python -m trainer_core.worker RUN_DIR`` picks it by kind)."""
     return Evaluator(run_dir).run()
+
+
+def _metrics():
+    """worker/eval_metrics.py, imported when an eval scores pairs or rewards: it imports torch and trl at its
+    top, and this module is imported without them (the dashboard's tests use its pure helpers)."""
+    from trainer_core.worker import eval_metrics
+
+    return eval_metrics
