@@ -82,3 +82,32 @@ def test_the_preview_lists_transcripts_with_prefix_tokens_and_durations(home, tm
                                     "<|endoftext|>")
     assert preview.lengths[0] == preview.rows[0].num_tokens > 5
     assert "2 clips, 3.5 s of speech" in preview.format_reason
+
+
+def test_a_hub_split_with_the_audio_feature_keeps_its_clips_undecoded_for_the_collator(home, tmp_path):
+    soundfile.write(tmp_path / "hub.wav", np.zeros(24000, dtype=np.float32), 48000)
+    (tmp_path / "whisper").mkdir()
+    (tmp_path / "whisper" / "config.json").write_text(json.dumps({"model_type": "whisper"}))
+    print(run_in_child(hub_checks, str(tmp_path)))
+
+
+def hub_checks(tmp: str) -> None:
+    """``datasets.load_dataset`` stands in for the hub (offline): a split whose ``audio`` column is the Audio
+    feature, as Common Voice's is. The loader casts it to {bytes, path} (no decoding libraries needed) and the
+    collator's decode reads it."""
+    import datasets
+
+    from trainer_core.data import loading
+    from trainer_core.worker.methods.stt import decode
+
+    wav = f"{tmp}/hub.wav"
+    split = datasets.Dataset.from_dict({"audio": [wav], "sentence": ["hello from the hub"], "age": ["twenties"]})
+    split = split.cast_column("audio", datasets.Audio(sampling_rate=16000))
+    datasets.load_dataset = lambda *args, **kwargs: split
+    cfg = TrainConfig(model_name=f"{tmp}/whisper", method="stt", adapter="full", hf_dataset="someone/speech")
+    data = loading.load_hub(cfg, "train")
+    assert data.format == "speech" and data.reason.endswith("1 clip, 0.5 s of speech"), data.reason
+    [row] = data.rows
+    assert row["text"] == "hello from the hub" and row["audio"]["path"] == wav
+    assert len(decode(row["audio"], 16000)) == 8000  # 0.5 s at 48 kHz, resampled
+    print("hub ok")

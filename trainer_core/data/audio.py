@@ -180,7 +180,8 @@ def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str,
             continue
         seconds += length
         out.append({"audio": clip, "text": words.strip()})
-    reason = f"audio in '{audio}', transcripts in '{text}'; {len(out)} clips, {seconds:.1f} s of speech"
+    clips = f"{len(out)} clip" + ("" if len(out) == 1 else "s")
+    reason = f"audio in '{audio}', transcripts in '{text}'; {clips}, {seconds:.1f} s of speech"
     data = NormalizedData(format=FORMAT, reason=reason, rows=out, dropped=dict(dropped),
                           drop_examples={k: v for k, v in examples.items() if v})
     if not out and not allow_empty:
