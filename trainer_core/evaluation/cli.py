@@ -57,7 +57,9 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
             source = _source(run.id, args)
             spec = EvalSpec(source=source, data=args.data, metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
-                            baseline=not (args.no_baseline or args.base))
+                            baseline=not (args.no_baseline or args.base),
+                            # `--base --metrics reward`: the base model scored with RUN's rewards
+                            reward_run=run.id if args.base else "")
             actor = actor_of(orch.store)
             started = evals.submit(orch, spec, actor)
         except ConfigError as exc:
