@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, spoken_rows, write_jsonl
-from tests.support import run_python
+from tests.support import run_python, wait_for_step
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.protocol.status import RunStatus
@@ -110,3 +110,25 @@ def test_a_lora_run_saves_an_adapter_on_q_and_v_that_loads_onto_its_base_with_th
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ADAPTED:" + "q_proj,v_proj" in result.stdout  # stt.lora_target_modules' default
     assert "TRANSCRIPT:" in result.stdout
+
+
+@pytest.mark.train
+def test_stop_and_save_then_resume_continues_the_step_count(studio, tmp_path):
+    cfg = speech_config(tmp_path, max_steps=200, eval_steps=1000)
+    old = studio.start(cfg)
+    wait_for_step(studio, old, 4)
+    studio.stop(old)
+    assert studio.wait(old, timeout=120).status is RunStatus.STOPPED
+    run_dir = Path(studio.get_run(old).output_dir).parent
+    assert (run_dir / "model" / "model.safetensors").is_file()  # Stop & save writes the model with its processor
+    assert (run_dir / "model" / "processor_config.json").is_file()
+    checkpoint = next((run_dir / "checkpoints").glob("checkpoint-*"))
+    stopped_at = int(checkpoint.name.split("-")[1])
+    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json"} <= {p.name for p in checkpoint.iterdir()}
+
+    new = studio.resume(old)
+    snap = studio.wait(new, timeout=300)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(new, 80)}"
+    own = studio.metrics(new).dropna(subset=["loss"])
+    assert own["step"].iloc[0] > stopped_at and own["step"].iloc[-1] == 200
+    assert studio.get_run(new).steps_done == 200
