@@ -57,6 +57,16 @@ def collator_checks(model: str, wav: str) -> None:
     assert tokenizer.decode(kept, skip_special_tokens=True) == "open the door"
     assert -100 not in labels[1].tolist()
 
+    # an English-only model (whisper-*.en): no language or task token, and generate takes none
+    notes = []
+    whisper.generation_config.is_multilingual = False
+    set_language(whisper, processor, SttSettings(language="de", task="translate"), warn=notes.append)
+    assert notes and "English-only" in notes[0]
+    labels = SpeechCollator(processor, start)([{"audio": wav, "text": "open the door"}])["labels"]
+    assert labels[0, 0].item() == tokenizer.convert_tokens_to_ids("<|notimestamps|>")
+    features = SpeechCollator(processor, start)([{"audio": wav, "text": "x"}])["input_features"]
+    assert whisper.generate(input_features=features, max_new_tokens=3).shape[0] == 1
+
     assert error_rates(["Open the door."], ["open the door"]) == {"wer": 0.0, "cer": 0.0}
     rates = error_rates(["open the door", "close the window"], ["open a door", ""])
     assert rates["wer"] == pytest.approx(4 / 6) and 0 < rates["cer"] < 1

@@ -44,23 +44,38 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, warn=print):
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     model = AutoModelForSpeechSeq2Seq.from_pretrained(model_ref, token=token, dtype=dtype,
                                                       trust_remote_code=cfg.trust_remote_code)
-    set_language(model, processor, s)
+    set_language(model, processor, s, warn)
     return model, processor
 
 
-def set_language(model, processor, s: SttSettings) -> None:
+def set_language(model, processor, s: SttSettings, warn=print) -> None:
     """The language and task as training writes them (the tokenizer's prefix tokens) and as generation starts
-    (the generation config; forced_decoder_ids is the old way, cleared so the two never disagree)."""
-    language = s.language or None
-    tokenizer = processor.tokenizer
-    if hasattr(tokenizer, "set_prefix_tokens"):
-        tokenizer.set_prefix_tokens(language=language, task=s.task, predict_timestamps=False)
+    (the generation config; forced_decoder_ids is the old way, cleared so the two never disagree). An English-only
+    model (whisper-*.en) has neither token: its transcripts start with <|startoftranscript|><|notimestamps|>, and
+    its generate refuses a language or task."""
     config = model.generation_config
     config.forced_decoder_ids = None
-    if getattr(config, "lang_to_id", None) or language is None:
-        config.language = language
-    config.task = s.task
     model.config.forced_decoder_ids = None
+    tokenizer = processor.tokenizer
+    multilingual = bool(getattr(config, "is_multilingual", True))
+    if not multilingual:
+        if s.language not in ("", "en", "english") or s.task == "translate":
+            warn(f"This model is English-only: stt.language {s.language!r} and stt.task {s.task!r} are ignored; it "
+                 "transcribes English. Choose a multilingual Whisper (without .en) for other languages.")
+        language, task = None, None
+    else:
+        language, task = s.language or None, s.task
+        if not getattr(config, "lang_to_id", None) or not getattr(config, "task_to_id", None):
+            raise ValueError("model_name: the model's generation_config.json has no lang_to_id/task_to_id (a Whisper "
+                             "generation config from before transformers 4.38): take the model's current files from "
+                             "the hub, or copy generation_config.json from the openai/whisper checkpoint of its size")
+        if language is None:
+            warn("stt.language is empty: transcripts are trained without a language token, while evaluation lets "
+                 "the model detect the language and writes one. Set stt.language (e.g. en) when the clips share one.")
+    if hasattr(tokenizer, "set_prefix_tokens"):
+        tokenizer.language, tokenizer.task = language, task  # set_prefix_tokens reads None as "keep the old one"
+        tokenizer.set_prefix_tokens(language=language, task=task, predict_timestamps=False)
+    config.language, config.task = language, task
 
 
 def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str, int]]:
