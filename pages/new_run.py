@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from trainer_core import hardware, memory, model_info, parallel, presets, preview, promptsets
-from trainer_core.access import Action, allowed
+from trainer_core.access import Action, Role, allowed
 from trainer_core.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,
                                  TrainConfig)
@@ -101,6 +101,64 @@ def method_section(chosen: str) -> None:
                              disabled=other)
         else:
             col.number_input(label, min_value=0, key=K + name, help=H(name), disabled=other)
+
+
+def settings_section(chosen: str) -> None:
+    """The chosen method's own settings as YAML (the section a preset or YAML file holds), each setting's help
+    below it, and for GRPO a check of its rewards on a few real rows before the start."""
+    spec = METHODS[chosen]
+    if spec.settings is None:
+        return
+    with st.expander(f"{spec.label}: settings", expanded=chosen == "grpo", icon="⚙️"):
+        st.text_area(f"`{chosen}` settings (YAML; empty: every default)", key=form.settings_key(chosen), height=140,
+                     help=H(chosen))
+        rows = [{"setting": f.name, "default": fmt_default(f), "what it does": f.metadata.get("help", "")}
+                for f in dataclasses.fields(spec.settings)]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        if chosen == "grpo":
+            reward_check_panel()
+
+
+def fmt_default(f: dataclasses.Field) -> str:
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return str(value)
+
+
+def reward_check_panel() -> None:
+    """Each reward run on a few real rows (the data's reference answers), in a child process: its scores, their
+    spread, and any exception with its line. A custom Python reward runs its code: an admin's button only."""
+    if not st.button("Check rewards", icon="🎯", key=K + "check_rewards",
+                     help="Runs each reward on 4 rows of the dataset with their reference answers (answer, "
+                          "completion, chosen, solution or output column); no model is loaded"):
+        return
+    cfg, errors = form.build_config(st.session_state, with_secrets=False)
+    if cfg is not None:
+        errors = errors + cfg.validate()
+    if errors:
+        show_errors(errors, "The rewards were not checked")
+        return
+    from trainer_core.methods import grpo
+    from trainer_core.rewards import check as reward_check
+    from trainer_core.rewards import spec as reward_spec
+
+    if reward_spec.needs_admin(grpo.rewards_of(cfg)) and current_actor().role is not Role.ADMIN:
+        st.warning("A custom Python reward runs its code on this host: only an admin may check or start it. "
+                   "Use the built-in rewards, or ask an admin.", icon="🔒")
+        return
+    with st.spinner("Scoring the rewards on 4 rows"):
+        result = reward_check.check_rewards(cfg)
+    if result.errors:
+        show_errors(list(result.errors), "The rewards were not checked")
+        return
+    st.dataframe(pd.DataFrame([{"reward": r.name, "kind": r.kind, "weight": r.weight,
+                                "mean": r.mean, "spread": r.spread,
+                                "scores": ", ".join("None" if v is None else f"{v:.3g}" for v in r.scores),
+                                "error": r.error or ""} for r in result.rewards]),
+                 hide_index=True, width="stretch")
+    for warning in result.warnings():
+        st.warning(safe(warning), icon="⚠️")
+    if result.ok and not result.warnings():
+        st.success(f"Every reward scored the {len(result.samples)} completions with some spread.", icon="✅")
 
 
 def presets_panel() -> None:
@@ -421,6 +479,7 @@ col_adapter.selectbox("Adapter", list(ADAPTERS), format_func=ADAPTERS.get, key=K
 col_seq.number_input("Max sequence length", min_value=0, step=64, key=K + "max_seq_length", help=H("max_seq_length"))
 st.caption(safe(METHODS[chosen_method].help))
 method_section(chosen_method)
+settings_section(chosen_method)
 with st.expander("Access and remote code"):
     st.text_input("Hugging Face token", type="password", key=K + "hf_token", help=H("hf_token"))
     trust = st.checkbox("Trust remote code", key=K + "trust_remote_code", help=H("trust_remote_code"))

@@ -12,6 +12,8 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,
@@ -53,6 +55,10 @@ SECTION_LABELS = {"train_on_completions": "Train on completions only",
                   "embedding_learning_rate": "Embedding learning rate"}
 SECTION_FIELDS = tuple(dict.fromkeys(name for spec in METHODS.values() for name in spec.section))
 NOT_MAPPED = "—"
+# Each method's own settings (its settings dataclass: the YAML section named after it, ``dpo: {beta: 0.1}``,
+# GRPO's rewards among them), edited as YAML in one text area per method: what a preset or YAML file holds.
+SETTINGS_METHODS = tuple(name for name, spec in METHODS.items() if spec.settings is not None)
+SETTINGS_TEXT_MAX = 100_000  # a settings section is a few lines; GRPO's rewards a few dozen
 
 # Fields whose widget holds exactly the config value, under the key nr_<field>.
 PLAIN_FIELDS = (
@@ -127,6 +133,34 @@ def model_name(source: str, text: str, method: str = "sft") -> str:
 
 
 # ---------------------------------------------------------------------- config -> widget values
+def settings_key(method: str) -> str:
+    return K + f"settings_{method}"
+
+
+def settings_text(values: dict) -> str:
+    return yaml.safe_dump(values, sort_keys=False, allow_unicode=True) if values else ""
+
+
+def settings_values(state: Mapping, method: str) -> tuple[dict | None, list[FieldError]]:
+    """A method's settings from its text area: {} when empty (the defaults), None with the problem when the text
+    is not a YAML mapping (the method's own checks name bad settings later, field by field)."""
+    text = state.get(settings_key(method)) or ""
+    if not text.strip():
+        return {}, []
+    example = "e.g. beta: 0.1" if method != "grpo" else "e.g. rewards: [{type: length, target: 20}]"
+    if len(text) > SETTINGS_TEXT_MAX:
+        return None, [FieldError(method, f"{len(text):,} characters is more than settings can be "
+                                         f"({SETTINGS_TEXT_MAX:,}): keep only the settings you change")]
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        return None, [FieldError(method, f"not valid YAML ({str(exc).splitlines()[0][:200]}): write one "
+                                         f"setting: value per line, {example}")]
+    if not isinstance(data, dict):
+        return None, [FieldError(method, f"write a mapping of setting: value, {example}")]
+    return data, []
+
+
 def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
     """The widget values that show ``cfg`` (secrets are left alone: they never come from a config)."""
     state = {K + name: getattr(cfg, name) for name in PLAIN_FIELDS}
@@ -149,12 +183,14 @@ def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
     state[K + "extra_modules"] = ", ".join(m for m in cfg.target_modules if m not in MODULE_CHOICES)
     state[K + "gpu_ids"] = ", ".join(str(g) for g in cfg.gpu_ids)
     state.update(sample_state(cfg))
+    state.update({settings_key(m): settings_text(getattr(cfg, m)) for m in SETTINGS_METHODS})
     return state
 
 
 def remembered_keys(state: Mapping) -> list[str]:
     """The widget keys whose values are kept while the user visits another page (role pickers included)."""
     keys = [K + name for name in OTHER_WIDGETS + PLAIN_FIELDS + SAMPLE_FIELDS]
+    keys += [settings_key(m) for m in SETTINGS_METHODS]
     return keys + [key for key in state if str(key).startswith(K + "map_")]
 
 
@@ -273,6 +309,12 @@ def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[Trai
         gpu_ids=gpu_ids,
     )
     values.update(sample_values(state))
+    for method in SETTINGS_METHODS:  # every method's text (a preset may fill several); only the chosen one applies
+        if settings_key(method) in state:
+            settings, settings_errors = settings_values(state, method)
+            errors += settings_errors
+            if settings is not None:
+                values[method] = settings
     if with_secrets:
         values.update({name: state.get(K + name, "").strip() for name in SECRET_FIELDS})
     base = (state.get(BASE) or TrainConfig()).to_public_dict()
