@@ -27,6 +27,8 @@ def test_collator_decodes_resamples_and_masks_padding(tmp_path):
 
 
 def collator_checks(model: str, wav: str) -> None:
+    import torch
+
     from trainer_core.methods.stt import SttSettings
     from trainer_core.worker.methods.stt import SpeechCollator, decode, error_rates
     from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
@@ -56,6 +58,12 @@ def collator_checks(model: str, wav: str) -> None:
     assert kept[-1] == tokenizer.eos_token_id  # the end of text stays: the model learns to stop
     assert tokenizer.decode(kept, skip_special_tokens=True) == "open the door"
     assert -100 not in labels[1].tolist()
+    # a LoRA base held in bf16 (on a GPU) takes bf16 features, also when generating outside autocast
+    half = SpeechCollator(processor, start, torch.bfloat16)([{"audio": wav, "text": "x"}])["input_features"]
+    assert half.dtype == torch.bfloat16
+    import copy
+
+    assert copy.deepcopy(whisper).to(torch.bfloat16).generate(input_features=half, max_new_tokens=2).shape[0] == 1
 
     # an English-only model (whisper-*.en): no language or task token, and generate takes none
     notes = []

@@ -105,10 +105,12 @@ def decode(ref: Any, rate: int) -> np.ndarray:
 class SpeechCollator:
     """Clips -> log-mel input_features; transcripts -> labels (the tokenizer's prefix tokens, the text, end of
     text), padded with -100 so padding never counts in the loss. The decoder start token is left to the model,
-    which puts it before the labels itself."""
+    which puts it before the labels itself. Features come in the model's dtype: a LoRA base held in bf16 meets
+    them outside autocast too (Seq2SeqTrainer generates at evaluation without it)."""
 
     processor: Any
     decoder_start_token_id: int
+    dtype: torch.dtype = torch.float32
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         extractor = self.processor.feature_extractor
@@ -119,7 +121,7 @@ class SpeechCollator:
         ids = labels["input_ids"].masked_fill(labels["attention_mask"].ne(1), -100)
         if bool((ids[:, 0] == self.decoder_start_token_id).all()):
             ids = ids[:, 1:]
-        return {"input_features": batch["input_features"], "labels": ids}
+        return {"input_features": batch["input_features"].to(self.dtype), "labels": ids}
 
 
 def error_rates(references: list[str], hypotheses: list[str]) -> dict[str, float]:
@@ -151,6 +153,7 @@ def make_compute_metrics(tokenizer):
 def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> Seq2SeqTrainer:
     s = settings_of(cfg)
+    dtype = model.dtype  # the base's (before LoRA adds fp32 adapters)
     if cfg.effective_use_lora:  # Whisper's own attention names; the engine's causal-LM LoRA config does not fit
         model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                                  lora_dropout=cfg.lora_dropout, use_rslora=cfg.use_rslora,
@@ -167,7 +170,7 @@ def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds
         label_names=["labels"], eval_on_start=bool(s.eval_on_start and has_eval))
     start = model.config.decoder_start_token_id
     return Seq2SeqTrainer(model=model, args=config, train_dataset=train_ds, eval_dataset=eval_ds if has_eval else None,
-                          data_collator=SpeechCollator(processor, start), processing_class=processor,
+                          data_collator=SpeechCollator(processor, start, dtype), processing_class=processor,
                           compute_metrics=make_compute_metrics(processor.tokenizer) if has_eval else None,
                           callbacks=callbacks)
 
