@@ -32,8 +32,9 @@ def fake_whisper(folder: Path, window: int = 4) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "whisper", "d_model": 64,
                                                     "architectures": ["WhisperForConditionalGeneration"]}))
-    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "WhisperProcessor", "feature_extractor": {
-        "feature_extractor_type": "WhisperFeatureExtractor", "chunk_length": window, "sampling_rate": 16000}}))
+    extractor = {"feature_extractor_type": "WhisperFeatureExtractor", "chunk_length": window, "sampling_rate": 16000}
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "WhisperProcessor",
+                                                              "feature_extractor": extractor}))
     return folder
 
 
@@ -111,7 +112,8 @@ def test_clips_longer_than_the_window_are_left_out_with_counts_and_the_fix(home,
     data = loading.load_for_training(stt_config(model, [str(train)]))
     assert [r["text"] for r in data.rows] == ["fits"]
     assert data.train.dropped == {
-        "longer than the model's 4 s window (cut the clips into pieces of at most 4 s, each with its own transcript)": 1,
+        "longer than the model's 4 s window (cut the clips into pieces of at most 4 s, each with its own "
+        "transcript)": 1,
         "audio that cannot be read (not a WAV/FLAC/OGG/MP3 file soundfile decodes)": 1,
         "no transcript in 'text'": 1}
     assert data.train.drop_warning().startswith("Dropped 3 of 4 training rows: ")

@@ -4,7 +4,6 @@ phrases) is transcribed before the first step (the base model's WER) and after t
 The saved folder reloads with its processor in a fresh interpreter and transcribes a clip."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 

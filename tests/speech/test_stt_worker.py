@@ -91,8 +91,8 @@ def test_the_preview_lists_transcripts_with_prefix_tokens_and_durations(home, tm
         soundfile.write(tmp_path / f"c{i}.wav", np.zeros(int(seconds * rate), dtype=np.float32), rate)
         rows.append({"audio": f"c{i}.wav", "text": ["open the door", "play some music"][i]})
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = TrainConfig(model_name=str(model), method="stt", adapter="full", local_datasets=[str(tmp_path / "train.jsonl")],
-                      stt={"language": "en"}, batch_size=2)
+    cfg = TrainConfig(model_name=str(model), method="stt", adapter="full",
+                      local_datasets=[str(tmp_path / "train.jsonl")], stt={"language": "en"}, batch_size=2)
     preview = build_preview(cfg, rows_shown=2)
     assert preview.format == "speech" and preview.total_rows == 2 and preview.steps_per_epoch == 1
     assert [r.label for r in preview.rows] == ["1.0 s", "2.5 s"]

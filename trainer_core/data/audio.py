@@ -109,7 +109,8 @@ def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, ind
         resolved = paths.resolve_inside(candidate, roots)
     except paths.UnsafePathError as exc:
         raise DatasetError(field_name, f"row {index}: {exc}. Keep audio files (and what their links point to) under "
-                                       "the dataset's folder or an allowed root (FINETUNE_STUDIO_ALLOWED_ROOTS).") from None
+                                       "the dataset's folder or an allowed root "
+                                       "(FINETUNE_STUDIO_ALLOWED_ROOTS).") from None
     if not resolved.is_file():
         raise DatasetError(field_name, f"row {index}: audio {text[:80]!r} does not exist ({resolved}): check the "
                                        "path, which is taken from the dataset file's folder")
