@@ -168,3 +168,10 @@ def test_image_bytes_as_the_datasets_image_feature_stores_them_in_parquet(shapes
     data = load_local([str(folder / "train.parquet")], _cfg(folder / "train.parquet"))
     assert len(data.rows) == len(rows)
     assert data.rows[0]["images"] == [(folder / rows[0]["image"]).read_bytes()]  # bytes travel as they are
+
+
+def test_an_audiofolder_file_name_column_is_not_taken_for_images():
+    from trainer_core.data import images
+
+    assert not images.has_images([{"file_name": "clips/a.wav", "transcription": "hello"}])
+    assert images.has_images([{"file_name": "pics/a.PNG", "text": "a red square"}])

@@ -32,12 +32,24 @@ URL_FIX = ("image URLs are not fetched: download the images into the dataset's f
            "relative path")
 
 
+# ``file_name`` is also the audiofolder convention's column: there it names an image only by its suffix.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def _holds_image(column: str, value: Any) -> bool:
+    if value in (None, "", []):
+        return False
+    if column == "file_name" and isinstance(value, str):
+        return value.strip().lower().endswith(IMAGE_SUFFIXES)
+    return True
+
+
 def has_images(rows: list[dict]) -> bool:
     """Whether the rows hold images: an image column, or image parts / ``<image>`` placeholders in chat turns."""
     for row in rows[:_SAMPLE]:
         if not isinstance(row, dict):
             continue
-        if any(row.get(column) not in (None, "", []) for column in IMAGE_COLUMNS):
+        if any(_holds_image(column, row.get(column)) for column in IMAGE_COLUMNS):
             return True
         for column in ("messages", "conversations"):
             if any(_image_parts(turn) for turn in as_turn_list(row.get(column)) or [] if isinstance(turn, dict)):
