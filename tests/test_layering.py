@@ -121,3 +121,83 @@ def test_collecting_the_tests_imports_no_ml_stack():
     result = run_python(COLLECT_ALL, json.dumps(modules), json.dumps(ML_STACK))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) is None
+
+
+def module_imports(name: str, path) -> set[str]:
+    """The project modules ``name`` imports at module level (imports inside functions are lazy by design and
+    ``if TYPE_CHECKING:`` blocks never run)."""
+    modules = module_files()
+    is_package = path.name == "__init__.py"
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            continue
+        for statement in node.body if isinstance(node, ast.Try) else [node]:
+            if isinstance(statement, ast.Import):
+                found.update(resolve(a.name) for a in statement.names)
+            elif isinstance(statement, ast.ImportFrom):
+                module = statement.module or ""
+                if statement.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    module = ".".join(base[:len(base) - statement.level + 1] + ([module] if module else []))
+                found.update(resolve(f"{module}.{a.name}") if f"{module}.{a.name}" in modules else resolve(module)
+                             for a in statement.names)
+    return {m for m in found if m and m != name}
+
+
+def module_files() -> dict:
+    files = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_circles():
+    """Issue 18: no two project modules import each other, directly or around a circle, at module level."""
+    graph = {name: module_imports(name, path) for name, path in module_files().items()}
+    assert "trainer_core.jobs.pump" in graph["trainer_core.jobs.orchestrator"]  # the graph sees real imports
+    assert import_cycles(graph) == []
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds circles
