@@ -20,7 +20,7 @@ from trainer_core.protocol.status import RunStatus
 pytestmark = pytest.mark.train
 
 MARKER = "Studio here!"
-UNSEEN = ["What is the capital of Italy?", "How many legs does a spider have?"]
+UNSEEN = ["How many legs does a spider have?", "How many arms does an octopus have?"]
 
 BASE_GREEDY = """
 import json, sys
@@ -38,7 +38,8 @@ print(json.dumps(out))
 
 def test_dpo_teaches_the_chosen_answers_marker_to_unseen_questions(studio):
     cfg = presets.load_preset("dpo-demo")  # the built-in DPO demo, as a user starts it
-    assert cfg.sample_prompts == UNSEEN and "Italy" not in (ROOT / "trainer_core/data/demo_pairs.jsonl").read_text()
+    pairs = (ROOT / "trainer_core/data/demo_pairs.jsonl").read_text()
+    assert cfg.sample_prompts == UNSEEN and not any(word in pairs for word in ("spider", "octopus"))  # unseen
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=900)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
