@@ -149,3 +149,16 @@ def test_modules_do_not_import_the_ml_stack():
     done = run_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_encoder_decoder_speech_config_gives_its_facts_not_an_error():
+    """Whisper's config names its stacks apart (encoder_layers, decoder_layers, d_model): the New run page showed
+    "does not look like a causal language model" instead of the model's facts and an estimate."""
+    whisper_tiny = {"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper", "d_model": 384,
+                    "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 6,
+                    "decoder_attention_heads": 6, "decoder_ffn_dim": 1536, "encoder_ffn_dim": 1536,
+                    "vocab_size": 51865, "max_target_positions": 448, "max_source_positions": 1500}
+    info = model_info._from_config(whisper_tiny, "local", False, 37_760_640)
+    assert (info.hidden_size, info.num_layers, info.num_attention_heads, info.intermediate_size) == (384, 8, 6, 1536)
+    assert info.max_position_embeddings == 448 and info.num_parameters == 37_760_640  # counted from the weights
+    assert info.architecture == "WhisperForConditionalGeneration"

@@ -220,8 +220,10 @@ def _read_json(path: Path, missing_ok: bool = False) -> dict:
 def _from_config(config: dict, source: str, has_template: bool, counted: int | None) -> ModelInfo:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config  # multimodal wrappers
     hidden = int(text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0)
-    layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0)
-    heads = int(text.get("num_attention_heads") or text.get("n_head") or 0)
+    # encoder-decoder speech models (Whisper) name their stacks apart: both count towards the memory
+    layers = int(text.get("num_hidden_layers") or text.get("n_layer")
+                 or (text.get("encoder_layers") or 0) + (text.get("decoder_layers") or 0))
+    heads = int(text.get("num_attention_heads") or text.get("n_head") or text.get("decoder_attention_heads") or 0)
     kv_heads = int(text.get("num_key_value_heads") or heads)
     if not (hidden and layers and heads):
         raise ModelInfoError("config.json lacks hidden_size / num_hidden_layers / num_attention_heads: "
@@ -232,9 +234,11 @@ def _from_config(config: dict, source: str, has_template: bool, counted: int | N
         model_type=str(config.get("model_type") or text.get("model_type") or "unknown"),
         num_parameters=0,
         hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
-        intermediate_size=int(text.get("intermediate_size") or text.get("n_inner") or 4 * hidden),
+        intermediate_size=int(text.get("intermediate_size") or text.get("n_inner") or text.get("decoder_ffn_dim")
+                              or 4 * hidden),
         vocab_size=int(text.get("vocab_size") or 0),
-        max_position_embeddings=text.get("max_position_embeddings") or text.get("n_positions"),
+        max_position_embeddings=(text.get("max_position_embeddings") or text.get("n_positions")
+                                 or text.get("max_target_positions")),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         has_chat_template=has_template,
         torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or text.get("dtype") or "unknown"),
