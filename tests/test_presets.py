@@ -235,3 +235,28 @@ def test_an_oversized_run_config_text_is_refused_before_parsing():
     with pytest.raises(ConfigError, match=r"larger than a config can be"):
         TrainConfig.from_yaml(OVERSIZED)
     assert TrainConfig.from_yaml("max_steps: 3\n").max_steps == 3  # the limit is far above a real config
+
+
+# YAML aliases are refused where user YAML is parsed: ~400 characters of nested aliases expand to GBs when the
+# config is copied out (the hostile review's alias bomb, which hung the New run page on every rerun).
+BOMB = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9 if i else ["x"] * 9) + "]\n" for i in range(9))
+
+
+def test_yaml_aliases_are_refused_in_configs_presets_and_set_values(home, tmp_path):
+    from trainer_core.__main__ import load_config
+
+    with pytest.raises(ConfigError, match=r"aliases \(\*name\) are not allowed"):
+        TrainConfig.from_yaml("dpo:\n  " + BOMB.replace("\n", "\n  ").rstrip())
+    path = tmp_path / "bomb.yaml"
+    path.write_text("max_steps: 3\n" + BOMB)
+    with pytest.raises(ConfigError, match=r"aliases \(\*name\) are not allowed"):
+        load_config(str(path), [])
+    (tmp_path / "ok.yaml").write_text("max_steps: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(tmp_path / "ok.yaml"), ["dpo=&a {beta: *a}"])
+    assert [e.field for e in info.value.errors] == ["dpo"]
+    (home / "presets").mkdir(parents=True, exist_ok=True)
+    (home / "presets" / "bomb.yaml").write_text(BOMB)
+    with pytest.raises(PresetError, match="not valid YAML"):
+        presets.load_preset("bomb")
+    assert TrainConfig.from_yaml("dpo: {beta: 0.2}\n").dpo == {"beta": 0.2}  # plain YAML still reads

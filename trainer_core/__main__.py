@@ -33,7 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from trainer_core.jobs import resource_check
 from trainer_core.protocol import paths, secrets
 from trainer_core.access import Actor, Role
-from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, read_training_type,
+from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, load_yaml, read_training_type,
                                  secrets_in_file)
 from trainer_core.data import loading
 from trainer_core.evaluation import cli as eval_cli
@@ -49,7 +49,7 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
     if problem:
         raise ConfigError([FieldError("config", problem)])
     try:
-        data = yaml.safe_load(TrainConfig.read_text(path)) or {}
+        data = load_yaml(TrainConfig.read_text(path)) or {}
     except FileNotFoundError:
         raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -80,7 +80,7 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
             if errors:
                 raise ConfigError(errors)
         try:
-            data[key.strip()] = yaml.safe_load(value)
+            data[key.strip()] = load_yaml(value)
         except (yaml.YAMLError, RecursionError):
             raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
                                                        "text that contains [ { : or #")]) from None

@@ -54,6 +54,24 @@ MAPPING_VALUE_MAX = 200
 CONFIG_BYTES_MAX = 1 << 20
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without anchors and aliases: a few hundred characters of nested aliases expand to GBs once the
+    config is copied out (to_dict), so an alias is refused where the text is parsed. Configs never need them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.constructor.ConstructorError(None, None, "aliases (*name) are not allowed in a config: write "
+                                                    "the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str):
+    """The one way user-written YAML (config files, presets, --set values, the form's method settings) is read:
+    safe types only, no aliases. Raises yaml.YAMLError (or RecursionError for absurd nesting)."""
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whole_items: bool = False,
        section: bool = False, **kw: Any) -> Any:
     # whole_items: a list field whose items are free text (prompts): a string is one item, never split at commas
@@ -297,9 +315,9 @@ class TrainConfig:
             raise ConfigError([FieldError("config", f"{len(text):,} characters is larger than a config can be "
                                                     f"({CONFIG_BYTES_MAX:,}): keep only the fields you set")])
         try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError([FieldError("config", f"not valid YAML: {exc}")]) from exc
+            data = load_yaml(text) or {}
+        except (yaml.YAMLError, RecursionError) as exc:
+            raise ConfigError([FieldError("config", f"not valid YAML: {exc}")]) from None
         return cls.from_dict(data)
 
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from trainer_core.protocol import paths
-from trainer_core.config import ConfigError, FieldError, TrainConfig, secrets_in_file
+from trainer_core.config import ConfigError, FieldError, TrainConfig, load_yaml, secrets_in_file
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUFFIX = ".yaml"
@@ -115,8 +115,8 @@ def load_preset(name: str) -> TrainConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise PresetError.one(f"cannot read {preset.path}: {exc}") from None
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        data = load_yaml(text) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
         raise PresetError.one(f"{preset.path.name} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise PresetError.one(f"{preset.path.name} must hold a mapping of field: value")

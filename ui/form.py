@@ -26,6 +26,7 @@ from trainer_core.config import (
     ConfigError,
     FieldError,
     TrainConfig,
+    load_yaml,
     looks_like_path,
 )
 from trainer_core.data import DatasetError
@@ -152,7 +153,7 @@ def settings_values(state: Mapping, method: str) -> tuple[dict | None, list[Fiel
         return None, [FieldError(method, f"{len(text):,} characters is more than settings can be "
                                          f"({SETTINGS_TEXT_MAX:,}): keep only the settings you change")]
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except (yaml.YAMLError, RecursionError) as exc:
         return None, [FieldError(method, f"not valid YAML ({str(exc).splitlines()[0][:200]}): write one "
                                          f"setting: value per line, {example}")]

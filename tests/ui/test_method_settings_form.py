@@ -59,3 +59,13 @@ def test_check_rewards_scores_the_bundled_rows_and_warns_on_a_constant_reward(fa
     assert list(table["reward"]) == ["length", "contains"]
     assert all(len(scores.split(", ")) == 4 for scores in table["scores"])  # 4 rows' reference answers
     assert any("contains gave every completion the same score (0)" in w for w in texts(at, "warning"))
+
+
+def test_an_alias_bomb_in_the_settings_is_refused_before_it_expands():
+    from tests.test_presets import BOMB
+
+    state = form.config_to_state(TrainConfig(method="dpo"))
+    state[form.settings_key("dpo")] = BOMB
+    cfg, errors = form.build_config(state, with_secrets=False)
+    assert [e.field for e in errors] == ["dpo"] and "aliases (*name) are not allowed" in errors[0].message
+    assert cfg is not None and cfg.dpo == {}  # the text did not reach the config
