@@ -33,27 +33,36 @@ _SAMPLE = 50  # rows looked at to decide whether a dataset holds audio
 
 
 def _is_audio_value(column: str, value: Any) -> bool:
+    """Whether one value looks like a clip: the Audio feature ({bytes, path} or {array, sampling_rate}), bytes in an
+    ``audio`` column, or one line naming a file with an audio suffix (prose that ends in ".mp3" is not a clip)."""
     if isinstance(value, dict):
         return bool(value.get("bytes") or value.get("array") is not None
-                    or str(value.get("path") or "").lower().endswith(AUDIO_EXTENSIONS))
+                    or _looks_like_file(value.get("path")))
     if isinstance(value, (bytes, bytearray)):
         return column == "audio"
-    return isinstance(value, str) and value.strip().lower().endswith(AUDIO_EXTENSIONS)
+    return _looks_like_file(value)
+
+
+def _looks_like_file(value: Any) -> bool:
+    if not isinstance(value, str) or len(value) > 4096 or "\n" in value or "\x00" in value:
+        return False
+    return value.strip().lower().endswith(AUDIO_EXTENSIONS)
 
 
 def audio_column(rows: list[dict], mapping: dict[str, str] | None = None) -> str | None:
     """The column that holds the clips: ``mapping['audio']`` when given, else the first known name whose values
-    look like audio (a path with an audio extension, bytes, the Audio feature)."""
+    look like audio (a file name with an audio suffix, bytes, the Audio feature), else any other column of Audio
+    feature values. A column of strings under another name is a clip column only when ``stt.columns`` maps it:
+    file names are too easily prose."""
     if mapping and mapping.get("audio"):
         return mapping["audio"]
     sample = [r for r in rows[:_SAMPLE] if isinstance(r, dict)]
     for column in AUDIO_COLUMNS:
         if any(_is_audio_value(column, r.get(column)) for r in sample):
             return column
-    # any other column of audio file names or Audio-feature values (a mapped column is resolved before the
-    # mapping is read: the loader resolves paths per file, without the run's settings)
     others = dict.fromkeys(c for r in sample for c in r if c not in AUDIO_COLUMNS)
-    return next((c for c in others if any(_is_audio_value(c, r.get(c)) for r in sample)), None)
+    return next((c for c in others if any(isinstance(r.get(c), dict) and _is_audio_value(c, r.get(c))
+                                          for r in sample)), None)
 
 
 def text_column(rows: list[dict], mapping: dict[str, str] | None = None) -> str | None:
@@ -70,14 +79,17 @@ def has_audio(rows: list[dict]) -> bool:
 
 
 # ---------------------------------------------------------------------- audio references
-def resolve_rows(rows: list[dict], folder: Path, field_name: str) -> list[dict]:
-    """The rows with every clip given as a file path made absolute (relative paths are taken from ``folder``, the
-    dataset file's folder) and checked: a URL, a path or symlink that leads outside the allowed roots, or a missing
-    file is a DatasetError naming the row. Rows without audio are returned as they are."""
-    column = audio_column(rows)
+def resolve_rows(rows: list[dict], folder: Path | None, field_name: str,
+                 mapping: dict[str, str] | None = None) -> list[dict]:
+    """The rows with every clip given as a file path made absolute and checked. ``folder``: the dataset file's folder,
+    which relative paths are taken from; None for a hub split, whose paths must be absolute and lie under the allowed
+    roots or the ``datasets`` cache. A URL, a path or symlink that leads outside the roots, or a missing file is a
+    DatasetError naming the row. ``mapping``: ``stt.columns`` (a mapped audio column is resolved like a known one).
+    Rows without audio are returned as they are."""
+    column = audio_column(rows, mapping)
     if column is None:
         return rows
-    roots = paths.allowed_data_roots()
+    roots = paths.allowed_data_roots() if folder is not None else paths.hub_data_roots()
     out = []
     for index, row in enumerate(rows):
         if isinstance(row, dict) and row.get(column) not in (None, ""):
@@ -86,7 +98,7 @@ def resolve_rows(rows: list[dict], folder: Path, field_name: str) -> list[dict]:
     return out
 
 
-def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, index: int) -> Any:
+def _resolve_ref(ref: Any, folder: Path | None, roots: list[Path], field_name: str, index: int) -> Any:
     if isinstance(ref, dict) and ref.get("bytes"):  # the datasets Audio feature as stored in parquet
         return bytes(ref["bytes"])
     if isinstance(ref, dict) and ref.get("array") is not None:
@@ -104,6 +116,9 @@ def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, ind
         raise DatasetError(field_name, f"row {index}: {problem}")
     candidate = Path(text).expanduser()
     if not candidate.is_absolute():
+        if folder is None:
+            raise DatasetError(field_name, f"row {index}: audio {text[:80]!r} is a relative path in a hub split, which "
+                                           "has no folder to take it from: use the datasets Audio feature (bytes)")
         candidate = folder / candidate
     try:
         resolved = paths.resolve_inside(candidate, roots)

@@ -65,13 +65,14 @@ def _image_parts(turn: dict) -> list:
 
 
 # ---------------------------------------------------------------------- image references
-def resolve_rows(rows: list[dict], folder: Path, field_name: str) -> list[dict]:
-    """The rows with every image given as a file path made absolute (relative paths are taken from ``folder``, the
-    dataset file's folder) and checked: a URL, a path or symlink that leads outside the allowed roots, or a missing
-    file is a DatasetError naming the row. Rows without images are returned as they are."""
+def resolve_rows(rows: list[dict], folder: Path | None, field_name: str) -> list[dict]:
+    """The rows with every image given as a file path made absolute and checked. ``folder``: the dataset file's
+    folder, which relative paths are taken from; None for a hub split, whose paths must be absolute and lie under the
+    allowed roots or the ``datasets`` cache. A URL, a path or symlink that leads outside the roots, or a missing file
+    is a DatasetError naming the row. Rows without images are returned as they are."""
     if not has_images(rows):
         return rows
-    roots = paths.allowed_data_roots()
+    roots = paths.allowed_data_roots() if folder is not None else paths.hub_data_roots()
     out = []
     for index, row in enumerate(rows):
         def fix(ref: Any, index: int = index) -> Any:
@@ -114,7 +115,7 @@ def _fix_part(part: Any, fix) -> Any:
     return part
 
 
-def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, index: int) -> Any:
+def _resolve_ref(ref: Any, folder: Path | None, roots: list[Path], field_name: str, index: int) -> Any:
     if isinstance(ref, dict) and ref.get("bytes"):  # the datasets Image feature as stored in parquet
         return ref["bytes"]
     if isinstance(ref, dict) and ref.get("path"):
@@ -132,6 +133,9 @@ def _resolve_ref(ref: Any, folder: Path, roots: list[Path], field_name: str, ind
         raise DatasetError(field_name, f"row {index}: {problem}")
     candidate = Path(text).expanduser()
     if not candidate.is_absolute():
+        if folder is None:
+            raise DatasetError(field_name, f"{where} is a relative path in a hub split, which has no folder to take "
+                                           "it from: use the datasets Image feature (bytes)")
         candidate = folder / candidate
     try:
         resolved = paths.resolve_inside(candidate, roots)

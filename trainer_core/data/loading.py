@@ -7,6 +7,7 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainer_core.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
@@ -20,7 +21,26 @@ from trainer_core.data.sources import resolve_source, source_files
 _Part = tuple[str, list[dict]]  # (file name for messages, rows)
 
 
-def _read_sources(sources: list[str], field_name: str) -> tuple[list[_Part], list[tuple], list[DatasetError]]:
+def _speech_columns(cfg: TrainConfig) -> dict[str, str] | None:
+    """``stt.columns`` when the run trains speech-to-text, else None (no other method reads clips)."""
+    if audio.FORMAT not in cfg.method_spec.data_shapes:
+        return None
+    section = getattr(cfg, "stt", None)
+    mapping = section.get("columns") if isinstance(section, dict) else None
+    return {k: v for k, v in mapping.items() if isinstance(v, str) and v} if isinstance(mapping, dict) else {}
+
+
+def _resolve_files(rows: list[dict], folder: Path | None, cfg: TrainConfig, field_name: str) -> list[dict]:
+    """Clip and image file references made absolute and checked under the allowed roots (data.audio, data.images):
+    what the worker opens is what was checked. Clips only for a speech-to-text run (others refuse audio data)."""
+    speech = _speech_columns(cfg)
+    if speech is not None:
+        rows = audio.resolve_rows(rows, folder, field_name, speech)
+    return images.resolve_rows(rows, folder, field_name)
+
+
+def _read_sources(sources: list[str], cfg: TrainConfig,
+                  field_name: str) -> tuple[list[_Part], list[tuple], list[DatasetError]]:
     """Every source's files read, with their cache keys; problems are collected, not raised."""
     parts: list[_Part] = []
     keys: list[tuple] = []
@@ -29,8 +49,7 @@ def _read_sources(sources: list[str], field_name: str) -> tuple[list[_Part], lis
         try:
             files = source_files(resolve_source(source, field_name), field_name)
             for file in files:
-                rows = audio.resolve_rows(read_rows(file, field_name), file.parent, field_name)  # paths from here
-                rows = images.resolve_rows(rows, file.parent, field_name)
+                rows = _resolve_files(read_rows(file, field_name), file.parent, cfg, field_name)  # paths from here
                 stat = file.stat()
                 parts.append((file.name, rows))
                 keys.append((str(file), stat.st_mtime_ns, stat.st_size))
@@ -72,10 +91,9 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     (data.preference). ``allow_empty``: an empty chat/text result is returned (merged files decide together)."""
     if cfg.method_spec.data_shapes and all(s in EMBEDDING_SHAPES for s in cfg.method_spec.data_shapes):
         return embedding_rows(rows, cfg, field_name, allow_empty)
-    if audio.FORMAT in cfg.method_spec.data_shapes:  # speech-to-text: audio + transcript rows
-        section = getattr(cfg, "stt", None)
-        mapping = section.get("columns") if isinstance(section, dict) else None
-        return audio.normalize(rows, mapping if isinstance(mapping, dict) else None, field_name, allow_empty,
+    speech = _speech_columns(cfg)
+    if speech is not None:  # speech-to-text: audio + transcript rows
+        return audio.normalize(rows, speech or None, field_name, allow_empty,
                                window_s=audio.window_of(cfg.model_name))
     shape = preference_shape(cfg)
     if shape is not None:
@@ -203,7 +221,7 @@ def _usage_problems(data: NormalizedData, cfg: TrainConfig, field_name: str, wha
 def load_local(sources: list[str], cfg: TrainConfig, field_name: str = "local_datasets",
                apply_slice: bool = True) -> NormalizedData:
     """Read every source, apply the config's slice, normalise. Raises the first problem found."""
-    parts, _, errors = _read_sources(sources, field_name)
+    parts, _, errors = _read_sources(sources, cfg, field_name)
     if errors:
         raise errors[0]
     if not parts:
@@ -232,7 +250,7 @@ def check_data(cfg: TrainConfig) -> list[FieldError]:
 
 def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list[FieldError]:
     """Every problem with these sources under this config."""
-    parts, keys, read_errors = _read_sources(sources, field_name)
+    parts, keys, read_errors = _read_sources(sources, cfg, field_name)
     errors = [FieldError(e.field, e.message) for e in read_errors]
     if not parts:
         return errors
@@ -305,6 +323,7 @@ def load_hub(cfg: TrainConfig, split: str, apply_slice: bool | None = None) -> N
     rows = ds.to_list()
     if not rows:
         raise DatasetError(split_field, f"split '{split}' of {cfg.hf_dataset} has no rows")
+    rows = _resolve_files(rows, None, cfg, "hf_dataset")  # a path in a hub row is checked like a local file's
     data = normalize_for(rows, cfg, "hf_dataset")
     problems = _usage_problems(data, cfg, "hf_dataset", cfg.hf_dataset)
     if problems:

@@ -107,6 +107,16 @@ def allowed_data_roots() -> list[Path]:
     return roots
 
 
+def hub_data_roots() -> list[Path]:
+    """Where files a hub split refers to may lie: the allowed roots and the ``datasets`` cache (a hub split's
+    Image/Audio values carry bytes, or a path into that cache; any other path is refused)."""
+    cache = os.environ.get("HF_DATASETS_CACHE")
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+        cache = os.path.join(home, "datasets")
+    return [*allowed_data_roots(), Path(cache).expanduser()]
+
+
 def inside_run(run_dir: str | os.PathLike, path: str | os.PathLike,
                extra_roots: list[Path] | tuple[Path, ...] = ()) -> Path:
     """``path``, read from a run folder (an event, a row the pump stored), resolved with its symlinks: it must lie
