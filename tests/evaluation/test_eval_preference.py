@@ -24,6 +24,7 @@ from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainCon
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import METRICS, EvalSpec
 from trainer_core.jobs import evals
+from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
@@ -148,6 +149,24 @@ def test_a_python_reward_is_evaluated_by_an_admin_only(runs, tmp_path, monkeypat
         evals.submit(None, spec, operator)  # refused before anything is queued (no orchestrator needed)
     assert [e.field for e in refused.value.errors] == ["metrics"]
     assert "only an admin may evaluate with it" in refused.value.errors[0].message
+
+
+def test_the_python_reward_rule_is_the_specs_so_no_route_around_the_form_skips_it(runs, tmp_path, orch):
+    """The rule lived in evals.submit only: a spec handed to the orchestrator another way (a script, a future page)
+    ran an operator's eval of a custom Python reward. Now the spec says it needs an admin, and the orchestrator,
+    which every job passes, refuses it."""
+    reward_file = tmp_path / "mine.py"
+    reward_file.write_text("def mine(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    run_id = "20260101-000000-3e3e3e"
+    write_run(run_id, method="grpo", grpo={"rewards": [{"python": str(reward_file), "function": "mine"}]})
+    data = str(write_alpaca(tmp_path / "a.jsonl"))
+    spec = EvalSpec(source=BASE, data=data, metrics=["reward"], reward_run=run_id)
+    assert spec.admin_only() and "custom Python reward" in spec.admin_only()[0]
+    with pytest.raises(RunRefused, match="custom Python reward"):
+        orch.submit(spec, access.Actor("op", access.Role.OPERATOR))
+    assert orch.store.list_runs() == []
+    assert EvalSpec(source=BASE, data=data, metrics=["reward"], reward_run=GRPO_RUN).admin_only() == []  # built-ins
+    assert orch.submit(spec, access.Actor("root", access.Role.ADMIN))  # an admin may
 
 
 def test_the_tab_shows_each_metric_with_its_baseline_delta():

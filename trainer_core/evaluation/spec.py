@@ -16,6 +16,7 @@ from trainer_core.jobspec import JobSpec, register
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
+from trainer_core.rewards import spec as reward_spec
 
 # preference_accuracy: on preference pairs, how often the model's implicit reward (a LoRA run: its log-prob minus
 # the base's, the adapter disabled) prefers the chosen answer; the base model has no reference, so its plain
@@ -87,6 +88,21 @@ class EvalSpec(JobSpec):
         wanted = isinstance(self.metrics, list) and "judge" in self.metrics and isinstance(self.judge_key_env, str) \
             and self.judge_key_env and endpoint.key_env_problem(self.judge_key_env) is None
         return [self.judge_key_env] if wanted else []
+
+    def admin_only(self) -> list[str]:
+        """Scoring with a GRPO run's rewards runs them in the eval worker: a custom Python reward is code run on this
+        host, which only an admin may start (the rule that guards starting such a run). Held by the spec, so every
+        way an eval is submitted (the page, the CLI, a baseline, a queued job.json) meets it."""
+        if not (isinstance(self.metrics, list) and "reward" in self.metrics and isinstance(self.reward_run, str)):
+            return []
+        try:
+            rewards = grpo.rewards_of(jobspec.run_config(self.reward_run.strip() or self.source.run_id))
+        except (jobspec.SourceError, OSError, ValueError):
+            return []  # validate() names the missing or unreadable run
+        if reward_spec.needs_admin(rewards):
+            return ["metrics: the run's rewards include a custom Python reward, which runs its code on this host: "
+                    "only an admin may evaluate with it; drop 'reward', or ask an admin"]
+        return []
 
     def validate(self) -> list[FieldError]:
         text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",

@@ -18,10 +18,8 @@ from trainer_core.data.sources import resolve_source
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import queue
-from trainer_core.methods import grpo
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
-from trainer_core.rewards import spec as reward_spec
 
 if TYPE_CHECKING:
     from trainer_core.jobs.orchestrator import Orchestrator
@@ -85,12 +83,9 @@ def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> 
     errors = spec.validate()
     if errors:
         raise ConfigError(errors)
-    if "reward" in spec.metrics and actor is not None and actor.role is not access.Role.ADMIN \
-            and reward_spec.needs_admin(grpo.rewards_of(jobspec.run_config(spec.reward_run or spec.source.run_id))):
-        # scoring runs the run's Python reward in the eval worker: the rule that guards starting such a run
-        raise ConfigError([FieldError("metrics", "the run's rewards include a custom Python reward, which runs its "
-                                                 "code on this host: only an admin may evaluate with it; drop "
-                                                 "'reward', or ask an admin")])
+    if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
+        # said on the form's field here; the orchestrator refuses the same spec from anyone else (any route)
+        raise ConfigError([FieldError(*reason.split(": ", 1)) for reason in spec.admin_only()])
     resolved = jobspec.resolve(spec.source)
     try:
         fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
