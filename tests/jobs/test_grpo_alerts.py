@@ -20,7 +20,9 @@ def test_zero_spread_groups_for_patience_steps_in_a_row_is_no_learning_signal_on
     alerts = replay(rows(frac_reward_zero_std=share), grpo_patience=5)
     # the streak from step 4 reaches 5 at step 8 and is alerted once; step 12 ends it; steps 13-17 alert again
     assert kinds(alerts) == [(NO_LEARNING_SIGNAL, 8), (NO_LEARNING_SIGNAL, 17)]
-    assert alerts[0].message.startswith("For 5 steps in a row (to step 8), 100% of the groups had no reward spread")
+    # the share every step reached (step 7's 92%), not the last step's 100% (hostile review: it overstated)
+    assert alerts[0].message.startswith("For 5 steps in a row (to step 8), at least 92% of the groups had no reward "
+                                        "spread")
 
 
 def test_always_clipped_completions_alert_and_a_finished_answer_breaks_the_streak():

@@ -118,6 +118,7 @@ class AlertMonitor:
         self.zero_spread_share, self.clipped_share = zero_spread_share, clipped_share
         self.collapse_share, self.collapse_tokens = collapse_share, collapse_tokens
         self._streaks: dict[str, int] = {}          # GRPO streak kind -> steps in a row so far (-1: alerted)
+        self._streak_low: dict[str, float] = {}     # GRPO streak kind -> the lowest share in the streak so far
         self._first: dict[str, float] = {}          # reward / mean length at their first step
         self._collapsed = False
 
@@ -160,10 +161,12 @@ class AlertMonitor:
             if self._streaks.get(kind, 0) < 0:
                 continue  # this streak was alerted on
             self._streaks[kind] = self._streaks.get(kind, 0) + 1
+            low = self._streak_low[kind] = value if self._streaks[kind] == 1 else min(self._streak_low[kind], value)
             if self._streaks[kind] >= self.grpo_patience:
                 self._streaks[kind] = -1
-                alerts.append(Alert(kind, step, f"For {self.grpo_patience} steps in a row (to step {step}), "
-                                                f"{value:.0%} {text}"))
+                # the share every step of the streak reached (the last step's alone could overstate the others)
+                alerts.append(Alert(kind, step, f"For {self.grpo_patience} steps in a row (to step {step}), at least "
+                                                f"{low:.0%} {text}"))
         reward = _read(row, "reward", nonfinite)[1]
         length = _read(row, "completions/mean_length", nonfinite)[1]
         if reward is not None and length is not None:
