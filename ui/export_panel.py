@@ -114,7 +114,12 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         except RunRefused as exc:
             st.warning(safe(exc), icon="⏳")
             return
-        st.success(f"Export job {safe(job_id)} started; it is listed below.", icon="📦")
+        job = orch.get_run(job_id)
+        if job is not None and job.status == RunStatus.QUEUED.value:  # its devices are busy: say so, not "started"
+            st.success(f"Export job {safe(job_id)} queued: it starts by itself when the jobs before it end; it is "
+                       "listed below.", icon="⏳")
+        else:
+            st.success(f"Export job {safe(job_id)} started; it is listed below.", icon="📦")
 
 
 def _title(job: RunRecord) -> str:

@@ -69,6 +69,20 @@ def test_starting_an_export_with_bad_input_names_the_field(exported):
     assert [r.id for r in exported.children(RUN)] == [JOB]  # nothing was recorded
 
 
+def test_an_export_that_waits_for_a_busy_device_says_queued_not_started(exported):
+    """The panel said "started" for an export that was queued behind a running job (hostile review)."""
+    at = open_page("pages/run.py", detail_run_id=RUN)  # the orchestrator's start-up checks are done by now
+    exported.create_run(RunRecord(id="20260104-110000-cccccc", name="busy", status=RunStatus.RUNNING,
+                                  kind=JobKind.TRAIN, devices="cpu", created_at=time.time(), total_steps=10))
+    at.multiselect(key=f"export_targets_{RUN}").set_value(["adapter"])
+    at.button(key=f"export_start_{RUN}").click().run()
+    assert not at.exception and not at.error
+    [job] = [r for r in exported.children(RUN) if r.id != JOB]
+    assert job.status == RunStatus.QUEUED.value
+    assert [m.value for m in at.success if m.value.startswith("Export")] == [f"Export job {job.id} queued: it starts by itself when the jobs before "
+                                             "it end; it is listed below."]
+
+
 def test_sizes_and_copy_commands_are_plain():
     assert (size_text(512), size_text(2_346_502), size_text(144_810_848)) == ("512 B", "2.35 MB", "145 MB")
     assert copy_command("/data/my run/x.gguf") == "cp '/data/my run/x.gguf' ."
