@@ -147,9 +147,10 @@ def yaml_blocks() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("where,text", yaml_blocks(), ids=[w for w, _ in yaml_blocks()])
-def test_every_yaml_example_is_a_valid_config(home, where, text):
+def test_every_yaml_example_is_a_valid_config(home, monkeypatch, where, text):
     """As `python -m trainer_core validate` checks a file: the fields, then the dataset when it is bundled
     (an example that names the reader's own file cannot have it checked here)."""
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # a launcher: ray example runs on the server's cluster
     cfg = TrainConfig.from_yaml(text)
     assert cfg.validate() == [], where
     if cfg.local_datasets and all(d.startswith("bundled:") for d in cfg.local_datasets + cfg.local_eval_datasets):

@@ -30,6 +30,7 @@ from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
 LAUNCHERS = ("local", "ray")
 RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable: the cluster's dashboard address (Ray Jobs)
+RAY_ADDRESSES_ENV = "FINETUNE_STUDIO_RAY_ADDRESSES"  # other clusters a run may name (an admin's comma-separated list)
 SHARED_STORAGE_ENV = "FINETUNE_STUDIO_SHARED_STORAGE"  # a path every node of the Ray cluster mounts
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
@@ -100,15 +101,17 @@ class TrainConfig:
     load_in_4bit: bool = _f(False, "Load the base model in 4-bit (bitsandbytes; CUDA only). Implied by qlora.", "model")
     max_seq_length: int = _f(512, "Longest sequence in tokens; longer rows are truncated.", "model")
     trust_remote_code: bool = _f(False, "Run code shipped with a hub model. Off unless you trust its author.", "model")
-    hf_token: str = _f("", "Hugging Face token for gated models/datasets. Never stored.", "model", secret=True)
+    hf_token: str = _f("", "Hugging Face token for gated models/datasets. Never stored. Not for launcher: ray (Ray "
+                       "shows a job's environment): the cluster's nodes use their own Hugging Face credentials.",
+                       "model", secret=True)
     gpu_ids: list = _f([], "GPU indices to use (empty: all visible). Ignored on CPU.", "model")
     num_processes: int = _f(0, "Data-parallel processes (torchrun): 0 means one per GPU of the run's GPUs, or 1 on CPU. "
                             "On CPU 2 or more runs the same launcher with the gloo backend.", "model")
     launcher: str = _f("local", "Where the worker runs: local (this host; torchrun for several processes) or ray (a Ray "
                        "cluster: a Ray job, Ray Train's TorchTrainer with num_processes workers; run folders on "
                        f"{SHARED_STORAGE_ENV}). See docs/ray.md.", "model")
-    ray_address: str = _f("", "The Ray cluster's dashboard address for launcher: ray, e.g. http://head:8265 (empty: "
-                          f"{RAY_ADDRESS_ENV} of the server's environment).", "model")
+    ray_address: str = _f("", "The Ray cluster's dashboard address for launcher: ray (empty: the server's cluster, "
+                          f"{RAY_ADDRESS_ENV}). Another address must be in the server's {RAY_ADDRESSES_ENV}.", "model")
     ray_gpus_per_worker: float = _f(0.0, "GPUs per Ray worker for launcher: ray (0: CPU workers, gloo).", "model")
     # --- dataset ---
     hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
@@ -169,7 +172,8 @@ class TrainConfig:
     finetune_mlp_modules: bool = _f(True, "Adapt MLP projections.", "lora")
     # --- logging ---
     enable_wandb: bool = _f(False, "Report to Weights & Biases (pip install wandb).", "logging")
-    wandb_token: str = _f("", "W&B API key. Never stored.", "logging", secret=True)
+    wandb_token: str = _f("", "W&B API key. Never stored. Not for launcher: ray: the cluster's nodes use their own "
+                          "W&B login.", "logging", secret=True)
     wandb_project: str = _f("finetune-studio", "W&B project name.", "logging")
     enable_tensorboard: bool = _f(False, "Write TensorBoard logs (pip install tensorboard).", "logging")
     tensorboard_dir: str = _f("tensorboard", "TensorBoard folder, relative to the run folder.", "logging")
@@ -611,6 +615,8 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
     if not (cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV)):
         bad("ray_address", f"launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
             f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment")
+    elif ray_address_problem(cfg.ray_address):
+        bad("ray_address", ray_address_problem(cfg.ray_address))
     for name in cfg.secrets():  # Ray keeps a job's environment in its job table, which its dashboard shows
         bad(name, "secrets are not passed to Ray jobs yet (Ray shows a job's environment on its dashboard): use a "
             "model and data that need no token, or launcher: local")
@@ -620,6 +626,19 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
         bad("num_processes", f"use 0 or 1 (one worker) or more Ray workers, got {cfg.num_processes!r}")
     if not _finite(cfg.ray_gpus_per_worker) or cfg.ray_gpus_per_worker < 0:
         bad("ray_gpus_per_worker", f"use 0 (CPU workers) or a positive number of GPUs, got {cfg.ray_gpus_per_worker!r}")
+
+
+def ray_address_problem(address: str) -> str:
+    """Why a run may not send its Ray job to ``address`` ("" when it may): the dashboard makes HTTP requests to
+    it, so a run may name only the server's own cluster (RAY_ADDRESS; empty means that one) or one an admin
+    listed in FINETUNE_STUDIO_RAY_ADDRESSES, never a host of its choosing. Also checked at launch and adoption."""
+    wanted = str(address).strip().rstrip("/")
+    allowed = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(",")]
+    if not wanted or wanted in {a.strip().rstrip("/") for a in allowed if a.strip()}:
+        return ""
+    return (f"{str(address)[:200]!r} is not a Ray cluster this server may use: leave ray_address empty to use the "
+            f"server's cluster ({RAY_ADDRESS_ENV}), or ask an admin to add it to {RAY_ADDRESSES_ENV} (comma-separated) "
+            "in the server's environment")
 
 
 def _check_model(cfg: TrainConfig, bad) -> None:

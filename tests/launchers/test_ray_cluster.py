@@ -92,7 +92,8 @@ def test_the_cli_trains_the_bundled_model_as_a_ray_job(cluster, tmp_path):
     env = {"FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_SHARED_STORAGE": str(tmp_path), "RAY_ADDRESS": cluster,
            "FINETUNE_STUDIO_FORCE_CPU": "1", "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE), "OMP_NUM_THREADS": "1",
            "FINETUNE_STUDIO_ALLOWED_ROOTS": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
-           "FINETUNE_STUDIO_PASSWORD": SERVER_SECRET}  # the dashboard's own secret: never for a worker
+           "FINETUNE_STUDIO_PASSWORD": SERVER_SECRET,  # the dashboard's own secret: never for a worker
+           "HF_TOKEN": SERVER_SECRET}  # the CLI's token: not copied into a Ray run (which would refuse it)
     result = subprocess.run([sys.executable, "-m", "trainer_core", "run", "--config", str(config)],
                             capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

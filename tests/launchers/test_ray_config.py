@@ -29,7 +29,8 @@ def ray_errors(cfg: TrainConfig) -> list[FieldError]:
                                                      "num_processes", "hf_token", "wandb_token")]
 
 
-def test_a_ray_run_with_a_cluster_and_shared_storage_validates(shared):
+def test_a_ray_run_with_a_cluster_and_shared_storage_validates(shared, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", "http://other:8265")  # another cluster a run may name
     assert ray_errors(TrainConfig(launcher="ray", num_processes=2)) == []
     assert ray_errors(TrainConfig(launcher="ray", ray_address="http://other:8265", ray_gpus_per_worker=1)) == []
 
@@ -52,6 +53,7 @@ def test_every_missing_piece_of_a_ray_run_is_named_with_its_fix(home, monkeypatc
 
 def test_a_server_without_shared_storage_refuses_ray_runs_before_recording_them(home, store, monkeypatch):
     monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
     cfg = TrainConfig(launcher="ray", ray_address="http://head:8265")
     assert cfg.validate() == []  # the fields are fine: it is this server that lacks the setting
     problem = FieldError("launcher", "launcher: ray: run folders must be on storage every node of the Ray cluster "

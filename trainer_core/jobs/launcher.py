@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer_core import access, parallel
-from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig
+from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem
 from trainer_core.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher
 from trainer_core.launchers import ray as ray_jobs
@@ -47,21 +47,26 @@ class WorkerLauncher(LocalLauncher):
 
 
 class PlacingLauncher(Launcher):
-    """Where each job runs: a Ray job on the cluster when its config says ``launcher: ray`` (its ``ray_address``,
-    else the server's RAY_ADDRESS), on this host otherwise. A run started on Ray is found again by the Ray job
-    recorded in its folder."""
+    """Where each job runs: a Ray job on the cluster when its config says ``launcher: ray`` (the server's
+    RAY_ADDRESS, or a ``ray_address`` the server allows), on this host otherwise. A run started on Ray is found
+    again by the Ray job recorded in its folder."""
 
     def __init__(self, local: Launcher | None = None):
         self.local = local or WorkerLauncher()
 
     def start(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> JobHandle:
         if on_ray(cfg):
-            address = cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV, "")
+            # Checked again here, not only at validation: a queued run starts later, and the dashboard must
+            # never send requests to a host a run chose (server-side request forgery).
+            problem = ray_address_problem(cfg.ray_address)
+            if problem:
+                raise OSError(f"ray_address: {problem}")
+            address = cfg.ray_address.strip() or os.environ.get(RAY_ADDRESS_ENV, "")
             return ray_jobs.RayLauncher(address).start(run_dir, cfg)
         return self.local.start(run_dir, cfg)
 
     def adopt(self, run: RunRecord) -> JobHandle:
-        if (paths.run_dir(run.id) / ray_jobs.JOB_FILE).is_file():
+        if (paths.run_dir(run.id) / ray_jobs.JOB_FILE).is_file():  # the launcher re-checks the address it records
             return ray_jobs.RayLauncher(os.environ.get(RAY_ADDRESS_ENV, "")).adopt(run)
         return self.local.adopt(run)
 

@@ -4,16 +4,20 @@ several processes runs Ray Train's ``TorchTrainer`` inside it (trainer_core/work
 The run folder lives on storage every node mounts (``FINETUNE_STUDIO_SHARED_STORAGE``), so the pump, the control
 file (Stop & save, Cancel) and ``db rebuild`` work as for a local run. The Ray job id is a function of the run id
 and is also written into the run folder (``ray_job.json``, with the cluster's address), which is what ``adopt``
-reads: the database stays a cache of the run folders. Liveness is Ray's job status.
+reads: the database stays a cache of the run folders. Liveness is Ray's job status. The dashboard only ever
+talks to a cluster the server allows (its RAY_ADDRESS or FINETUNE_STUDIO_RAY_ADDRESSES: config
+``ray_address_problem``), whatever a run or its folder says.
 
 Secrets never enter the job: Ray keeps a job's entrypoint, metadata and runtime_env in its job table, which
-anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it,
-and config validation refuses a Ray run that was given one (trainer_core/config.py ``_check_ray``).
+anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it
+(proxy URLs without their user and password), and config validation refuses a Ray run that was given one
+(trainer_core/config.py ``_check_ray``).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_core import access
-from trainer_core.config import SHARED_STORAGE_ENV
+from trainer_core.config import SHARED_STORAGE_ENV, ray_address_problem
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.parallel import NPROC_ENV
 from trainer_core.protocol import paths
@@ -46,6 +50,10 @@ UNREACHABLE_S = 60.0  # a cluster that does not answer for this long ends the ru
 HOST_ONLY = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV",
                        "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
                        "PYTHONPATH", "PYTHONHOME", "TERM"})
+PROXY_ENV = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY"})  # upper or lower case
+# Ray's Jobs client raises RuntimeError(f"Request failed with status code {code}: {text}.") for an HTTP error answer
+# (ray/dashboard/modules/dashboard_sdk.py ``_raise_error``), with no status attribute: the code is read from there.
+NOT_FOUND = re.compile(r"Request failed with status code 404: ")
 
 
 def submission_id(run_id: str) -> str:
@@ -105,7 +113,7 @@ class RayHandle(JobHandle):
         return JobState(False, f"ended on the Ray cluster as {info.status.value}" + (f": {message}" if message else ""))
 
     def _unreachable(self, exc: Exception) -> JobState:
-        if "does not exist" in str(exc) or "404" in str(exc):
+        if job_not_found(exc):
             return JobState(False, f"is not known to the Ray cluster at {self.address} (job {self.job_id})")
         self._unreachable_since = self._unreachable_since or time.monotonic()
         if time.monotonic() - self._unreachable_since < UNREACHABLE_S:
@@ -155,8 +163,11 @@ class RayLauncher(Launcher):
         return RayHandle(self.address, job_id, started_here=True)
 
     def adopt(self, run: RunRecord) -> RayHandle:
-        recorded = read_job(paths.run_dir(run.id))
-        return RayHandle(recorded.get("address", self.address), recorded.get("job_id", submission_id(run.id)))
+        # The run folder is only a record: its address is followed when the server still allows it (a run sent
+        # to an allow-listed cluster), else this launcher's own; the job id is always the run's own.
+        recorded = str(read_job(paths.run_dir(run.id)).get("address", ""))
+        address = recorded if recorded.strip() and not ray_address_problem(recorded) else self.address
+        return RayHandle(address, submission_id(run.id))
 
     def environment(self, run_dir: Path, processes: int, gpus: float) -> dict[str, str]:
         """The job's environment: the allow-list of a local worker without this host's own paths, and never a
@@ -172,7 +183,25 @@ class RayLauncher(Launcher):
         # reads SIGTERM as Cancel and needs to finish its step and write its last events first.
         env[STOP_WAIT_ENV] = str(STOP_WAIT_S)
         env.pop(PYTHON_ENV, None)
-        return env
+        return {name: without_userinfo(name, value) for name, value in env.items()}
+
+
+def without_userinfo(name: str, value: str) -> str:
+    """``value`` without the user and password of a URL (http://user:pass@proxy:3128 -> http://proxy:3128): a
+    local worker may use them, a Ray job's environment is public. A proxy variable may lack a scheme or hold an
+    unescaped '/' in its password, so all before its last '@' goes; another value is cut as a URL (RFC 3986)."""
+    scheme, sep, rest = value.partition("://")
+    if name.upper() in PROXY_ENV:
+        return (scheme + sep + rest.rsplit("@", 1)[-1]) if sep else value.rsplit("@", 1)[-1]
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return value
+    return scheme + sep + authority.rsplit("@", 1)[-1] + slash + path
+
+
+def job_not_found(exc: Exception) -> bool:
+    """Whether Ray answered that the job does not exist (HTTP 404), not any failure that mentions 404."""
+    return isinstance(exc, RuntimeError) and NOT_FOUND.match(str(exc)) is not None
 
 
 def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:
