@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from trainer_core import checkpoints
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
+from trainer_core.methods.base import OUTPUT_USES
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, read_kind
 
@@ -111,6 +112,23 @@ class ResolvedSource:
             return slug(self.base_model.removeprefix("bundled:").rsplit("/", 1)[-1]) or "base"
         name = slug(self.run_name) or self.source.run_id
         return name + (f"-step{self.source.checkpoint}" if self.source.checkpoint is not None else "")
+
+
+    @property
+    def output(self) -> str:
+        """What the model is (MethodSpec.output): "text" for a base model and for runs of methods that write
+        answers; "reward", "embedding" or "speech" otherwise."""
+        return self.config.method_spec.output if self.config is not None else "text"
+
+    def not_a_writer(self, doing: str) -> str | None:
+        """Why this source cannot be ``doing`` ("served", "evaluated by its answers", "merged for export"): None
+        for a model that writes answers. Serving, the Playground, generation metrics and GGUF all need one."""
+        if self.output == "text":
+            return None
+        use = OUTPUT_USES.get(self.output, "it does not write answers")
+        where = f" (its weights: {self.weights_dir})" if self.weights_dir is not None else ""
+        return (f"{self.label} was trained with {self.config.method_label if self.config else 'its method'}, so it "
+                f"cannot be {doing}: {use}{where}")
 
 
 def slug(text: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from db.entities import RunRecord
-from trainer_core import jobspec, promptsets
+from trainer_core import jobspec, methods, promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
 from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
@@ -34,8 +34,17 @@ STREAMING, DONE, STOPPED, INTERRUPTED, FAILED, SKIPPED = \
 
 # ====================================================================== sources
 def offered_runs(runs: list[RunRecord]) -> list[RunRecord]:
-    """Training runs that ended completed or stopped: the ones that can have a final model or checkpoints."""
-    return [r for r in runs if r.kind is JobKind.TRAIN and r.status in OFFERED]
+    """Training runs that ended completed or stopped (the ones that can have a final model or checkpoints) and
+    whose model writes answers: a reward, embedding or speech model cannot chat (MethodSpec.output)."""
+    return [r for r in runs if r.kind is JobKind.TRAIN and r.status in OFFERED and writes_answers(r)]
+
+
+def writes_answers(run: RunRecord) -> bool:
+    try:
+        method = json.loads(run.config_json or "{}").get("method") or "sft"
+        return methods.get(method).output == "text"
+    except (ValueError, AttributeError, KeyError):
+        return False  # a config the registry does not know: nothing to chat with
 
 
 def versions(run_id: str) -> list[int | None]:

@@ -10,7 +10,7 @@ from typing import ClassVar
 from trainer_core import promptsets
 from trainer_core.config import FieldError
 from trainer_core.export import tools
-from trainer_core.jobspec import JobSpec, register
+from trainer_core.jobspec import JobSpec, SourceError, register, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 
@@ -85,6 +85,17 @@ class ExportSpec(JobSpec):
     def output_dir(self, job_dir: Path) -> Path:
         return paths.resolve_inside(self.out_dir, export_folders()) if self.out_dir else job_dir / "artifacts"
 
+    def _writer_problem(self) -> str | None:
+        try:
+            resolved = resolve(self.source)
+        except SourceError:
+            return None  # the base class names the missing source
+        problem = resolved.not_a_writer("merged into a model that writes answers")
+        if problem is None:
+            return None
+        return problem + ("; export the adapter instead" if resolved.adapter_dir is not None else
+                          "; a full fine-tune's weights folder is the whole model: copy it as it is")
+
     def admin_only(self) -> list[str]:
         if self.push_update_any is True:
             return ["push_update_any: only an admin may update a hub repo this studio did not create; push to a "
@@ -113,6 +124,10 @@ class ExportSpec(JobSpec):
                 bad("targets", f"unknown target {str(unknown[0])[:20]!r}: choose from {', '.join(TARGETS)}")
             if len(set(self.targets)) != len(self.targets):
                 bad("targets", "each target once")
+            needs_writer = [t for t in self.targets if t in ("merged", "gguf")]
+            problem = self._writer_problem() if needs_writer else None
+            if problem:  # merged and GGUF exports load the model as one that writes answers, and verify by them
+                bad("targets", f"{' and '.join(needs_writer)}: {problem}")
         if "gguf" in (self.targets or []):
             self._validate_gguf(bad)
         if self.merged_dtype not in MERGED_DTYPES:

@@ -46,6 +46,17 @@ class MetricSpec:
     chart: bool = True
 
 
+# What a run of a method that does not write answers can be used for instead (see MethodSpec.output).
+OUTPUT_USES = {
+    "reward": "it scores answers and does not write them: use it as a GRPO run's reward model "
+              "(grpo.rewards: [{reward_model: <this run>}])",
+    "embedding": "it turns text into vectors and does not write answers: load its weights folder with "
+                 "sentence-transformers (SentenceTransformer(folder)) for search and RAG",
+    "speech": "it transcribes audio and does not write chat answers: load its weights folder with transformers' "
+              "WhisperForConditionalGeneration and WhisperProcessor",
+}
+
+
 # The metrics every transformers.Trainer-based method logs (the generic progress callback reports them).
 TRAINER_METRICS = (
     MetricSpec("loss", "Train loss", axis="loss", tile=True),
@@ -114,6 +125,11 @@ class MethodSpec:
     # The metric specs of a run from its stored config (a dict: GRPO's per-reward keys depend on the reward
     # names); None: ``metric_specs``.
     metrics_for: Callable[[dict], tuple[MetricSpec, ...]] | None = None
+
+    # What the trained model is, and so what the studio can do with it after training: "text" writes answers
+    # (Playground, serve, eval by generation, merged and GGUF export); "reward" scores answers (a GRPO run's
+    # reward model); "embedding" turns text into vectors; "speech" writes transcripts of audio.
+    output: str = "text"
 
     def activation_factor_of(self, cfg: Any) -> float:
         return self.activations(cfg) if self.activations is not None else self.activation_factor

@@ -106,6 +106,7 @@ SPEC = MethodSpec(
     activation_factor=2.0,  # two (three with a negative) texts encoded per row
     metric_specs=METRICS,
     adapters=("lora", "full"),
+    output="embedding",
     loads_own_model=True,  # a SentenceTransformer (worker half load_model), not the engine's causal LM
     settings=EmbeddingSettings,  # the YAML section ``embedding:``
     model_class="sentence_embedding",  # an encoder with pooling: no language-model head (memory estimate)

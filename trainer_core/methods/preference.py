@@ -93,6 +93,7 @@ REWARD = MethodSpec(
     help="Trains a sequence classifier to score chosen answers above rejected ones (Bradley-Terry): the "
          "result can be a GRPO run's reward model.",
     data_shapes=("pairs",), data_fix=PAIRS_FIX, validate=_validator("reward"), settings=RewardSettings,
+    output="reward",
     model_class="sequence_classification", activation_factor=2.0,
     metric_specs=TRAINER_METRICS[:4] + (
         MetricSpec("accuracy", "Pair accuracy", axis="share of pairs", format=".1%", tile=True),

@@ -66,6 +66,7 @@ SPEC = MethodSpec(
     adapters=("lora", "full"),
     loads_own_model=True,  # WhisperForConditionalGeneration + WhisperProcessor (worker half load_model)
     settings=SttSettings,  # the YAML section ``stt:``
+    output="speech",
     model_class="speech_seq2seq",
     preview_fields=("stt",),
 )

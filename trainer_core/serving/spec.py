@@ -194,6 +194,10 @@ class ServeSpec(JobSpec):
             except SourceError as exc:
                 if i > 0:  # sources[0] is ``source``: the base class reported it
                     errors.append(FieldError(exc.field, str(exc)))
+                continue
+            problem = resolved[-1].not_a_writer("served")  # the server answers chat and completion requests
+            if problem:
+                errors.append(FieldError("source" if i == 0 else f"sources[{i}]", problem))
         problem = host_problem(self.host)
         if problem:
             errors.append(FieldError("host", problem))

@@ -1,0 +1,90 @@
+"""What a run's model is decides what the studio offers after training (MethodSpec.output): a reward model scores
+answers, an embedding model makes vectors, a Whisper model transcribes. None of them writes chat answers, so the
+Playground does not list them, and serving or a merged/GGUF export (which load a model that writes answers and
+verify it by its answers) is refused before start, naming what the model is for. Before, these jobs started and
+failed late in the worker, or (a reward run's LoRA merged into a causal LM) produced a model without its score
+head."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from db.entities import RunRecord
+from trainer_core import methods
+from trainer_core.config import BUNDLED_MODEL, TrainConfig
+from trainer_core.export.spec import ExportSpec
+from trainer_core.jobspec import ModelSource, resolve
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.serving.spec import ServeSpec
+from ui.playground import offered_runs
+
+RUNS = {"dpo": "20260105-000000-0d0d0d", "grpo": "20260105-000000-06a06a", "reward": "20260105-000000-4e4e4e",
+        "embedding": "20260105-000000-e3e3e3", "stt": "20260105-000000-5a5a5a"}
+
+
+def write_run(run_id: str, method: str) -> TrainConfig:
+    cfg = TrainConfig(model_name=BUNDLED_MODEL, run_name=f"my {method}", method=method,
+                      adapter="full" if method == "stt" else "lora")
+    folder = paths.run_dir(run_id)
+    weights = folder / ("adapter" if cfg.effective_use_lora else "model")
+    weights.mkdir(parents=True)
+    (weights / ("adapter_config.json" if cfg.effective_use_lora else "config.json")).write_text("{}")
+    (folder / "config.yaml").write_text(cfg.to_yaml())
+    return cfg
+
+
+@pytest.fixture
+def runs(home):
+    return {method: write_run(run_id, method) for method, run_id in RUNS.items()}
+
+
+def test_every_registered_method_says_what_its_model_is():
+    outputs = {name: spec.output for name, spec in methods.METHODS.items()}
+    assert set(outputs.values()) <= {"text", "reward", "embedding", "speech"}
+    assert (outputs["sft"], outputs["dpo"], outputs["grpo"], outputs["reward"], outputs["embedding"],
+            outputs["stt"]) == ("text", "text", "text", "reward", "embedding", "speech")
+
+
+@pytest.mark.parametrize("method, words", [
+    ("reward", ("Reward model (from pairs)", "scores answers", "GRPO run's reward model")),
+    ("embedding", ("Embedding model", "vectors", "SentenceTransformer(folder)")),
+    ("stt", ("Speech-to-text", "transcribes audio", "WhisperForConditionalGeneration"))])
+def test_a_model_that_does_not_write_answers_is_not_served_nor_exported_merged(runs, method, words):
+    source = ModelSource(run_id=RUNS[method])
+    problems = [e for e in ServeSpec(source=source, sources=[source], api_key_hash="0" * 64).validate()
+                if e.field == "source"]
+    assert len(problems) == 1, problems
+    message = problems[0].message
+    assert message.startswith(f"my {method} · final was trained with ") and "cannot be served" in message
+    assert all(w in message for w in words), message
+    assert str(resolve(source).weights_dir) in message  # where the model is, for the use that fits it
+
+    exported = [e for e in ExportSpec(source=source, targets=["merged", "gguf"]).validate() if e.field == "targets"]
+    assert [e.message.split(":")[0] for e in exported] == ["merged and gguf"]
+    fix = "copy it as it is" if method == "stt" else "export the adapter instead"  # stt here is a full fine-tune
+    assert exported[0].message.endswith(fix), exported[0].message
+    assert not [e for e in ExportSpec(source=source, targets=["adapter"]).validate() if e.field == "targets"]
+
+
+def test_a_model_that_writes_answers_is_served_from_any_method(runs):
+    for method in ("dpo", "grpo"):
+        source = ModelSource(run_id=RUNS[method])
+        serve_fields = {e.field for e in ServeSpec(source=source, sources=[source], api_key_hash="0" * 64).validate()}
+        assert "source" not in serve_fields and not any(f.startswith("sources") for f in serve_fields)
+        assert not [e for e in ExportSpec(source=source, targets=["merged"]).validate() if e.field == "targets"]
+
+
+def test_a_second_source_that_cannot_chat_is_named_by_its_position(runs):
+    first, second = ModelSource(run_id=RUNS["dpo"]), ModelSource(run_id=RUNS["reward"])
+    problems = {e.field for e in ServeSpec(source=first, sources=[first, second], api_key_hash="0" * 64).validate()}
+    assert "sources[1]" in problems and "source" not in problems
+
+
+def test_the_playground_lists_only_runs_whose_model_writes_answers(runs):
+    records = [RunRecord(id=run_id, name=f"my {method}", status=RunStatus.COMPLETED, kind=JobKind.TRAIN,
+                         created_at=time.time(), config_json=json.dumps(runs[method].to_public_dict()))
+               for method, run_id in RUNS.items()]
+    assert [r.name for r in offered_runs(records)] == ["my dpo", "my grpo"]
