@@ -29,16 +29,26 @@ from ui.text import code, safe
 METRIC_LABELS = {"exact": ("Exact match", True), "rouge_l": ("ROUGE-L", True), "bleu": ("BLEU", True),
                  "loss": ("Loss", False), "perplexity": ("Perplexity", False), "judge": ("Judge (1-10)", True),
                  "preference_accuracy": ("Preference accuracy", True), "preference_margin": ("Preference margin", True),
-                 "reward": ("Reward (weighted total)", True)}
+                 "reward": ("Reward (weighted total)", True),
+                 # retrieval (an embedding model): sentence-transformers' InformationRetrievalEvaluator, 0-1
+                 "ndcg@10": ("NDCG@10", True), "mrr@10": ("MRR@10", True), "recall@1": ("Recall@1", True),
+                 "recall@10": ("Recall@10", True), "accuracy@1": ("Accuracy@1", True)}
 REWARD_PREFIX = "reward/"  # one metric per reward function of the GRPO run: reward/<name>
 METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answer the model prefers: a LoRA run by "
                                       "its implicit reward (log-prob minus the base's, adapter disabled), a model "
                                       "without a reference (the base) by its plain log-prob margin",
                "preference_margin": "Mean of reward(chosen) - reward(rejected), in nats",
-               "reward": "Mean weighted total of the GRPO run's rewards on the model's greedy answers"}
+               "reward": "Mean weighted total of the GRPO run's rewards on the model's greedy answers",
+               "ndcg@10": "Normalized discounted cumulative gain of the top 10 passages, averaged over the queries",
+               "mrr@10": "Mean of 1/rank of the first relevant passage (0 when it is not in the top 10)",
+               "recall@1": "Share of each query's relevant passages found at rank 1, averaged over the queries",
+               "recall@10": "Share of each query's relevant passages found in the top 10, averaged over the queries",
+               "accuracy@1": "Share of queries whose top hit is relevant"}
 SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss",
-            "margin": "Preference margin", "reward": "Reward"}
-PER_SAMPLE = ("preference_accuracy", "reward")  # metrics whose per-sample scores are in predictions.jsonl only
+            "margin": "Preference margin", "reward": "Reward", "rank": "Rank of the relevant passage"}
+LOWER_IS_BETTER = ("loss", "rank")
+# metrics whose per-sample scores are in predictions.jsonl only (retrieval: each query's rank and top hits)
+PER_SAMPLE = ("preference_accuracy", "reward", "ndcg@10")
 K = "evaltab_"
 
 
@@ -65,16 +75,19 @@ def metric_rows(metrics: dict, baseline: dict | None) -> list[dict[str, Any]]:
 
 
 def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Samples sorted so the worst come first: lowest score, or highest loss; unscored ones last."""
+    """Samples sorted so the worst come first: lowest score, or highest loss or rank; unscored ones last, except
+    a query whose relevant passage has no rank (not in the top 100): the worst of all."""
     if samples.empty or by not in samples:
         return samples
-    higher_is_better = by != "loss"
-    return samples.sort_values(by, ascending=higher_is_better, na_position="last", kind="stable")
+    higher_is_better = by not in LOWER_IS_BETTER
+    return samples.sort_values(by, ascending=higher_is_better, na_position="first" if by == "rank" else "last",
+                               kind="stable")
 
 
 def headline(metrics: dict | None) -> str:
-    """History's short text for an eval: its ROUGE-L, else exact match, BLEU, judge, preference accuracy or reward."""
-    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward"):
+    """History's short text for an eval: its ROUGE-L, else exact match, BLEU, judge, preference accuracy, reward or
+    NDCG@10 (retrieval)."""
+    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward", "ndcg@10"):
         if metrics and _number(metrics.get(key)) is not None:
             return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
     return ""
@@ -215,11 +228,14 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     by = st.selectbox("Sort by (worst first)", choices, format_func=SORTABLE.get, key=f"{K}sort_{key}") \
         if choices else None
     shown = worst_first(samples, by) if by else samples
-    columns = [c for c in ("index", "rouge_l", "bleu", "exact", "judge", "loss", "preferred", "margin", "reward",
-                           "prompt", "reference", "answer")
+    columns = [c for c in ("index", "rank", "rouge_l", "bleu", "exact", "judge", "loss", "preferred", "margin",
+                           "reward", "prompt", "reference", "answer")
                if c in shown and (c not in SORTABLE and c != "preferred" or shown[c].notna().any())]
+    retrieved = "rank" in shown  # an embedding model's rows: a query, its relevant passage, the top hit
     st.dataframe(shown[columns], hide_index=True, column_config={
         "index": st.column_config.NumberColumn("#"),
+        "rank": st.column_config.NumberColumn("Rank", format="%d", help="Where the first relevant passage ranked "
+                                                                       "(1: the top hit; empty: not in the top 100)"),
         "rouge_l": st.column_config.NumberColumn("ROUGE-L", format="%.3f"),
         "bleu": st.column_config.NumberColumn("BLEU", format="%.1f"),
         "exact": st.column_config.NumberColumn("Exact", format="%.0f"),
@@ -228,18 +244,18 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
         "preferred": st.column_config.NumberColumn("Prefers chosen", format="%.0f"),
         "margin": st.column_config.NumberColumn("Margin", format="%.3f"),
         "reward": st.column_config.NumberColumn("Reward", format="%.3f"),
-        "prompt": st.column_config.TextColumn("Prompt", width="medium"),
-        "reference": st.column_config.TextColumn("Reference", width="medium"),
-        "answer": st.column_config.TextColumn("Answer", width="medium"),
+        "prompt": st.column_config.TextColumn("Query" if retrieved else "Prompt", width="medium"),
+        "reference": st.column_config.TextColumn("Relevant passage" if retrieved else "Reference", width="medium"),
+        "answer": st.column_config.TextColumn("Top hit" if retrieved else "Answer", width="medium"),
     })
     indices = list(shown["index"])
-    pick = st.selectbox("Reference vs answer", indices, key=f"{K}detail_{key}",
-                        format_func=lambda i: f"sample {i}")
+    pick = st.selectbox("Relevant passage vs top hit" if retrieved else "Reference vs answer", indices,
+                        key=f"{K}detail_{key}", format_func=lambda i: f"{'query' if retrieved else 'sample'} {i}")
     row = shown[shown["index"] == pick].iloc[0]
-    st.markdown("**Prompt**  \n" + safe(row["prompt"], 4000))
+    st.markdown(f"**{'Query' if retrieved else 'Prompt'}**  \n" + safe(row["prompt"], 4000))
     ref_col, ans_col = st.columns(2)
-    ref_col.markdown("**Reference**  \n" + safe(row["reference"], 4000))
-    ans_col.markdown("**Answer**  \n" + safe(row["answer"], 4000))
+    ref_col.markdown(f"**{'Relevant passage' if retrieved else 'Reference'}**  \n" + safe(row["reference"], 4000))
+    ans_col.markdown(f"**{'Top hit' if retrieved else 'Answer'}**  \n" + safe(row["answer"], 4000))
 
 
 # ---------------------------------------------------------------------- starting one
@@ -256,14 +272,18 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                          help="Any training format: alpaca (instruction/output), chatml messages or sharegpt; the "
                               "last assistant reply is the reference answer")
     elif data_kind == "path":
-        st.text_input("Path to a test file", key=K + "path")
+        st.text_input("Path to a test file (retrieval: or a BEIR-like folder)", key=K + "path")
     elif data_kind == "hub":
         hub_col, split_col = st.columns([3, 1])
         hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")
         split_col.text_input("Split", value="test", key=K + "hub_split")
-    metrics = st.multiselect("Metrics", list(METRICS), default=DEFAULT_METRICS, key=K + "metrics",
+    embedding = _method(run.id) == "embedding"
+    metrics = st.multiselect("Metrics", list(METRICS), default=["retrieval"] if embedding else DEFAULT_METRICS,
+                             key=K + "metrics",
                              help="preference_accuracy: test data of preference pairs (prompt/chosen/rejected); "
-                                  "reward: a GRPO run's reward functions on the answers to the test prompts")
+                                  "reward: a GRPO run's reward functions on the answers to the test prompts; "
+                                  "retrieval (an embedding run, alone): a BEIR-like folder (corpus.jsonl, "
+                                  "queries.jsonl, qrels) or a file of anchor/positive pairs")
     a, b, c = st.columns(3)
     max_samples = a.number_input("Max samples (0: all)", min_value=0, value=200, step=10, key=K + "max_samples")
     max_new = b.number_input("Max new tokens", min_value=1, max_value=4096, value=128, key=K + "max_new")
@@ -294,6 +314,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                         lm_eval_tasks=[t.strip() for t in tasks.split(",") if t.strip()],
                         hub_split=st.session_state.get(K + "hub_split", "test") or "test",
                         baseline=bool(baseline) and which != "base",
+                        batch_size=32 if "retrieval" in metrics else EvalSpec.batch_size,  # texts encoded together
                         reward_run=run.id if "reward" in metrics else "")  # the base model scored with its rewards
         job_id, baseline_id = orch.start_eval(spec, actor=actor)
     except ConfigError as exc:
@@ -304,6 +325,13 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         return
     st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
                icon="🧪")
+
+
+def _method(run_id: str) -> str:
+    try:
+        return jobspec.run_config(run_id).method
+    except jobspec.SourceError:
+        return ""
 
 
 def _data_value(kind: str, run_id: str) -> tuple[str, str]:

@@ -12,11 +12,13 @@ from typing import Callable
 
 from trainer_core import jobspec
 from trainer_core.config import ConfigError
+from trainer_core.evaluation import retrieval
 from trainer_core.evaluation.spec import DEFAULT_METRICS, EvalSpec
 from trainer_core.protocol.status import JobKind, RunStatus
 
 EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
-SHOWN = ("exact", "rouge_l", "bleu", "loss", "perplexity", "judge")
+SHOWN = ("exact", "rouge_l", "bleu", "loss", "perplexity", "judge", *retrieval.RESULT_KEYS)
+RETRIEVAL_BATCH = 32  # texts encoded together for retrieval, unless --batch-size says otherwise
 
 
 def add_parser(sub, find: Callable, actor_of: Callable) -> None:
@@ -28,11 +30,16 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
     which.add_argument("--checkpoint", type=int, metavar="STEP", help="evaluate checkpoint-STEP instead of the final model")
     which.add_argument("--base", action="store_true", help="evaluate the run's base model")
     parser.add_argument("--data", default="", help="test file (.jsonl/.json/.csv/.parquet, any training format), "
-                                                  "eval_split:<run id>, or hub:<dataset id>")
+                                                  "eval_split:<run id>, or hub:<dataset id>; for retrieval a "
+                                                  "BEIR-like folder or a file of anchor/positive pairs")
     parser.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
-                        help="comma-separated: exact, rouge, bleu, perplexity, judge (default: %(default)s)")
+                        help="comma-separated: exact, rouge, bleu, perplexity, judge, preference_accuracy, reward; "
+                             "retrieval alone for an embedding run (default: %(default)s)")
     parser.add_argument("--max-samples", type=int, default=200, help="test rows evaluated, 0 for all (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"prompts generated together (default 4), texts encoded together for retrieval "
+                             f"(default {RETRIEVAL_BATCH})")
     parser.add_argument("--lm-eval", action="append", default=[], metavar="TASK",
                         help="an lm-evaluation-harness task name or local task YAML (repeatable)")
     parser.add_argument("--no-baseline", action="store_true", help="do not evaluate the base model for comparison")
@@ -55,7 +62,9 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
             return 2
         try:
             source = _source(run.id, args)
-            spec = EvalSpec(source=source, data=args.data, metrics=[m.strip() for m in args.metrics.split(",") if m.strip()],
+            metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+            batch = args.batch_size or (RETRIEVAL_BATCH if retrieval.METRIC in metrics else EvalSpec.batch_size)
+            spec = EvalSpec(source=source, data=args.data, metrics=metrics, batch_size=batch,
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
                             baseline=not (args.no_baseline or args.base),
                             # `--base --metrics reward`: the base model scored with RUN's rewards

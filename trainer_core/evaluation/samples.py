@@ -34,6 +34,7 @@ HUB_PREFIX = "hub:"  # data "hub:<dataset id>": a split of a Hugging Face hub da
 NO_REFERENCE = "no assistant reply after a prompt (nothing to compare an answer with)"
 PAIRS_METRIC = "preference_accuracy"  # needs preference pairs
 REWARD_METRIC = "reward"  # scores generated answers with a GRPO run's reward functions
+RETRIEVAL_METRIC = "retrieval"  # an embedding model's retrieval scores (evaluation/retrieval.py), alone
 REFERENCE_METRICS = ("exact", "rouge", "bleu", "perplexity", "judge")  # compare with a reference answer
 GENERATION_METRICS = ("exact", "rouge", "bleu", "judge", "reward")  # score the model's own answers
 SHAPE_METHOD = {"pairs": "dpo", "prompts": "grpo"}  # the method whose loader reads that shape
@@ -245,7 +246,10 @@ def fingerprint(spec: "EvalSpec") -> str:
     """A hash of the test data: file bytes for a file (the training fingerprint), the run's training data
     fingerprint and split settings for an eval split, the id/subset/split for a hub dataset."""
     from trainer_core import jobspec
+    from trainer_core.evaluation import retrieval
 
+    if retrieval.wanted(spec):  # the retrieval set itself, however it was given
+        return retrieval.fingerprint(spec)
     if data_kind(spec.data) == "eval_split":
         run_id = split_run(spec.data)
         try:
@@ -269,6 +273,9 @@ SCORED_FIELDS = ("format_type", "custom_format_mapping", "system_prompt", "metri
 def settings_hash(spec: "EvalSpec") -> str:
     values = {name: getattr(spec, name) for name in SCORED_FIELDS}
     values["metrics"] = sorted(values["metrics"])
+    if RETRIEVAL_METRIC in spec.metrics:  # an embedding model's prompts and text length change its scores
+        values.update(query_prompt=spec.query_prompt, document_prompt=spec.document_prompt,
+                      max_seq_length=spec.max_seq_length)
     if REWARD_METRIC in spec.metrics:  # the rewards that score, not the run that holds them: runs may share a baseline
         values["rewards"] = reward_identity(spec.reward_run or spec.source.run_id or "")
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:24]

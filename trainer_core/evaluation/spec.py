@@ -11,6 +11,7 @@ from trainer_core import jobspec
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
+from trainer_core.evaluation import retrieval
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
 from trainer_core.methods import grpo
@@ -20,8 +21,9 @@ from trainer_core.rewards import spec as reward_spec
 
 # preference_accuracy: on preference pairs, how often the model's implicit reward (a LoRA run: its log-prob minus
 # the base's, the adapter disabled) prefers the chosen answer; the base model has no reference, so its plain
-# log-prob margin decides. reward: a GRPO run's reward functions on the model's answers (docs/evaluation.md).
-METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward")
+# log-prob margin decides. reward: a GRPO run's reward functions on the model's answers. retrieval: an embedding
+# model's InformationRetrievalEvaluator scores on a BEIR-like folder or a pairs file (docs/evaluation.md).
+METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "retrieval")
 DEFAULT_METRICS = ["exact", "rouge", "bleu", "perplexity"]
 DEFAULT_RUBRIC = (
     "You are grading an assistant's answer against a reference answer.\n\n"
@@ -72,6 +74,11 @@ class EvalSpec(JobSpec):
     # Metric "reward": the GRPO run whose grpo.rewards score the answers (its own copies of Python reward files);
     # empty: the source run. A baseline keeps it, so the base model is scored with the same rewards.
     reward_run: str = ""
+    # Metric "retrieval" (an embedding model): text put before every query / passage, and the tokens each text is
+    # cut at (0: the model's own maximum). An eval of an embedding run takes its run's; its baseline keeps them.
+    query_prompt: str = ""
+    document_prompt: str = ""
+    max_seq_length: int = 0
 
     @property
     def dataset_label(self) -> str:
@@ -106,7 +113,8 @@ class EvalSpec(JobSpec):
 
     def validate(self) -> list[FieldError]:
         text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",
-                       "judge_model", "judge_key_env", "judge_rubric", "reward_run")
+                       "judge_model", "judge_key_env", "judge_rubric", "reward_run", "query_prompt",
+                       "document_prompt")
         wrong = [FieldError(n, "text") for n in text_fields if not isinstance(getattr(self, n), str)]
         if not isinstance(self.lm_eval_tasks, list) or not all(isinstance(t, str) for t in self.lm_eval_tasks):
             wrong.append(FieldError("lm_eval_tasks", "a list of task names or local task YAML paths"))
@@ -168,6 +176,10 @@ class EvalSpec(JobSpec):
             errors.extend(self._judge_errors())
         if isinstance(self.metrics, list) and eval_samples.REWARD_METRIC in self.metrics:
             errors.extend(self._reward_errors())
+        if _int(self.max_seq_length) is None or self.max_seq_length < 0:
+            bad("max_seq_length", "tokens per text for retrieval, 0 for the model's own maximum")
+        if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):
+            errors.extend(retrieval.source_errors(self))
         if not isinstance(self.lm_eval_tasks, list):
             bad("lm_eval_tasks", "a list of task names or local task YAML paths")
         else:
@@ -219,6 +231,12 @@ class EvalSpec(JobSpec):
     def _data_errors(self) -> list[FieldError]:
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
         kind = eval_samples.data_kind(self.data)
+        if retrieval.wanted(self):
+            try:
+                retrieval.load_set(self)
+            except DatasetError as exc:
+                return [FieldError(exc.field, exc.message)]
+            return []
         if kind == "hub":
             problem = eval_samples.hub_problem(self.data)
             return [FieldError("data", problem)] if problem else []

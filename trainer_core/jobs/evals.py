@@ -15,6 +15,7 @@ from trainer_core import access, jobspec
 from trainer_core.config import ConfigError, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
+from trainer_core.evaluation import retrieval
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import queue
@@ -39,6 +40,15 @@ def prepared(spec: EvalSpec) -> EvalSpec:
                           custom_format_mapping=dict(cfg.custom_format_mapping), system_prompt=cfg.system_prompt)
         except jobspec.SourceError:
             pass  # validation names the missing run
+    if not spec.source.is_base and retrieval.wanted(spec):  # an embedding run: its prompts, length and columns
+        try:
+            taken = retrieval.run_settings(spec.source.run_id)
+        except jobspec.SourceError:
+            taken = {}  # validation names the missing run
+        if taken and not spec.custom_format_mapping:
+            values["custom_format_mapping"] = taken["custom_format_mapping"]
+        if taken and (spec.query_prompt, spec.document_prompt, spec.max_seq_length) == ("", "", 0):
+            values.update({k: taken[k] for k in ("query_prompt", "document_prompt", "max_seq_length")})
     if spec.data.strip() and eval_samples.data_kind(spec.data) == "file":
         try:
             values["data"] = str(resolve_source(spec.data.strip(), "data"))

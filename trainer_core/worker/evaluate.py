@@ -7,6 +7,8 @@ format mapping, the prompt/completion split of ``token_cache``), so the loss her
 reports on the same rows. Stop ends between samples and keeps the results so far; Cancel ends without them.
 ``preference_accuracy`` (pairs) and ``reward`` (a GRPO run's rewards on the answers) are worker/eval_metrics.py;
 an eval asking for neither generation nor reward metrics (only preference_accuracy, perplexity) generates nothing.
+``retrieval`` (an embedding model) takes its own short path, ``run_retrieval``: load with sentence-transformers,
+run its InformationRetrievalEvaluator, then a row per query and the result, as the other metrics report them.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 from trainer_core import jobspec
+from trainer_core.evaluation import retrieval
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation import scoring
 from trainer_core.evaluation.judge import Judge, JudgeUnavailable
@@ -59,6 +62,8 @@ class Evaluator(JobWorker):
             assert isinstance(spec, EvalSpec)
             if spec.judge_key_env and os.environ.get(spec.judge_key_env):
                 self.secrets.append(os.environ[spec.judge_key_env])
+            if retrieval.wanted(spec):
+                return self.run_retrieval(spec)
             self.status(RunStatus.STARTING, "reading test data")
             samples, left_out = eval_samples.load_samples(spec) if spec.data.strip() else ([], None)
             if left_out:
@@ -115,6 +120,47 @@ class Evaluator(JobWorker):
             return 1
         finally:
             self.end()
+
+    def run_retrieval(self, spec: EvalSpec) -> int:
+        """An embedding model on a retrieval set: read it, load the model, evaluate (one pass of the evaluator: Stop
+        and Cancel are honoured before it and after it), a row per query, the result."""
+        self.status(RunStatus.STARTING, "reading the retrieval set")
+        ir = retrieval.load_set(spec)
+        fingerprint = retrieval.set_fingerprint(ir)  # the baseline's key (eval_samples.fingerprint's for retrieval)
+        ir = retrieval.capped(ir, spec.max_samples)
+        self.log(f"{len(ir.queries):,} queries against a corpus of {len(ir.corpus):,} passages")
+        self.check_cancel()
+        self.status(RunStatus.STARTING, "loading model")
+        from trainer_core.worker import retrieval_eval  # sentence-transformers, torch: for this metric only
+
+        resolved = jobspec.resolve(spec.source)
+        model = retrieval_eval.load_model(resolved, spec, self.warn, self.log)
+        self.check_cancel()
+        self.status(RunStatus.RUNNING, "encoding queries and corpus")
+        started = time.time()
+        metrics, rows = retrieval_eval.evaluate(model, ir, spec, self.run_dir)
+        self.log(f"{len(rows)} queries scored in {time.time() - started:.1f} s")
+        action = self.requested()
+        if action is control.Action.CANCEL:
+            self.finish(RunStatus.CANCELLED, 0)
+            return 0
+        with Predictions(self.run_dir / PREDICTIONS, self.warn) as predictions:
+            for row in rows:
+                line = {"index": row.index, "query_id": row.query_id, "prompt": row.query, "reference": row.relevant,
+                        "answer": row.top, "rank": row.rank, "hits": row.hits}
+                predictions.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n", row.index)
+                self.events.emit(ev.EvalSampleEvent(index=row.index, prompt=row.query[:TEXT_CAP],
+                                                    reference=row.relevant[:TEXT_CAP], answer=row.top[:TEXT_CAP]))
+        elapsed = time.time() - started
+        self.events.emit(ev.ProgressEvent(step=len(rows), total_steps=len(rows), elapsed_s=elapsed, eta_s=0.0))
+        metrics["partial"] = False  # the evaluator scores every query in one pass: a Stop keeps whole results
+        self.write_results(spec, resolved, fingerprint, metrics, len(rows))
+        self.events.emit(ev.EvalResultEvent(
+            source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
+            settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
+            checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
+        self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
+        return 0
 
     def load(self, resolved: jobspec.ResolvedSource):
         import torch
