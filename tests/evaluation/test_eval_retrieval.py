@@ -6,11 +6,15 @@ its base-model baseline on held-out queries, with a row per query and the Evalua
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from db.store import Store
+from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.methods.test_embedding_train import jargon
+from tests.test_pages import insert_finished_run, open_page
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL as CHAT_MODEL
 from trainer_core.config import FieldError, TrainConfig
@@ -127,6 +131,20 @@ def test_retrieval_data_that_cannot_be_scored_names_data_and_the_fix(home, tmp_p
     assert [e.field for e in errors(scored, max_seq_length=-1)] == ["max_seq_length", "data"]
 
 
+def test_the_cli_defaults_an_embedding_run_to_retrieval_and_names_what_is_wrong(orch, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", orch.store.url)  # the CLI's own orchestrator, on the same database
+    run = embedding_run("20260101-000000-e5e5e5")
+    insert_finished_run(orch.store, run, "retriever", [1.0])
+    scored = write_jsonl(tmp_path / "scored.jsonl", [{"sentence1": "a", "sentence2": "b", "score": 0.5}] * 2)
+    assert cli(["eval", run, "--data", scored]) == 2  # no --metrics: retrieval, which needs pairs
+    assert "error: data: retrieval needs (anchor, positive) pairs" in capsys.readouterr().err
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"anchor": "a?", "positive": "A."}])
+    assert cli(["eval", run, "--data", pairs, "--metrics", "rouge"]) == 2
+    assert "error: metrics: run 20260101-000000-e5e5e5 (method embedding) is an embedding model: it generates no text, " \
+           "so rouge cannot score it; choose metrics [retrieval]" in capsys.readouterr().err
+    assert [r.id for r in orch.list_runs()] == [run]  # nothing submitted
+
+
 def test_an_eval_of_an_embedding_run_takes_its_prompts_length_and_columns(home, tmp_path):
     run = embedding_run("20260101-000000-e2e2e2", max_seq_length=128,
                         embedding={"query_prompt": "query: ", "document_prompt": "passage: ",
@@ -170,6 +188,24 @@ def test_the_evaluation_tab_shows_retrieval_with_deltas_and_ranks_worst_first():
     assert list(ranked["index"]) == [1, 2, 3, 0]  # not in the top 100 first, then the lowest ranks
 
 
+def test_run_details_shows_retrieval_against_the_base_and_queries_by_rank(app_home):
+    store = Store()
+    insert_finished_run(store, "run-e", "retriever", [2.0, 1.0])
+    add_eval(store, "eval-base", BASE_KEY, "", {"samples": 3, "ndcg@10": 0.25, "accuracy@1": 0.0},
+             created=time.time() - 100)
+    queries = [{"index": i, "prompt": f"query {i}", "reference": f"passage {i}", "answer": f"hit {i}"} for i in range(3)]
+    add_eval(store, "eval-e", "run:run-e", "run-e", {"samples": 3, "ndcg@10": 0.75, "accuracy@1": 2 / 3}, queries)
+    folder = paths.run_dir("eval-e")
+    folder.mkdir(parents=True)
+    write_jsonl(folder / evals.PREDICTIONS, [{**q, "rank": rank} for q, rank in zip(queries, [1, None, 4])])
+    at = open_page("pages/run.py", detail_run_id="run-e")
+    shown = {m.label: (m.value, m.proto.delta) for m in at.metric if m.label in ("NDCG@10", "Accuracy@1")}
+    assert shown == {"NDCG@10": ("0.75", "+0.5000"), "Accuracy@1": ("0.6667", "+0.6667")}
+    table = samples_table(at)
+    assert table["index"].tolist() == [1, 2, 0]  # the query whose passage is not in the top 100, then rank 4
+    assert at.selectbox(key="evaltab_detail_done").label == "Relevant passage vs top hit"
+
+
 @pytest.mark.train
 @pytest.mark.subprocess
 def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, tmp_path, capsys, monkeypatch):
@@ -187,7 +223,7 @@ def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, 
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
 
-    code = cli(["eval", run_id, "--data", held_file, "--metrics", "retrieval", "--json"])
+    code = cli(["eval", run_id, "--data", held_file, "--json"])  # an embedding run: retrieval by default
     captured = capsys.readouterr()
     assert code == 0, captured.err
     printed = json.loads(captured.out.strip().splitlines()[-1])

@@ -32,9 +32,10 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
     parser.add_argument("--data", default="", help="test file (.jsonl/.json/.csv/.parquet, any training format), "
                                                   "eval_split:<run id>, or hub:<dataset id>; for retrieval a "
                                                   "BEIR-like folder or a file of anchor/positive pairs")
-    parser.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
+    parser.add_argument("--metrics", default=None,
                         help="comma-separated: exact, rouge, bleu, perplexity, judge, preference_accuracy, reward; "
-                             "retrieval alone for an embedding run (default: %(default)s)")
+                             f"retrieval alone for an embedding run (default: {','.join(DEFAULT_METRICS)}, or "
+                             "retrieval for an embedding run)")
     parser.add_argument("--max-samples", type=int, default=200, help="test rows evaluated, 0 for all (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=None,
@@ -62,7 +63,8 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
             return 2
         try:
             source = _source(run.id, args)
-            metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+            metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics is not None \
+                else _default_metrics(run.id)
             batch = args.batch_size or (RETRIEVAL_BATCH if retrieval.METRIC in metrics else EvalSpec.batch_size)
             spec = EvalSpec(source=source, data=args.data, metrics=metrics, batch_size=batch,
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
@@ -86,6 +88,15 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
         return _follow(orch, started, actor, args.json)
     finally:
         orch.close()
+
+
+def _default_metrics(run_id: str) -> list[str]:
+    """An embedding run's retrieval, every other run's DEFAULT_METRICS."""
+    try:
+        embedding = jobspec.run_config(run_id).method == "embedding"
+    except jobspec.SourceError:
+        embedding = False  # the spec's validation names the missing run
+    return [retrieval.METRIC] if embedding else list(DEFAULT_METRICS)
 
 
 def _source(run_id: str, args) -> jobspec.ModelSource:
