@@ -121,8 +121,20 @@ def test_retrieval_data_that_cannot_be_scored_names_data_and_the_fix(home, tmp_p
     assert missing.field == "data" and "lacks corpus.jsonl, queries.jsonl, qrels.tsv or qrels.jsonl" in missing.message
     bad = beir_folder(tmp_path / "bad", qrels="qrels.tsv")
     (bad / "qrels.tsv").write_text("q9\td9\t1\n")
-    assert errors(str(bad)) == [FieldError("data", f"{bad}: no judgement names a query and a document of the given "
+    assert errors(str(bad)) == [FieldError("data", f"{bad}: qrels.tsv: no judgement names a query and a document of the given "
                                                    "files (query-id and corpus-id must match their _id)")]
+    (bad / "queries.jsonl").write_text('{"_id": "q1"}\n')
+    assert errors(str(bad)) == [FieldError("data", f"{bad}: queries.jsonl: every line needs _id and text")]
+    (bad / "queries.jsonl").write_text('{"_id": "q1", "text": "x"}\nnot json\n')
+    assert errors(str(bad)) == [FieldError("data", f"{bad}: queries.jsonl line 2 is not JSON (Expecting value)")]
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"  # not under the allowed roots (tmp_path)
+    outside.write_text('{"_id": "d1", "text": "secret"}\n')
+    linked = beir_folder(tmp_path / "linked")
+    (linked / "corpus.jsonl").unlink()
+    (linked / "corpus.jsonl").symlink_to(outside)
+    [escape] = errors(str(linked))
+    assert escape.field == "data" and "outside the allowed folders" in escape.message
+    outside.unlink()
     scored = write_jsonl(tmp_path / "scored.jsonl", [{"sentence1": "a", "sentence2": "b", "score": 0.5}] * 2)
     [shape] = errors(scored)
     assert shape.field == "data" and shape.message.startswith("retrieval needs (anchor, positive) pairs, and "

@@ -25,6 +25,7 @@ from trainer_core.data.embedding_pairs import IRSet
 from trainer_core.data.sources import resolve_source
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.methods import embedding
+from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 
 if TYPE_CHECKING:
@@ -125,18 +126,28 @@ def beir_files(folder: Path) -> tuple[Path, Path, Path]:
         raise DatasetError("data", f"{folder} is not a BEIR-like retrieval set: it lacks {', '.join(missing)}. Give "
                                    "a folder with corpus.jsonl ({_id, title, text}), queries.jsonl ({_id, text}) and "
                                    "qrels (.tsv: query-id, corpus-id, score), or a file of anchor/positive pairs")
-    return corpus, queries, qrels
+    try:  # a symlink inside an allowed folder must not lead out of it (as for a training data folder)
+        return tuple(paths.resolve_inside(p, paths.allowed_data_roots()) for p in (corpus, queries, qrels))
+    except paths.UnsafePathError as exc:
+        raise DatasetError("data", f"{exc}. Remove the link or copy the file into the folder.") from None
 
 
 def read_folder(folder: Path) -> IRSet:
+    files = beir_files(folder)
     try:
-        return embedding_pairs.read_beir(*map(str, beir_files(folder)))
-    except ValueError as exc:
-        if isinstance(exc, DatasetError):
-            raise
-        # read_beir names training's fields (embedding.eval_corpus: ...): here the files are in ``data``
-        _, _, message = str(exc).partition(": ")
-        raise DatasetError("data", f"{folder}: {message or exc}") from None
+        return embedding_pairs.read_beir(*map(str, files))
+    except UnicodeDecodeError as exc:
+        raise DatasetError("data", f"{folder}: a file is not UTF-8 text ({exc.reason}): save it as UTF-8") from None
+    except (OSError, ValueError) as exc:
+        # read_beir names training's fields (embedding.eval_corpus: ...): here they are files of ``data``
+        field, _, message = str(exc).partition(": ")
+        names = dict(zip(("embedding.eval_corpus", "embedding.eval_queries", "embedding.eval_qrels"),
+                         (f.name for f in files)))
+        if field not in names:
+            message = str(exc)
+        elif not message.startswith(names[field]):
+            message = f"{names[field]}: {message}"
+        raise DatasetError("data", f"{folder}: {message}") from None
 
 
 def pairs_config(mapping: dict) -> TrainConfig:
