@@ -256,6 +256,18 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     ref_col, ans_col = st.columns(2)
     ref_col.markdown(f"**{'Relevant passage' if retrieved else 'Reference'}**  \n" + safe(row["reference"], 4000))
     ans_col.markdown(f"**{'Top hit' if retrieved else 'Answer'}**  \n" + safe(row["answer"], 4000))
+    if retrieved and isinstance(row.get("hits"), list) and row["hits"]:
+        st.dataframe(hits_table(row["hits"]), hide_index=True, column_config={
+            "text": st.column_config.TextColumn("Passage", width="large"),
+            "score": st.column_config.NumberColumn("Score", format="%.3f")})
+
+
+def hits_table(hits: list) -> pd.DataFrame:
+    """A query's top hits (predictions.jsonl), best first: rank, whether relevant, score, id and text."""
+    rows = [{"rank": rank, "relevant": bool(hit.get("relevant")), "score": _number(hit.get("score")),
+             "id": str(hit.get("id", "")), "text": str(hit.get("text", ""))}
+            for rank, hit in enumerate(hits, 1) if isinstance(hit, dict)]
+    return pd.DataFrame(rows, columns=["rank", "relevant", "score", "id", "text"])
 
 
 # ---------------------------------------------------------------------- starting one

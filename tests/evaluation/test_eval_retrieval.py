@@ -209,13 +209,18 @@ def test_run_details_shows_retrieval_against_the_base_and_queries_by_rank(app_ho
     add_eval(store, "eval-e", "run:run-e", "run-e", {"samples": 3, "ndcg@10": 0.75, "accuracy@1": 2 / 3}, queries)
     folder = paths.run_dir("eval-e")
     folder.mkdir(parents=True)
-    write_jsonl(folder / evals.PREDICTIONS, [{**q, "rank": rank} for q, rank in zip(queries, [1, None, 4])])
+    hits = [{"id": "d7", "score": 0.5, "relevant": False, "text": "hit 1"},
+            {"id": "d1", "score": 0.4, "relevant": True, "text": "passage 1"}]
+    write_jsonl(folder / evals.PREDICTIONS, [{**q, "rank": rank, "hits": hits}
+                                             for q, rank in zip(queries, [1, None, 4])])
     at = open_page("pages/run.py", detail_run_id="run-e")
     shown = {m.label: (m.value, m.proto.delta) for m in at.metric if m.label in ("NDCG@10", "Accuracy@1")}
     assert shown == {"NDCG@10": ("0.75", "+0.5000"), "Accuracy@1": ("0.6667", "+0.6667")}
     table = samples_table(at)
     assert table["index"].tolist() == [1, 2, 0]  # the query whose passage is not in the top 100, then rank 4
     assert at.selectbox(key="evaltab_detail_done").label == "Relevant passage vs top hit"
+    shown_hits = next(d.value for d in at.dataframe if "relevant" in d.value.columns)
+    assert shown_hits[["rank", "relevant", "id"]].values.tolist() == [[1, False, "d7"], [2, True, "d1"]]
 
 
 @pytest.mark.train
