@@ -233,7 +233,7 @@ def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, 
     # no evaluator while training (nothing held out): the eval job is what scores it
     cfg = TrainConfig(run_name="jargon retriever", method="embedding", adapter="full", model_name=BUNDLED_MODEL,
                       local_datasets=[train_file], max_steps=20, batch_size=16, learning_rate=1e-4, warmup_steps=0,
-                      logging_steps=5, save_steps=0, max_seq_length=64, random_seed=1,
+                      logging_steps=5, save_steps=20, max_seq_length=64, random_seed=1,
                       embedding={"ir_holdout": 0.0, "eval_on_start": False, "columns": {"anchor": "question",
                                                                                           "positive": "passage"}})
     run_id = studio.start(cfg)
@@ -267,3 +267,11 @@ def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, 
     assert sum(1 / rank for rank in ranks if rank and rank <= 10) / 40 == pytest.approx(printed["mrr@10"])
     first = lines[0]
     assert first["hits"][0]["text"] == first["answer"] and first["hits"][0]["relevant"] == (first["rank"] == 1)
+
+    # a checkpoint (sentence-transformers' own checkpoint folder) is evaluated the same way, against the same
+    # cached baseline: step 20 is the final model, so its scores are the final model's
+    assert cli(["eval", run_id, "--checkpoint", "20", "--data", held_file, "--json"]) == 0
+    step20 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert step20["ndcg@10"] == pytest.approx(printed["ndcg@10"], abs=1e-6) and step20["baseline"] == base
+    baselines = [r for r in studio.list_runs() if r.name.startswith("Baseline")]
+    assert len(baselines) == 1
