@@ -100,6 +100,13 @@ def test_retrieval_is_refused_for_a_text_model_and_text_metrics_for_an_embedding
     tasks = EvalSpec(source=ModelSource(run_id=run), data=pairs, metrics=["retrieval"], lm_eval_tasks=["hellaswag"])
     assert [e.field for e in tasks.validate()] == ["lm_eval_tasks"]
 
+    folder = tmp_path / "my-embedder"  # a sentence-transformers folder as a base model
+    folder.mkdir()
+    (folder / "modules.json").write_text("[]")
+    assert retrieval.is_embedding_model(str(folder)) is True
+    first = EvalSpec(source=ModelSource(model=str(folder)), data=pairs, metrics=["exact"]).validate()[0]
+    assert first.field == "metrics" and first.message.endswith("cannot score it; choose metrics [retrieval]")
+
     sft = paths.run_dir("20260101-000000-5f5f5f")
     (sft / "adapter").mkdir(parents=True)
     (sft / "adapter" / "adapter_config.json").write_text("{}")
