@@ -1,5 +1,6 @@
 """Playground: up to three model sources answer the same conversation side by side, streaming at once;
-prompt sets run against them in one click. The logic lives in ui/playground.py; this page lays it out.
+prompt sets run against them in one click. Its speech mode (ui/speech_playground.py) has speech-to-text models
+transcribe one clip side by side. The logic lives in ui/playground.py; this page lays it out.
 
 Answers come from a serve job (an OpenAI-compatible server in a worker process), started through the
 orchestrator; while it is queued or loading, a fragment refreshes its state until it is ready."""
@@ -19,6 +20,7 @@ from trainer_core.protocol.status import JobKind
 from trainer_core.run_rules import run_labels
 from trainer_core.serving.client import Sampling
 from ui import playground as pg
+from ui import speech_playground as speech
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
@@ -60,8 +62,17 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
     return ModelSource(run_id=run_id, checkpoint=step)
 
 
+listed = orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN])
+outputs = pg.run_outputs(orch, listed)
+mode = st.segmented_control("Try", ["Chat", "Speech to text"], default="Chat", key=K + "mode",
+                            help="Speech to text: record or upload a clip and compare Whisper models' transcripts")
+if mode == "Speech to text":
+    spoken = pg.offered_runs(listed, outputs, "speech")
+    speech.render(orch, actor, allowed(actor, Action.START), spoken, run_labels(spoken))
+    st.stop()
+
 st.subheader("Models")
-offered = pg.offered_runs(orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN]))
+offered = pg.offered_runs(listed, outputs)
 run_names = run_labels(offered)
 runs_by_id = {r.id: r for r in offered}
 count = st.radio("Side by side", [1, 2, 3], index=1 if offered else 0, key=K + "count", horizontal=True)

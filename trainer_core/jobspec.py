@@ -116,9 +116,17 @@ class ResolvedSource:
 
     @property
     def output(self) -> str:
-        """What the model is (MethodSpec.output): "text" for a base model and for runs of methods that write
-        answers; "reward", "embedding" or "speech" otherwise."""
-        return self.config.method_spec.output if self.config is not None else "text"
+        """What the model is (MethodSpec.output): "text" for runs of methods that write answers; "reward",
+        "embedding" or "speech" otherwise. A base model is told by its config files (a Whisper model: speech)."""
+        if self.config is not None:
+            return self.config.method_spec.output
+        from trainer_core import model_info, modality  # reads JSON config files only
+
+        try:
+            found = modality.detect_modality(self.base_model)
+        except (model_info.ModelInfoError, OSError, ValueError):
+            return "text"  # the worker names what is wrong with the model when it loads it
+        return "speech" if found.kind == modality.SPEECH else "text"
 
     def not_a_writer(self, doing: str) -> str | None:
         """Why this source cannot be ``doing`` ("served", "evaluated by its answers", "merged for export"): None

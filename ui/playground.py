@@ -33,18 +33,31 @@ STREAMING, DONE, STOPPED, INTERRUPTED, FAILED, SKIPPED = \
 
 
 # ====================================================================== sources
-def offered_runs(runs: list[RunRecord]) -> list[RunRecord]:
-    """Training runs that ended completed or stopped (the ones that can have a final model or checkpoints) and
-    whose model writes answers: a reward, embedding or speech model cannot chat (MethodSpec.output)."""
-    return [r for r in runs if r.kind is JobKind.TRAIN and r.status in OFFERED and writes_answers(r)]
+def finished_runs(runs: list[RunRecord]) -> list[RunRecord]:
+    """Training runs that ended completed or stopped: the ones that can have a final model or checkpoints."""
+    return [r for r in runs if r.kind is JobKind.TRAIN and r.status in OFFERED]
 
 
-def writes_answers(run: RunRecord) -> bool:
+def run_outputs(orch: Any, runs: list[RunRecord]) -> dict[str, str]:
+    """Run id -> what its model is (MethodSpec.output: text, reward, embedding, speech) for the finished runs,
+    from their stored configs (a listing's rows come without them: one query reads them all)."""
+    full = orch.store.get_runs([r.id for r in finished_runs(runs)])
+    return {r.id: output_of(r) for r in full}
+
+
+def output_of(run: RunRecord) -> str:
+    """What a run's model is, from its stored config; "" when the config is unreadable or its method unknown."""
     try:
         method = json.loads(run.config_json or "{}").get("method") or "sft"
-        return methods.get(method).output == "text"
+        return methods.get(method).output
     except (ValueError, AttributeError, KeyError):
-        return False  # a config the registry does not know: nothing to chat with
+        return ""
+
+
+def offered_runs(runs: list[RunRecord], outputs: dict[str, str], output: str = "text") -> list[RunRecord]:
+    """The finished runs whose model is ``output``: chat offers models that write answers (a reward, embedding
+    or speech model cannot chat); the speech mode offers speech-to-text models."""
+    return [r for r in finished_runs(runs) if outputs.get(r.id) == output]
 
 
 def versions(run_id: str) -> list[int | None]:

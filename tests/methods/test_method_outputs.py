@@ -1,7 +1,8 @@
 """What a run's model is decides what the studio offers after training (MethodSpec.output): a reward model scores
 answers, an embedding model makes vectors, a Whisper model transcribes. None of them writes chat answers, so the
-Playground does not list them, and serving or a merged/GGUF export (which load a model that writes answers and
-verify it by its answers) is refused before start, naming what the model is for. Before, these jobs started and
+Playground's chat does not list them, and a merged/GGUF export (which loads a model that writes answers and
+verifies it by its answers) is refused before start, naming what the model is for; so is serving, except a speech
+model, which is served for transcription. Before, these jobs started and
 failed late in the worker, or (a reward run's LoRA merged into a causal LM) produced a model without its score
 head."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ from trainer_core.jobspec import ModelSource, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import ServeSpec
-from ui.playground import offered_runs
+from ui.playground import offered_runs, run_outputs
 
 RUNS = {"dpo": "20260105-000000-0d0d0d", "grpo": "20260105-000000-06a06a", "reward": "20260105-000000-4e4e4e",
         "embedding": "20260105-000000-e3e3e3", "stt": "20260105-000000-5a5a5a"}
@@ -52,18 +53,22 @@ def test_every_registered_method_says_what_its_model_is():
     ("reward", ("Reward model (from pairs)", "scores answers", "GRPO run's reward model")),
     ("embedding", ("Embedding model", "vectors", "SentenceTransformer(folder)")),
     ("stt", ("Speech-to-text", "transcribes audio", "WhisperForConditionalGeneration"))])
-def test_a_model_that_does_not_write_answers_is_not_served_nor_exported_merged(runs, method, words):
+def test_a_model_that_does_not_write_answers_is_not_served_as_chat_nor_exported_merged(runs, method, words):
     source = ModelSource(run_id=RUNS[method])
     problems = [e for e in ServeSpec(source=source, sources=[source], api_key_hash="0" * 64).validate()
                 if e.field == "source"]
-    assert len(problems) == 1, problems
-    message = problems[0].message
-    assert message.startswith(f"my {method} · final was trained with ") and "cannot be served" in message
-    assert all(w in message for w in words), message
-    assert str(resolve(source).weights_dir) in message  # where the model is, for the use that fits it
+    if method == "stt":  # served for transcription (POST /v1/audio/transcriptions), not chat
+        assert problems == []
+    else:
+        assert len(problems) == 1, problems
+        message = problems[0].message
+        assert message.startswith(f"my {method} · final was trained with ") and "cannot be served" in message
+        assert all(w in message for w in words), message
+        assert str(resolve(source).weights_dir) in message  # where the model is, for the use that fits it
 
     exported = [e for e in ExportSpec(source=source, targets=["merged", "gguf"]).validate() if e.field == "targets"]
     assert [e.message.split(":")[0] for e in exported] == ["merged and gguf"]
+    assert all(w in exported[0].message for w in words), exported[0].message
     fix = "copy it as it is" if method == "stt" else "export the adapter instead"  # stt here is a full fine-tune
     assert exported[0].message.endswith(fix), exported[0].message
     assert not [e for e in ExportSpec(source=source, targets=["adapter"]).validate() if e.field == "targets"]
@@ -83,8 +88,12 @@ def test_a_second_source_that_cannot_chat_is_named_by_its_position(runs):
     assert "sources[1]" in problems and "source" not in problems
 
 
-def test_the_playground_lists_only_runs_whose_model_writes_answers(runs):
-    records = [RunRecord(id=run_id, name=f"my {method}", status=RunStatus.COMPLETED, kind=JobKind.TRAIN,
-                         created_at=time.time(), config_json=json.dumps(runs[method].to_public_dict()))
-               for method, run_id in RUNS.items()]
-    assert [r.name for r in offered_runs(records)] == ["my dpo", "my grpo"]
+def test_the_playground_lists_only_runs_whose_model_writes_answers(runs, orch):
+    for method, run_id in RUNS.items():
+        orch.store.create_run(RunRecord(id=run_id, name=f"my {method}", status=RunStatus.COMPLETED,
+                                        kind=JobKind.TRAIN, created_at=time.time(),
+                                        config_json=json.dumps(runs[method].to_public_dict())))
+    listed = orch.list_runs(kinds=[JobKind.TRAIN])  # as the page lists them: rows without their configs
+    outputs = run_outputs(orch, listed)
+    assert sorted(r.name for r in offered_runs(listed, outputs)) == ["my dpo", "my grpo"]
+    assert [r.name for r in offered_runs(listed, outputs, "speech")] == ["my stt"]

@@ -209,6 +209,34 @@ def health(base_url: str, api_key: str, timeout_s: float = 5.0) -> bool:
     return response.status_code == 200
 
 
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    seconds: float  # wall time of the request
+
+
+def transcribe(base_url: str, api_key: str, model: str, clip: bytes, filename: str = "clip.wav",
+               timeout_s: float = 300.0) -> Transcript:
+    """``model``'s transcript of one audio clip (POST /v1/audio/transcriptions, a multipart form as OpenAI's API
+    takes it). ServeError names what failed and the fix."""
+    started = time.monotonic()
+    try:
+        response = httpx.post(f"{base_url.rstrip('/')}/audio/transcriptions", headers=_headers(api_key),
+                              data={"model": model}, files={"file": (filename, clip, "application/octet-stream")},
+                              timeout=_timeout(timeout_s))
+    except httpx.HTTPError as exc:
+        raise _transport_error(exc, base_url, timeout_s, started=False) from None
+    if response.status_code != 200:
+        raise _status_error(response, base_url, model)
+    try:
+        text = response.json()["text"]
+    except (ValueError, KeyError, TypeError):
+        raise ServeError(f"{base_url}/audio/transcriptions did not answer with a transcription") from None
+    if not isinstance(text, str):
+        raise ServeError(f"{base_url}/audio/transcriptions answered without a text transcript")
+    return Transcript(text.strip(), time.monotonic() - started)
+
+
 # ====================================================================== streaming chat
 _DONE = object()
 

@@ -5,8 +5,10 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
 
 * requires ``Authorization: Bearer <key>`` on every request (sha256 compared with hmac.compare_digest;
   401 otherwise, /v1/models and /health included);
-* lets through only GET /health, POST /v1/chat/completions and POST /v1/completions, and answers
-  GET /v1/models itself with the served names (404 for everything else);
+* lets through only GET /health, POST /v1/chat/completions and POST /v1/completions (models that write
+  answers) and POST /v1/audio/transcriptions (speech-to-text models: a multipart form, read whole, its ``model``
+  checked, passed on unchanged), and answers GET /v1/models itself with the served names (404 for everything
+  else); a request for a model of the other kind is a 400 naming the route it takes;
 * reads at most ``max_body_bytes`` of a request body (413 beyond; JSON nested deeper than MAX_JSON_DEPTH is a
   400), refuses a ``model`` that is not served (404 naming the served ones), sampling values out of their
   range (400 naming the field and the range) and, when ``limits`` can count tokens, a prompt longer than the
@@ -25,6 +27,8 @@ configured through the GATE_ENV file).
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import functools
 import hashlib
 import hmac
@@ -38,7 +42,10 @@ from typing import Any, Awaitable, Callable
 
 GATE_ENV = "FINETUNE_STUDIO_SERVE_GATE"  # a gate.json path, for a gate built by vLLM as KeyGate(app)
 MAX_BODY_BYTES = 4 << 20  # a long conversation is well under 1 MB of JSON
-ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")}
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+          ("POST", TRANSCRIPTIONS)}
+MAX_AUDIO_BYTES = 25 << 20  # one clip, as OpenAI's transcription API takes it (25 MB)
 # transformers serve rejects these OpenAI fields (it always reports usage in the last chunk).
 TRANSFORMERS_DROPPED = ("stream_options",)
 SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty")
@@ -59,6 +66,8 @@ class GateConfig:
     activity_file: str = ""  # touched on each request (vLLM: the worker reads its mtime)
     max_tokens_cap: int = 0  # the longest answer a request may ask for (0: no cap but the context)
     request_timeout_s: float = 0  # a request still running after this long is ended (0: never)
+    speech_models: list[str] = field(default_factory=list)  # served names that transcribe (the others chat)
+    max_audio_bytes: int = MAX_AUDIO_BYTES
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -178,16 +187,20 @@ class KeyGate:
         try:
             if (method, path) not in ROUTES:
                 raise RequestRefused(404, f"{method} {path} is not served here; this endpoint serves "
-                                          "GET /v1/models, POST /v1/chat/completions, POST /v1/completions",
-                                     "not_found")
+                                          "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
+                                          f"POST {TRANSCRIPTIONS}", "not_found")
             if path == "/v1/models":
                 await _json(send, 200, {"object": "list", "data": [
                     {"id": name, "object": "model", "created": 0, "owned_by": "finetune-studio"}
                     for name in self.config.models]})
                 return
-            if method == "POST":
+            if path == TRANSCRIPTIONS:
+                raw = await self._read_bytes(scope, receive, self.config.max_audio_bytes)
+                self._check_transcription(scope, raw)
+            elif method == "POST":
                 body = await self._read_body(scope, receive)
                 raw = json.dumps(self._rewrite(body, path)).encode()
+            if method == "POST":
                 headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
                 scope = {**scope, "headers": headers + [(b"content-length", str(len(raw)).encode())]}
         except RequestRefused as exc:
@@ -252,8 +265,8 @@ class KeyGate:
             raise RequestRefused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
                                       "with the key printed when the server started", "invalid_api_key")
 
-    async def _read_body(self, scope, receive) -> dict:
-        cap = self.config.max_body_bytes
+    async def _read_bytes(self, scope, receive, cap: int) -> bytes:
+        """The whole request body, at most ``cap`` bytes (413 beyond, from the declared length when there is one)."""
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             raise RequestRefused(413, f"the request body is {int(declared):,} bytes; at most {cap:,} are accepted")
@@ -269,8 +282,12 @@ class KeyGate:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        return b"".join(chunks)
+
+    async def _read_body(self, scope, receive) -> dict:
+        raw = await self._read_bytes(scope, receive, self.config.max_body_bytes)
         try:
-            body = json.loads(b"".join(chunks), parse_constant=_not_json)
+            body = json.loads(raw, parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError):
             raise RequestRefused(400, "the request body is not JSON (NaN and Infinity are not JSON numbers)") from None
         except RecursionError:
@@ -281,12 +298,33 @@ class KeyGate:
             raise RequestRefused(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
         return body
 
-    def _rewrite(self, body: dict, path: str = "/v1/chat/completions") -> dict:
-        model = body.get("model")
-        served = ", ".join(self.config.models)
+    def _check_transcription(self, scope, raw: bytes) -> None:
+        """A transcription request: a multipart form with a ``file`` and the ``model``, a served speech model."""
+        content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+        fields = multipart_fields(content_type, raw)
+        if fields is None:
+            raise RequestRefused(400, "a transcription request is a multipart/form-data form with the fields 'file' "
+                                      "(the audio clip) and 'model'")
+        model = fields.get("model")
+        self._served(model)
+        if model not in self.config.speech_models:
+            raise RequestRefused(400, f"model {model!r} writes text and does not transcribe audio: send it chat "
+                                      "requests (POST /v1/chat/completions)")
+        if not fields.get("file"):
+            raise RequestRefused(400, "the form has no 'file' field with the audio clip (WAV, FLAC, OGG or MP3)")
+
+    def _served(self, model: Any) -> None:
         if not isinstance(model, str) or model not in self.config.models:
             shown = repr(model)[:80] if model is not None else "no model"
-            raise RequestRefused(404, f"model {shown} is not served here; served: {served}", "model_not_found")
+            raise RequestRefused(404, f"model {shown} is not served here; served: {', '.join(self.config.models)}",
+                                 "model_not_found")
+
+    def _rewrite(self, body: dict, path: str = "/v1/chat/completions") -> dict:
+        model = body.get("model")
+        self._served(model)
+        if model in self.config.speech_models:
+            raise RequestRefused(400, f"model {model!r} transcribes audio and does not write answers: POST the clip "
+                                      f"to {TRANSCRIPTIONS} (a multipart form with 'file' and 'model')")
         shape_problem(path, body, self.config.translate_sampling)
         sampling_problem(body)
         for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
@@ -365,6 +403,25 @@ def sampling_problem(body: dict) -> None:
             kind = "a whole number" if whole else "a number"
             bound = f"greater than {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
             raise RequestRefused(400, f"{name} must be {kind} {bound}, not {value!r:.40}")
+
+
+def multipart_fields(content_type: str, raw: bytes) -> dict[str, Any] | None:
+    """The fields of a multipart/form-data body (name -> text, or the bytes of a file part), read with the
+    standard library's MIME parser; None when the body is not such a form."""
+    if not content_type.lower().startswith("multipart/form-data") or "boundary=" not in content_type:
+        return None
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+    if not message.is_multipart():
+        return None
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str) or name in fields:
+            continue
+        payload = part.get_payload(decode=True) or b""
+        fields[name] = payload if part.get_filename() is not None else payload.decode("utf-8", "replace")
+    return fields
 
 
 def json_depth(value: Any) -> int:

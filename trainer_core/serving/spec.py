@@ -123,13 +123,21 @@ def adapter_rank(adapter_dir: Path) -> int:
 
 def vllm_fits(resolved: list[ResolvedSource]) -> str:
     """Why vLLM cannot serve these sources in one server ("" when it can): one base model, with adapters
-    (LoRA) on it; full fine-tunes of their own and several bases need the transformers engine."""
+    (LoRA) on it; full fine-tunes of their own and several bases need the transformers engine, and so do speech
+    models (transformers serve's /v1/audio/transcriptions)."""
+    if any(r.output == "speech" for r in resolved):
+        return "speech-to-text models are served by transformers serve (/v1/audio/transcriptions)"
     if any(r.model_dir is not None for r in resolved):
         return "a full fine-tune is a model of its own: vLLM serves one base with adapters"
     bases = {r.base_model for r in resolved}
     if len(bases) > 1:
         return f"the sources have {len(bases)} different base models: vLLM serves one base with adapters"
     return ""
+
+
+# What a serve job serves: models that write answers (chat and completions) and speech-to-text models
+# (transcriptions); reward and embedding models have no OpenAI route here (jobspec.ResolvedSource.not_a_writer).
+SERVED_OUTPUTS = ("text", "speech")
 
 
 def choose_serve_engine(requested: str, resolved: list[ResolvedSource]) -> str:
@@ -195,7 +203,8 @@ class ServeSpec(JobSpec):
                 if i > 0:  # sources[0] is ``source``: the base class reported it
                     errors.append(FieldError(exc.field, str(exc)))
                 continue
-            problem = resolved[-1].not_a_writer("served")  # the server answers chat and completion requests
+            # the server answers chat and completion requests, and transcription requests for a speech model
+            problem = None if resolved[-1].output in SERVED_OUTPUTS else resolved[-1].not_a_writer("served")
             if problem:
                 errors.append(FieldError("source" if i == 0 else f"sources[{i}]", problem))
         problem = host_problem(self.host)

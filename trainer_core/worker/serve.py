@@ -169,7 +169,8 @@ class ServeWorker(JobWorker):
         activity = Activity()
         config = GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, map(str, folders))),
                             translate_sampling=True, max_tokens_cap=spec.max_tokens_cap,
-                            request_timeout_s=spec.request_timeout_s)
+                            request_timeout_s=spec.request_timeout_s,
+                            speech_models=[n for n, r in zip(names, resolved) if r.output == "speech"])
         gated = KeyGate(app, config, activity, limits=prompt_limits(manager))
         tls = {"ssl_certfile": spec.tls_certfile, "ssl_keyfile": spec.tls_keyfile} if spec.tls_certfile else {}
         server = uvicorn.Server(uvicorn.Config(gated, log_level="warning", access_log=False,

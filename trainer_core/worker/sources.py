@@ -63,12 +63,15 @@ def load_source(resolved: ResolvedSource, device: str = "cpu", log=print):
 
 def auto_class(folder: str):
     """AutoModelForImageTextToText for a vision-language model (a vision run's adapter applies to its whole model),
-    AutoModelForCausalLM otherwise."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    AutoModelForSpeechSeq2Seq for a speech-to-text model (Whisper), AutoModelForCausalLM otherwise."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
 
-    from trainer_core.worker.model_resolver import is_vision_config
+    from trainer_core.worker.model_resolver import is_speech_config, is_vision_config
 
-    return AutoModelForImageTextToText if is_vision_config(AutoConfig.from_pretrained(folder)) else AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(folder)
+    if is_speech_config(config):
+        return AutoModelForSpeechSeq2Seq
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
 def _adapter_stamp(adapter_dir: Path) -> str:
@@ -119,7 +122,8 @@ def _merge_into(resolved: ResolvedSource, target: Path, dtype: str, stamp: str, 
     try:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if (resolved.adapter_dir / "processor_config.json").exists():  # a vision run: the processor it trained with
+        # a vision or speech run: the processor it trained with (image processor / feature extractor too)
+        if any((resolved.adapter_dir / name).exists() for name in ("processor_config.json", "preprocessor_config.json")):
             from transformers import AutoProcessor
 
             AutoProcessor.from_pretrained(str(resolved.adapter_dir)).save_pretrained(tmp)
