@@ -85,16 +85,25 @@ class ExportSpec(JobSpec):
     def output_dir(self, job_dir: Path) -> Path:
         return paths.resolve_inside(self.out_dir, export_folders()) if self.out_dir else job_dir / "artifacts"
 
-    def _writer_problem(self) -> str | None:
+    def _model_problem(self, targets: list[str]) -> str | None:
+        """Why the source's model cannot take these targets: merged and GGUF exports load it as a model that writes
+        answers and verify it by its answers; a speech model is merged (verified by its transcripts) but not
+        converted to GGUF (llama.cpp's converter takes language models)."""
+        if not targets:
+            return None
         try:
             resolved = resolve(self.source)
         except SourceError:
             return None  # the base class names the missing source
+        if resolved.output == "speech":
+            return ("gguf: a speech-to-text model is not converted to GGUF here (llama.cpp's converter takes language "
+                    "models): export merged") if "gguf" in targets else None
         problem = resolved.not_a_writer("merged into a model that writes answers")
         if problem is None:
             return None
-        return problem + ("; export the adapter instead" if resolved.adapter_dir is not None else
-                          "; a full fine-tune's weights folder is the whole model: copy it as it is")
+        fix = ("export the adapter instead" if resolved.adapter_dir is not None else
+               "a full fine-tune's weights folder is the whole model: copy it as it is")
+        return f"{' and '.join(targets)}: {problem}; {fix}"
 
     def admin_only(self) -> list[str]:
         if self.push_update_any is True:
@@ -124,10 +133,9 @@ class ExportSpec(JobSpec):
                 bad("targets", f"unknown target {str(unknown[0])[:20]!r}: choose from {', '.join(TARGETS)}")
             if len(set(self.targets)) != len(self.targets):
                 bad("targets", "each target once")
-            needs_writer = [t for t in self.targets if t in ("merged", "gguf")]
-            problem = self._writer_problem() if needs_writer else None
-            if problem:  # merged and GGUF exports load the model as one that writes answers, and verify by them
-                bad("targets", f"{' and '.join(needs_writer)}: {problem}")
+            problem = self._model_problem([t for t in self.targets if t in ("merged", "gguf")])
+            if problem:
+                bad("targets", problem)
         if "gguf" in (self.targets or []):
             self._validate_gguf(bad)
         if self.merged_dtype not in MERGED_DTYPES:

@@ -228,7 +228,7 @@ class ExportWorker(JobWorker):
         plan = Plan(spec, resolved, final, staging, base_dir, tokenizer)
         problems = []
         needs_model = "merged" in spec.targets or "gguf" in spec.targets
-        if needs_model and not tokenizer.chat_template:
+        if needs_model and resolved.output == "text" and not tokenizer.chat_template:  # a Whisper model has none
             problems.append(f"the model has no chat template (tokenizer in {tokenizer_dir}): a merged model or GGUF "
                             "without one is prompted wrongly; set chat_template in the run's config and train again, "
                             "or export the adapter only")
@@ -366,15 +366,22 @@ class ExportWorker(JobWorker):
             (target / MERGED_MARKER).unlink(missing_ok=True)  # a cache stamp, not part of the model
         else:
             import torch
-            from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(str(plan.resolved.model_dir), dtype=getattr(torch, dtype))
+            from trainer_core.worker.sources import auto_class
+
+            folder = str(plan.resolved.model_dir)
+            model = auto_class(folder).from_pretrained(folder, dtype=getattr(torch, dtype))
             model.save_pretrained(target, safe_serialization=True)
             plan.tokenizer.save_pretrained(target)
+            if plan.resolved.output == "speech":  # the feature extractor belongs to the model as much as its weights
+                from transformers import AutoProcessor
+
+                AutoProcessor.from_pretrained(folder).save_pretrained(target)
             del model
         if "merged" in plan.spec.targets:
-            plan.staged.append(Staged("merged", "merged", dtype, f"merged weights ({dtype} safetensors) with the "
-                                                                  "tokenizer: load with transformers"))
+            what = "with its processor: load with WhisperForConditionalGeneration and WhisperProcessor" \
+                if plan.resolved.output == "speech" else "with the tokenizer: load with transformers"
+            plan.staged.append(Staged("merged", "merged", dtype, f"merged weights ({dtype} safetensors) {what}"))
 
     def gguf(self, plan: Plan, quant: str) -> None:
         script = tools.converter_script()
@@ -454,6 +461,9 @@ class ExportWorker(JobWorker):
     # ------------------------------------------------------------------ verify
     def verify(self, plan: Plan) -> None:
         """Reload every exported format and replay the prompt set greedily next to the unmerged adapter."""
+        if plan.resolved.output == "speech":
+            self.verify_speech(plan)
+            return
         import torch
 
         from trainer_core.worker.sources import load_source
@@ -490,6 +500,30 @@ class ExportWorker(JobWorker):
                 answers = llama_cpp_answers(folder / gguf_file, [chat_prompt(tok, p) for p in prompts],
                                             plan.spec.max_new_tokens)
                 self.report_verify(plan, compare_texts(f"{label} (llama.cpp)", prompts, texts, answers))
+
+    def verify_speech(self, plan: Plan) -> None:
+        """A speech model: the merged folder reloaded (with its processor) transcribes the run's own clips (its eval
+        clips, else its first training clips) exactly as the source does."""
+        import torch
+        from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
+
+        from trainer_core.worker.sources import load_source
+
+        names, clips = speech_clips(plan.resolved.config)
+        source_processor = AutoProcessor.from_pretrained(
+            str(plan.resolved.weights_dir) if _has_processor(plan.resolved.weights_dir) else plan.base_dir)
+        model, _ = load_source(plan.resolved, "cpu", log=self.log)
+        reference = [transcribe_clip(model, source_processor, clip, plan.spec.max_new_tokens) for clip in clips]
+        del model
+        self.check_control()
+        try:
+            merged = AutoModelForSpeechSeq2Seq.from_pretrained(str(plan.merged_dir), dtype=torch.float32).eval()
+            processor = AutoProcessor.from_pretrained(str(plan.merged_dir))
+        except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
+            raise ExportError(f"the merged model cannot be loaded back with its processor ({type(exc).__name__}: "
+                              f"{str(exc)[:300]}): the export failed and nothing was published") from None
+        answers = [transcribe_clip(merged, processor, clip, plan.spec.max_new_tokens) for clip in clips]
+        self.report_verify(plan, compare_texts("merged", names, reference, answers))
 
     def report_verify(self, plan: Plan, result: dict) -> None:
         plan.verify.append(result)
@@ -614,6 +648,43 @@ def compare(label: str, prompts: list[str], reference: list[list[int]], answers:
         first = f"prompt {i + 1} ({prompts[i][:40]!r}), token {at + 1}: adapter {ref_tok!r}, {label} {got_tok!r}"
         break
     return dict(format=label, identical=identical, total=len(reference), first_difference=first)
+
+
+VERIFY_CLIPS = 4  # a speech export's verify transcribes this many of the run's own clips
+
+
+def _has_processor(folder: Path | None) -> bool:
+    return folder is not None and any((folder / n).exists() for n in ("processor_config.json",
+                                                                      "preprocessor_config.json"))
+
+
+def speech_clips(cfg) -> tuple[list[str], list]:
+    """(names, clips): the first VERIFY_CLIPS clips of a speech run's eval rows (else its training rows), read as
+    the run read them (paths checked under the allowed roots). ExportError says why when they cannot be read."""
+    from trainer_core.data import DatasetError, loading
+
+    try:
+        data = loading.load_for_training(cfg)
+    except (DatasetError, OSError) as exc:
+        raise ExportError(f"the run's clips cannot be read to verify the merged model ({exc}): restore its data, or "
+                          "export with verify off") from None
+    rows = (data.eval_rows or data.rows)[:VERIFY_CLIPS]
+    names = [r["text"][:40] for r in rows]  # the clip's transcript names it in the verify result
+    return names, [r["audio"] for r in rows]
+
+
+def transcribe_clip(model, processor, clip, max_new_tokens: int) -> str:
+    """The model's greedy transcript of one clip (decoded and resampled to the processor's rate)."""
+    import torch
+
+    from trainer_core.worker.methods.stt import decode
+
+    rate = processor.feature_extractor.sampling_rate
+    features = processor.feature_extractor(decode(clip, rate), sampling_rate=rate, return_tensors="pt").input_features
+    with torch.no_grad():
+        ids = model.generate(input_features=features.to(model.dtype), max_new_tokens=max_new_tokens, do_sample=False,
+                             num_beams=1)
+    return processor.tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
 
 
 def has_llama_cpp() -> bool:
