@@ -103,3 +103,18 @@ def test_the_playground_lists_only_runs_whose_model_writes_answers(runs, orch):
     outputs = run_outputs(orch, listed)
     assert sorted(r.name for r in offered_runs(listed, outputs)) == ["my dpo", "my grpo"]
     assert [r.name for r in offered_runs(listed, outputs, "speech")] == ["my stt"]
+
+
+@pytest.mark.parametrize("method, during", [("reward", "pair accuracy"), ("stt", "WER and CER")])
+def test_an_eval_of_a_model_that_writes_no_answers_is_refused_naming_what_shows_its_quality(runs, tmp_path, method,
+                                                                                           during):
+    from trainer_core.evaluation.spec import EvalSpec
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"instruction": "Say hi", "output": "hi"}) + "\n")
+    problems = [e for e in EvalSpec(source=ModelSource(run_id=RUNS[method]), data=str(data),
+                                    metrics=["exact"]).validate() if e.field == "source"]
+    assert len(problems) == 1 and "cannot be evaluated by its answers" in problems[0].message, problems
+    assert during in problems[0].message
+    assert not [e for e in EvalSpec(source=ModelSource(run_id=RUNS["dpo"]), data=str(data),
+                                    metrics=["exact"]).validate() if e.field == "source"]

@@ -180,11 +180,25 @@ class EvalSpec(JobSpec):
             bad("max_seq_length", "tokens per text for retrieval, 0 for the model's own maximum")
         if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):
             errors.extend(retrieval.source_errors(self))
+        errors.extend(self._output_errors())
         if not isinstance(self.lm_eval_tasks, list):
             bad("lm_eval_tasks", "a list of task names or local task YAML paths")
         else:
             errors.extend(task_errors(self.lm_eval_tasks))
         return errors
+
+    def _output_errors(self) -> list[FieldError]:
+        """A reward model or a speech model writes no answers to score (embedding models: retrieval's check)."""
+        try:
+            resolved = jobspec.resolve(self.source)
+        except jobspec.SourceError:
+            return []  # JobSpec.validate names the missing source
+        if resolved.output not in ("reward", "speech"):
+            return []
+        during = ("its pair accuracy on the eval split is charted during training (Run details)"
+                  if resolved.output == "reward" else
+                  "its WER and CER on the eval split are charted during training (Run details)")
+        return [FieldError("source", f"{resolved.not_a_writer('evaluated by its answers')}; {during}")]
 
     def _judge_errors(self) -> list[FieldError]:
         errors = []
