@@ -28,7 +28,7 @@ from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import engines
-from ui import form, vision
+from ui import form, ray_cluster, vision
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -540,6 +540,7 @@ train_cols[0].number_input("Gradient accumulation", min_value=0, key=K + "gradie
                            help=H("gradient_accumulation_steps"))
 train_cols[1].number_input("Warmup steps", min_value=0, key=K + "warmup_steps", help=H("warmup_steps"))
 train_cols[2].number_input("Warmup ratio", min_value=0.0, step=0.01, key=K + "warmup_ratio", help=H("warmup_ratio"))
+ray_cluster.where_to_run()  # this host or the Ray cluster; the number of processes (Ray workers)
 
 with st.expander("Advanced training"):
     adv = st.columns(4)
@@ -556,9 +557,6 @@ with st.expander("Advanced training"):
     adv[0].checkbox("Packing", key=K + "packing", help=H("packing"))
     adv[1].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
     adv[2].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
-    adv = st.columns(4)
-    adv[0].number_input("Processes (0: one per GPU)", min_value=0, step=1, key=K + "num_processes",
-                        help=H("num_processes"))
     st.text_input("Resume from checkpoint", key=K + "resume_from_checkpoint", help=H("resume_from_checkpoint"))
     st.checkbox("Start even when the memory estimate is far above this device's memory",
                 key=K + "allow_memory_overcommit", help=H("allow_memory_overcommit"))

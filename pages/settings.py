@@ -1,4 +1,5 @@
-"""Settings and maintenance: where the data lives, and rebuilding the database from the run folders."""
+"""Settings and maintenance: where the data lives, rebuilding the database from the run folders, and the Ray
+cluster runs may go to (checked from here)."""
 from __future__ import annotations
 
 import streamlit as st
@@ -7,6 +8,7 @@ from db.store import default_url
 from trainer_core.access import Action, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import paths
+from ui import ray_cluster
 from ui.auth import current_actor, shared_mode
 from ui.entry import require_entrypoint
 from ui.state import orchestrator_or_problem, rebuild_database
@@ -55,3 +57,6 @@ if st.button("Rebuild the database from the run folders", icon="🛠️", type="
         except rebuild.RebuildRefused as exc:
             st.session_state["settings_rebuild_result"] = ("error", str(exc))
     st.rerun()  # the entry point builds a fresh orchestrator on the rebuilt database
+
+# A check submits a probe job to the cluster: whoever may start runs (operators, admins) may run it.
+ray_cluster.settings_section(allowed(current_actor(), Action.START) if problem is None else not shared_mode())

@@ -72,10 +72,10 @@ PLAIN_FIELDS = (
     "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
-    "num_processes",
+    "num_processes", "launcher", "ray_address", "ray_gpus_per_worker",
 )
 STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
-                   "resume_from_checkpoint", "tensorboard_dir")
+                   "resume_from_checkpoint", "tensorboard_dir", "ray_address")
 # Widgets that are not one config field each (the model and dataset pickers, lists typed as text).
 OTHER_WIDGETS = ("model_source", "model_text", "dataset_source", "local_datasets", "local_eval_datasets",
                  "custom_format_mapping", "target_modules", "extra_modules", "gpu_ids")

@@ -23,11 +23,13 @@ import shlex
 import shutil
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_core import access
-from trainer_core.config import SHARED_STORAGE_ENV, ray_address_problem
+from trainer_core.config import RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, ray_address_problem
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.parallel import NPROC_ENV
 from trainer_core.protocol import paths
@@ -204,19 +206,112 @@ def job_not_found(exc: Exception) -> bool:
     return isinstance(exc, RuntimeError) and NOT_FOUND.match(str(exc)) is not None
 
 
+@dataclass(frozen=True)
+class RayNode:
+    """One alive node as Ray reports it; ``free_*`` is None when Ray did not say."""
+    node_id: str
+    address: str
+    head: bool
+    cpus: float
+    gpus: float
+    free_cpus: float | None = None
+    free_gpus: float | None = None
+    shared: str | None = None  # the shared-storage probe's verdict: "" sees it, else why not; None: not probed
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What the cluster at ``address`` says about itself: its alive nodes, or why it could not be asked."""
+    address: str
+    nodes: tuple[RayNode, ...] = ()
+    problem: str = ""
+
+    def total(self, what: str) -> float:
+        return sum(getattr(n, what) or 0.0 for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class ClusterCheck:
+    """The Settings check: the cluster's nodes (each with its shared-storage verdict) and every problem found."""
+    info: ClusterInfo
+    shared: str  # the shared storage path that was probed ("" when none is set)
+    problems: tuple[str, ...] = ()
+
+
+def server_addresses() -> list[str]:
+    """The clusters this server may use, its own (RAY_ADDRESS) first, then the admin's FINETUNE_STUDIO_RAY_ADDRESSES
+    (the same rule as config ``ray_address_problem``)."""
+    found = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(",")]
+    return list(dict.fromkeys(a.strip().rstrip("/") for a in found if a.strip()))
+
+
+def cluster_info(address: str, timeout_s: float = 10.0) -> ClusterInfo:
+    """The alive nodes of the cluster at ``address`` with their CPUs and GPUs, total and free (Ray's state API and
+    its dashboard's per-node usage); a cluster that does not answer is a problem naming the fix, never an
+    exception. Pages offer only the server's own addresses (``server_addresses``)."""
+    if not address.strip():
+        return ClusterInfo(address, problem=f"no Ray cluster address is set: set {RAY_ADDRESS_ENV} (the cluster's "
+                                            "dashboard, e.g. http://head:8265) in the server's environment")
+    try:
+        job_client(address)  # the Jobs API answers (what every run needs), with Ray's own message when not
+        from ray.util.state import list_nodes
+
+        alive = [n for n in list_nodes(address=address, timeout=int(max(timeout_s, 1))) if n.state == "ALIVE"]
+    except Exception as exc:  # noqa: BLE001 - no ray, or the cluster did not answer: said, never raised into a page
+        return ClusterInfo(address, problem=unreachable(address, exc))
+    free = free_resources(address, timeout_s)
+    nodes = tuple(RayNode(n.node_id, n.node_ip, bool(n.is_head_node), float(n.resources_total.get("CPU", 0.0)),
+                          float(n.resources_total.get("GPU", 0.0)), free.get(n.node_id, {}).get("CPU"),
+                          free.get(n.node_id, {}).get("GPU"))
+                  for n in sorted(alive, key=lambda n: (not n.is_head_node, n.node_ip, n.node_id)))
+    return ClusterInfo(address, nodes)
+
+
+def unreachable(address: str, exc: Exception) -> str:
+    if isinstance(exc, OSError) and "not installed" in str(exc):
+        return str(exc)
+    return (f"the Ray cluster at {address} cannot be used ({type(exc).__name__}: {str(exc)[:300]}): check that it "
+            f"runs (`ray status` on its head) and that {RAY_ADDRESS_ENV} is its dashboard address, e.g. http://head:8265")
+
+
+USAGE_LINE = re.compile(r"^\s*([0-9.]+)\s*/\s*([0-9.]+)\s+(CPU|GPU)\s*$")  # "0.0/2.0 GPU" in Ray's usage text
+
+
+def free_resources(address: str, timeout_s: float = 10.0) -> dict[str, dict[str, float]]:
+    """Free CPUs and GPUs per node id, from the per-node usage Ray's dashboard shows on its Cluster page
+    (``/nodes?view=summary``, lines such as ``1.0/2.0 GPU``: used/total); {} when it does not say."""
+    try:
+        with urllib.request.urlopen(f"{address.rstrip('/')}/nodes?view=summary", timeout=timeout_s) as reply:
+            usage = json.loads(reply.read())["data"]["node_logical_resources"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    free: dict[str, dict[str, float]] = {}
+    for node_id, text in (usage.items() if isinstance(usage, dict) else ()):
+        for line in str(text).splitlines():
+            match = USAGE_LINE.match(line)
+            if match:
+                free.setdefault(node_id, {})[match[3]] = max(float(match[2]) - float(match[1]), 0.0)
+    return free
+
+
 def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:
     """What keeps the cluster at ``address`` from running jobs, one line per problem ([] when nothing does): it
     must answer, and every alive node must see the shared storage, which a probe job checks by writing one file
     per node (trainer_core/worker/ray_probe.py) that this host then finds. For Settings and the CLI."""
+    return list(inspect_cluster(address, timeout_s).problems)
+
+
+def inspect_cluster(address: str, timeout_s: float = 120.0) -> ClusterCheck:
+    """``check_cluster`` with what it found: the nodes, each with its verdict on the shared storage."""
     shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    info = cluster_info(address)
     if not shared:
-        return [shared_storage_problem(paths.runs_dir())]
+        return ClusterCheck(info, "", (shared_storage_problem(paths.runs_dir()),))
+    if info.problem:
+        return ClusterCheck(info, shared, (info.problem,))
     folder = Path(shared) / f".ray-probe-{secrets.token_hex(4)}"
     try:
-        from ray.util.state import list_nodes
-
         client = job_client(address)
-        nodes = [n for n in list_nodes(address=address) if n.state == "ALIVE"]
         folder.mkdir()
         job = client.submit_job(entrypoint=shlex.join([ray_python(), "-m", "trainer_core.worker.ray_probe", str(folder)]),
                                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
@@ -224,19 +319,30 @@ def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:
         while client.get_job_status(job) not in ("SUCCEEDED", "FAILED", "STOPPED"):
             if time.monotonic() > deadline:
                 client.stop_job(job)
-                return [f"the probe job {job} did not finish within {timeout_s:.0f}s (is the cluster out of room?)"]
+                return ClusterCheck(info, shared, (f"the probe job {job} did not finish within {timeout_s:.0f}s (is "
+                                                   "the cluster out of room?)",))
             time.sleep(0.5)
-        info = client.get_job_info(job)
-        if info.status != "SUCCEEDED":
-            return [f"the probe job {job} ended {info.status.value}: {info.message}"]
+        job_info = client.get_job_info(job)
+        if job_info.status != "SUCCEEDED":
+            return ClusterCheck(info, shared, (f"the probe job {job} ended {job_info.status.value}: {job_info.message}",))
         seen = {p.name for p in folder.iterdir()}
-        return [f"node {n.node_ip} ({n.node_id[:12]}) cannot share files with this host under {shared}: its probe "
-                f"file is missing here ({_probe_line(client.get_job_logs(job), n.node_id)})"
-                for n in nodes if n.node_id not in seen]
+        logs = client.get_job_logs(job) if any(n.node_id not in seen for n in info.nodes) else ""
+        nodes = tuple(replace(n, shared="" if n.node_id in seen else _not_seen(logs, n.node_id)) for n in info.nodes)
+        problems = tuple(f"node {n.address} ({n.node_id[:12]}) cannot share files with this host under {shared}: its "
+                         f"probe file is missing here ({n.shared})" for n in nodes if n.shared)
+        return ClusterCheck(replace(info, nodes=nodes), shared, problems)
     except Exception as exc:  # noqa: BLE001 - no ray, or the cluster did not answer: say so, never raise into a page
-        return [f"the Ray cluster at {address} cannot be used ({type(exc).__name__}: {exc})"]
+        return ClusterCheck(info, shared, (f"the Ray cluster at {address} cannot be used ({type(exc).__name__}: {exc})",))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _not_seen(logs: str, node_id: str) -> str:
+    """Why this host did not find a node's probe file: the node's own write error, or that the node wrote it
+    fine, on a storage of its own under the same path."""
+    line = _probe_line(logs, node_id)
+    return ("the node wrote and read it back on its side, so that path is another storage there than here"
+            if line == "ok" else line)
 
 
 def _probe_line(logs: str, node_id: str) -> str:
