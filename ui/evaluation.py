@@ -6,6 +6,7 @@ rendered as text (``ui.text.safe``, or dataframe cells, which Streamlit never re
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -20,6 +21,7 @@ from trainer_core.data.sources import save_upload
 from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
 from trainer_core.evaluation.spec import DEFAULT_METRICS, DEFAULT_RUBRIC, METRICS, EvalSpec
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 from ui.form import UPLOAD_TYPES
@@ -32,7 +34,9 @@ METRIC_LABELS = {"exact": ("Exact match", True), "rouge_l": ("ROUGE-L", True), "
                  "reward": ("Reward (weighted total)", True),
                  # retrieval (an embedding model): sentence-transformers' InformationRetrievalEvaluator, 0-1
                  "ndcg@10": ("NDCG@10", True), "mrr@10": ("MRR@10", True), "recall@1": ("Recall@1", True),
-                 "recall@10": ("Recall@10", True), "accuracy@1": ("Accuracy@1", True)}
+                 "recall@10": ("Recall@10", True), "accuracy@1": ("Accuracy@1", True),
+                 # a speech-to-text model's transcripts (jiwer, over all the words / characters of the set)
+                 "wer": ("WER", False), "cer": ("CER", False)}
 REWARD_PREFIX = "reward/"  # one metric per reward function of the GRPO run: reward/<name>
 METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answer the model prefers: a LoRA run by "
                                       "its implicit reward (log-prob minus the base's, adapter disabled), a model "
@@ -43,12 +47,16 @@ METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answ
                "mrr@10": "Mean of 1/rank of the first relevant passage (0 when it is not in the top 10)",
                "recall@1": "Share of each query's relevant passages found at rank 1, averaged over the queries",
                "recall@10": "Share of each query's relevant passages found in the top 10, averaged over the queries",
-               "accuracy@1": "Share of queries whose top hit is relevant"}
+               "accuracy@1": "Share of queries whose top hit is relevant",
+               "wer": "Word error rate over all clips: (substituted + deleted + inserted words) / reference words, "
+                      "on lower-cased text without punctuation",
+               "cer": "Character error rate over all clips, likewise"}
 SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss",
-            "margin": "Preference margin", "reward": "Reward", "rank": "Rank of the relevant passage"}
-LOWER_IS_BETTER = ("loss", "rank")
+            "margin": "Preference margin", "reward": "Reward", "rank": "Rank of the relevant passage",
+            "wer": "WER", "cer": "CER"}
+LOWER_IS_BETTER = ("loss", "rank", "wer", "cer")
 # metrics whose per-sample scores are in predictions.jsonl only (retrieval: each query's rank and top hits)
-PER_SAMPLE = ("preference_accuracy", "reward", "ndcg@10")
+PER_SAMPLE = ("preference_accuracy", "reward", "ndcg@10", "wer")
 K = "evaltab_"
 
 
@@ -87,7 +95,7 @@ def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
 def headline(metrics: dict | None) -> str:
     """History's short text for an eval: its ROUGE-L, else exact match, BLEU, judge, preference accuracy, reward or
     NDCG@10 (retrieval)."""
-    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward", "ndcg@10"):
+    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward", "ndcg@10", "wer"):
         if metrics and _number(metrics.get(key)) is not None:
             return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
     return ""
@@ -228,14 +236,17 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     by = st.selectbox("Sort by (worst first)", choices, format_func=SORTABLE.get, key=f"{K}sort_{key}") \
         if choices else None
     shown = worst_first(samples, by) if by else samples
-    columns = [c for c in ("index", "rank", "rouge_l", "bleu", "exact", "judge", "loss", "preferred", "margin",
-                           "reward", "prompt", "reference", "answer")
+    columns = [c for c in ("index", "rank", "wer", "cer", "rouge_l", "bleu", "exact", "judge", "loss", "preferred",
+                           "margin", "reward", "prompt", "reference", "answer")
                if c in shown and (c not in SORTABLE and c != "preferred" or shown[c].notna().any())]
     retrieved = "rank" in shown  # an embedding model's rows: a query, its relevant passage, the top hit
+    heard = "wer" in shown  # a speech model's rows: a clip, its reference transcript, the model's
     st.dataframe(shown[columns], hide_index=True, column_config={
         "index": st.column_config.NumberColumn("#"),
         "rank": st.column_config.NumberColumn("Rank", format="%d", help="Where the first relevant passage ranked "
                                                                        "(1: the top hit; empty: not in the top 100)"),
+        "wer": st.column_config.NumberColumn("WER", format="%.3f"),
+        "cer": st.column_config.NumberColumn("CER", format="%.3f"),
         "rouge_l": st.column_config.NumberColumn("ROUGE-L", format="%.3f"),
         "bleu": st.column_config.NumberColumn("BLEU", format="%.1f"),
         "exact": st.column_config.NumberColumn("Exact", format="%.0f"),
@@ -244,10 +255,14 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
         "preferred": st.column_config.NumberColumn("Prefers chosen", format="%.0f"),
         "margin": st.column_config.NumberColumn("Margin", format="%.3f"),
         "reward": st.column_config.NumberColumn("Reward", format="%.3f"),
-        "prompt": st.column_config.TextColumn("Query" if retrieved else "Prompt", width="medium"),
+        "prompt": st.column_config.TextColumn("Query" if retrieved else "Clip" if heard else "Prompt", width="medium"),
         "reference": st.column_config.TextColumn("Relevant passage" if retrieved else "Reference", width="medium"),
-        "answer": st.column_config.TextColumn("Top hit" if retrieved else "Answer", width="medium"),
+        "answer": st.column_config.TextColumn("Top hit" if retrieved else "Transcript" if heard else "Answer",
+                                              width="medium"),
     })
+    if heard:
+        _clip_detail(shown, key)
+        return
     indices = list(shown["index"])
     pick = st.selectbox("Relevant passage vs top hit" if retrieved else "Reference vs answer", indices,
                         key=f"{K}detail_{key}", format_func=lambda i: f"{'query' if retrieved else 'sample'} {i}")
@@ -260,6 +275,36 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
         st.dataframe(hits_table(row["hits"]), hide_index=True, column_config={
             "text": st.column_config.TextColumn("Passage", width="large"),
             "score": st.column_config.NumberColumn("Score", format="%.3f")})
+
+
+def _clip_detail(shown: pd.DataFrame, key: str) -> None:
+    """One clip (worst first): its audio, the reference and the model's transcript, and jiwer's word alignment."""
+    pick = st.selectbox("Clip", list(shown["index"]), key=f"{K}clip_{key}",
+                        format_func=lambda i: f"clip {i}: {shown[shown['index'] == i].iloc[0]['prompt']}")
+    row = shown[shown["index"] == pick].iloc[0]
+    clip = playable_clip(row.get("audio"))
+    if clip is not None:
+        st.audio(str(clip))
+    else:
+        st.caption("The clip is not playable here (bytes in the test data, or its file is gone or outside the allowed "
+                   "folders).")
+    ref_col, ans_col = st.columns(2)
+    ref_col.markdown("**Reference**  \n" + safe(row["reference"], 4000))
+    ans_col.markdown("**Transcript**  \n" + safe(row["answer"], 4000))
+    if isinstance(row.get("alignment"), str) and row["alignment"]:
+        st.code(row["alignment"], language=None)  # REF / HYP with S, D, I marks: plain text
+
+
+def playable_clip(value: Any) -> Path | None:
+    """A clip path read from predictions.jsonl, only when it still names a file under the allowed folders (the file
+    is written by the worker, but a page never serves a path it has not checked)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        found = paths.resolve_inside(value, paths.allowed_data_roots())
+    except paths.UnsafePathError:
+        return None
+    return found if found.is_file() else None
 
 
 def hits_table(hits: list) -> pd.DataFrame:
@@ -289,13 +334,16 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         hub_col, split_col = st.columns([3, 1])
         hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")
         split_col.text_input("Split", value="test", key=K + "hub_split")
-    embedding = _method(run.id) == "embedding"
-    metrics = st.multiselect("Metrics", list(METRICS), default=["retrieval"] if embedding else DEFAULT_METRICS,
+    method = _method(run.id)
+    embedding = method == "embedding"
+    default = ["retrieval"] if embedding else ["wer", "cer"] if method == "stt" else DEFAULT_METRICS
+    metrics = st.multiselect("Metrics", list(METRICS), default=default,
                              key=K + "metrics",
                              help="preference_accuracy: test data of preference pairs (prompt/chosen/rejected); "
                                   "reward: a GRPO run's reward functions on the answers to the test prompts; "
                                   "retrieval (an embedding run, alone): a BEIR-like folder (corpus.jsonl, "
-                                  "queries.jsonl, qrels) or a file of anchor/positive pairs")
+                                  "queries.jsonl, qrels) or a file of anchor/positive pairs; wer, cer (a speech run): "
+                                  "a file with audio and text columns, or an audio folder with metadata.jsonl")
     a, b, c = st.columns(3)
     max_samples = a.number_input("Max samples (0: all)", min_value=0, value=200, step=10, key=K + "max_samples")
     max_new = b.number_input("Max new tokens", min_value=1, max_value=4096, value=128, key=K + "max_new")

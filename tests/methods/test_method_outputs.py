@@ -105,16 +105,17 @@ def test_the_playground_lists_only_runs_whose_model_writes_answers(runs, orch):
     assert [r.name for r in offered_runs(listed, outputs, "speech")] == ["my stt"]
 
 
-@pytest.mark.parametrize("method, during", [("reward", "pair accuracy"), ("stt", "WER and CER")])
-def test_an_eval_of_a_model_that_writes_no_answers_is_refused_naming_what_shows_its_quality(runs, tmp_path, method,
-                                                                                           during):
+@pytest.mark.parametrize("method, field, words", [
+    ("reward", "source", ("cannot be evaluated by its answers", "pair accuracy")),
+    ("stt", "metrics", ("scored by its transcripts", "choose metrics [wer, cer]"))])
+def test_an_eval_by_answers_of_a_model_that_writes_none_is_refused_naming_what_fits(runs, tmp_path, method, field,
+                                                                                   words):
     from trainer_core.evaluation.spec import EvalSpec
 
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"instruction": "Say hi", "output": "hi"}) + "\n")
     problems = [e for e in EvalSpec(source=ModelSource(run_id=RUNS[method]), data=str(data),
-                                    metrics=["exact"]).validate() if e.field == "source"]
-    assert len(problems) == 1 and "cannot be evaluated by its answers" in problems[0].message, problems
-    assert during in problems[0].message
+                                    metrics=["exact"]).validate() if e.field == field]
+    assert len(problems) == 1 and all(w in problems[0].message for w in words), problems
     assert not [e for e in EvalSpec(source=ModelSource(run_id=RUNS["dpo"]), data=str(data),
-                                    metrics=["exact"]).validate() if e.field == "source"]
+                                    metrics=["exact"]).validate() if e.field in ("source", "metrics")]

@@ -12,12 +12,12 @@ from typing import Callable
 
 from trainer_core import jobspec
 from trainer_core.config import ConfigError
-from trainer_core.evaluation import retrieval
+from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation.spec import DEFAULT_METRICS, EvalSpec
 from trainer_core.protocol.status import JobKind, RunStatus
 
 EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunStatus.CANCELLED: 3}
-SHOWN = ("exact", "rouge_l", "bleu", "loss", "perplexity", "judge", *retrieval.RESULT_KEYS)
+SHOWN = ("exact", "rouge_l", "bleu", "loss", "perplexity", "judge", *retrieval.RESULT_KEYS, *speech.RESULT_KEYS)
 RETRIEVAL_BATCH = 32  # texts encoded together for retrieval, unless --batch-size says otherwise
 
 
@@ -31,11 +31,12 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
     which.add_argument("--base", action="store_true", help="evaluate the run's base model")
     parser.add_argument("--data", default="", help="test file (.jsonl/.json/.csv/.parquet, any training format), "
                                                   "eval_split:<run id>, or hub:<dataset id>; for retrieval a "
-                                                  "BEIR-like folder or a file of anchor/positive pairs")
+                                                  "BEIR-like folder or a file of anchor/positive pairs; for wer,cer "
+                                                  "a file with audio and text columns or an audio folder")
     parser.add_argument("--metrics", default=None,
                         help="comma-separated: exact, rouge, bleu, perplexity, judge, preference_accuracy, reward; "
-                             f"retrieval alone for an embedding run (default: {','.join(DEFAULT_METRICS)}, or "
-                             "retrieval for an embedding run)")
+                             f"retrieval alone for an embedding run; wer, cer for a speech run (default: "
+                             f"{','.join(DEFAULT_METRICS)}, retrieval for an embedding run, wer,cer for a speech run)")
     parser.add_argument("--max-samples", type=int, default=200, help="test rows evaluated, 0 for all (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=None,
@@ -91,12 +92,14 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
 
 
 def _default_metrics(run_id: str) -> list[str]:
-    """An embedding run's retrieval, every other run's DEFAULT_METRICS."""
+    """An embedding run's retrieval, a speech run's wer and cer, every other run's DEFAULT_METRICS."""
     try:
-        embedding = jobspec.run_config(run_id).method == "embedding"
+        method = jobspec.run_config(run_id).method
     except jobspec.SourceError:
-        embedding = False  # the spec's validation names the missing run
-    return [retrieval.METRIC] if embedding else list(DEFAULT_METRICS)
+        method = ""  # the spec's validation names the missing run
+    if method == "embedding":
+        return [retrieval.METRIC]
+    return list(speech.METRICS) if method == "stt" else list(DEFAULT_METRICS)
 
 
 def _source(run_id: str, args) -> jobspec.ModelSource:

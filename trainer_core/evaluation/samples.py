@@ -250,6 +250,10 @@ def fingerprint(spec: "EvalSpec") -> str:
 
     if retrieval.wanted(spec):  # the retrieval set itself, however it was given
         return retrieval.fingerprint(spec)
+    from trainer_core.evaluation import speech
+
+    if speech.wanted(spec):  # every clip's bytes and transcript
+        return speech.fingerprint(spec)
     if data_kind(spec.data) == "eval_split":
         run_id = split_run(spec.data)
         try:

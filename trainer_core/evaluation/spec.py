@@ -11,7 +11,7 @@ from trainer_core import jobspec
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
-from trainer_core.evaluation import retrieval
+from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
 from trainer_core.methods import grpo
@@ -23,7 +23,7 @@ from trainer_core.rewards import spec as reward_spec
 # the base's, the adapter disabled) prefers the chosen answer; the base model has no reference, so its plain
 # log-prob margin decides. reward: a GRPO run's reward functions on the model's answers. retrieval: an embedding
 # model's InformationRetrievalEvaluator scores on a BEIR-like folder or a pairs file (docs/evaluation.md).
-METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "retrieval")
+METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "retrieval", "wer", "cer")
 DEFAULT_METRICS = ["exact", "rouge", "bleu", "perplexity"]
 DEFAULT_RUBRIC = (
     "You are grading an assistant's answer against a reference answer.\n\n"
@@ -180,6 +180,8 @@ class EvalSpec(JobSpec):
             bad("max_seq_length", "tokens per text for retrieval, 0 for the model's own maximum")
         if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):
             errors.extend(retrieval.source_errors(self))
+        if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):
+            errors.extend(speech.source_errors(self))
         errors.extend(self._output_errors())
         if not isinstance(self.lm_eval_tasks, list):
             bad("lm_eval_tasks", "a list of task names or local task YAML paths")
@@ -188,17 +190,15 @@ class EvalSpec(JobSpec):
         return errors
 
     def _output_errors(self) -> list[FieldError]:
-        """A reward model or a speech model writes no answers to score (embedding models: retrieval's check)."""
+        """A reward model writes no answers to score (embedding models: retrieval's check; speech: speech's)."""
         try:
             resolved = jobspec.resolve(self.source)
         except jobspec.SourceError:
             return []  # JobSpec.validate names the missing source
-        if resolved.output not in ("reward", "speech"):
+        if resolved.output != "reward":
             return []
-        during = ("its pair accuracy on the eval split is charted during training (Run details)"
-                  if resolved.output == "reward" else
-                  "its WER and CER on the eval split are charted during training (Run details)")
-        return [FieldError("source", f"{resolved.not_a_writer('evaluated by its answers')}; {during}")]
+        return [FieldError("source", f"{resolved.not_a_writer('evaluated by its answers')}; its pair accuracy on "
+                                     "the eval split is charted during training (Run details)")]
 
     def _judge_errors(self) -> list[FieldError]:
         errors = []
@@ -245,6 +245,14 @@ class EvalSpec(JobSpec):
     def _data_errors(self) -> list[FieldError]:
         """The test data readable and shaped as prompt/reference pairs (hub data is read by the worker)."""
         kind = eval_samples.data_kind(self.data)
+        if speech.wanted(self):
+            if not speech.is_speech_source(self):
+                return []  # the metrics error says wer/cer need a speech model
+            try:
+                speech.load_rows(self)
+            except DatasetError as exc:
+                return [FieldError(exc.field, exc.message)]
+            return []
         if retrieval.wanted(self):
             try:
                 retrieval.load_set(self)

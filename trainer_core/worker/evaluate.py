@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from trainer_core import jobspec
-from trainer_core.evaluation import retrieval
+from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation import scoring
 from trainer_core.evaluation.judge import Judge, JudgeUnavailable
@@ -64,6 +64,8 @@ class Evaluator(JobWorker):
                 self.secrets.append(os.environ[spec.judge_key_env])
             if retrieval.wanted(spec):
                 return self.run_retrieval(spec)
+            if speech.wanted(spec):
+                return self.run_speech(spec)
             self.status(RunStatus.STARTING, "reading test data")
             samples, left_out = eval_samples.load_samples(spec) if spec.data.strip() else ([], None)
             if left_out:
@@ -160,6 +162,79 @@ class Evaluator(JobWorker):
             settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
             checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
         self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
+        return 0
+
+    def run_speech(self, spec: EvalSpec) -> int:
+        """A speech-to-text model on test clips: transcribe them a batch at a time (Stop/Cancel between batches),
+        a row per clip with its WER, CER and word alignment, then the set's WER and CER (jiwer, over all words, as
+        training's eval reports them)."""
+        import torch
+        from transformers import AutoProcessor
+
+        from trainer_core.worker.methods import stt
+        from trainer_core.worker.sources import load_source
+
+        self.status(RunStatus.STARTING, "reading the test clips")
+        rows = speech.load_rows(spec)
+        fingerprint = eval_samples.fingerprint(spec)
+        self.log(f"{len(rows):,} test clip(s)")
+        self.check_cancel()
+        self.status(RunStatus.STARTING, "loading model")
+        resolved = jobspec.resolve(spec.source)
+        device = "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"
+        model, _ = load_source(resolved, device, log=self.log)
+        folder = resolved.weights_dir if resolved.weights_dir is not None and any(
+            (resolved.weights_dir / n).exists() for n in ("processor_config.json", "preprocessor_config.json")) \
+            else None
+        if folder is None:
+            from trainer_core.worker.sources import base_folder
+
+            folder = base_folder(resolved, log=self.log)
+        processor = AutoProcessor.from_pretrained(str(folder))
+        self.log(f"Loaded {resolved.label} on {device}")
+        self.check_cancel()
+        self.status(RunStatus.RUNNING, "transcribing")
+        started, references, hypotheses, action = time.time(), [], [], None
+        batch = max(1, int(spec.batch_size))
+        with Predictions(self.run_dir / PREDICTIONS, self.warn) as predictions:
+            for first in range(0, len(rows), batch):
+                action = self.requested()
+                if action is not None:
+                    break
+                chunk = rows[first:first + batch]
+                texts = stt.transcribe(model, processor, [r["audio"] for r in chunk], spec.max_new_tokens)
+                for offset, (row, text) in enumerate(zip(chunk, texts)):
+                    index = first + offset
+                    rates = stt.error_rates([row["text"]], [text])
+                    name = speech.clip_name(row["audio"], index)
+                    line = {"index": index, "prompt": name, "reference": row["text"], "answer": text,
+                            "wer": rates.get("wer"), "cer": rates.get("cer"),
+                            "alignment": stt.alignment(row["text"], text),
+                            "audio": row["audio"] if isinstance(row["audio"], str) else None}
+                    predictions.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n", index)
+                    # the sample table has no error-rate columns: WER/CER per clip live in predictions.jsonl
+                    self.events.emit(ev.EvalSampleEvent(index=index, prompt=name, reference=row["text"][:TEXT_CAP],
+                                                        answer=text[:TEXT_CAP]))
+                    references.append(row["text"])
+                    hypotheses.append(text)
+                elapsed = time.time() - started
+                done = len(references)
+                self.events.emit(ev.ProgressEvent(step=done, total_steps=len(rows), elapsed_s=elapsed,
+                                                  eta_s=elapsed / done * (len(rows) - done)))
+        if action is control.Action.CANCEL:
+            self.finish(RunStatus.CANCELLED, len(references))
+            return 0
+        if not references:  # a Stop before the first batch: nothing scored, nothing cached as a baseline
+            raise Cancelled(action or control.Action.STOP)
+        metrics: dict = dict(stt.error_rates(references, hypotheses))
+        metrics.update(clips=len(references), samples=len(references), seconds=round(time.time() - started, 3),
+                       partial=action is not None)
+        self.write_results(spec, resolved, fingerprint, metrics, len(rows))
+        self.events.emit(ev.EvalResultEvent(
+            source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
+            settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
+            checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
+        self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(references))
         return 0
 
     def load(self, resolved: jobspec.ResolvedSource):

@@ -675,16 +675,9 @@ def speech_clips(cfg) -> tuple[list[str], list]:
 
 def transcribe_clip(model, processor, clip, max_new_tokens: int) -> str:
     """The model's greedy transcript of one clip (decoded and resampled to the processor's rate)."""
-    import torch
+    from trainer_core.worker.methods.stt import transcribe
 
-    from trainer_core.worker.methods.stt import decode
-
-    rate = processor.feature_extractor.sampling_rate
-    features = processor.feature_extractor(decode(clip, rate), sampling_rate=rate, return_tensors="pt").input_features
-    with torch.no_grad():
-        ids = model.generate(input_features=features.to(model.dtype), max_new_tokens=max_new_tokens, do_sample=False,
-                             num_beams=1)
-    return processor.tokenizer.batch_decode(ids, skip_special_tokens=True)[0].strip()
+    return transcribe(model, processor, [clip], max_new_tokens)[0]
 
 
 def has_llama_cpp() -> bool:

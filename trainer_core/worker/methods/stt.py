@@ -136,6 +136,35 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict[str, float
     return {"wer": float(jiwer.wer(refs, hyps)), "cer": float(jiwer.cer(refs, hyps))}
 
 
+def transcribe(model, processor, clips: list, max_new_tokens: int) -> list[str]:
+    """The model's greedy transcripts of a batch of clips (paths, bytes or decoded arrays), each decoded and
+    resampled to the processor's rate; the generation config carries the run's language and task."""
+    rate = processor.feature_extractor.sampling_rate
+    features = processor.feature_extractor([decode(clip, rate) for clip in clips], sampling_rate=rate,
+                                           return_tensors="pt").input_features
+    # The decoder holds max_target_positions tokens, the forced prefix included (start, language, task and
+    # no-timestamps: at most 4): generate refuses a max_new_tokens that overflows it (448 for Whisper).
+    room = getattr(model.config, "max_target_positions", 0) - 4
+    with torch.no_grad():
+        ids = model.generate(input_features=features.to(model.device, model.dtype),
+                             max_new_tokens=min(max_new_tokens, room) if room > 0 else max_new_tokens,
+                             do_sample=False, num_beams=1)
+    return [text.strip() for text in processor.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def alignment(reference: str, hypothesis: str) -> str:
+    """jiwer's word alignment of a transcript with its reference (normalised as error_rates normalises), as text:
+    REF / HYP lines with S, D and I under the substituted, deleted and inserted words."""
+    normalize = BasicTextNormalizer()
+    reference, hypothesis = normalize(reference).strip(), normalize(hypothesis).strip()
+    if not reference:
+        return ""
+    if reference == hypothesis:  # jiwer draws nothing for a sentence without an error
+        return f"REF: {reference}\nHYP: {hypothesis}"
+    text = jiwer.visualize_alignment(jiwer.process_words(reference, hypothesis), show_measures=False)
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("==="))
+
+
 def make_compute_metrics(tokenizer):
     def compute_metrics(prediction) -> dict[str, float]:
         predictions, label_ids = prediction.predictions, prediction.label_ids
