@@ -260,11 +260,16 @@ def cluster_info(address: str, timeout_s: float = 10.0) -> ClusterInfo:
     except Exception as exc:  # noqa: BLE001 - no ray, or the cluster did not answer: said, never raised into a page
         return ClusterInfo(address, problem=unreachable(address, exc))
     free = free_resources(address, timeout_s)
-    nodes = tuple(RayNode(n.node_id, n.node_ip, bool(n.is_head_node), float(n.resources_total.get("CPU", 0.0)),
-                          float(n.resources_total.get("GPU", 0.0)), free.get(n.node_id, {}).get("CPU"),
-                          free.get(n.node_id, {}).get("GPU"))
-                  for n in sorted(alive, key=lambda n: (not n.is_head_node, n.node_ip, n.node_id)))
-    return ClusterInfo(address, nodes)
+    return ClusterInfo(address, tuple(node_of(n, free.get(n.node_id))
+                                      for n in sorted(alive, key=lambda n: (not n.is_head_node, n.node_ip, n.node_id))))
+
+
+def node_of(state: Any, free: dict[str, float] | None) -> RayNode:
+    """A RayNode from Ray's NodeState and its free resources (None: unknown; a resource Ray's usage does not list
+    is one the node has none of)."""
+    return RayNode(state.node_id, state.node_ip, bool(state.is_head_node), float(state.resources_total.get("CPU", 0.0)),
+                   float(state.resources_total.get("GPU", 0.0)), None if free is None else free.get("CPU", 0.0),
+                   None if free is None else free.get("GPU", 0.0))
 
 
 def unreachable(address: str, exc: Exception) -> str:
@@ -279,18 +284,18 @@ USAGE_LINE = re.compile(r"^\s*([0-9.]+)\s*/\s*([0-9.]+)\s+(CPU|GPU)\s*$")  # "0.
 
 def free_resources(address: str, timeout_s: float = 10.0) -> dict[str, dict[str, float]]:
     """Free CPUs and GPUs per node id, from the per-node usage Ray's dashboard shows on its Cluster page
-    (``/nodes?view=summary``, lines such as ``1.0/2.0 GPU``: used/total); {} when it does not say."""
+    (``/nodes?view=summary``, lines such as ``1.0/2.0 GPU``: used/total, filled in once Ray's monitor has reported,
+    a few seconds after a node joins); {} when it does not say."""
     try:
         with urllib.request.urlopen(f"{address.rstrip('/')}/nodes?view=summary", timeout=timeout_s) as reply:
-            usage = json.loads(reply.read())["data"]["node_logical_resources"]
-    except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(reply.read())["data"]
+        usage = data.get("nodeLogicalResources", data.get("node_logical_resources"))  # camelCased by Ray's REST
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
     free: dict[str, dict[str, float]] = {}
     for node_id, text in (usage.items() if isinstance(usage, dict) else ()):
-        for line in str(text).splitlines():
-            match = USAGE_LINE.match(line)
-            if match:
-                free.setdefault(node_id, {})[match[3]] = max(float(match[2]) - float(match[1]), 0.0)
+        free[node_id] = {m[3]: max(float(m[2]) - float(m[1]), 0.0)
+                         for m in map(USAGE_LINE.match, str(text).splitlines()) if m}
     return free
 
 

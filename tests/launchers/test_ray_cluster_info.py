@@ -1,0 +1,72 @@
+"""What the dashboard reads of a cluster without starting one: free CPUs and GPUs per node from Ray's dashboard
+answer (a fake HTTP server speaking its JSON), the allowed addresses, and a silent cluster as a message."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from trainer_core.launchers import ray as ray_jobs
+
+# Ray 2.60's answer to GET /nodes?view=summary, cut to what is read (the usage text of its Cluster page).
+SUMMARY = {"result": True, "msg": "Node summary fetched.", "data": {"summary": [], "nodeLogicalResources": {
+    "gpu-node": "1.0/3.0 CPU\n1.0/2.0 GPU\n0B/22.76GiB memory\n0B/76.29MiB object_store_memory",
+    "cpu-node": "0.0/1.0 CPU\n0B/22.37GiB memory"}}}
+
+
+@pytest.fixture
+def dashboard():
+    """A local HTTP server answering /nodes?view=summary with SUMMARY; its address."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps(SUMMARY if self.path == "/nodes?view=summary" else {}).encode()
+            self.send_response(200 if self.path == "/nodes?view=summary" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_free_resources_are_read_per_node_from_the_dashboards_usage(dashboard):
+    assert ray_jobs.free_resources(dashboard) == {"gpu-node": {"CPU": 2.0, "GPU": 1.0}, "cpu-node": {"CPU": 1.0}}
+
+
+def test_a_node_missing_from_the_usage_has_unknown_free_capacity_and_a_listed_one_no_gpu_when_none_is_listed():
+    state = SimpleNamespace(node_id="n1", node_ip="10.0.0.3", is_head_node=False, resources_total={"CPU": 4.0})
+    assert ray_jobs.node_of(state, None) == ray_jobs.RayNode("n1", "10.0.0.3", False, 4.0, 0.0, None, None)
+    assert ray_jobs.node_of(state, {"CPU": 1.0}) == ray_jobs.RayNode("n1", "10.0.0.3", False, 4.0, 0.0, 1.0, 0.0)
+
+
+def test_free_resources_of_a_dashboard_that_does_not_answer_are_unknown():
+    assert ray_jobs.free_resources("http://127.0.0.1:9", timeout_s=2) == {}  # port 9: nobody listens
+
+
+def test_a_cluster_that_does_not_answer_is_a_problem_naming_the_fix_not_an_exception():
+    pytest.importorskip("ray", reason="without ray the problem is the install hint")
+    info = ray_jobs.cluster_info("http://127.0.0.1:9")
+    assert info.nodes == ()
+    assert info.problem.startswith("the Ray cluster at http://127.0.0.1:9 cannot be used (ConnectionError: ")
+    assert info.problem.endswith("check that it runs (`ray status` on its head) and that RAY_ADDRESS is its dashboard "
+                                 "address, e.g. http://head:8265")
+    assert ray_jobs.cluster_info("  ").problem.startswith("no Ray cluster address is set: set RAY_ADDRESS")
+
+
+def test_the_servers_addresses_are_its_own_first_then_the_admins_list(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265/")
+    monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", " http://gpu-b:8265, ,http://head:8265")
+    assert ray_jobs.server_addresses() == ["http://head:8265", "http://gpu-b:8265"]
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES")
+    assert ray_jobs.server_addresses() == []
