@@ -246,7 +246,8 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     device = "cuda" if hardware.cuda_available() else "cpu"
     shown = form.current_preview(st.session_state, cfg)
     longest = max(shown.lengths) if shown is not None and shown.lengths else None
-    processes = parallel.process_count(cfg)
+    # On a Ray cluster num_processes is the number of workers (0 or 1: one), never this host's GPU count.
+    processes = max(cfg.num_processes, 1) if cfg.launcher == "ray" else parallel.process_count(cfg)
     engine = engines.choose_engine(processes)
     est = memory.estimate_memory(info, cfg, device, longest_row=longest, engine=engine)
     dev = memory.device_memory(cfg)

@@ -200,6 +200,23 @@ def test_a_ray_preset_round_trips_through_the_form(fakes, cluster, monkeypatch):
     assert cluster[-1] == other  # the capacity shown is the chosen cluster's
 
 
+def test_a_ray_preset_without_a_cluster_on_the_server_is_a_warning(fakes, no_cluster):  # noqa: F811
+    at = open_page(nr_launcher="ray")
+    assert not at.exception, at.exception
+    assert any(w.startswith("This config runs on a Ray cluster, but the server has none: set `RAY_ADDRESS`")
+               for w in texts(at, "warning"))
+
+
+def test_the_global_batch_on_the_cluster_counts_its_workers_not_this_hosts_gpus(fakes, cluster,  # noqa: F811
+                                                                                 fake_gpu_host):
+    at = open_page(nr_launcher="ray", nr_batch_size=3)
+    assert "1 data-parallel process(es): global batch 3 rows per step (batch 3 × accumulation 1 × 1)" in texts(
+        at, "caption")  # num_processes 0 on Ray: one worker, though this host has two GPUs
+    at.number_input(key="nr_num_processes").set_value(4).run()
+    assert "4 data-parallel process(es): global batch 12 rows per step (batch 3 × accumulation 1 × 4)" in texts(
+        at, "caption")
+
+
 def test_the_capacity_of_a_cluster_the_server_does_not_allow_is_not_asked(fakes, cluster):  # noqa: F811
     at = open_page(**{"nr_launcher": "ray", "nr_ray_address": "http://elsewhere:8265"})
     assert not at.exception, at.exception
