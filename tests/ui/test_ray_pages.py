@@ -112,6 +112,20 @@ def test_settings_check_of_a_cluster_that_does_not_answer_is_a_message(app_home,
     assert not at.dataframe
 
 
+def test_settings_check_without_shared_storage_lists_the_nodes_and_says_what_to_set(app_home, cluster, monkeypatch):
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE")  # the real check; only the cluster's answer is faked
+    at = settings_page()
+    [shown] = [m.value for m in at.markdown if "Cluster address" in m.value]
+    assert "Shared storage: not set (`FINETUNE_STUDIO_SHARED_STORAGE`)" in shown
+    check_button(at).click().run()
+    assert not at.exception, at.exception
+    [nodes] = [d.value for d in at.dataframe if "node" in d.value.columns]
+    assert list(nodes.columns) == ["node", "address", "CPUs free", "GPUs free"]  # no probe ran
+    assert [e.value.replace("\\", "") for e in at.error] == [
+        "run folders must be on storage every node of the Ray cluster mounts: set FINETUNE_STUDIO_SHARED_STORAGE to "
+        "that path in the server's environment, with FINETUNE_STUDIO_HOME under it"]
+
+
 def test_every_allowed_cluster_is_listed_and_the_chosen_one_is_checked(app_home, cluster, monkeypatch):
     other = "http://gpu-b:8265"
     monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", f"{other}, {ADDRESS}/")
