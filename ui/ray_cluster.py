@@ -46,6 +46,12 @@ def capacity_line(info: ray_jobs.ClusterInfo) -> str:
             f"CPUs: {free('free_cpus')} free of {info.total('cpus'):g}")
 
 
+def own_and_other_addresses(addresses: list[str]) -> tuple[str, list[str]]:
+    """(the server's own cluster, RAY_ADDRESS, or ""; the other allowed ones) of ``server_addresses()``."""
+    own = os.environ.get(RAY_ADDRESS_ENV, "").strip().rstrip("/")
+    return own, [a for a in addresses if a != own]
+
+
 # ---------------------------------------------------------------------- Settings
 def settings_section(may_check: bool) -> None:
     """``may_check``: whether this person may run the check (it submits a probe job: operators and admins)."""
@@ -55,10 +61,10 @@ def settings_section(may_check: bool) -> None:
     if not addresses:
         st.info("No Ray cluster is configured: runs go to this host. To run on a cluster, " + HOW_TO + ".", icon="🛰️")
         return
-    st.markdown(f"Cluster address: {code(addresses[0])}"
-                + (f" (`{RAY_ADDRESS_ENV}`)" if os.environ.get(RAY_ADDRESS_ENV, "").strip() else "")
-                + (f"  \nAlso allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(a) for a in addresses[1:])
-                   if len(addresses) > 1 else "")
+    own, others = own_and_other_addresses(addresses)
+    st.markdown(f"Cluster address: {code(own) if own else 'not set'} (`{RAY_ADDRESS_ENV}`)"
+                + (f"  \nAlso allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(a) for a in others)
+                   if others else "")
                 + f"  \nShared storage: {code(shared) if shared else 'not set'} (`{SHARED_STORAGE_ENV}`)")
     st.caption("Read from the server's environment; to change them, " + HOW_TO + ".")
     address = (st.selectbox("Cluster to check", addresses, key="settings_ray_address") if len(addresses) > 1
@@ -120,11 +126,15 @@ def where_to_run(help_text=TrainConfig.help) -> None:
         state[K + "ray_gpus_per_worker"] = float(state[K + "ray_gpus_per_worker"])
     cols[1].number_input("GPUs per worker (0: CPU workers)", min_value=0.0, step=1.0, key=K + "ray_gpus_per_worker",
                          help=help_text("ray_gpus_per_worker"))
-    if len(addresses) > 1 or state.get(K + "ray_address"):
-        options = list(dict.fromkeys(["", *addresses[1:], state.get(K + "ray_address", "")]))
+    own, others = own_and_other_addresses(addresses)
+    if not own and not state.get(K + "ray_address") and others:
+        state[K + "ray_address"] = others[0]  # no cluster of the server's own: the first one allowed
+    current = state.get(K + "ray_address", "")
+    if others or current:  # "" is the server's own cluster (RAY_ADDRESS), offered when there is one
+        options = list(dict.fromkeys([*([""] if own else []), *others, *([current] if current else [])]))
         cols[2].selectbox("Cluster", options, key=K + "ray_address", help=help_text("ray_address"),
-                          format_func=lambda a: a or f"{os.environ.get(RAY_ADDRESS_ENV) or 'none'} (the server's)")
-    capacity_panel(state.get(K + "ray_address", "") or os.environ.get(RAY_ADDRESS_ENV, ""),
+                          format_func=lambda a: a or f"{own} (the server's)")
+    capacity_panel(state.get(K + "ray_address", "") or own,
                    int(state.get(K + "num_processes") or 1), float(state.get(K + "ray_gpus_per_worker") or 0.0))
 
 

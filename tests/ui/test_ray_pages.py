@@ -80,7 +80,7 @@ def test_settings_check_lists_the_nodes_and_names_the_node_without_the_shared_st
     monkeypatch.setattr(ray_jobs, "inspect_cluster", lambda address, timeout_s=120.0: asked.append(address) or checked)
     at = settings_page()
     [shown] = [m.value for m in at.markdown if "Cluster address" in m.value]
-    assert f"Cluster address: `{ADDRESS}` (`RAY_ADDRESS`)" in shown and f"Shared storage: `{tmp_path}`" in shown
+    assert shown == f"Cluster address: `{ADDRESS}` (`RAY_ADDRESS`)  \nShared storage: `{tmp_path}` (`FINETUNE_STUDIO_SHARED_STORAGE`)"
     assert asked == []  # nothing is submitted to the cluster until asked
     check_button(at).click().run()
     assert not at.exception, at.exception
@@ -133,6 +133,9 @@ def test_every_allowed_cluster_is_listed_and_the_chosen_one_is_checked(app_home,
     monkeypatch.setattr(ray_jobs, "inspect_cluster", lambda address, timeout_s=120.0: asked.append(address) or
                         ray_jobs.ClusterCheck(ray_jobs.ClusterInfo(address, (HEAD,)), "/shared"))
     at = settings_page()
+    [shown] = [m.value for m in at.markdown if "Cluster address" in m.value]
+    assert shown.startswith(f"Cluster address: `{ADDRESS}` (`RAY_ADDRESS`)  \nAlso allowed for runs "
+                            f"(`FINETUNE_STUDIO_RAY_ADDRESSES`): `{other}`  \n")
     picker = at.selectbox(key="settings_ray_address")
     assert picker.options == [ADDRESS, other]
     picker.set_value(other).run()
@@ -229,6 +232,17 @@ def test_the_global_batch_on_the_cluster_counts_its_workers_not_this_hosts_gpus(
     at.number_input(key="nr_num_processes").set_value(4).run()
     assert "4 data-parallel process(es): global batch 12 rows per step (batch 3 × accumulation 1 × 4)" in texts(
         at, "caption")
+
+
+def test_without_a_cluster_of_its_own_the_form_picks_the_first_allowed_one(fakes, cluster, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", f"{ADDRESS},http://gpu-b:8265")
+    at = open_page(nr_launcher="ray")
+    picker = at.selectbox(key="nr_ray_address")
+    assert picker.options == [ADDRESS, "http://gpu-b:8265"] and picker.value == ADDRESS
+    assert cluster == [ADDRESS]
+    click(at, "Preview data")
+    assert fakes.preview[-1].ray_address == ADDRESS  # validation needs one: the server has no RAY_ADDRESS
 
 
 def test_the_capacity_of_a_cluster_the_server_does_not_allow_is_not_asked(fakes, cluster):  # noqa: F811
