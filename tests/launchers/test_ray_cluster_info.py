@@ -43,9 +43,9 @@ def test_free_resources_are_read_per_node_from_the_dashboards_usage(dashboard):
     assert ray_jobs.free_resources(dashboard) == {"gpu-node": {"CPU": 2.0, "GPU": 1.0}, "cpu-node": {"CPU": 1.0}}
 
 
-def test_a_node_missing_from_the_usage_has_unknown_free_capacity_and_a_listed_one_no_gpu_when_none_is_listed():
+def test_a_node_missing_from_the_usage_has_unknown_free_capacity_except_of_what_it_has_none():
     state = SimpleNamespace(node_id="n1", node_ip="10.0.0.3", is_head_node=False, resources_total={"CPU": 4.0})
-    assert ray_jobs.node_of(state, None) == ray_jobs.RayNode("n1", "10.0.0.3", False, 4.0, 0.0, None, None)
+    assert ray_jobs.node_of(state, None) == ray_jobs.RayNode("n1", "10.0.0.3", False, 4.0, 0.0, None, 0.0)
     assert ray_jobs.node_of(state, {"CPU": 1.0}) == ray_jobs.RayNode("n1", "10.0.0.3", False, 4.0, 0.0, 1.0, 0.0)
 
 

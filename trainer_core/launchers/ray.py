@@ -265,11 +265,15 @@ def cluster_info(address: str, timeout_s: float = 10.0) -> ClusterInfo:
 
 
 def node_of(state: Any, free: dict[str, float] | None) -> RayNode:
-    """A RayNode from Ray's NodeState and its free resources (None: unknown; a resource Ray's usage does not list
-    is one the node has none of)."""
-    return RayNode(state.node_id, state.node_ip, bool(state.is_head_node), float(state.resources_total.get("CPU", 0.0)),
-                   float(state.resources_total.get("GPU", 0.0)), None if free is None else free.get("CPU", 0.0),
-                   None if free is None else free.get("GPU", 0.0))
+    """A RayNode from Ray's NodeState and its free resources (None: not reported yet; a resource Ray's usage does
+    not list is one the node has none of, and a node with none of a resource has none free)."""
+    cpus, gpus = (float(state.resources_total.get(name, 0.0)) for name in ("CPU", "GPU"))
+
+    def free_of(name: str, total: float) -> float | None:
+        return (free or {}).get(name, 0.0) if free is not None or not total else None
+
+    return RayNode(state.node_id, state.node_ip, bool(state.is_head_node), cpus, gpus, free_of("CPU", cpus),
+                   free_of("GPU", gpus))
 
 
 def unreachable(address: str, exc: Exception) -> str:
