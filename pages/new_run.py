@@ -23,12 +23,13 @@ from trainer_core.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats
+from trainer_core.data import audio as audio_data
 from trainer_core.data.readers import read_rows
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import engines
-from ui import form, ray_cluster, vision
+from ui import form, ray_cluster, speech_panel, vision
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -509,6 +510,11 @@ st.selectbox("Format", FORMAT_TYPES, key=K + "format_type", help=H("format_type"
 mapping_panel()
 vision.thumbnails_panel(dataset_sample()[0], form.sample_source(st.session_state)[0], vision_info)
 config, config_errors = form.build_config(st.session_state)  # after the pickers: they decide which format's mapping applies
+if config is not None and config.method == "stt":  # players and a duration histogram of the chosen clips
+    stt_columns = config.stt.get("columns") if isinstance(config.stt, dict) else None
+    speech_panel.clips_panel(dataset_sample()[0], form.sample_source(st.session_state)[0],
+                             stt_columns if isinstance(stt_columns, dict) else None,
+                             audio_data.window_of(config.model_name))
 with st.expander("System prompt and more mapping"):
     st.text_area("System prompt", key=K + "system_prompt", help=H("system_prompt"))
     st.text_area("More mapping (one role=column per line; wins over the pickers above)",

@@ -1,0 +1,84 @@
+"""The New run page's speech panel (issue 22): for a dataset of clips, a player for the first ones with their
+transcript and duration, and a histogram of every clip's duration against the model's window (clips past it are
+left out of training, counted). Dashboard side: clip headers only (soundfile), paths resolved and checked by the
+data loader (allowed roots) before a clip is read or played."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from trainer_core.data import DatasetError
+from trainer_core.data import audio as audio_data
+from ui.text import safe
+
+PLAYERS = 3  # clips with a player under the dataset picker
+HISTOGRAM_MAX = 5_000  # clips whose durations are read for the histogram (headers only)
+
+
+def clip_rows(rows: list[dict], folder: Path, mapping: dict[str, str] | None) -> tuple[list[dict], str]:
+    """Up to HISTOGRAM_MAX rows as {audio, text, seconds} with their clips resolved and checked ([] when the rows
+    hold no audio); or a problem (a URL, a path outside the allowed roots) as the loader words it."""
+    sample = rows[:HISTOGRAM_MAX]
+    if audio_data.audio_column(sample, mapping) is None or audio_data.text_column(sample, mapping) is None:
+        return [], ""
+    try:
+        resolved = audio_data.resolve_rows(sample, folder, "local_datasets", mapping)
+    except DatasetError as exc:
+        return [], exc.message
+    column, text = audio_data.audio_column(resolved, mapping), audio_data.text_column(resolved, mapping)
+    out = []
+    for row in resolved:
+        clip = row.get(column) if isinstance(row, dict) else None
+        if clip in (None, "", b""):
+            continue
+        try:
+            seconds = audio_data.duration_s(clip)
+        except ValueError:
+            seconds = None  # unreadable: the data check counts it
+        out.append({"audio": clip, "text": str(row.get(text) or ""), "seconds": seconds})
+    return out, ""
+
+
+def duration_chart(seconds: list[float], window_s: float) -> alt.LayerChart:
+    """Clips per duration bin, with the model's window as a rule: what is right of it is left out."""
+    frame = pd.DataFrame({"seconds": seconds})
+    bars = alt.Chart(frame).mark_bar().encode(
+        x=alt.X("seconds:Q", bin=alt.Bin(maxbins=30), title="clip duration (s)"),
+        y=alt.Y("count():Q", title="clips"))
+    rule = alt.Chart(pd.DataFrame({"window": [window_s]})).mark_rule(color="red", strokeDash=[4, 4]).encode(
+        x="window:Q", tooltip=[alt.Tooltip("window:Q", title="model window (s)")])
+    return alt.layer(bars, rule).properties(height=180)
+
+
+def clips_panel(rows: list[dict], source: Path | None, mapping: dict[str, str] | None, window_s: float) -> None:
+    """Players for the first clips of ``source`` (the first dataset file) and the duration histogram."""
+    if source is None:
+        return
+    clips, problem = clip_rows(rows, source if source.is_dir() else source.parent, mapping)
+    if problem:
+        st.warning(f"**local_datasets**: {safe(problem)}")
+        return
+    if not clips:
+        return
+    readable = [c["seconds"] for c in clips if c["seconds"] is not None]
+    over = sum(s > window_s for s in readable)
+    st.markdown(f"**Clips** ({len(clips):,} in the first file{' read' if len(rows) > HISTOGRAM_MAX else ''}: "
+                f"{sum(readable):.1f} s of speech)")
+    for column, clip in zip(st.columns(min(PLAYERS, len(clips))), clips[:PLAYERS]):
+        if isinstance(clip["audio"], str):
+            column.audio(clip["audio"])
+        elif isinstance(clip["audio"], (bytes, bytearray)):
+            column.audio(bytes(clip["audio"]))
+        length = f"{clip['seconds']:.1f} s" if clip["seconds"] is not None else "unreadable"
+        column.caption(f"{length} · {safe(clip['text'][:80])}")
+    if readable:
+        st.altair_chart(duration_chart(readable, window_s), width="stretch")
+    if over:
+        st.warning(f"{over:,} clip(s) are longer than the model's {window_s:g} s window and will be left out: "
+                   f"{audio_data.too_long_reason(window_s)}.")
+    if len(readable) < len(clips):
+        st.warning(f"{len(clips) - len(readable):,} clip(s) cannot be read (not WAV/FLAC/OGG/MP3 files soundfile "
+                   "decodes) and will be left out.")
