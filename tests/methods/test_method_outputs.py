@@ -1,8 +1,9 @@
 """What a run's model is decides what the studio offers after training (MethodSpec.output): a reward model scores
 answers, an embedding model makes vectors, a Whisper model transcribes. None of them writes chat answers, so the
-Playground's chat does not list them, and a merged/GGUF export of a reward or embedding model (which loads a model
-that writes answers and verifies it by its answers) is refused before start, naming what the model is for; so is
-serving. A speech model is served for transcription and exported merged (verified by its transcripts), not GGUF. Before, these jobs started and
+Playground's chat does not list them, and a merged/GGUF export of a reward model (which loads a model that writes
+answers and verifies it by its answers) is refused before start, naming what the model is for; so is serving. A
+speech model is served for transcription and exported merged (verified by its transcripts), an embedding model
+exported as its sentence-transformers folder (verified by its embeddings); neither as GGUF. Before, these jobs started and
 failed late in the worker, or (a reward run's LoRA merged into a causal LM) produced a model without its score
 head."""
 from __future__ import annotations
@@ -72,6 +73,11 @@ def test_a_model_that_does_not_write_answers_is_not_served_as_chat_nor_exported_
         assert [e.message for e in exported] == ["gguf: a speech-to-text model is not converted to GGUF here "
                                                  "(llama.cpp's converter takes language models): export merged"]
         assert merged_alone == []
+    elif method == "embedding":  # a sentence-transformers folder (a full run's); this run trained LoRA
+        assert [e.message.split(":")[0] for e in exported] == ["gguf"]
+        assert "sentence-transformers folder" in exported[0].message
+        assert [e.message.split(":")[0] for e in merged_alone] == ["merged"]
+        assert "export the adapter" in merged_alone[0].message
     else:
         assert [e.message.split(":")[0] for e in exported] == ["merged and gguf"]
         assert all(w in exported[0].message for w in words), exported[0].message

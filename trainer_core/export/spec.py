@@ -98,6 +98,14 @@ class ExportSpec(JobSpec):
         if resolved.output == "speech":
             return ("gguf: a speech-to-text model is not converted to GGUF here (llama.cpp's converter takes language "
                     "models): export merged") if "gguf" in targets else None
+        if resolved.output == "embedding":
+            if "gguf" in targets:
+                return ("gguf: an embedding model is exported as a sentence-transformers folder (merged), which "
+                        "SentenceTransformer(path) loads, not as GGUF")
+            if resolved.adapter_dir is not None:
+                return ("merged: this embedding run trained a LoRA adapter, which the installed peft cannot merge into "
+                        "a sentence-transformers folder: export the adapter")
+            return None
         problem = resolved.not_a_writer("merged into a model that writes answers")
         if problem is None:
             return None

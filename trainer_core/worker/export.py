@@ -361,6 +361,14 @@ class ExportWorker(JobWorker):
 
         dtype = plan.spec.merged_dtype
         target = plan.merged_dir
+        if plan.resolved.output == "embedding":  # a full fine-tune's sentence-transformers folder, saved again
+            from sentence_transformers import SentenceTransformer
+
+            SentenceTransformer(str(plan.resolved.model_dir), device="cpu").save(str(target))
+            if "merged" in plan.spec.targets:
+                plan.staged.append(Staged("merged", "merged", "sentence-transformers", "the sentence-transformers "
+                                          "folder (modules, pooling, tokenizer): SentenceTransformer(path) loads it"))
+            return
         if plan.resolved.adapter_dir is not None:
             merge_adapter(plan.resolved, target, dtype, log=self.log)
             (target / MERGED_MARKER).unlink(missing_ok=True)  # a cache stamp, not part of the model
@@ -464,6 +472,9 @@ class ExportWorker(JobWorker):
         if plan.resolved.output == "speech":
             self.verify_speech(plan)
             return
+        if plan.resolved.output == "embedding":
+            self.verify_embedding(plan)
+            return
         import torch
 
         from trainer_core.worker.sources import load_source
@@ -524,6 +535,29 @@ class ExportWorker(JobWorker):
                               f"{str(exc)[:300]}): the export failed and nothing was published") from None
         answers = [transcribe_clip(merged, processor, clip, plan.spec.max_new_tokens) for clip in clips]
         self.report_verify(plan, compare_texts("merged", names, reference, answers))
+
+    def verify_embedding(self, plan: Plan) -> None:
+        """An embedding model: the exported folder reloaded with sentence-transformers embeds the run's own texts as
+        the run's model does (cosine similarity of each pair of vectors at least EMBED_TOLERANCE)."""
+        from sentence_transformers import SentenceTransformer
+
+        texts = embedding_texts(plan.resolved.config)
+        source = SentenceTransformer(str(plan.resolved.model_dir), device="cpu")
+        reference = source.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+        del source
+        self.check_control()
+        try:
+            exported = SentenceTransformer(str(plan.merged_dir), device="cpu")
+        except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
+            raise ExportError(f"the exported folder cannot be loaded back with sentence-transformers "
+                              f"({type(exc).__name__}: {str(exc)[:300]}): the export failed and nothing was "
+                              "published") from None
+        vectors = exported.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+        similarity = (reference * vectors).sum(axis=1)
+        same = [bool(s >= EMBED_TOLERANCE) for s in similarity]
+        first = next((f"text {i + 1} ({texts[i][:40]!r}): cosine {similarity[i]:.6f}"
+                      for i, ok in enumerate(same) if not ok), "")
+        self.report_verify(plan, dict(format="merged", identical=sum(same), total=len(texts), first_difference=first))
 
     def report_verify(self, plan: Plan, result: dict) -> None:
         plan.verify.append(result)
@@ -651,6 +685,22 @@ def compare(label: str, prompts: list[str], reference: list[list[int]], answers:
 
 
 VERIFY_CLIPS = 4  # a speech export's verify transcribes this many of the run's own clips
+VERIFY_TEXTS = 8  # an embedding export's verify embeds this many of the run's own texts
+EMBED_TOLERANCE = 0.9999  # cosine similarity of a text's vectors from the run's model and the export: "identical"
+
+
+def embedding_texts(cfg) -> list[str]:
+    """Up to VERIFY_TEXTS distinct texts of an embedding run's data (its eval rows, else its training rows), read as
+    the run read them. ExportError says why when they cannot be read."""
+    from trainer_core.data import DatasetError, loading
+
+    try:
+        data = loading.load_for_training(cfg)
+    except (DatasetError, OSError) as exc:
+        raise ExportError(f"the run's texts cannot be read to verify the export ({exc}): restore its data, or "
+                          "export with verify off") from None
+    texts = [v for row in (data.eval_rows or data.rows) for v in row.values() if isinstance(v, str) and v.strip()]
+    return list(dict.fromkeys(texts))[:VERIFY_TEXTS]
 
 
 def _has_processor(folder: Path | None) -> bool:
