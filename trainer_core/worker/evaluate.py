@@ -136,7 +136,7 @@ class Evaluator(JobWorker):
         from trainer_core.worker import retrieval_eval  # sentence-transformers, torch: for this metric only
 
         resolved = jobspec.resolve(spec.source)
-        model = retrieval_eval.load_model(resolved, spec, self.warn, self.log)
+        model = retrieval_eval.load_model(resolved, spec.max_seq_length, self.warn, self.log)
         self.check_cancel()
         self.status(RunStatus.RUNNING, "encoding queries and corpus")
         started = time.time()

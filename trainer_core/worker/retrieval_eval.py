@@ -40,11 +40,12 @@ class QueryRow:
     hits: list[dict]
 
 
-def load_model(resolved: ResolvedSource, spec: EvalSpec, warn, log) -> SentenceTransformer:
+def load_model(resolved: ResolvedSource, max_seq_length: int, warn, log) -> SentenceTransformer:
     """The source as a SentenceTransformer: a run's folder (a sentence-transformers folder; with LoRA the adapter
-    and its modules) as saved, a base model as an embedding run loads it (a plain encoder gets mean pooling)."""
+    and its modules) as saved, a base model as an embedding run loads it (a plain encoder gets mean pooling).
+    Texts are cut at ``max_seq_length`` tokens (0: the model's own maximum)."""
     cfg = resolved.config or TrainConfig(model_name=resolved.base_model, method="embedding", adapter="full")
-    cfg = dataclasses.replace(cfg, max_seq_length=spec.max_seq_length)  # 0: the model's own maximum
+    cfg = dataclasses.replace(cfg, max_seq_length=max_seq_length)
     ref = str(resolved.weights_dir) if resolved.weights_dir is not None else model_files.resolve_model(cfg, log=log)
     model, _ = method.load_model(cfg, ref, os.environ.get("HF_TOKEN") or None, warn=warn)
     model.eval()
