@@ -19,19 +19,28 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
 * for transformers serve, turns top_k/min_p/repetition_penalty into its ``generation_config`` JSON, built
   on the model folder's own generation_config.json (so eos/pad tokens are kept), and drops the fields it
   rejects (``stream_options``: it always sends usage in the last chunk);
+* lets a chat request carry images (OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``)
+  only for a served vision-language model: only ``data:`` URLs (the server never fetches a URL or opens a path: the
+  engine's image loader would do both, an SSRF and a file read), at most ``max_images`` per request, each at most
+  ``max_image_bytes`` decoded and ``max_image_pixels`` (read from the image's header by Pillow, without decoding
+  it); a text model sent an image is a 400 naming it. A request to a vision model may be up to
+  ``vision_max_body_bytes`` (a few base64 images); any other stays under ``max_body_bytes``;
 * records activity (requests in flight and the last request's end) for the idle timeout.
 
-Standard library only: it runs in the serve worker and, for vLLM, inside vLLM's process (``--middleware``,
-configured through the GATE_ENV file).
+Standard library and Pillow only (a dependency of the dashboard, transformers and vLLM alike): it runs in the serve
+worker and, for vLLM, inside vLLM's process (``--middleware``, configured through the GATE_ENV file).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import email.parser
 import email.policy
 import functools
 import hashlib
 import hmac
+import io
 import json
 import os
 import threading
@@ -40,12 +49,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from PIL import Image, UnidentifiedImageError
+
 GATE_ENV = "FINETUNE_STUDIO_SERVE_GATE"  # a gate.json path, for a gate built by vLLM as KeyGate(app)
 MAX_BODY_BYTES = 4 << 20  # a long conversation is well under 1 MB of JSON
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
           ("POST", TRANSCRIPTIONS)}
 MAX_AUDIO_BYTES = 25 << 20  # one clip, as OpenAI's transcription API takes it (25 MB)
+MAX_IMAGES = 8  # images in one chat request (a conversation resends its earlier images)
+MAX_IMAGE_BYTES = 10 << 20  # one image, decoded from its base64
+MAX_IMAGE_PIXELS = 4096 * 4096  # width x height: a 1000-byte PNG can claim 100,000 x 100,000 px and fill the memory
+# A vision model's request: the text limit plus room for a few images at their largest (base64 is 4/3 of the bytes).
+VISION_MAX_BODY_BYTES = MAX_BODY_BYTES + 4 * (MAX_IMAGE_BYTES * 4 // 3)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+# Content parts that carry media; only image_url is taken (and only by a vision model).
+MEDIA_PARTS = ("image_url", "input_image", "image", "video_url", "input_audio", "audio_url", "video", "audio")
 # transformers serve rejects these OpenAI fields (it always reports usage in the last chunk).
 TRANSFORMERS_DROPPED = ("stream_options",)
 SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty")
@@ -68,6 +87,11 @@ class GateConfig:
     request_timeout_s: float = 0  # a request still running after this long is ended (0: never)
     speech_models: list[str] = field(default_factory=list)  # served names that transcribe (the others chat)
     max_audio_bytes: int = MAX_AUDIO_BYTES
+    vision_models: list[str] = field(default_factory=list)  # served names that take image parts
+    vision_max_body_bytes: int = VISION_MAX_BODY_BYTES
+    max_images: int = MAX_IMAGES
+    max_image_bytes: int = MAX_IMAGE_BYTES
+    max_image_pixels: int = MAX_IMAGE_PIXELS
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -198,7 +222,8 @@ class KeyGate:
                 raw = await self._read_bytes(scope, receive, self.config.max_audio_bytes)
                 self._check_transcription(scope, raw)
             elif method == "POST":
-                body = await self._read_body(scope, receive)
+                body, size = await self._read_body(scope, receive)
+                self._check_size(body, size)
                 raw = json.dumps(self._rewrite(body, path)).encode()
             if method == "POST":
                 headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
@@ -284,8 +309,21 @@ class KeyGate:
                 break
         return b"".join(chunks)
 
-    async def _read_body(self, scope, receive) -> dict:
-        raw = await self._read_bytes(scope, receive, self.config.max_body_bytes)
+    def _body_cap(self) -> int:
+        """The most a JSON request may hold before its model is known: more when a vision model is served."""
+        if self.config.vision_models:
+            return max(self.config.max_body_bytes, self.config.vision_max_body_bytes)
+        return self.config.max_body_bytes
+
+    def _check_size(self, body: dict, size: int) -> None:
+        """Only a request to a vision model may use the room kept for images."""
+        cap = self.config.max_body_bytes
+        if size > cap and body.get("model") not in self.config.vision_models:
+            raise RequestRefused(413, f"the request body is {size:,} bytes; at most {cap:,} are accepted for "
+                                      f"{str(body.get('model'))[:80]!r} (more only for a vision model's images)")
+
+    async def _read_body(self, scope, receive) -> tuple[dict, int]:
+        raw = await self._read_bytes(scope, receive, self._body_cap())
         try:
             body = json.loads(raw, parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError):
@@ -296,7 +334,7 @@ class KeyGate:
             raise RequestRefused(400, "the request body must be a JSON object")
         if json_depth(body) > MAX_JSON_DEPTH:
             raise RequestRefused(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
-        return body
+        return body, len(raw)
 
     def _check_transcription(self, scope, raw: bytes) -> None:
         """A transcription request: a multipart form with a ``file`` and the ``model``, a served speech model."""
@@ -326,6 +364,7 @@ class KeyGate:
             raise RequestRefused(400, f"model {model!r} transcribes audio and does not write answers: POST the clip "
                                       f"to {TRANSCRIPTIONS} (a multipart form with 'file' and 'model')")
         shape_problem(path, body, self.config.translate_sampling)
+        image_problem(body, model, self.config)
         sampling_problem(body)
         for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
             value = body.get(name)
@@ -388,6 +427,80 @@ def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:
     if transformers_engine and n is not None and n != 1:
         raise RequestRefused(400, f"n must be 1 here (one answer per request), not {n!r:.20}: send the request "
                                   "again for another answer")
+
+
+def image_problem(body: dict, model: str, config: GateConfig) -> None:
+    """RequestRefused for media in a chat request that the model cannot take or the server must not load: an image
+    for a text model, a part other than ``image_url``, a URL that is not a ``data:`` URL (the engine's loader would
+    fetch it, or open it as a local path), too many images, an image too large in bytes or pixels, or one that is
+    not a PNG, JPEG, WebP or GIF. Each message names the message and part, and the fix."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    count = 0
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not isinstance(kind, str):
+                raise RequestRefused(400, f"{where} must be an object with a \"type\" (\"text\" or \"image_url\")")
+            if kind not in MEDIA_PARTS:
+                continue
+            if model not in config.vision_models:
+                served = ", ".join(config.vision_models)
+                raise RequestRefused(400, f"{where} is an image (or other media), but model {model!r} reads text only: "
+                                          "send text parts only, or ask a vision-language model" +
+                                          (f" (served here: {served})" if served else ""))
+            if kind != "image_url":
+                raise RequestRefused(400, f"{where} has type {kind!r}: this server takes images as "
+                                          "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}}")
+            count += 1
+            if count > config.max_images:
+                raise RequestRefused(400, f"the request holds more than {config.max_images} images, the most one "
+                                          "request may carry: start a new conversation, or send fewer images")
+            image_size_problem(where, part.get("image_url"), config)
+
+
+def image_size_problem(where: str, image_url: Any, config: GateConfig) -> None:
+    """RequestRefused unless ``image_url`` is a base64 ``data:`` URL of a PNG/JPEG/WebP/GIF within the limits."""
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    fix = "send the image's bytes in the request as data:image/png;base64,<base64 of the file>"
+    if not isinstance(url, str):
+        raise RequestRefused(400, f"{where}.image_url.url must be a data: URL; {fix}")
+    if not url[:5].lower() == "data:":
+        shown = "an http(s) URL" if url[:8].lower().startswith(("http://", "https:/")) else "not a data: URL"
+        raise RequestRefused(400, f"{where}.image_url.url is {shown}: this server never fetches URLs or opens "
+                                  f"files; {fix}")
+    header, comma, payload = url[5:].partition(",")
+    if not comma or not header.lower().endswith(";base64") or not header.lower().startswith("image/"):
+        raise RequestRefused(400, f"{where}.image_url.url must be a base64 image data: URL "
+                                  f"(data:image/<png|jpeg|webp>;base64,...)")
+    if len(payload) * 3 // 4 > config.max_image_bytes + 3:
+        raise RequestRefused(413, f"{where}: the image is about {len(payload) * 3 // 4:,} bytes; at most "
+                                  f"{config.max_image_bytes:,} are accepted: resize or compress it")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestRefused(400, f"{where}.image_url.url: the data after 'base64,' is not valid base64") from None
+    if len(data) > config.max_image_bytes:
+        raise RequestRefused(413, f"{where}: the image is {len(data):,} bytes; at most {config.max_image_bytes:,} are "
+                                  "accepted: resize or compress it")
+    try:  # reads the header only: the pixels are decoded by the engine, once the size is known to be sane
+        with Image.open(io.BytesIO(data)) as image:
+            fmt, (width, height) = image.format, image.size
+    except Image.DecompressionBombError:  # Pillow's own guard: a header claiming billions of pixels
+        raise RequestRefused(400, f"{where}: the image claims far more pixels than can be decoded safely; at most "
+                                  f"{config.max_image_pixels:,} pixels are accepted: resize it") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise RequestRefused(400, f"{where}: the data is not an image Pillow can read (PNG, JPEG, WebP or GIF)") from None
+    if fmt not in IMAGE_FORMATS:
+        raise RequestRefused(400, f"{where}: a {fmt} image; send a PNG, JPEG, WebP or GIF")
+    if width * height > config.max_image_pixels:
+        raise RequestRefused(400, f"{where}: the image is {width:,} x {height:,} pixels; at most "
+                                  f"{config.max_image_pixels:,} pixels are accepted: resize it")
 
 
 def sampling_problem(body: dict) -> None:
