@@ -125,8 +125,22 @@ class ResolvedSource:
         try:
             found = modality.detect_modality(self.base_model)
         except (model_info.ModelInfoError, OSError, ValueError):
-            return "text"  # the worker names what is wrong with the model when it loads it
+            return "text"  # the worker names what is wrong with the model when it loads it (output_problem says)
         return "speech" if found.kind == modality.SPEECH else "text"
+
+    @property
+    def output_problem(self) -> str:
+        """Why a base model's kind could not be told from its config files ("" for a run, or when it could): a
+        folder outside the allowed roots, a hub id that is not cached and cannot be reached."""
+        if self.config is not None:
+            return ""
+        from trainer_core import model_info, modality
+
+        try:
+            modality.detect_modality(self.base_model)
+        except (model_info.ModelInfoError, OSError, ValueError) as exc:
+            return str(exc) or type(exc).__name__
+        return ""
 
     def not_a_writer(self, doing: str) -> str | None:
         """Why this source cannot be ``doing`` ("served", "evaluated by its answers", "merged for export"): None

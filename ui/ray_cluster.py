@@ -62,19 +62,20 @@ def settings_section(may_check: bool) -> None:
         st.info("No Ray cluster is configured: runs go to this host. To run on a cluster, " + HOW_TO + ".", icon="🛰️")
         return
     own, others = own_and_other_addresses(addresses)
-    st.markdown(f"Cluster address: {code(own) if own else 'not set'} (`{RAY_ADDRESS_ENV}`)"
-                + (f"  \nAlso allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(a) for a in others)
+    shown = ray_jobs.shown_address  # never a user and password an address may carry
+    st.markdown(f"Cluster address: {code(shown(own)) if own else 'not set'} (`{RAY_ADDRESS_ENV}`)"
+                + (f"  \nAlso allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(shown(a)) for a in others)
                    if others else "")
                 + f"  \nShared storage: {code(shared) if shared else 'not set'} (`{SHARED_STORAGE_ENV}`)")
     st.caption("Read from the server's environment; to change them, " + HOW_TO + ".")
-    address = (st.selectbox("Cluster to check", addresses, key="settings_ray_address") if len(addresses) > 1
-               else addresses[0])
+    address = (st.selectbox("Cluster to check", addresses, key="settings_ray_address", format_func=shown)
+               if len(addresses) > 1 else addresses[0])
     if not may_check:
         st.info("Only operators and admins can check the cluster (the check runs a probe job on it).", icon="🔒")
     if st.button("Check cluster", icon="🛰️", disabled=not may_check, key="settings_ray_check_button",
                  help="Asks the cluster for its nodes, then runs a probe job that writes a file under the shared "
                       "storage on every node and looks for each from this host."):
-        with st.spinner(f"Checking the Ray cluster at {address}..."):
+        with st.spinner(f"Checking the Ray cluster at {shown(address)}..."):
             st.session_state[CHECK] = ray_jobs.inspect_cluster(address)
     check: ray_jobs.ClusterCheck | None = st.session_state.get(CHECK)
     if check is not None and check.info.address == address:
@@ -86,7 +87,8 @@ def show_check(check: ray_jobs.ClusterCheck) -> None:
     if info.problem:
         st.error(safe(info.problem), icon="🛰️")
     else:
-        st.success(f"The Ray cluster at {safe(info.address)} answers: {capacity_line(info)}.", icon="✅")
+        st.success(f"The Ray cluster at {safe(ray_jobs.shown_address(info.address))} answers: {capacity_line(info)}.",
+                   icon="✅")
         st.dataframe(nodes_frame(info.nodes, probed=bool(check.shared) and all(n.shared is not None for n in info.nodes)),
                      hide_index=True, width="stretch")
     for problem in check.problems:
@@ -133,7 +135,7 @@ def where_to_run(help_text=TrainConfig.help) -> None:
     if others or current:  # "" is the server's own cluster (RAY_ADDRESS), offered when there is one
         options = list(dict.fromkeys([*([""] if own else []), *others, *([current] if current else [])]))
         cols[2].selectbox("Cluster", options, key=K + "ray_address", help=help_text("ray_address"),
-                          format_func=lambda a: a or f"{own} (the server's)")
+                          format_func=lambda a: ray_jobs.shown_address(a or own) + ("" if a else " (the server's)"))
     capacity_panel(state.get(K + "ray_address", "") or own,
                    int(state.get(K + "num_processes") or 1), float(state.get(K + "ray_gpus_per_worker") or 0.0))
 

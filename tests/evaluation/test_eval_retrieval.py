@@ -18,7 +18,7 @@ from tests.test_pages import insert_finished_run, open_page
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL as CHAT_MODEL
 from trainer_core.config import FieldError, TrainConfig
-from trainer_core.data import embedding_pairs
+from trainer_core.data import DatasetError, embedding_pairs
 from trainer_core.evaluation import retrieval
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
@@ -282,3 +282,26 @@ def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, 
     assert step20["ndcg@10"] == pytest.approx(printed["ndcg@10"], abs=1e-6) and step20["baseline"] == base
     baselines = [r for r in studio.list_runs() if r.name.startswith("Baseline")]
     assert len(baselines) == 1
+
+
+def test_retrieval_files_linked_from_outside_the_allowed_folders_are_refused(home, tmp_path, monkeypatch):
+    """Hostile review: an embedding run's embedding.eval_corpus/queries/qrels were read as given, so a link inside
+    an allowed folder to a file outside it reached the eval (its passages shown as top hits) and the training
+    evaluator; the same folder given as data was refused."""
+    allowed = tmp_path / "allowed"
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", str(allowed))
+    secret = beir_folder(tmp_path / "secret")
+    allowed.mkdir()
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (allowed / name).symlink_to(secret / name)
+    (allowed / "qrels.tsv").symlink_to(secret / "qrels" / "test.tsv")
+    links = {"eval_corpus": str(allowed / "corpus.jsonl"), "eval_queries": str(allowed / "queries.jsonl"),
+             "eval_qrels": str(allowed / "qrels.tsv")}
+    problems = {e.field: e.message for e in TrainConfig(method="embedding", adapter="full", model_name=BUNDLED_MODEL,
+                                                        embedding=links).validate()}
+    assert {"embedding.eval_corpus", "embedding.eval_queries", "embedding.eval_qrels"} <= set(problems), problems
+    assert "allowed folder" in problems["embedding.eval_corpus"]
+    run = embedding_run("20260101-000000-e5e5e5", embedding=links)  # a config.yaml edited after validation
+    with pytest.raises(DatasetError) as refused:
+        retrieval.load_set(EvalSpec(source=EMBEDDING, data=f"eval_split:{run}", metrics=["retrieval"]))
+    assert refused.value.field == "data" and "retrieval files" in refused.value.message

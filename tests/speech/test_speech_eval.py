@@ -124,3 +124,38 @@ def test_a_trained_whisper_is_scored_per_clip_against_its_base_on_unheard_clips(
     assert at.selectbox(key="evaltab_sort_done").value == "wer"  # worst clips first
     assert any(block.value.startswith("REF:") for block in at.code)  # the picked clip's word alignment
     assert at.get("audio"), "the picked clip's player"
+
+
+def test_a_base_model_that_cannot_be_read_is_named_not_called_a_text_model(speech_home, tmp_path, monkeypatch):
+    """Hostile review: a Whisper base outside the allowed folders was reported as 'this model writes text'."""
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", str(tmp_path))  # the tiny Whisper (.test-cache) is outside
+    spec = EvalSpec(source=ModelSource(model=str(build_tiny_whisper())), data=str(speech_home), metrics=["wer"])
+    found = fields(spec.validate())
+    assert found["source"].startswith("cannot tell whether ") and "transcribes audio" in found["source"], found
+    assert "writes text" not in found.get("metrics", "")
+
+
+def test_clips_left_out_of_a_speech_eval_are_counted_with_the_reason(speech_home, tmp_path):
+    from trainer_core.evaluation import speech
+    from tests.speech.test_stt_data import tone
+
+    tone(speech_home / "long.wav", 6.0)  # the tiny Whisper hears 4 s at a time
+    rows = [json.loads(line) for line in (speech_home / "metadata.jsonl").read_text().splitlines()]
+    write_jsonl(speech_home / "metadata.jsonl", rows + [{"file_name": "long.wav", "transcription": "too long"}])
+    clips, left_out = speech.load_clips(EvalSpec(source=ModelSource(run_id=STT_RUN), data=str(speech_home),
+                                                 metrics=["wer"]))
+    assert len(clips) == len(PHRASES)
+    assert left_out.startswith("Left out 1 of 5 test clips: longer than the model's 4 s window"), left_out
+
+
+def test_a_decoded_clip_with_a_negative_or_fractional_rate_is_left_out_not_a_crash(speech_home, tmp_path):
+    from trainer_core.data import audio
+
+    for rate in (-16000, 0, 0.5, 16000.5, "16000", True, None):
+        with pytest.raises(ValueError, match="sampling_rate"):
+            audio.duration_s({"array": [0.0] * 160, "sampling_rate": rate})
+    assert audio.duration_s({"array": [0.0] * 160, "sampling_rate": 16000}) == 0.01
+    data = audio.normalize([{"audio": {"array": [0.0] * 160, "sampling_rate": -16000}, "text": "hi"},
+                            {"audio": {"array": [0.0] * 160, "sampling_rate": 16000}, "text": "hi"}], None, "data")
+    assert len(data.rows) == 1 and list(data.dropped) == [
+        "audio that cannot be read (not a WAV/FLAC/OGG/MP3 file soundfile decodes)"]

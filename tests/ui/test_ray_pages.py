@@ -262,3 +262,26 @@ def test_the_pages_do_not_import_ray_until_a_cluster_is_asked():
     result = run_python("import sys, ui.ray_cluster, trainer_core.launchers.ray; print('ray' in sys.modules)")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_password_in_the_cluster_address_is_never_shown(app_home, no_cluster, monkeypatch):
+    """Hostile review: RAY_ADDRESS=http://admin:secret@head:8265 was printed on Settings, which viewers see, and in
+    the error of a cluster that does not answer (Ray's client quotes the URL it called)."""
+    secret_address = "http://admin:hunter2-secret@head.example:8265"
+    monkeypatch.setenv("RAY_ADDRESS", secret_address)
+    monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", "http://ops:other-secret@head2.example:8265?token=t0k")
+
+    def inspect_cluster(address, timeout_s=10.0):
+        info = ray_jobs.ClusterInfo(address, problem=ray_jobs.unreachable(
+            address, ConnectionError(f"Failed to connect to {address}/api/version")))
+        return ray_jobs.ClusterCheck(info, "", (info.problem,))
+
+    monkeypatch.setattr(ray_jobs, "inspect_cluster", inspect_cluster)
+    at = settings_page()
+    check_button(at).click().run()
+    shown = " ".join(e.value for kind in ("markdown", "error", "caption", "info", "success")
+                     for e in getattr(at, kind)) + " ".join(str(s.options) for s in at.selectbox)
+    assert "head.example:8265" in shown and "head2.example:8265" in shown
+    for secret in ("hunter2-secret", "admin:", "other-secret", "t0k"):
+        assert secret not in shown, secret
+    assert ray_jobs.shown_address(secret_address) == "http://head.example:8265"

@@ -136,9 +136,10 @@ def duration_s(ref: Any) -> float:
     """Seconds of audio in a clip (a resolved path, bytes or a decoded array), from the header where there is one.
     Raises ValueError when the clip cannot be read."""
     if isinstance(ref, dict) and ref.get("array") is not None:
-        rate = ref.get("sampling_rate") or 0
-        if not rate:
-            raise ValueError("a decoded clip without its sampling_rate")
+        rate = ref.get("sampling_rate")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 1 or rate != int(rate):
+            raise ValueError("a decoded clip needs its sampling_rate: a whole number of samples per second, "
+                             "at least 1")
         return len(ref["array"]) / float(rate)
     if isinstance(ref, dict):  # the Audio feature undecoded (a hub split): {bytes, path}
         ref = ref.get("bytes") or ref.get("path")

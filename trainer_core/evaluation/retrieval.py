@@ -187,8 +187,13 @@ def read_run_split(run_id: str) -> IRSet:
                                    "passages; give a BEIR-like folder or a pairs file")
     s = embedding.settings_of(cfg)
     if s.eval_corpus:
+        try:  # checked again here: the run's config.yaml may have been edited since it was validated
+            files = [paths.resolve_inside(f, paths.allowed_data_roots()) for f in (s.eval_corpus, s.eval_queries,
+                                                                                   s.eval_qrels)]
+        except paths.UnsafePathError as exc:
+            raise DatasetError("data", f"run {run_id}'s retrieval files: {exc}") from None
         try:
-            return embedding_pairs.read_beir(s.eval_corpus, s.eval_queries, s.eval_qrels)
+            return embedding_pairs.read_beir(*map(str, files))
         except (OSError, ValueError) as exc:
             raise DatasetError("data", f"run {run_id}'s retrieval files: {exc}") from None
     if cfg.hf_dataset:

@@ -42,12 +42,18 @@ def is_speech_source(spec: "EvalSpec") -> bool | None:
 
 def source_errors(spec: "EvalSpec") -> list[FieldError]:
     """wer/cer only for a speech model, and a speech model only with wer/cer (it writes no chat answers)."""
+    from trainer_core import jobspec
+
     speech = is_speech_source(spec)
     if speech is None:
         return []
     others = [m for m in spec.metrics if m not in METRICS]
     errors = []
-    if wanted(spec) and not speech:
+    unknown = jobspec.resolve(spec.source).output_problem if wanted(spec) and not speech else ""
+    if unknown:  # not "this model writes text": what it is could not be read at all
+        errors.append(FieldError("source", f"cannot tell whether {spec.source.model} transcribes audio (wer and cer "
+                                           f"need a speech-to-text model): {unknown}"))
+    elif wanted(spec) and not speech:
         errors.append(FieldError("metrics", "wer and cer score a speech-to-text model's transcripts, and this model "
                                             "writes text: evaluate a run trained with method stt (or a Whisper base "
                                             "model), or drop wer/cer"))
@@ -74,6 +80,12 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
 
 def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:
     """The test clips as {audio, text} rows (DatasetError with field ``data`` names the fix), at most max_samples."""
+    return load_clips(spec)[0]
+
+
+def load_clips(spec: "EvalSpec") -> tuple[list[dict[str, Any]], str | None]:
+    """(the test clips as {audio, text} rows, at most max_samples; a warning naming the clips left out and why:
+    no transcript, unreadable, longer than the model's window), as a speech run reads its data."""
     from trainer_core import jobspec
 
     data = spec.data.strip()
@@ -85,7 +97,7 @@ def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:
             raise DatasetError("data", str(exc)) from None
         if cfg.method != "stt":
             raise DatasetError("data", f"run {run_id} is not a speech-to-text run: its eval split holds no clips")
-        rows = _renamed(lambda: loading.load_for_training(cfg)).eval_rows
+        rows, left_out = _renamed(lambda: loading.load_for_training(cfg)).eval_rows, None
         if not rows:
             raise DatasetError("data", f"run {run_id} has no eval split (no eval files and eval_fraction 0): give a "
                                        "test file or audio folder instead")
@@ -93,9 +105,10 @@ def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:
         raise DatasetError("data", "wer and cer read local test clips (a JSONL/CSV file with an audio and a text "
                                    "column, or an audio folder with metadata.jsonl): download the hub split first")
     else:
-        rows = _renamed(lambda: loading.load_local([data], data_config(spec), field_name="data",
-                                                   apply_slice=False)).rows
-    return rows[:spec.max_samples] if spec.max_samples else rows
+        read = _renamed(lambda: loading.load_local([data], data_config(spec), field_name="data", apply_slice=False))
+        rows, left_out = read.rows, (read.drop_warning("test clips").replace("Dropped ", "Left out ", 1)
+                                     if read.dropped else None)
+    return (rows[:spec.max_samples] if spec.max_samples else rows), left_out
 
 
 def _renamed(read):

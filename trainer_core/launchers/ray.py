@@ -201,6 +201,21 @@ def without_userinfo(name: str, value: str) -> str:
     return scheme + sep + authority.rsplit("@", 1)[-1] + slash + path
 
 
+def shown_address(address: str) -> str:
+    """A cluster address as pages and messages show it: without a user and password (RAY_ADDRESS may carry
+    http://user:pass@head:8265, which every viewer of Settings would read) and without a query string."""
+    return without_userinfo("RAY_ADDRESS", str(address)).split("?", 1)[0]
+
+
+def redacted(text: str, address: str) -> str:
+    """``text`` (an error from Ray's client, which may quote the URL it called) with ``address`` shown safely."""
+    shown = shown_address(address)
+    text = text.replace(str(address), shown)
+    scheme, sep, rest = str(address).partition("://")
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0] if sep else ""
+    return text.replace(userinfo + "@", "") if userinfo else text
+
+
 def job_not_found(exc: Exception) -> bool:
     """Whether Ray answered that the job does not exist (HTTP 404), not any failure that mentions 404."""
     return isinstance(exc, RuntimeError) and NOT_FOUND.match(str(exc)) is not None
@@ -279,7 +294,8 @@ def node_of(state: Any, free: dict[str, float] | None) -> RayNode:
 def unreachable(address: str, exc: Exception) -> str:
     if isinstance(exc, OSError) and "not installed" in str(exc):
         return str(exc)
-    return (f"the Ray cluster at {address} cannot be used ({type(exc).__name__}: {str(exc)[:300]}): check that it "
+    return (f"the Ray cluster at {shown_address(address)} cannot be used ({type(exc).__name__}: "
+            f"{redacted(str(exc), address)[:300]}): check that it "
             f"runs (`ray status` on its head) and that {RAY_ADDRESS_ENV} is its dashboard address, e.g. http://head:8265")
 
 

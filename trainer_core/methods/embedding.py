@@ -11,6 +11,7 @@ from typing import Any
 from trainer_core.methods.embedding_shapes import LOSS_SHAPES, SHAPES
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
 from trainer_core.methods.settings import parse_settings, setting
+from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 
 IR_NAME, STS_NAME = "ir", "sts"  # evaluator names: sentence-transformers logs eval_<name>_<metric>
@@ -64,7 +65,13 @@ def validate(cfg: Any) -> list[FieldError]:
         problems.append(FieldError(f"embedding.{missing[0]}", "a retrieval eval set needs all three files: set "
                                    + ", ".join(f"embedding.{m}" for m in missing) + " too (or none of them)"))
     for name in given:
-        if not Path(beir[name]).is_file():
+        try:  # a path or a symlink out of the allowed folders is refused, as for any dataset file
+            found = paths.resolve_inside(beir[name], paths.allowed_data_roots())
+        except paths.UnsafePathError as exc:
+            problems.append(FieldError(f"embedding.{name}", f"{exc}: keep the file under the data root or an allowed "
+                                                            "folder (FINETUNE_STUDIO_ALLOWED_ROOTS)"))
+            continue
+        if not found.is_file():
             problems.append(FieldError(f"embedding.{name}", f"{beir[name]!r} is not a file"))
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in settings.columns.items()):
         problems.append(FieldError("embedding.columns", "maps column names to column names, e.g. {anchor: question}"))

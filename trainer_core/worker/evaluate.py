@@ -175,7 +175,9 @@ class Evaluator(JobWorker):
         from trainer_core.worker.sources import load_source
 
         self.status(RunStatus.STARTING, "reading the test clips")
-        rows = speech.load_rows(spec)
+        rows, left_out = speech.load_clips(spec)
+        if left_out:  # the set's WER covers the clips scored: say which were not, and why
+            self.warn(left_out)
         fingerprint = eval_samples.fingerprint(spec)
         self.log(f"{len(rows):,} test clip(s)")
         self.check_cancel()
