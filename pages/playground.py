@@ -1,5 +1,6 @@
 """Playground: up to three model sources answer the same conversation side by side, streaming at once;
-prompt sets run against them in one click. Its speech mode (ui/speech_playground.py) has speech-to-text models
+prompt sets run against them in one click; an image attached to a message is seen by the vision-language columns.
+Its speech mode (ui/speech_playground.py) has speech-to-text models
 transcribe one clip side by side. The logic lives in ui/playground.py; this page lays it out.
 
 Answers come from a serve job (an OpenAI-compatible server in a worker process), started through the
@@ -30,6 +31,8 @@ require_entrypoint("pages/playground.py")
 
 K = "pg_"
 SERVER, CONVO, BATCH, TABLE = K + "server", K + "turns", K + "batch", K + "table"
+IMAGE_N = K + "image_n"  # the image picker's generation: a new key empties it once its image is sent
+IMAGE_WIDTH = 160
 RUNS_LISTED = 200  # recent training runs read to find the ones offered as sources
 POLL_S = 0.1  # how often streaming answers are redrawn
 SET_POLL_S = 0.5  # a prompt-set table is redrawn whole: less often
@@ -147,7 +150,7 @@ def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
     """Keep what a batch produced (a chat turn, or the prompt-set table) and forget the batch."""
     if info["kind"] == "chat":
         st.session_state.setdefault(CONVO, []).append(pg.Turn(info["user"], answers[0], info["system"],
-                                                              info["sampling"]))
+                                                              info["sampling"], info.get("image")))
     else:
         st.session_state[TABLE] = pg.prompt_set_table(info["prompts"], info["columns"], answers)
     del st.session_state[BATCH]
@@ -159,7 +162,7 @@ if busy and not state.ready:  # the server went away while answers came in (anot
     finish(batch_info, batch_info["batch"].answers())
 if not state.ready:
     st.stop()
-loaded = [pg.Column(c.key, c.label, state.models.get(c.key, "")) for c in server["columns"]]
+loaded = [dataclasses.replace(c, model=state.models.get(c.key, "")) for c in server["columns"]]
 missing = [c.label for c in loaded if not c.model]
 if missing:
     st.error(safe(f"The server does not serve {', '.join(missing)}: press Load models again."), icon="🛑")
@@ -209,7 +212,7 @@ def answer_block(answer: pg.Answer) -> None:
         st.caption("Stopped.")
 
 
-def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False) -> None:
+def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False, image: bool = False) -> None:
     with target.container():
         for col, c in zip(st.columns(len(loaded)), loaded):
             with col:
@@ -217,10 +220,19 @@ def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False)
                 if answer is None:
                     st.caption("(not asked: this model was loaded later)")
                     continue
+                if image and not c.vision:
+                    st.caption("(text only: this model did not see the image)")
                 if streaming and answer.status == pg.STREAMING:
                     st.markdown(safe(answer.text) + " ▌" if answer.text else "▌")
                 else:
                     answer_block(answer)
+
+
+def user_message(text: str, image: pg.Attachment | None) -> None:
+    st.markdown(safe(text))
+    if image is not None:
+        st.image(image.data, width=IMAGE_WIDTH)
+        st.caption(safe(image.name))
 
 
 def add_to_set(n: int, text: str) -> None:
@@ -247,14 +259,15 @@ for col, c in zip(header, loaded):
 turns: list[pg.Turn] = st.session_state.setdefault(CONVO, [])
 for n, turn in enumerate(turns):
     with st.chat_message("user"):
-        st.markdown(safe(turn.user))
+        user_message(turn.user, turn.image)
         add_to_set(n, turn.user)
-    draw_answers(st.empty(), turn.answers)
+    draw_answers(st.empty(), turn.answers, image=turn.image is not None)
 if busy and batch_info["kind"] == "chat":
     with st.chat_message("user"):
-        st.markdown(safe(batch_info["user"]))
+        user_message(batch_info["user"], batch_info.get("image"))
     placeholders["chat"] = st.empty()
-    draw_answers(placeholders["chat"], batch_info["batch"].answers()[0], streaming=True)
+    draw_answers(placeholders["chat"], batch_info["batch"].answers()[0], streaming=True,
+                 image=batch_info.get("image") is not None)
 if busy:
     st.button("Stop", icon="⏹️", key=K + "stop", on_click=stop_batch, help="Stop every answer now")
 
@@ -278,15 +291,28 @@ if tools[2].toggle("Show prompt", key=K + "show_prompt", disabled=not turns,
                 st.caption(safe(f"{rendered.tokens:,} tokens · {rendered.tokenizer}"))
                 st.code(rendered.text, language=None, wrap_lines=True)
 
+seeing = [c.label for c in loaded if c.vision]
+upload = None
+if seeing:
+    upload = st.file_uploader(
+        "Image for the next message", type=list(pg.IMAGE_TYPES), disabled=busy,
+        key=f"{K}image_{st.session_state.get(IMAGE_N, 0)}",
+        help=f"Seen by {', '.join(seeing)}; the other models get the text alone. Sent inside the request (a data: "
+             "URL), never as a link")
 user_text = st.chat_input("Ask every model…", disabled=busy or bool(setting_errors), key=K + "input")
 if user_text:
     message_errors = pg.check_message(user_text)
-    if message_errors:
-        st.error(f"**message**: {safe(message_errors[0].message)}", icon="🚫")
-    else:
-        batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling)
+    image = None
+    if upload is not None and not message_errors:
+        image, message_errors = pg.check_image(upload.name, upload.getvalue(), turns)
+    for error in message_errors:
+        st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
+    if not message_errors:
+        batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling, image)
         st.session_state[BATCH] = {"kind": "chat", "user": user_text, "system": system, "sampling": sampling,
-                                   "batch": batch}
+                                   "image": image, "batch": batch}
+        if image is not None:
+            st.session_state[IMAGE_N] = st.session_state.get(IMAGE_N, 0) + 1
         st.rerun()
 
 # ====================================================================== 4. prompt sets

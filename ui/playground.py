@@ -1,6 +1,8 @@
 """The Playground's logic, without Streamlit: which model sources are offered, the conversation, answers
 streaming into columns (one thread per column), the serve job's state as the page shows it, prompt-set
-tables and the downloads. ``pages/playground.py`` only lays these out.
+tables and the downloads. ``pages/playground.py`` only lays these out. A vision-language column (a vision run, or
+its base) also sees an image attached to a message, sent as a ``data:`` URL image part; the other columns get the
+text alone.
 
 The page is a client of a serve job's OpenAI-compatible endpoint (``trainer_core.serving.client``); it
 reaches the job only through the orchestrator (``start_server``, ``server_key``, ``endpoint``, ``get_run``),
@@ -8,24 +10,30 @@ which is also the seam the tests use to put a fake HTTP server behind the page.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
+from PIL import Image, UnidentifiedImageError
 
 from db.entities import RunRecord
-from trainer_core import jobspec, methods, promptsets
+from trainer_core import jobspec, methods, model_info, modality, promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
 from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
+from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem
 
 MAX_COLUMNS = 3
 OFFERED = (RunStatus.COMPLETED, RunStatus.STOPPED)  # runs that ended with weights to talk to
 PIECE_TIMEOUT_S = 120.0  # longest wait for the next piece of an answer (a slow CPU, a long prompt)
 MESSAGE_MAX = 32_000  # characters in one user message or the system prompt
+IMAGE_TYPES = ("png", "jpg", "jpeg", "webp")  # what the image picker offers
 
 # Answer states. "interrupted": the server failed after part of the answer came; "failed": before any.
 STREAMING, DONE, STOPPED, INTERRUPTED, FAILED, SKIPPED = \
@@ -83,6 +91,15 @@ class Column:
     key: str  # ModelSource.key
     label: str
     model: str = ""  # the served model name, known once the server is ready
+    vision: bool = False  # a vision-language model: it sees the images attached to messages
+
+
+def sees_images(resolved: jobspec.ResolvedSource) -> bool:
+    """True for a vision-language model (a vision run's final model, checkpoints and base), from its config files."""
+    try:
+        return modality.detect_modality(resolved.base_model).is_vision
+    except (model_info.ModelInfoError, OSError, ValueError):
+        return False  # unreadable here: the server names the problem when it loads the model
 
 
 def check_sources(sources: list[ModelSource | None]) -> tuple[list[Column], list[str]]:
@@ -105,7 +122,7 @@ def check_sources(sources: list[ModelSource | None]) -> tuple[list[Column], list
         except SourceError as exc:
             problems.append(f"Column {i}: {exc}")
             continue
-        columns.append(Column(source.key, resolved.label))
+        columns.append(Column(source.key, resolved.label, vision=sees_images(resolved)))
     if not sources:
         problems.append("Pick at least one model")
     return columns, problems
@@ -181,14 +198,56 @@ class Answer:
         return {"source": self.key, "model": self.label, "status": self.status, "error": self.error, **stats}
 
 
+@dataclass(frozen=True)
+class Attachment:
+    """An image attached to one user message (checked by ``check_image``)."""
+
+    name: str
+    mime: str
+    data: bytes
+
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+    def placeholder(self) -> dict[str, Any]:
+        """What a downloaded conversation keeps of the image: which one it was, not its bytes."""
+        return {"name": self.name, "mime": self.mime, "bytes": len(self.data),
+                "sha256": hashlib.sha256(self.data).hexdigest()}
+
+
+def check_image(name: str, data: bytes, turns: list["Turn"] | None = None) -> tuple[Attachment | None, list[FieldError]]:
+    """The attachment for an uploaded image, or the problems (field ``image``): not an image Pillow reads, too
+    large in bytes or pixels (the serve gate's own limits), or one image too many for the conversation."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header only
+            fmt = image.format
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return None, [FieldError("image", f"{name!r} is not an image that can be read: attach a PNG, JPEG or WebP")]
+    if fmt not in IMAGE_FORMATS:
+        return None, [FieldError("image", f"{name!r} is a {fmt} image: attach a PNG, JPEG or WebP")]
+    attachment = Attachment(name, f"image/{fmt.lower()}", data)
+    errors = []
+    try:
+        image_size_problem(repr(name), {"url": attachment.data_url()}, GateConfig(key_hash="", models={}))
+    except RequestRefused as exc:
+        errors.append(FieldError("image", exc.message))
+    if turns is not None and sum(t.image is not None for t in turns) >= MAX_IMAGES:
+        errors.append(FieldError("image", f"this conversation already holds {MAX_IMAGES} images, the most one "
+                                          "request may carry (every earlier image is sent again): start a new "
+                                          "conversation"))
+    return (None if errors else attachment), errors
+
+
 @dataclass
 class Turn:
-    """One user message, every model's answer, and the system prompt and sampling they were asked with."""
+    """One user message (and the image attached to it), every model's answer, and the system prompt and sampling
+    they were asked with."""
 
     user: str
     answers: dict[str, Answer] = field(default_factory=dict)  # source key -> answer
     system: str = ""
     sampling: Sampling | None = None
+    image: Attachment | None = None
 
 
 def check_message(text: str, field_name: str = "message") -> list[FieldError]:
@@ -199,23 +258,35 @@ def check_message(text: str, field_name: str = "message") -> list[FieldError]:
     return []
 
 
-def messages_for(system: str, turns: list[Turn], key: str, new_user: str | None = None) -> list[dict[str, str]]:
-    """The conversation as column ``key`` saw it: the shared user messages with that model's own answers.
-    A turn the model did not answer (its request failed before any text) is left out, so roles alternate."""
-    messages = [{"role": "system", "content": system}] if system.strip() else []
+def user_content(text: str, image: Attachment | None, vision: bool) -> str | list[dict]:
+    """A user message's content: for a vision model with an image, the image part then the text part; else text."""
+    if image is None or not vision:
+        return text
+    return [{"type": "image_url", "image_url": {"url": image.data_url()}}, {"type": "text", "text": text}]
+
+
+def messages_for(system: str, turns: list[Turn], key: str, new_user: str | None = None, vision: bool = False,
+                 new_image: Attachment | None = None) -> list[dict]:
+    """The conversation as column ``key`` saw it: the shared user messages with that model's own answers, each
+    image as an image part when the column is a vision model (``vision``). A turn the model did not answer (its
+    request failed before any text) is left out, so roles alternate."""
+    messages: list[dict] = [{"role": "system", "content": system}] if system.strip() else []
     for turn in turns:
         answer = turn.answers.get(key)
         if answer is None or not answer.text:
             continue
-        messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": answer.text}]
+        messages += [{"role": "user", "content": user_content(turn.user, turn.image, vision)},
+                     {"role": "assistant", "content": answer.text}]
     if new_user is not None:
-        messages.append({"role": "user", "content": new_user})
+        messages.append({"role": "user", "content": user_content(new_user, new_image, vision)})
     return messages
 
 
 def conversation_jsonl(turns: list[Turn]) -> str:
     """One JSON line per message: role and content. A system line comes first, and again wherever the system
-    prompt changed; a user line adds its turn and sampling; an answer its turn, source, model, status and stats."""
+    prompt changed; a user line adds its turn and sampling, and for an attached image a placeholder (name, type,
+    size, sha256: the bytes would make the file megabytes of base64, and the picture may be private); an answer its
+    turn, source, model, status and stats."""
     lines: list[dict[str, Any]] = []
     system = ""
     for n, turn in enumerate(turns, 1):
@@ -223,6 +294,7 @@ def conversation_jsonl(turns: list[Turn]) -> str:
             system = turn.system
             lines.append({"role": "system", "content": system, "turn": n})
         lines.append({"role": "user", "content": turn.user, "turn": n,
+                      **({"image": turn.image.placeholder()} if turn.image else {}),
                       **({"sampling": asdict(turn.sampling)} if turn.sampling else {})})
         for answer in turn.answers.values():
             lines.append({"role": "assistant", "content": answer.text, "turn": n, **answer.to_record()})
@@ -316,8 +388,8 @@ class Batch:
 
 
 def chat_batch(url: str, api_key: str, columns: list[Column], system: str, turns: list[Turn], user: str,
-               sampling: Sampling) -> Batch:
-    rows = [{c.key: messages_for(system, turns, c.key, user) for c in columns}]
+               sampling: Sampling, image: Attachment | None = None) -> Batch:
+    rows = [{c.key: messages_for(system, turns, c.key, user, c.vision, image) for c in columns}]
     return Batch(url, api_key, columns, rows, sampling)
 
 

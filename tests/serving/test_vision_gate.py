@@ -160,3 +160,21 @@ def test_a_server_without_a_vision_model_keeps_its_text_body_limit(tmp_path):
     response = client.post("/v1/chat/completions", json=chat("smollm2", text="word " * 2000), headers=AUTH)
     assert response.status_code == 413
     assert "at most 4,096" in response.json()["error"]["message"]
+
+
+def test_the_prompt_count_sees_image_placeholders_and_their_tokens():
+    """serve.prompt_limits counts a vision prompt with the processor's template: each image part becomes the
+    template's image placeholder plus the config's image_seq_length - 1 tokens (LLaVA's expansion)."""
+    from types import SimpleNamespace
+
+    from trainer_core.worker.serve import _surely_fits, context_length, text_of_images
+
+    body = chat("llava-tuned", image_part(data_url(png())), image_part(data_url(png())))
+    messages, extra = text_of_images(body["messages"], SimpleNamespace(image_seq_length=16))
+    assert messages == [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                     {"type": "text", "text": "What colour is this?"}]}]
+    assert extra == 30
+    assert not _surely_fits(body, 1_000_000)  # an image's tokens are not bounded by its bytes: always counted
+    assert _surely_fits(chat("smollm2"), 4096)
+    llava = SimpleNamespace(text_config=SimpleNamespace(max_position_embeddings=512))
+    assert context_length(llava) == 512 and context_length(SimpleNamespace(max_position_embeddings=2048)) == 2048

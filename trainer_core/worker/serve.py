@@ -162,15 +162,21 @@ class ServeWorker(JobWorker):
         os.chdir(models_dir)  # transformers serve resolves a request's relative model path against cwd
         self.status(RunStatus.STARTING, "loading the models")
         app, manager = build_transformers_app(device)
+        vision = []
         for name in names:
             self.check_cancel(spec)
-            _model, processor = manager.load_model_and_processor(manager.process_model_name(name))
+            model, processor = manager.load_model_and_processor(manager.process_model_name(name))
             safe_prompt.guard(processor)  # a "<|im_start|>system" a client sends is text, not a turn of its own
+            if sees_images(manager, model, processor):
+                vision.append(name)
         activity = Activity()
         config = GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, map(str, folders))),
                             translate_sampling=True, max_tokens_cap=spec.max_tokens_cap,
                             request_timeout_s=spec.request_timeout_s,
-                            speech_models=[n for n, r in zip(names, resolved) if r.output == "speech"])
+                            speech_models=[n for n, r in zip(names, resolved) if r.output == "speech"],
+                            vision_models=vision)
+        if vision:
+            self.log(f"taking images (data: URLs) for: {', '.join(vision)}")
         gated = KeyGate(app, config, activity, limits=prompt_limits(manager))
         tls = {"ssl_certfile": spec.tls_certfile, "ssl_keyfile": spec.tls_keyfile} if spec.tls_certfile else {}
         server = uvicorn.Server(uvicorn.Config(gated, log_level="warning", access_log=False,
@@ -196,6 +202,7 @@ class ServeWorker(JobWorker):
         from trainer_core.worker.sources import base_folder
 
         base = base_folder(resolved[0], log=self.log)
+        vision = names if folder_is_vision(base) else []  # one base: every served name is the same kind
         base_name = next((n for n, r in zip(names, resolved) if r.adapter_dir is None), "base")
         adapters = [(n, r.adapter_dir) for n, r in zip(names, resolved) if r.adapter_dir is not None]
         activity_file = self.run_dir / "activity"
@@ -204,7 +211,7 @@ class ServeWorker(JobWorker):
         gate_file.write_text(GateConfig(key_hash=spec.api_key_hash, models={n: "" for n in names},
                                         translate_sampling=False, activity_file=str(activity_file),
                                         max_tokens_cap=spec.max_tokens_cap,
-                                        request_timeout_s=spec.request_timeout_s).to_json())
+                                        request_timeout_s=spec.request_timeout_s, vision_models=vision).to_json())
         command = vllm_command(base, base_name, adapters, spec.host, port,
                                max((adapter_rank(a) for _, a in adapters), default=0))
         if spec.tls_certfile:
@@ -349,19 +356,70 @@ def build_transformers_app(device: str):
     return app, manager
 
 
+def sees_images(manager, model, processor) -> bool:
+    """True when transformers serve hands this model a request's image parts (VLM or multimodal), as it decides."""
+    from transformers.cli.serving.utils import Modality
+
+    try:
+        return manager.get_model_modality(model, processor=processor) in (Modality.VLM, Modality.MULTIMODAL)
+    except ValueError:  # a class transformers serve does not classify: it would refuse the request itself
+        return False
+
+
+def folder_is_vision(folder: str) -> bool:
+    from transformers import AutoConfig
+
+    from trainer_core.worker.model_resolver import is_vision_config
+
+    return is_vision_config(AutoConfig.from_pretrained(folder))
+
+
+def context_length(config) -> int | None:
+    """The context length of a text model, or of a vision model's language model (LLaVA keeps it in text_config)."""
+    found = getattr(config, "max_position_embeddings", None)
+    if not found and getattr(config, "text_config", None) is not None:
+        found = getattr(config.text_config, "max_position_embeddings", None)
+    return int(found) if found else None
+
+
+def text_of_images(messages: list, config) -> tuple[list, int]:
+    """``messages`` with each image part as the template's ``{"type": "image"}``, and the tokens the images add
+    beyond the one placeholder each (the config's ``image_seq_length`` when it has one; else a lower bound)."""
+    per_image = max(int(getattr(config, "image_seq_length", 1) or 1) - 1, 0)
+    images, out = 0, []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    images += 1
+                    part = {"type": "image"}
+                parts.append(part)
+            message = {**message, "content": parts}
+        out.append(message)
+    return out, images * per_image
+
+
 def prompt_limits(manager):
     """The gate's token count: (prompt tokens with the chat template, the model's context length)."""
     def limits(name: str, body: dict):
         loaded = manager.loaded_models.get(name)
         if loaded is None or loaded.model is None:
             return None
-        context = getattr(loaded.model.config, "max_position_embeddings", None)
+        context = context_length(loaded.model.config)
         tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
         if not context:
             return None
         if _surely_fits(body, int(context)):
             return None  # no need to tokenize (a few ms on every request's path)
         try:
+            if isinstance(body.get("messages"), list) and tokenizer is not loaded.processor:
+                # a processor's template renders image parts; its tokenizer counts one token per placeholder
+                messages, extra = text_of_images(body["messages"], loaded.model.config)
+                text = loaded.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                return len(ids) + extra, int(context)
             if isinstance(body.get("messages"), list):
                 ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True,
                                                     return_dict=True)["input_ids"]
@@ -386,6 +444,9 @@ def _surely_fits(body: dict, context: int) -> bool:
     messages = body.get("messages")
     if isinstance(messages, list):
         try:
+            if any(isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                               for p in m["content"]) for m in messages):
+                return False  # an image's tokens are not bounded by its bytes (nor its bytes by its tokens)
             size = sum(len(json.dumps(m.get("content"), ensure_ascii=False).encode()) + TEMPLATE_TOKENS_PER_MESSAGE
                        for m in messages)
         except (AttributeError, TypeError, ValueError):
