@@ -3,13 +3,16 @@
 keeps a placeholder, not the bytes. End to end: the tiny LLaVA trained on coloured shapes, then on the Playground page
 (AppTest) its base, its final model and the bundled text model side by side, loaded as one real serve job; a held-out
 picture is attached to "What colour is this?" (it trained on "What colour is the shape?"); the tuned model names
-its colour, the base does not, and the text model answers the text alone."""
+its colour, the base does not, and the text model answers the text alone. Then the same endpoint as a client sees
+it: the image as a data: URL answers as on the page; an http URL, or an image for the text model, is a 400."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
 
+import httpx
 import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
@@ -140,5 +143,24 @@ def test_the_tuned_model_names_the_colour_of_a_picture_shown_in_the_playground(a
     base_right = sum(base.startswith(truth) for truth, base, _tuned in answers)
     assert tuned_right >= 2 and base_right == 0, answers
     assert pg.conversation_jsonl(at.session_state["pg_turns"]).count('"sha256"') == 1
+
+    # the same server, as a client sees it: the serve job told the gate which of its models take images
+    tuned_name, text_name = (state.models[c.key] for c in server["columns"][1:])
+    auth = {"Authorization": f"Bearer {server['key']}"}
+
+    def ask(model: str, url: str) -> httpx.Response:
+        part = {"type": "image_url", "image_url": {"url": url}}
+        return httpx.post(f"{state.url}/chat/completions", headers=auth, timeout=60, json={
+            "model": model, "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What colour is this?"}]}]})
+
+    held = open(held_out[0]["image"], "rb").read()
+    answer = ask(tuned_name, "data:image/png;base64," + base64.b64encode(held).decode())
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"].strip().lower() == \
+        answers[0][2]  # the endpoint answers as the Playground did
+    fetched = ask(tuned_name, "http://127.0.0.1:9/shape.png")
+    assert fetched.status_code == 400 and "never fetches URLs" in fetched.json()["error"]["message"]
+    blind = ask(text_name, "data:image/png;base64," + base64.b64encode(held).decode())
+    assert blind.status_code == 400 and "reads text only" in blind.json()["error"]["message"]
     orch.stop(server["job"])
     orch.wait(server["job"], timeout=60)
