@@ -35,14 +35,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import email.parser
-import email.policy
+import email.message
 import functools
 import hashlib
 import hmac
 import io
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +57,14 @@ TRANSCRIPTIONS = "/v1/audio/transcriptions"
 ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
           ("POST", TRANSCRIPTIONS)}
 MAX_AUDIO_BYTES = 25 << 20  # one clip, as OpenAI's transcription API takes it (25 MB)
+FORM_OVERHEAD_BYTES = 64 << 10  # a transcription form's fields and part headers around the clip
+MAX_FORM_PARTS = 12  # fields in a transcription form (OpenAI's API has ten)
+MAX_PART_HEADER_BYTES = 4096  # one form part's headers
+# OpenAI's transcription fields. The engine gets a form the gate writes: the checked model, the clip and stream;
+# the others are accepted and left out (transformers serve ignores them too).
+FORM_FIELDS = frozenset({"file", "model", "stream", "language", "prompt", "response_format", "temperature",
+                         "timestamp_granularities", "timestamp_granularities[]", "chunking_strategy", "include",
+                         "include[]"})
 MAX_IMAGES = 8  # images in one chat request (a conversation resends its earlier images)
 MAX_IMAGE_BYTES = 10 << 20  # one image, decoded from its base64
 MAX_IMAGE_PIXELS = 4096 * 4096  # width x height: a 1000-byte PNG can claim 100,000 x 100,000 px and fill the memory
@@ -219,8 +227,12 @@ class KeyGate:
                     for name in self.config.models]})
                 return
             if path == TRANSCRIPTIONS:
-                raw = await self._read_bytes(scope, receive, self.config.max_audio_bytes)
-                self._check_transcription(scope, raw)
+                raw = await self._read_bytes(scope, receive, self.config.max_audio_bytes + FORM_OVERHEAD_BYTES)
+                # the engine gets the form the gate wrote from what it checked, never the client's bytes (a
+                # second 'model' the engine's parser would prefer, a transfer encoding it reads otherwise)
+                raw, content_type = await asyncio.to_thread(self._check_transcription, scope, raw)
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                         + [(b"content-type", content_type.encode("latin-1"))]}
             elif method == "POST":
                 body, size = await self._read_body(scope, receive)
                 self._check_size(body, size)
@@ -336,20 +348,39 @@ class KeyGate:
             raise RequestRefused(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
         return body, len(raw)
 
-    def _check_transcription(self, scope, raw: bytes) -> None:
-        """A transcription request: a multipart form with a ``file`` and the ``model``, a served speech model."""
-        content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
-        fields = multipart_fields(content_type, raw)
+    def _check_transcription(self, scope, raw: bytes) -> tuple[bytes, str]:
+        """A transcription request: a multipart form with a ``file`` (an audio clip) and the ``model``, a served
+        speech model; returns the form the engine gets (model, file, stream) and its content type."""
+        types = [v for k, v in scope["headers"] if k == b"content-type"]
+        if len(types) != 1:
+            raise RequestRefused(400, "a transcription request has one Content-Type header: multipart/form-data")
+        fields = multipart_fields(types[0].decode("latin-1"), raw)
         if fields is None:
             raise RequestRefused(400, "a transcription request is a multipart/form-data form with the fields 'file' "
                                       "(the audio clip) and 'model'")
+        unknown = sorted(set(fields) - FORM_FIELDS)
+        if unknown:
+            raise RequestRefused(400, f"unknown form field(s) {', '.join(map(repr, unknown))[:200]}: a transcription "
+                                      "form has 'file', 'model' and OpenAI's optional fields")
         model = fields.get("model")
         self._served(model)
         if model not in self.config.speech_models:
             raise RequestRefused(400, f"model {model!r} writes text and does not transcribe audio: send it chat "
                                       "requests (POST /v1/chat/completions)")
-        if not fields.get("file"):
-            raise RequestRefused(400, "the form has no 'file' field with the audio clip (WAV, FLAC, OGG or MP3)")
+        clip = fields.get("file")
+        if not isinstance(clip, bytes) or not clip:
+            raise RequestRefused(400, "the form has no 'file' field with the audio clip (WAV, FLAC, OGG or MP3) sent "
+                                      "as a file")
+        if len(clip) > self.config.max_audio_bytes:
+            raise RequestRefused(413, f"the clip is {len(clip):,} bytes; at most {self.config.max_audio_bytes:,} are "
+                                      "accepted: send a shorter clip")
+        if not looks_like_audio(clip):
+            raise RequestRefused(400, "the 'file' is not an audio clip this server decodes: send WAV, FLAC, OGG or "
+                                      "MP3 (or AIFF, AU)")
+        stream = fields.get("stream")
+        if stream is not None and stream not in ("true", "false"):
+            raise RequestRefused(400, f"stream must be true or false, not {str(stream)[:20]!r}")
+        return encode_form({"model": model, **({"stream": stream} if stream else {})}, clip)
 
     def _served(self, model: Any) -> None:
         if not isinstance(model, str) or model not in self.config.models:
@@ -518,23 +549,73 @@ def sampling_problem(body: dict) -> None:
             raise RequestRefused(400, f"{name} must be {kind} {bound}, not {value!r:.40}")
 
 
+BOUNDARY = re.compile(r'boundary=(?:"([^"]{1,70})"|([^\s;"]{1,70}))', re.IGNORECASE)
+
+
 def multipart_fields(content_type: str, raw: bytes) -> dict[str, Any] | None:
-    """The fields of a multipart/form-data body (name -> text, or the bytes of a file part), read with the
-    standard library's MIME parser; None when the body is not such a form."""
-    if not content_type.lower().startswith("multipart/form-data") or "boundary=" not in content_type:
+    """The fields of a multipart/form-data body (name -> text, or the bytes of a file part); None when the body is
+    not such a form. Bounded work whatever a stranger sends: at most MAX_FORM_PARTS parts, MAX_PART_HEADER_BYTES
+    of headers each; a field named twice, a header given twice in a part, a transfer encoding or an RFC 2231 name
+    is a 400 (another parser may read them otherwise)."""
+    if len(content_type) > 1024 or not content_type.lower().startswith("multipart/form-data"):
         return None
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
-    if not message.is_multipart():
+    found = BOUNDARY.search(content_type)
+    if found is None:
         return None
+    delimiter = b"--" + (found.group(1) or found.group(2)).encode("latin-1")
+    if raw.count(delimiter) > MAX_FORM_PARTS + 1:
+        raise RequestRefused(400, f"the form has more than {MAX_FORM_PARTS} fields")
+    pieces = raw.split(delimiter)
+    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
+        return None  # no part, or no closing delimiter
     fields: dict[str, Any] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str) or name in fields:
-            continue
-        payload = part.get_payload(decode=True) or b""
-        fields[name] = payload if part.get_filename() is not None else payload.decode("utf-8", "replace")
+    for piece in pieces[1:-1]:
+        if not piece.startswith(b"\r\n"):
+            return None
+        head, sep, body = piece[2:].partition(b"\r\n\r\n")
+        if not sep or len(head) > MAX_PART_HEADER_BYTES:
+            raise RequestRefused(400, f"a form part's headers are missing or longer than {MAX_PART_HEADER_BYTES:,} "
+                                      "bytes")
+        headers = email.message.Message()
+        names = []
+        for line in head.decode("latin-1").split("\r\n"):
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise RequestRefused(400, "a form part has a header line without a colon")
+            names.append(name.strip().lower())
+            headers[name.strip()] = value.strip()
+        if len(set(names)) != len(names) or "content-transfer-encoding" in names:
+            raise RequestRefused(400, "a form part gives a header twice or a transfer encoding: send each field once, "
+                                      "as plain bytes")
+        name = headers.get_param("name", header="content-disposition")
+        filename = headers.get_param("filename", header="content-disposition")
+        if not isinstance(name, str) or not isinstance(filename, (str, type(None))):
+            raise RequestRefused(400, "each form part needs a plain name=\"...\" in its Content-Disposition")
+        if name in fields:
+            raise RequestRefused(400, f"the form names {name[:40]!r} twice: send each field once")
+        body = body[:-2] if body.endswith(b"\r\n") else body
+        fields[name] = body if filename is not None else body.decode("utf-8", "replace")
     return fields
+
+
+def encode_form(fields: dict[str, str], clip: bytes) -> tuple[bytes, str]:
+    """A multipart/form-data body of text ``fields`` and the clip as ``file``, and its content type."""
+    boundary = "studio-" + os.urandom(12).hex()
+    out = b""
+    for name, value in fields.items():
+        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").encode()
+    out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + clip + f"\r\n--{boundary}--\r\n".encode()
+    return out, f"multipart/form-data; boundary={boundary}"
+
+
+def looks_like_audio(clip: bytes) -> bool:
+    """Whether the bytes start like a file soundfile decodes: WAV (RIFF/RF64 WAVE), FLAC, OGG, MP3 (an ID3 tag or a
+    frame sync), AIFF, AU."""
+    head = clip[:12]
+    return (head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE" or head[:4] in (b"fLaC", b"OggS", b".snd")
+            or head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
+            or head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"))
 
 
 def json_depth(value: Any) -> int:
