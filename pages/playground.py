@@ -1,7 +1,7 @@
 """Playground: up to three model sources answer the same conversation side by side, streaming at once;
 prompt sets run against them in one click; an image attached to a message is seen by the vision-language columns.
 Its speech mode (ui/speech_playground.py) has speech-to-text models
-transcribe one clip side by side. The logic lives in ui/playground.py; this page lays it out.
+transcribe one clip side by side; its search mode (ui/embedding_playground.py) has embedding models rank passages. The logic lives in ui/playground.py; this page lays it out.
 
 Answers come from a serve job (an OpenAI-compatible server in a worker process), started through the
 orchestrator; while it is queued or loading, a fragment refreshes its state until it is ready."""
@@ -21,6 +21,7 @@ from trainer_core.protocol.status import JobKind
 from trainer_core.run_rules import run_labels
 from trainer_core.serving.client import Sampling
 from ui import playground as pg
+from ui import embedding_playground as embedding_mode
 from ui import speech_playground as speech
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -67,8 +68,13 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
 
 listed = orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN])
 outputs = pg.run_outputs(orch, listed)
-mode = st.segmented_control("Try", ["Chat", "Speech to text"], default="Chat", key=K + "mode",
-                            help="Speech to text: record or upload a clip and compare Whisper models' transcripts")
+mode = st.segmented_control("Try", ["Chat", "Speech to text", "Search"], default="Chat", key=K + "mode",
+                            help="Speech to text: record or upload a clip and compare Whisper models' transcripts. "
+                                 "Search: an embedding run and its base model rank passages for your query")
+if mode == "Search":
+    finders = pg.offered_runs(listed, outputs, "embedding")
+    embedding_mode.render(orch, actor, allowed(actor, Action.START), finders, run_labels(finders))
+    st.stop()
 if mode == "Speech to text":
     spoken = pg.offered_runs(listed, outputs, "speech")
     speech.render(orch, actor, allowed(actor, Action.START), spoken, run_labels(spoken))

@@ -12,6 +12,9 @@ from trainer_core import search
 from trainer_core.jobspec import ModelSource
 from trainer_core.methods.embedding import BUNDLED_MODEL
 from trainer_core.protocol.status import RunStatus
+from tests.support import ROOT
+from tests.test_pages import open_page
+from ui.state import get_orchestrator
 
 
 def test_a_request_is_checked_before_any_process_starts():
@@ -30,8 +33,11 @@ def test_a_request_is_checked_before_any_process_starts():
 
 @pytest.mark.train
 @pytest.mark.subprocess
-def test_the_tuned_model_finds_the_jargon_passage_the_base_cannot(studio, tmp_path, monkeypatch):
+def test_the_tuned_model_finds_the_jargon_passage_the_base_cannot(app_home, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # as the studio fixture
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
+    studio = get_orchestrator()
     train, held_out = jargon_files(tmp_path)
     run_id = studio.start(run_config(train, held_out))
     snap = studio.wait(run_id, timeout=600)
@@ -51,3 +57,23 @@ def test_the_tuned_model_finds_the_jargon_passage_the_base_cannot(studio, tmp_pa
             firsts[ranking.label] += passages[ranking.hits[0].index] == row["passage"]
     print("\nfirst-ranked correct passage, 6 held-out queries:", firsts)
     assert firsts["tuned"] >= 5 and firsts["base"] <= 2
+
+    # the same search on the Playground's Search mode, as a user does it: the run's own passages, base | final
+    at = open_page("pages/playground.py")
+    at.button_group(key="pg_mode").set_value("Search").run()
+    assert at.selectbox(key="pge_run").value == run_id
+    at.text_input(key="pge_query").input(held[0]["question"]).run()
+    next(b for b in at.button if b.label == "Search").click().run(timeout=180)
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    labels = [m.value for m in at.markdown if m.value.startswith("**")]
+    tables = [d.value for d in at.dataframe if "passage" in d.value.columns]
+    assert len(tables) == 2 and labels[0].startswith("**Base") and "jargon retriever" in labels[1]
+    assert tables[1]["passage"].iloc[0] == held[0]["passage"]  # the tuned model's first hit
+    assert list(tables[1]["rank"]) == [1, 2, 3, 4, 5]
+
+
+def test_the_search_mode_says_how_to_get_an_embedding_run_when_there_is_none(app_home):
+    at = open_page("pages/playground.py")
+    at.button_group(key="pg_mode").set_value("Search").run()
+    assert not at.exception, at.exception
+    assert any(i.value.startswith("No embedding run yet: train one with method embedding") for i in at.info)
