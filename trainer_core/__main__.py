@@ -503,6 +503,8 @@ def _add_serving_commands(sub) -> None:
     chat = sub.add_parser("chat", help="chat with a run's model (streamed); --prompt for one answer, else a terminal chat")
     model_args(chat, base=True)
     chat.add_argument("--prompt", help="ask this, print the answer and exit")
+    chat.add_argument("--image", metavar="PATH", help="show a vision model this image (PNG, JPEG, WebP or GIF, under "
+                                                      "the allowed folders) with the first message")
     chat.add_argument("--system", default="", help="system prompt")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     chat.add_argument("--max-new-tokens", type=int, default=256)

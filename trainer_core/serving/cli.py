@@ -126,6 +126,40 @@ def answer(endpoint: Endpoint, key: str, messages: list[dict], sampling: Samplin
     return stream.text
 
 
+def image_message(text: str, path: str) -> dict:
+    """A user message showing the image at ``path`` (under the allowed folders, within the serve gate's limits) as a
+    ``data:`` URL image part, then ``text``; CliError names what is wrong with the file."""
+    import base64
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    from trainer_core.protocol import paths
+    from trainer_core.serving.gate import MAX_IMAGE_BYTES, GateConfig, RequestRefused, image_size_problem
+
+    try:
+        found = paths.resolve_inside(path, paths.allowed_data_roots())
+    except paths.UnsafePathError as exc:
+        raise CliError(f"--image: {exc}: put the image under the data root or an allowed folder") from None
+    if not found.is_file():
+        raise CliError(f"--image: {path} is not a file")
+    if found.stat().st_size > MAX_IMAGE_BYTES:
+        raise CliError(f"--image: {path} is {found.stat().st_size:,} bytes; at most {MAX_IMAGE_BYTES:,} are sent: "
+                       "resize or compress it")
+    data = found.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header only
+            fmt = image.format or ""
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise CliError(f"--image: {path} is not an image (PNG, JPEG, WebP or GIF)") from None
+    url = f"data:image/{fmt.lower()};base64,{base64.b64encode(data).decode()}"
+    try:
+        image_size_problem("--image", {"url": url}, GateConfig(key_hash="", models={}))
+    except RequestRefused as exc:
+        raise CliError(exc.message) from None
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+
+
 def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
     from db.users import UnknownToken
     from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
@@ -141,6 +175,10 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
     job_id = None
     actor = None
     try:
+        image = getattr(args, "image", None)
+        first_with_image = (lambda text: image_message(text, image)) if image else None
+        if first_with_image is not None:
+            first_with_image("")  # a bad file is named before a server starts
         actor = actor_of(orch.store)
         source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
         job_id, key = start(orch, [source], actor, "playground")  # known at once: the finally ends it
@@ -149,7 +187,8 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
               file=sys.stderr, flush=True)
         messages = [{"role": "system", "content": args.system}] if args.system else []
         if args.prompt is not None:
-            answer(endpoint, key, messages + [{"role": "user", "content": args.prompt}], sampling)
+            asked = first_with_image(args.prompt) if first_with_image else {"role": "user", "content": args.prompt}
+            answer(endpoint, key, messages + [asked], sampling)
             return 0
         print("type a message, Enter to send; /exit or Ctrl-D to quit", file=sys.stderr)
         while True:
@@ -162,7 +201,11 @@ def cmd_chat(args, find: Callable, actor_of: Callable) -> int:
                 return 0
             if not text.strip():
                 continue
-            messages.append({"role": "user", "content": text})
+            if first_with_image is not None:  # the image goes with the first message of the conversation
+                messages.append(first_with_image(text))
+                first_with_image = None
+            else:
+                messages.append({"role": "user", "content": text})
             messages.append({"role": "assistant", "content": answer(endpoint, key, messages, sampling)})
     except (CliError, ServeError, RunRefused, UnknownToken, KeyboardInterrupt) as exc:
         return failure(exc)
