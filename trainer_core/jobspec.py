@@ -129,6 +129,16 @@ class ResolvedSource:
         return "speech" if found.kind == modality.SPEECH else "text"
 
     @property
+    def sees_images(self) -> bool:
+        """Whether the model is a vision-language model (told from its base model's config files)."""
+        from trainer_core import model_info, modality
+
+        try:
+            return modality.detect_modality(self.base_model).kind == modality.VISION
+        except (model_info.ModelInfoError, OSError, ValueError):
+            return False
+
+    @property
     def output_problem(self) -> str:
         """Why a base model's kind could not be told from its config files ("" for a run, or when it could): a
         folder outside the allowed roots, a hub id that is not cached and cannot be reached."""

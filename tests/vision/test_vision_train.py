@@ -15,6 +15,9 @@ import pytest
 from tests.support import run_python
 from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows, write_jsonl
 from trainer_core.config import TrainConfig
+from trainer_core.export.spec import ExportSpec
+from trainer_core.jobspec import ModelSource
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
 ANSWER_HELD_OUT = textwrap.dedent("""
@@ -112,4 +115,18 @@ def test_tiny_vlm_learns_the_colours_of_held_out_shapes(studio, tiny_vlm, tmp_pa
     assert base <= 0.25  # a random model does not name colours
     assert tuned >= 0.75 and tuned >= base + 0.5, (found, base, tuned)
     assert found["merged"] == found["tuned"]  # merged in float32: the same greedy answers as the adapter
+
+    # export --to merged as a user runs it: the merged folder with its processor, verified by its answers; no GGUF
+    gguf = ExportSpec(source=ModelSource(run_id=run_id), targets=["gguf"]).validate()
+    assert any(e.field == "targets" and "vision-language" in e.message and "export merged" in e.message for e in gguf)
+    job_id = studio.submit(ExportSpec(source=ModelSource(run_id=run_id), targets=["merged"], verify=True,
+                                      merged_dtype="float16"))
+    snap = studio.wait(job_id, timeout=400)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(job_id, 80)}"
+    merged = paths.run_dir(job_id) / "artifacts" / "merged"
+    assert (merged / "processor_config.json").exists() and (merged / "model.safetensors").exists()
+    verify = json.loads((paths.run_dir(job_id) / "artifacts" / "verify.json").read_text())
+    print("vision export verify", verify)
+    assert [(v["format"], v["total"]) for v in verify] == [("merged", 4)]  # 4 of the run's own image rows
+    assert verify[0]["identical"] >= 3, verify  # float16 weights, answered in float32: at most one may drift
     assert "torch" not in sys.modules and "transformers" not in sys.modules  # the dashboard never imported them

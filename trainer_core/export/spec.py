@@ -108,6 +108,10 @@ class ExportSpec(JobSpec):
             return None
         problem = resolved.not_a_writer("merged into a model that writes answers")
         if problem is None:
+            if "gguf" in targets and resolved.sees_images:
+                return ("gguf: a vision-language model's GGUF needs llama.cpp's separate mmproj file for its vision "
+                        "tower, which this export does not write: export merged (it loads in transformers with its "
+                        "processor)")
             return None
         fix = ("export the adapter instead" if resolved.adapter_dir is not None else
                "a full fine-tune's weights folder is the whole model: copy it as it is")

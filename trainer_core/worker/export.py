@@ -228,7 +228,8 @@ class ExportWorker(JobWorker):
         plan = Plan(spec, resolved, final, staging, base_dir, tokenizer)
         problems = []
         needs_model = "merged" in spec.targets or "gguf" in spec.targets
-        if needs_model and resolved.output == "text" and not tokenizer.chat_template:  # a Whisper model has none
+        # a Whisper model has no chat template; a vision model's is its processor's
+        if needs_model and resolved.output == "text" and not resolved.sees_images and not tokenizer.chat_template:
             problems.append(f"the model has no chat template (tokenizer in {tokenizer_dir}): a merged model or GGUF "
                             "without one is prompted wrongly; set chat_template in the run's config and train again, "
                             "or export the adapter only")
@@ -381,7 +382,7 @@ class ExportWorker(JobWorker):
             model = auto_class(folder).from_pretrained(folder, dtype=getattr(torch, dtype))
             model.save_pretrained(target, safe_serialization=True)
             plan.tokenizer.save_pretrained(target)
-            if plan.resolved.output == "speech":  # the feature extractor belongs to the model as much as its weights
+            if plan.resolved.output == "speech" or plan.resolved.sees_images:  # the processor belongs to the model
                 from transformers import AutoProcessor
 
                 AutoProcessor.from_pretrained(folder).save_pretrained(target)
@@ -475,6 +476,9 @@ class ExportWorker(JobWorker):
         if plan.resolved.output == "embedding":
             self.verify_embedding(plan)
             return
+        if plan.resolved.sees_images:
+            self.verify_vision(plan)
+            return
         import torch
 
         from trainer_core.worker.sources import load_source
@@ -535,6 +539,30 @@ class ExportWorker(JobWorker):
                               f"{str(exc)[:300]}): the export failed and nothing was published") from None
         answers = [transcribe_clip(merged, processor, clip, plan.spec.max_new_tokens) for clip in clips]
         self.report_verify(plan, compare_texts("merged", names, reference, answers))
+
+    def verify_vision(self, plan: Plan) -> None:
+        """A vision-language model: the merged folder reloaded with its processor answers the run's own image rows
+        (their questions and images, greedily) token for token as the run's model does."""
+        import torch
+        from transformers import AutoProcessor
+
+        from trainer_core.worker.sources import auto_class, load_source
+
+        names, prompts = vision_prompts(plan.resolved.config)
+        source_dir = plan.resolved.weights_dir if _has_processor(plan.resolved.weights_dir) else plan.base_dir
+        model, _ = load_source(plan.resolved, "cpu", log=self.log)
+        processor = AutoProcessor.from_pretrained(str(source_dir))
+        reference = [answer_image(model, processor, p, plan.spec.max_new_tokens) for p in prompts]
+        del model
+        self.check_control()
+        try:
+            merged = auto_class(str(plan.merged_dir)).from_pretrained(str(plan.merged_dir), dtype=torch.float32).eval()
+            merged_processor = AutoProcessor.from_pretrained(str(plan.merged_dir))
+        except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
+            raise ExportError(f"the merged model cannot be loaded back with its processor ({type(exc).__name__}: "
+                              f"{str(exc)[:300]}): the export failed and nothing was published") from None
+        answers = [answer_image(merged, merged_processor, p, plan.spec.max_new_tokens) for p in prompts]
+        self.report_verify(plan, compare("merged", names, reference, answers, processor.tokenizer))
 
     def verify_embedding(self, plan: Plan) -> None:
         """An embedding model: the exported folder reloaded with sentence-transformers embeds the run's own texts as
@@ -687,6 +715,54 @@ def compare(label: str, prompts: list[str], reference: list[list[int]], answers:
 VERIFY_CLIPS = 4  # a speech export's verify transcribes this many of the run's own clips
 VERIFY_TEXTS = 8  # an embedding export's verify embeds this many of the run's own texts
 EMBED_TOLERANCE = 0.9999  # cosine similarity of a text's vectors from the run's model and the export: "identical"
+
+
+VERIFY_IMAGES = 4  # a vision export's verify answers this many of the run's own image rows
+
+
+def vision_prompts(cfg) -> tuple[list[str], list[tuple[list[dict], list]]]:
+    """(names, prompts): the first VERIFY_IMAGES image rows of a vision run (its eval rows, else its training rows)
+    as (the turns before the first answer, the images they show), read as the run read them."""
+    from trainer_core.data import DatasetError, loading
+
+    try:
+        data = loading.load_for_training(cfg)
+    except (DatasetError, OSError) as exc:
+        raise ExportError(f"the run's images cannot be read to verify the merged model ({exc}): restore its data, or "
+                          "export with verify off") from None
+    names, prompts = [], []
+    for row in (data.eval_rows or data.rows):
+        turns = row.get("messages") or []
+        first_answer = next((i for i, t in enumerate(turns) if t.get("role") == "assistant"), len(turns))
+        if not row.get("images") or first_answer == 0:
+            continue
+        asked = turns[:first_answer]
+        text = " ".join(p.get("text", "") for t in asked if isinstance(t.get("content"), list) for p in t["content"]
+                        if isinstance(p, dict) and p.get("type") == "text")
+        names.append(text[:40] or f"row {len(names) + 1}")
+        prompts.append((asked, list(row["images"])))
+        if len(prompts) == VERIFY_IMAGES:
+            break
+    if not prompts:
+        raise ExportError("the run's data has no image row with a question to verify the merged model with: export "
+                          "with verify off")
+    return names, prompts
+
+
+def answer_image(model, processor, prompt: tuple[list[dict], list], max_new_tokens: int) -> list[int]:
+    """Greedy answer token ids of a vision model to (turns, images) under the processor's chat template."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    turns, images = prompt
+    pictures = [Image.open(io.BytesIO(i) if isinstance(i, (bytes, bytearray)) else i).convert("RGB") for i in images]
+    text = processor.apply_chat_template(turns, add_generation_prompt=True)
+    inputs = processor(text=text, images=pictures, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def embedding_texts(cfg) -> list[str]:
