@@ -69,6 +69,26 @@ def test_a_full_fine_tune_resolves_to_its_model_folder(home):
     assert resolved.model_dir == paths.run_dir("full1") / "model" and resolved.adapter_dir is None
 
 
+def test_a_weights_folder_replaced_by_a_link_out_of_the_run_is_refused(home, tmp_path):
+    """Hostile review: a run's adapter/ (or a checkpoint) swapped for a symlink to another folder still resolved,
+    so a serve or export job loaded whatever it pointed at."""
+    make_run("linked", steps=(10,))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "adapter_config.json").write_text("{}")
+    for inside in (paths.run_dir("linked") / "adapter", paths.run_dir("linked") / "checkpoints" / "checkpoint-10"):
+        for item in inside.iterdir():
+            item.unlink()
+        inside.rmdir()
+        inside.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(SourceError, match=r"its weights folder .* outside the job's folder") as final:
+        resolve(ModelSource(run_id="linked"))
+    assert final.value.field == "run"
+    with pytest.raises(SourceError) as step:
+        resolve(ModelSource(run_id="linked", checkpoint=10))
+    assert step.value.field == "checkpoint"
+
+
 def test_missing_pieces_are_named_with_the_fix(home):
     make_run("nofinal", final=False, steps=(5,))
     with pytest.raises(SourceError, match=r"no saved adapter yet .*pick one of its checkpoints \(5\)"):

@@ -228,6 +228,12 @@ def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
             known = f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps else "it has no checkpoints"
             raise SourceError(f"run '{name}' has no checkpoint at step {source.checkpoint}: {known}", "checkpoint")
         label = f"{name} · step {source.checkpoint}"
+    try:  # the weights are the run's own: a folder replaced by a link out of the run would serve or export anything
+        paths.inside_run(paths.run_dir(source.run_id), folder)
+    except paths.UnsafePathError as exc:
+        where = "checkpoint" if source.checkpoint is not None else "run"
+        raise SourceError(f"run '{name}': its weights folder {exc}: a run's weights stay in its folder; train it "
+                          "again, or copy the weights there", where) from None
     is_adapter = (folder / "adapter_config.json").is_file()
     if is_adapter:  # a damaged file failed later, in the worker, as a bare JSONDecodeError
         try:
