@@ -48,15 +48,15 @@ def test_the_tuned_model_finds_the_jargon_passage_the_base_cannot(app_home, tmp_
     assert {row["passage"] for row in held} <= set(passages)
     sources = (ModelSource(model=BUNDLED_MODEL), ModelSource(run_id=run_id))
     firsts = {"base": 0, "tuned": 0}
-    for row in held[:6]:
+    for row in held[:4]:
         rankings = search.search(search.Request(sources=sources, query=row["question"], passages=tuple(passages),
                                                 labels=("base", "tuned")))
         assert [r.label for r in rankings] == ["base", "tuned"] and not any(r.error for r in rankings)
         for ranking in rankings:
             assert len(ranking.hits) == search.TOP_K and ranking.similarity == "cosine"
             firsts[ranking.label] += passages[ranking.hits[0].index] == row["passage"]
-    print("\nfirst-ranked correct passage, 6 held-out queries:", firsts)
-    assert firsts["tuned"] >= 5 and firsts["base"] <= 2
+    print("\nfirst-ranked correct passage, 4 held-out queries:", firsts)
+    assert firsts["tuned"] >= 3 and firsts["base"] <= 1
 
     # the same search on the Playground's Search mode, as a user does it: the run's own passages, base | final
     at = open_page("pages/playground.py")
