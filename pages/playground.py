@@ -23,6 +23,7 @@ from trainer_core.serving.client import Sampling
 from ui import playground as pg
 from ui import embedding_playground as embedding_mode
 from ui import speech_playground as speech
+from ui.playground_server import server_panel
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
@@ -38,7 +39,6 @@ RUNS_LISTED = 200  # recent training runs read to find the ones offered as sourc
 POLL_S = 0.1  # how often streaming answers are redrawn
 SET_POLL_S = 0.5  # a prompt-set table is redrawn whole: less often
 JOB_CHECK_S = 1.0  # how often the serve job's status is read while answers stream
-STATE_REFRESH_S = 1.0
 
 orch = get_orchestrator()
 actor = current_actor()
@@ -135,23 +135,6 @@ if server is None:
 state = pg.server_state(orch, server["job"])
 
 
-# Refreshes only while the job is queued or loading: a fragment rerun must never cut into the answer loop below.
-@st.fragment(run_every=STATE_REFRESH_S if state.phase in (pg.QUEUED, pg.LOADING) else None)
-def server_panel() -> None:
-    """The serve job's state; refreshes itself while it is queued or loading, and redraws the whole page when
-    that changes (ready: the chat appears)."""
-    now = pg.server_state(orch, server["job"])
-    if now.phase != state.phase:
-        st.rerun()
-    if now.ready:
-        st.caption(safe(f"{now.message} · job {server['job']}"))
-        return
-    show = st.error if now.phase in (pg.FAILED, pg.ENDED) else st.info
-    show(safe(now.message), icon="⏳" if now.phase in (pg.QUEUED, pg.LOADING) else "🛑")
-    if now.log_tail:
-        st.code(now.log_tail, language=None)
-
-
 def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
     """Keep what a batch produced (a chat turn, or the prompt-set table) and forget the batch."""
     if info["kind"] == "chat":
@@ -162,7 +145,7 @@ def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
     del st.session_state[BATCH]
 
 
-server_panel()
+server_panel(orch, server["job"], state.phase)  # ready: the chat appears below
 if busy and not state.ready:  # the server went away while answers came in (another tab, a reload)
     batch_info["batch"].abandon(state.message)
     finish(batch_info, batch_info["batch"].answers())

@@ -19,12 +19,12 @@ from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.serving.client import ServeError, transcribe
 from trainer_core.serving.gate import MAX_AUDIO_BYTES
 from ui import playground as pg
+from ui.playground_server import server_panel
 from ui.text import safe
 
 K = "pgs_"
 SERVER, RESULTS = K + "server", K + "results"
 CLIP_TYPES = ("wav", "flac", "ogg", "mp3")
-STATE_REFRESH_S = 1.0
 
 
 # ====================================================================== logic
@@ -123,7 +123,7 @@ def render(orch: Any, actor: Any, may_start: bool, runs: list[RunRecord], labels
     if wanted != loaded and not problems:
         st.info("The models picked above are not the ones loaded: press Load models to switch.", icon="🔄")
     state = pg.server_state(orch, server["job"])
-    _server_panel(orch, server["job"], state.phase)
+    server_panel(orch, server["job"], state.phase)
     if not state.ready:
         return
 
@@ -155,20 +155,3 @@ def render(orch: Any, actor: Any, may_start: bool, runs: list[RunRecord], labels
                     continue
                 st.text(result.text or "(no words heard)")  # model output: plain text, never markdown
                 st.caption(f"{result.seconds:.1f} s")
-
-
-def _server_panel(orch: Any, job_id: str, phase: str) -> None:
-    @st.fragment(run_every=STATE_REFRESH_S if phase in (pg.QUEUED, pg.LOADING) else None)
-    def panel() -> None:
-        now = pg.server_state(orch, job_id)
-        if now.phase != phase:
-            st.rerun()
-        if now.ready:
-            st.caption(safe(f"{now.message} · job {job_id}"))
-            return
-        show = st.error if now.phase in (pg.FAILED, pg.ENDED) else st.info
-        show(safe(now.message), icon="⏳" if now.phase in (pg.QUEUED, pg.LOADING) else "🛑")
-        if now.log_tail:
-            st.code(now.log_tail, language=None)
-
-    panel()

@@ -155,11 +155,12 @@ def _shaped(read, shape: str) -> NormalizedData:
                                    f"{preference.SHAPES[shape]} ({exc.message})") from None
 
 
-def _renamed(read):
+def _renamed(read, also: tuple[str, ...] = ()):
+    """``read()``, with the loader's data fields (and ``also``) named ``data``, the eval spec's one data field."""
     try:
         return read()
     except DatasetError as exc:
-        field = "data" if exc.field in ("local_datasets", "hf_dataset", "train_split") else exc.field
+        field = "data" if exc.field in ("local_datasets", "hf_dataset", "train_split", *also) else exc.field
         raise DatasetError(field, exc.message) from None
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError, loading
+from trainer_core.evaluation import samples as eval_samples
 
 if TYPE_CHECKING:
     from trainer_core.evaluation.spec import EvalSpec
@@ -112,17 +113,19 @@ def load_clips(spec: "EvalSpec") -> tuple[list[dict[str, Any]], str | None]:
 
 
 def _renamed(read):
-    try:
-        return read()
-    except DatasetError as exc:
-        field = "data" if exc.field in ("local_datasets", "local_eval_datasets", "stt.columns") else exc.field
-        raise DatasetError(field, exc.message) from None
+    """samples' renaming, with a speech run's own data fields (its eval files, its column mapping) named ``data``."""
+    return eval_samples._renamed(read, also=("local_eval_datasets", "stt.columns"))
 
 
 def fingerprint(spec: "EvalSpec") -> str:
-    """A hash of the test set itself: every clip's bytes and its reference transcript, in order."""
+    """A hash of the test set itself (all of it, whatever max_samples): ``set_fingerprint`` of its rows."""
+    return set_fingerprint(load_rows(dataclasses.replace(spec, max_samples=0)))
+
+
+def set_fingerprint(rows: list[dict[str, Any]]) -> str:
+    """Every clip's bytes and its reference transcript, in order."""
     digest = hashlib.sha256(b"speech-eval")
-    for row in load_rows(dataclasses.replace(spec, max_samples=0)):
+    for row in rows:
         digest.update(row["text"].encode() + b"\x00")
         digest.update(clip_bytes(row["audio"]))
     return digest.hexdigest()[:32]

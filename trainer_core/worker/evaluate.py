@@ -12,6 +12,7 @@ run its InformationRetrievalEvaluator, then a row per query and the result, as t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -105,12 +106,7 @@ class Evaluator(JobWorker):
 
                 metrics["lm_eval"] = benchmarks.run_tasks(spec, model, tokenizer, log=self.log)
             metrics["partial"] = action is not None
-            self.write_results(spec, resolved, fingerprint, metrics, len(samples))
-            self.events.emit(ev.EvalResultEvent(
-                source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
-                settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
-                checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
-            self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
+            self.conclude(spec, resolved, fingerprint, metrics, len(samples), len(rows), action)
             return 0
         except Cancelled as request:  # before any sample: nothing to keep either way, but a Stop is a Stop
             stopped = request.action is control.Action.STOP
@@ -156,12 +152,7 @@ class Evaluator(JobWorker):
         elapsed = time.time() - started
         self.events.emit(ev.ProgressEvent(step=len(rows), total_steps=len(rows), elapsed_s=elapsed, eta_s=0.0))
         metrics["partial"] = False  # the evaluator scores every query in one pass: a Stop keeps whole results
-        self.write_results(spec, resolved, fingerprint, metrics, len(rows))
-        self.events.emit(ev.EvalResultEvent(
-            source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
-            settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
-            checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
-        self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(rows))
+        self.conclude(spec, resolved, fingerprint, metrics, len(rows), len(rows), action)
         return 0
 
     def run_speech(self, spec: EvalSpec) -> int:
@@ -172,27 +163,21 @@ class Evaluator(JobWorker):
         from transformers import AutoProcessor
 
         from trainer_core.worker.methods import stt
-        from trainer_core.worker.sources import load_source
+        from trainer_core.worker.sources import load_source, processor_folder
 
         self.status(RunStatus.STARTING, "reading the test clips")
-        rows, left_out = speech.load_clips(spec)
+        rows, left_out = speech.load_clips(dataclasses.replace(spec, max_samples=0))  # read once, hashed whole
         if left_out:  # the set's WER covers the clips scored: say which were not, and why
             self.warn(left_out)
-        fingerprint = eval_samples.fingerprint(spec)
+        fingerprint = speech.set_fingerprint(rows)  # the baseline's key (eval_samples.fingerprint's for speech)
+        rows = rows[:spec.max_samples] if spec.max_samples else rows
         self.log(f"{len(rows):,} test clip(s)")
         self.check_cancel()
         self.status(RunStatus.STARTING, "loading model")
         resolved = jobspec.resolve(spec.source)
         device = "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"
         model, _ = load_source(resolved, device, log=self.log)
-        folder = resolved.weights_dir if resolved.weights_dir is not None and any(
-            (resolved.weights_dir / n).exists() for n in ("processor_config.json", "preprocessor_config.json")) \
-            else None
-        if folder is None:
-            from trainer_core.worker.sources import base_folder
-
-            folder = base_folder(resolved, log=self.log)
-        processor = AutoProcessor.from_pretrained(str(folder))
+        processor = AutoProcessor.from_pretrained(processor_folder(resolved, log=self.log))
         self.log(f"Loaded {resolved.label} on {device}")
         self.check_cancel()
         self.status(RunStatus.RUNNING, "transcribing")
@@ -231,12 +216,7 @@ class Evaluator(JobWorker):
         metrics: dict = dict(stt.error_rates(references, hypotheses))
         metrics.update(clips=len(references), samples=len(references), seconds=round(time.time() - started, 3),
                        partial=action is not None)
-        self.write_results(spec, resolved, fingerprint, metrics, len(rows))
-        self.events.emit(ev.EvalResultEvent(
-            source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
-            settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
-            checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
-        self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, len(references))
+        self.conclude(spec, resolved, fingerprint, metrics, len(rows), len(references), action)
         return 0
 
     def load(self, resolved: jobspec.ResolvedSource):
@@ -354,6 +334,17 @@ class Evaluator(JobWorker):
         if scores.judge is None:
             self.log(f"the judge gave no 1-10 score (a reply of {len(reply):,} characters)")  # never its text
         return judge
+
+    def conclude(self, spec: EvalSpec, resolved, fingerprint: str, metrics: dict, total: int, done: int,
+                 action: control.Action | None) -> None:
+        """An eval's end with results, whatever it scored: results.json, the result event (the store and the
+        baseline cache take it from there), then completed, or stopped when a Stop cut it short."""
+        self.write_results(spec, resolved, fingerprint, metrics, total)
+        self.events.emit(ev.EvalResultEvent(
+            source_key=spec.source.key, base_model=resolved.base_model, data_fingerprint=fingerprint,
+            settings_hash=eval_samples.settings_hash(spec), metrics=metrics, source_run_id=spec.source.run_id,
+            checkpoint=spec.source.checkpoint, data_label=spec.dataset_label))
+        self.finish(RunStatus.STOPPED if action else RunStatus.COMPLETED, done)
 
     def write_results(self, spec: EvalSpec, resolved, fingerprint: str, metrics: dict, total: int) -> None:
         data = {"source": spec.source.key, "label": resolved.label, "base_model": resolved.base_model,

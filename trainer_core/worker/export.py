@@ -522,11 +522,10 @@ class ExportWorker(JobWorker):
         import torch
         from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
 
-        from trainer_core.worker.sources import load_source
+        from trainer_core.worker.sources import load_source, processor_folder
 
         names, clips = speech_clips(plan.resolved.config)
-        source_processor = AutoProcessor.from_pretrained(
-            str(plan.resolved.weights_dir) if _has_processor(plan.resolved.weights_dir) else plan.base_dir)
+        source_processor = AutoProcessor.from_pretrained(processor_folder(plan.resolved, plan.base_dir))
         model, _ = load_source(plan.resolved, "cpu", log=self.log)
         reference = [transcribe_clip(model, source_processor, clip, plan.spec.max_new_tokens) for clip in clips]
         del model
@@ -546,12 +545,11 @@ class ExportWorker(JobWorker):
         import torch
         from transformers import AutoProcessor
 
-        from trainer_core.worker.sources import auto_class, load_source
+        from trainer_core.worker.sources import auto_class, load_source, processor_folder
 
         names, prompts = vision_prompts(plan.resolved.config)
-        source_dir = plan.resolved.weights_dir if _has_processor(plan.resolved.weights_dir) else plan.base_dir
         model, _ = load_source(plan.resolved, "cpu", log=self.log)
-        processor = AutoProcessor.from_pretrained(str(source_dir))
+        processor = AutoProcessor.from_pretrained(processor_folder(plan.resolved, plan.base_dir))
         reference = [answer_image(model, processor, p, plan.spec.max_new_tokens) for p in prompts]
         del model
         self.check_control()
@@ -777,11 +775,6 @@ def embedding_texts(cfg) -> list[str]:
                           "export with verify off") from None
     texts = [v for row in (data.eval_rows or data.rows) for v in row.values() if isinstance(v, str) and v.strip()]
     return list(dict.fromkeys(texts))[:VERIFY_TEXTS]
-
-
-def _has_processor(folder: Path | None) -> bool:
-    return folder is not None and any((folder / n).exists() for n in ("processor_config.json",
-                                                                      "preprocessor_config.json"))
 
 
 def speech_clips(cfg) -> tuple[list[str], list]:

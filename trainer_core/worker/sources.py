@@ -27,6 +27,22 @@ def base_folder(resolved: ResolvedSource, log=print) -> str:
     return resolve_model(dataclasses.replace(cfg, model_name=resolved.base_model), log=log)
 
 
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # a vision or speech model's processor
+
+
+def has_processor(folder: Path | None) -> bool:
+    """Whether ``folder`` holds a processor (image processor or feature extractor) beside its tokenizer."""
+    return folder is not None and any((folder / name).exists() for name in PROCESSOR_FILES)
+
+
+def processor_folder(resolved: ResolvedSource, base: str | None = None, log=print) -> str:
+    """Where the source's processor is: its weights folder when the run saved one there (the processor it trained
+    with), else its base model's folder (``base`` when the caller has it already)."""
+    if has_processor(resolved.weights_dir):
+        return str(resolved.weights_dir)
+    return base if base is not None else base_folder(resolved, log=log)
+
+
 def torch_dtype(device: str):
     import torch
 
@@ -123,7 +139,7 @@ def _merge_into(resolved: ResolvedSource, target: Path, dtype: str, stamp: str, 
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         # a vision or speech run: the processor it trained with (image processor / feature extractor too)
-        if any((resolved.adapter_dir / name).exists() for name in ("processor_config.json", "preprocessor_config.json")):
+        if has_processor(resolved.adapter_dir):
             from transformers import AutoProcessor
 
             AutoProcessor.from_pretrained(str(resolved.adapter_dir)).save_pretrained(tmp)
