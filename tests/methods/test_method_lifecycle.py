@@ -30,9 +30,11 @@ def config(method: str, model: Path) -> TrainConfig:
                        **fields)
 
 
-@pytest.mark.parametrize("method", sorted(KEYS))
-def test_stop_saves_resume_continues_and_rebuild_restores_every_metric(method, studio, tiny_model):
-    old = studio.start(config(method, tiny_model))
+def stop_resume_rebuild(studio, cfg: TrainConfig, key: str, steps: int, every_key: bool = False) -> Path:
+    """Start ``cfg``, Stop it after step 2, resume it to ``steps`` and rebuild the database; checks the checkpoint
+    Stop left, the step count of ``key`` going on from it with no step lost or repeated, and the metrics restored
+    by the rebuild: ``key``'s, or (``every_key``) ``key`` and every open key of the runs. Returns the run folder."""
+    old = studio.start(cfg)
     wait_for_step(studio, old, 2)
     studio.stop(old)
     snap = studio.wait(old, timeout=300)
@@ -40,19 +42,19 @@ def test_stop_saves_resume_continues_and_rebuild_restores_every_metric(method, s
     run_dir = Path(studio.get_run(old).output_dir).parent
     [checkpoint] = (run_dir / "checkpoints").glob("checkpoint-*")
     stopped_at = int(checkpoint.name.split("-")[1])
-    assert 2 <= stopped_at < STEPS and (run_dir / "adapter" / "adapter_model.safetensors").exists()
+    assert 2 <= stopped_at < steps
 
     new = studio.resume(old)
     snap = studio.wait(new, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(new, 60)}"
-    key = KEYS[method]
     own = studio.metrics(new, keys=[key]).dropna(subset=[key])
-    assert list(own["step"]) == list(range(stopped_at + 1, STEPS + 1))  # the step count went on from the checkpoint
+    assert list(own["step"]) == list(range(stopped_at + 1, steps + 1))  # the step count went on from the checkpoint
     joined = studio.metrics(new, lineage=True, keys=[key]).dropna(subset=[key])
-    assert list(joined["step"]) == list(range(1, STEPS + 1))  # no step lost or duplicated across the two runs
+    assert list(joined["step"]) == list(range(1, steps + 1))  # no step lost or duplicated across the two runs
 
-    before = {run: studio.metrics(run, keys=[key]) for run in (old, new)}
     keys_before = {run: studio.metric_keys(run) for run in (old, new)}
+    compared = {run: [key, *keys_before[run]] if every_key else [key] for run in (old, new)}
+    before = {run: studio.metrics(run, keys=compared[run]) for run in (old, new)}
     url = studio.store.url
     studio.close()
     report = rebuild.rebuild(url)
@@ -60,9 +62,16 @@ def test_stop_saves_resume_continues_and_rebuild_restores_every_metric(method, s
     store = Store(url)
     for run in (old, new):
         assert store.metric_keys(run) == keys_before[run]
-        pd.testing.assert_frame_equal(store.metrics_frame(run, keys=[key]), before[run])  # NaN gaps equal too
+        pd.testing.assert_frame_equal(store.metrics_frame(run, keys=compared[run]), before[run])  # NaN gaps too
     assert store.get_run(new).parent_run_id == old
     store.engine.dispose()
+    return run_dir
+
+
+@pytest.mark.parametrize("method", sorted(KEYS))
+def test_stop_saves_resume_continues_and_rebuild_restores_every_metric(method, studio, tiny_model):
+    run_dir = stop_resume_rebuild(studio, config(method, tiny_model), KEYS[method], STEPS)
+    assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
 
 
 def test_cancel_of_a_grpo_run_saves_nothing(studio, tiny_model):

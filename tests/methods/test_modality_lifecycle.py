@@ -7,19 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from db.store import Store
 from tests.methods.test_embedding_train import jargon
+from tests.methods.test_method_lifecycle import stop_resume_rebuild
 from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_whisper, spoken_rows
-from tests.support import wait_for_step
 from tests.vision_support import build_tiny_vlm, shape_rows
 from tests.vision_support import write_jsonl as write_rows
 from trainer_core.config import TrainConfig
-from trainer_core.jobs import rebuild
 from trainer_core.methods.embedding import BUNDLED_MODEL as MINILM
-from trainer_core.protocol.status import RunStatus
 
 pytestmark = [pytest.mark.train, pytest.mark.subprocess]
 
@@ -60,33 +56,4 @@ CONFIGS = {"embedding": embedding_config, "stt": speech_config, "vision": vision
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_stop_saves_resume_continues_and_rebuild_restores_every_metric(kind, studio, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    old = studio.start(CONFIGS[kind](tmp_path))
-    wait_for_step(studio, old, 2)
-    studio.stop(old)
-    snap = studio.wait(old, timeout=300)
-    assert snap.status is RunStatus.STOPPED, f"{snap.error}\n{studio.log_tail(old, 60)}"
-    run_dir = Path(studio.get_run(old).output_dir).parent
-    [checkpoint] = (run_dir / "checkpoints").glob("checkpoint-*")
-    stopped_at = int(checkpoint.name.split("-")[1])
-    assert 2 <= stopped_at < STEPS
-
-    new = studio.resume(old)
-    snap = studio.wait(new, timeout=600)
-    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(new, 60)}"
-    own = studio.metrics(new, keys=["loss"]).dropna(subset=["loss"])
-    assert list(own["step"]) == list(range(stopped_at + 1, STEPS + 1))  # the step count went on from the checkpoint
-    joined = studio.metrics(new, lineage=True, keys=["loss"]).dropna(subset=["loss"])
-    assert list(joined["step"]) == list(range(1, STEPS + 1))  # no step lost or duplicated across the two runs
-
-    keys = {run: studio.metric_keys(run) for run in (old, new)}
-    before = {run: studio.metrics(run, keys=["loss", *keys[run]]) for run in (old, new)}
-    url = studio.store.url
-    studio.close()
-    report = rebuild.rebuild(url)
-    assert sorted(report.runs) == sorted([old, new])
-    store = Store(url)
-    for run in (old, new):
-        assert store.metric_keys(run) == keys[run]
-        pd.testing.assert_frame_equal(store.metrics_frame(run, keys=["loss", *keys[run]]), before[run])
-    assert store.get_run(new).parent_run_id == old
-    store.engine.dispose()
+    stop_resume_rebuild(studio, CONFIGS[kind](tmp_path), "loss", STEPS, every_key=True)
