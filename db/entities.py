@@ -124,6 +124,7 @@ class SampleRecord:
     new_tokens: int = 0
     flags: dict = dataclasses.field(default_factory=dict)
     ts: float = 0.0
+    audio: str = ""  # a spoken sample's WAV, relative to the run folder ("": a text answer)
 
     @classmethod
     def from_row(cls, row: Sample) -> "SampleRecord":
@@ -132,7 +133,8 @@ class SampleRecord:
         except ValueError:
             flags = {}
         return cls(run_id=row.run_id, step=row.step, index=row.idx, prompt=row.prompt, text=row.text,
-                   new_tokens=row.new_tokens, flags=flags if isinstance(flags, dict) else {}, ts=row.ts)
+                   new_tokens=row.new_tokens, flags=flags if isinstance(flags, dict) else {}, ts=row.ts,
+                   audio=row.audio or "")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ class Sample(SQLModel, table=True):
     text: str = ""
     new_tokens: int = 0
     flags: str = ""  # JSON object: degeneration kind -> what was found ("" or "{}": none)
+    audio: str = ""  # a spoken sample's WAV, relative to the run folder ("": a text answer)
 
 
 class EvalResult(SQLModel, table=True):

@@ -141,8 +141,10 @@ def test_target_module_names_are_identifiers(home):
 
 def test_unsupported_modalities(home):
     assert errors(is_dataset_audio=True) == [FieldError("is_dataset_audio", "audio trains with method stt "
-                                                        "(speech-to-text): set method: stt, or turn this off")]
+                                                        "(speech-to-text) or tts (text-to-speech): set one, or "
+                                                        "turn this off")]
     assert errors(is_dataset_audio=True, method="stt") == []
+    assert errors(is_dataset_audio=True, method="tts", adapter="full") == []
 
 
 def test_an_old_is_embedding_switch_reads_as_the_embedding_method_with_one_note(home):

@@ -201,6 +201,8 @@ class TrainConfig:
                          "embedding).", "method", section=True)
     stt: dict = _f({}, "Speech-to-text settings: language, task (transcribe or translate), columns, "
                    "evaluation (method stt).", "method", section=True)
+    tts: dict = _f({}, "Text-to-speech settings: speaker, columns, max_clip_s, sample_texts (method tts).", "method",
+                   section=True)
 
     def __post_init__(self, training_type: str) -> None:
         if not training_type:
@@ -432,9 +434,9 @@ class TrainConfig:
             _check_ray(self, bad)
         else:
             _check_devices(self, bad)
-        if self.is_dataset_audio and self.method != "stt":
-            bad("is_dataset_audio", "audio trains with method stt (speech-to-text): set method: stt, or turn "
-                "this off")
+        if self.is_dataset_audio and self.method not in ("stt", "tts"):
+            bad("is_dataset_audio", "audio trains with method stt (speech-to-text) or tts (text-to-speech): set "
+                "one, or turn this off")
         if self.is_embedding and self.method != "embedding":
             bad("is_embedding", f"{IS_EMBEDDING_NOTE} (method is {self.method!r}): set method: embedding, or turn "
                 "this off")

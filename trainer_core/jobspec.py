@@ -117,7 +117,8 @@ class ResolvedSource:
     @property
     def output(self) -> str:
         """What the model is (MethodSpec.output): "text" for runs of methods that write answers; "reward",
-        "embedding" or "speech" otherwise. A base model is told by its config files (a Whisper model: speech)."""
+        "embedding", "speech" or "audio" otherwise. A base model is told by its config files (a Whisper model: speech;
+        a CSM model: audio)."""
         if self.config is not None:
             return self.config.method_spec.output
         from trainer_core import model_info, modality  # reads JSON config files only
@@ -126,7 +127,7 @@ class ResolvedSource:
             found = modality.detect_modality(self.base_model)
         except (model_info.ModelInfoError, OSError, ValueError):
             return "text"  # the worker names what is wrong with the model when it loads it (output_problem says)
-        return "speech" if found.kind == modality.SPEECH else "text"
+        return {modality.SPEECH: "speech", modality.TTS: "audio"}.get(found.kind, "text")
 
     @property
     def sees_images(self) -> bool:

@@ -1,4 +1,4 @@
-"""Text, vision-language or speech-to-text model, told from its config files without loading it (dashboard side: no torch,
+"""Text, vision-language, speech-to-text or text-to-speech model, told from its config files without loading it (dashboard side: no torch,
 transformers or peft here; the worker's ``trainer_core.worker.model_resolver`` picks the auto classes).
 
 Reads ``config.json`` and, when present, ``preprocessor_config.json`` / ``processor_config.json`` as JSON: what the
@@ -15,10 +15,12 @@ from trainer_core import model_info
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
 from trainer_core.protocol import paths
 
-TEXT, VISION, SPEECH = "text", "vision", "speech"
+TEXT, VISION, SPEECH, TTS = "text", "vision", "speech", "tts"
 # Speech-to-text encoder-decoders (Whisper and its fine-tunes: distil-whisper, whisper-large-v3-turbo...)
 _SPEECH_TYPES = ("whisper",)
 _SPEECH_ARCH_HINTS = ("WhisperForConditionalGeneration", "ForSpeechSeq2Seq")
+# Text-to-speech models the tts method trains (Sesame CSM over the Mimi codec)
+_TTS_TYPES = ("csm",)
 # Model types whose processors tile or resize images to a size of their own: tokens per image depend on the image.
 _DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolution)",
             "qwen2_5_vl": "grows with the image's pixels (Qwen2.5-VL dynamic resolution)",
@@ -38,7 +40,7 @@ class ModalityInfo:
     """What the form shows about a model's inputs. ``image_tokens`` is the smallest number of tokens one image
     takes (the fixed count for fixed-size models, the base block for tiled or dynamic ones; 0 when unknown)."""
 
-    kind: str  # TEXT, VISION or SPEECH
+    kind: str  # TEXT, VISION, SPEECH or TTS
     architecture: str
     model_type: str
     vision_tower: str = ""  # the vision config's model_type, e.g. siglip_vision_model
@@ -48,13 +50,19 @@ class ModalityInfo:
     dynamic: str = ""  # how the count grows for models whose count depends on the image; "" when fixed
     image_token: str = ""  # the placeholder the processor expands, e.g. <image>
     audio_window_s: float = 0.0  # speech: seconds of audio the feature extractor takes (30 for Whisper)
-    sampling_rate: int = 0  # speech: the rate clips are resampled to (16000 for Whisper)
+    sampling_rate: int = 0  # speech: the rate clips are resampled to (16000 for Whisper, 24000 for CSM's Mimi)
+    codec: str = ""  # text-to-speech: the audio codec's model_type (mimi)
+    codebooks: int = 0  # text-to-speech: codebooks per audio frame
 
     @property
     def is_vision(self) -> bool:
         return self.kind == VISION
 
     def summary(self) -> str:
+        if self.kind == TTS:
+            return (f"Text-to-speech model ({self.architecture}): speaks {self.sampling_rate or 24000} Hz audio "
+                    f"through its {self.codec or 'audio'} codec, {self.codebooks or '?'} codebooks per frame; trains "
+                    "on audio clips with their texts (method tts).")
         if self.kind == SPEECH:
             return (f"Speech-to-text model ({self.architecture}): trains on audio clips with transcripts, "
                     f"{self.sampling_rate or 16000} Hz, up to {self.audio_window_s or 30:g} s per clip.")
@@ -112,6 +120,10 @@ def from_configs(config: dict, processor: dict | None = None) -> ModalityInfo:
     processor = processor or {}
     architecture = str((config.get("architectures") or ["unknown"])[0])
     model_type = str(config.get("model_type") or "unknown")
+    if model_type in _TTS_TYPES:
+        codec = config.get("codec_config") if isinstance(config.get("codec_config"), dict) else {}
+        return ModalityInfo(TTS, architecture, model_type, sampling_rate=_int(codec.get("sampling_rate")) or 24000,
+                            codec=str(codec.get("model_type") or ""), codebooks=_int(config.get("num_codebooks")))
     if model_type in _SPEECH_TYPES or any(hint in architecture for hint in _SPEECH_ARCH_HINTS):
         extractor = processor.get("feature_extractor") if isinstance(processor.get("feature_extractor"), dict) \
             else processor  # transformers 5 nests it in processor_config.json; older files are flat

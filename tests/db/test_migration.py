@@ -102,5 +102,5 @@ def test_every_table_gets_its_new_columns_and_the_open_metric_table_is_created(t
         store.engine.dispose()
     with sqlite3.connect(path) as conn:
         assert [row[1] for row in conn.execute("PRAGMA table_info(sample)")] == \
-            ["run_id", "step", "idx", "ts", "prompt", "text", "new_tokens", "flags"]
+            ["run_id", "step", "idx", "ts", "prompt", "text", "new_tokens", "flags", "audio"]
         assert [row[1] for row in conn.execute("PRAGMA table_info(metricvalue)")] == ["run_id", "key", "step", "value"]

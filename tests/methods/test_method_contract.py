@@ -37,7 +37,8 @@ CASES: dict[str, tuple[dict, str, str]] = {
              "prompts", "rewards/length/mean"),
 }
 # Methods whose contract lives with their own model (a sentence-transformers model, not the tiny causal LM)
-OWN_CASES = {"embedding": "tests/methods/test_embedding_train.py", "stt": "tests/speech/test_stt_train.py"}
+OWN_CASES = {"embedding": "tests/methods/test_embedding_train.py", "stt": "tests/speech/test_stt_train.py",
+             "tts": "tests/speech/test_tts_train.py"}
 
 
 def config_for(name: str, model: Path, tmp_path: Path) -> TrainConfig:

@@ -45,9 +45,9 @@ def runs(home):
 
 def test_every_registered_method_says_what_its_model_is():
     outputs = {name: spec.output for name, spec in methods.METHODS.items()}
-    assert set(outputs.values()) <= {"text", "reward", "embedding", "speech"}
+    assert set(outputs.values()) <= {"text", "reward", "embedding", "speech", "audio"}
     assert (outputs["sft"], outputs["dpo"], outputs["grpo"], outputs["reward"], outputs["embedding"],
-            outputs["stt"]) == ("text", "text", "text", "reward", "embedding", "speech")
+            outputs["stt"], outputs["tts"]) == ("text", "text", "text", "reward", "embedding", "speech", "audio")
 
 
 @pytest.mark.parametrize("method, words", [

@@ -3,6 +3,9 @@ checked under the allowed roots, and every layout normalised to the one row shap
 
     {"audio": "/abs/clip.wav" | b"RIFF..." | {"array": [...], "sampling_rate": 16000}, "text": "the transcript"}
 
+plus ``"speaker": int`` for text-to-speech rows (method tts: a ``speaker`` / ``speaker_id`` column, or
+``tts.speaker`` for rows without one).
+
 Layouts read: an audio column (``audio``, ``path``, ``file``, ``file_name``, ``audio_path``, ``audio_filepath``:
 a file path, raw bytes, or the ``datasets`` Audio feature as stored, ``{"bytes", "path"}`` or decoded
 ``{"array", "sampling_rate"}``) beside a text column (``text``, ``transcript``, ``transcription``, ``sentence``,
@@ -27,6 +30,7 @@ from trainer_core.protocol import paths
 FORMAT = "speech"
 AUDIO_COLUMNS = ("audio", "path", "file", "file_name", "audio_path", "audio_filepath")  # first found wins
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence", "normalized_text")
+SPEAKER_COLUMNS = ("speaker", "speaker_id")  # text-to-speech only: whole numbers, CSM's "[0]" voices
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64")
 WHISPER_WINDOW_S = 30.0  # Whisper's feature extractor pads or cuts every clip to 30 s
 _SAMPLE = 50  # rows looked at to decide whether a dataset holds audio
@@ -159,17 +163,23 @@ def too_long_reason(window_s: float) -> str:
 
 
 def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str, allow_empty: bool = False,
-              window_s: float = WHISPER_WINDOW_S) -> NormalizedData:
+              window_s: float = WHISPER_WINDOW_S, method: str = "stt", speaker: int | None = None) -> NormalizedData:
     """Audio rows in the one speech shape (module docstring); unusable rows are dropped and counted: no clip, no
-    transcript, a clip that cannot be read, or one longer than ``window_s``."""
+    transcript, a clip that cannot be read, or one longer than ``window_s``. ``speaker``: text-to-speech (method tts)
+    rows get a speaker id, from their speaker column or this default."""
     mapping = {k: v for k, v in (mapping or {}).items() if isinstance(v, str) and v}
     audio, text = audio_column(rows, mapping), text_column(rows, mapping)
+    what = "text-to-speech" if method == "tts" else "speech-to-text"
     if audio is None or text is None:
         missing = "an audio column" if audio is None else "a text column"
-        where = "stt.columns" if mapping else field_name
-        raise DatasetError(where, f"speech-to-text needs {missing}: give an audio column (audio, path or file) and a "
+        where = f"{method}.columns" if mapping else field_name
+        raise DatasetError(where, f"{what} needs {missing}: give an audio column (audio, path or file) and a "
                                   "text column (text, transcript, transcription or sentence), or map yours with "
-                                  "stt.columns, e.g. {audio: clip, text: sentence}")
+                                  f"{method}.columns, e.g. {{audio: clip, text: sentence}}")
+    voices = speaker_column(rows, mapping) if speaker is not None else None
+    if mapping.get("speaker") and voices is None:
+        raise DatasetError(f"{method}.columns", f"maps speaker to '{mapping['speaker']}', which no row has: name "
+                                                "the column that holds the speaker ids, or leave speaker out")
     out: list[dict] = []
     dropped: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
@@ -188,7 +198,14 @@ def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str,
             except ValueError:
                 length, problem = 0.0, "audio that cannot be read (not a WAV/FLAC/OGG/MP3 file soundfile decodes)"
             if not problem and length > window_s:
-                problem = too_long_reason(window_s)
+                problem = too_long_reason(window_s) if method != "tts" else (
+                    f"longer than tts.max_clip_s ({window_s:g} s): raise it, or cut the clips into sentences")
+        voice = speaker
+        if not problem and voices is not None:
+            voice = _speaker_id(row.get(voices), speaker)
+            if voice is None:
+                problem = (f"a speaker in '{voices}' that is not a whole number from 0 to 99 (CSM's voices are "
+                           "numbered: map names to numbers)")
         if problem:
             dropped[problem] += 1
             shown = examples.setdefault(problem, [])
@@ -196,9 +213,12 @@ def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str,
                 shown.append(f"row {index}")
             continue
         seconds += length
-        out.append({"audio": clip, "text": words.strip()})
+        out.append({"audio": clip, "text": words.strip(), **({"speaker": voice} if voice is not None else {})})
     clips = f"{len(out)} clip" + ("" if len(out) == 1 else "s")
-    reason = f"audio in '{audio}', transcripts in '{text}'; {clips}, {seconds:.1f} s of speech"
+    reason = f"audio in '{audio}', {'texts' if method == 'tts' else 'transcripts'} in '{text}'"
+    if voices is not None:
+        reason += f", speakers in '{voices}' ({len({r['speaker'] for r in out})} voices)"
+    reason += f"; {clips}, {seconds:.1f} s of speech"
     data = NormalizedData(format=FORMAT, reason=reason, rows=out, dropped=dict(dropped),
                           drop_examples={k: v for k, v in examples.items() if v})
     if not out and not allow_empty:
@@ -206,14 +226,42 @@ def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str,
     return data
 
 
+def speaker_column(rows: list[dict], mapping: dict[str, str] | None = None) -> str | None:
+    """The column of speaker ids (text-to-speech): ``mapping['speaker']`` when given and present, else the first
+    known name present in the rows."""
+    sample = [r for r in rows[:_SAMPLE] if isinstance(r, dict)]
+    names = (mapping["speaker"],) if mapping and mapping.get("speaker") else SPEAKER_COLUMNS
+    return next((c for c in names if any(c in r for r in sample)), None)
+
+
+def _speaker_id(value: Any, default: int | None) -> int | None:
+    """A row's speaker id: a whole number 0-99 (an int, or digits as text); an empty cell takes the default."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and 0 <= value <= 99 else None
+
+
 def model_problems(cfg: Any, field_name: str) -> list[DatasetError]:
-    """What the model says about speech data before start: it must be a speech-to-text model (Whisper-style)."""
+    """What the model says about speech data before start: a speech-to-text model (Whisper-style) for method stt,
+    a text-to-speech model (CSM) for method tts."""
     from trainer_core import model_info, modality  # reads the model's config files: only when audio is in play
 
     try:
         found = modality.detect_modality(cfg.model_name)
     except model_info.ModelInfoError:
         return []  # the model field's own check says what is wrong with it
+    if getattr(cfg, "method", "stt") == "tts":
+        if found.kind != modality.TTS:
+            return [DatasetError("model_name", f"{cfg.model_label} is not a text-to-speech model "
+                                               f"({found.architecture}): method tts trains Sesame CSM models "
+                                               "(e.g. sesame/csm-1b, unsloth/csm-1b)")]
+        return []
     if found.kind != modality.SPEECH:
         return [DatasetError("model_name", f"{cfg.model_label} is not a speech-to-text model ({found.architecture}), "
                                            f"but {field_name} holds speech: choose a Whisper model (e.g. "

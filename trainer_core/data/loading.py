@@ -22,10 +22,10 @@ _Part = tuple[str, list[dict]]  # (file name for messages, rows)
 
 
 def _speech_columns(cfg: TrainConfig) -> dict[str, str] | None:
-    """``stt.columns`` when the run trains speech-to-text, else None (no other method reads clips)."""
+    """``stt.columns`` / ``tts.columns`` when the run trains on speech, else None (no other method reads clips)."""
     if audio.FORMAT not in cfg.method_spec.data_shapes:
         return None
-    section = getattr(cfg, "stt", None)
+    section = getattr(cfg, cfg.method, None)
     mapping = section.get("columns") if isinstance(section, dict) else None
     return {k: v for k, v in mapping.items() if isinstance(v, str) and v} if isinstance(mapping, dict) else {}
 
@@ -92,6 +92,12 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     if cfg.method_spec.data_shapes and all(s in EMBEDDING_SHAPES for s in cfg.method_spec.data_shapes):
         return embedding_rows(rows, cfg, field_name, allow_empty)
     speech = _speech_columns(cfg)
+    if speech is not None and cfg.method == "tts":  # text-to-speech: audio + text (+ speaker) rows
+        from trainer_core.methods import tts
+
+        settings = tts.settings_of(cfg)
+        return audio.normalize(rows, speech or None, field_name, allow_empty, window_s=settings.max_clip_s,
+                               method="tts", speaker=settings.speaker)
     if speech is not None:  # speech-to-text: audio + transcript rows
         return audio.normalize(rows, speech or None, field_name, allow_empty,
                                window_s=audio.window_of(cfg.model_name))
@@ -100,7 +106,8 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
         return preference.normalize(rows, shape, cfg.custom_format_mapping, cfg.system_prompt, field_name)
     if audio.has_audio(rows):
         raise DatasetError(field_name, f"holds audio clips, which {cfg.method_spec.label.lower()} ({cfg.method}) cannot "
-                                       "train on: set method: stt (speech-to-text) and a Whisper model")
+                                       "train on: set method: stt (speech-to-text) and a Whisper model, or tts (text-to-speech) and a CSM "
+                                       "model")
     if images.has_images(rows):  # image + text rows: one vision shape whatever the layout
         return images.normalize(rows, cfg.custom_format_mapping, cfg.system_prompt, field_name, allow_empty)
     if allow_empty:
@@ -258,6 +265,7 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
            cfg.system_prompt, cfg.method, cfg.train_on_completions, cfg.model_name, cfg.max_seq_length,
            cfg.is_dataset_image, cfg.packing, repr(getattr(cfg, "embedding", None)), repr(getattr(cfg, "stt", None)),
+           repr(getattr(cfg, "tts", None)),
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:

@@ -9,6 +9,7 @@ same functions, so a rebuilt database holds what the pump would have stored.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,13 +273,16 @@ def _on_serve_ready(t: Tracker, e: ev.ServeReadyEvent) -> None:
     t.timeline.append((e.ts, "status", f"serving {', '.join(e.models)} at {e.url}"))
     t.urgent = True
 SAMPLE_TEXT_MAX = 20_000  # characters of one stored answer (max_new_tokens bounds it far below this)
+# A spoken sample's file as the tts worker names it: inside the run's samples folder, nothing else
+SAMPLE_AUDIO = re.compile(r"samples/step-\d{6,9}-\d{1,2}\.wav")
 
 
 def _on_sample(t: Tracker, e: ev.SampleEvent) -> None:
     """A sample answer: stored with the next flush; a degenerate one raises its kind's alert once per run."""
     flags = {str(k)[:50]: str(v)[:500] for k, v in list(e.flags.items())[:10]}  # a worker only sends a few
     t.samples.append({"step": e.step, "index": e.index, "ts": e.ts, "prompt": _storable(e.prompt, SAMPLE_TEXT_MAX),
-                      "text": _storable(e.text, SAMPLE_TEXT_MAX), "new_tokens": e.new_tokens, "flags": flags})
+                      "text": _storable(e.text, SAMPLE_TEXT_MAX), "new_tokens": e.new_tokens, "flags": flags,
+                      "audio": e.audio if SAMPLE_AUDIO.fullmatch(e.audio or "") else ""})
     for alert in t.sample_alerts.observe(e.step, e.index, flags):
         t.live.add_alert(alert)
         t.timeline.append((e.ts, "alert", alert.message))

@@ -9,14 +9,14 @@ still read everywhere it was written and mapped by ``trainer_core.protocol.train
 """
 from __future__ import annotations
 
-from trainer_core.methods import cpt, embedding, grpo, preference, sft, stt
+from trainer_core.methods import cpt, embedding, grpo, preference, sft, stt, tts
 from trainer_core.methods.base import ADAPTERS, SHAPES, MethodSpec, MetricSpec
 from trainer_core.protocol import training_type
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     sft.SPEC, cpt.SPEC,
     preference.DPO, preference.ORPO, preference.SIMPO, preference.KTO, preference.REWARD,
-    grpo.SPEC, embedding.SPEC, stt.SPEC,
+    grpo.SPEC, embedding.SPEC, stt.SPEC, tts.SPEC,
 )}
 DEFAULT_METHOD, DEFAULT_ADAPTER = training_type.DEFAULT_PAIR
 TRAINING_TYPES = training_type.TRAINING_TYPES  # the old names, lora, qlora, full and cpt

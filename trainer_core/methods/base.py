@@ -54,6 +54,8 @@ OUTPUT_USES = {
                  "sentence-transformers (SentenceTransformer(folder)) for search and RAG",
     "speech": "it transcribes audio and does not write chat answers: load its weights folder with transformers' "
               "WhisperForConditionalGeneration and WhisperProcessor",
+    "audio": "it speaks text and does not write answers: try it in the Playground's Speak mode, or load its weights "
+             "folder with transformers' CsmForConditionalGeneration and AutoProcessor",
 }
 
 
@@ -128,7 +130,7 @@ class MethodSpec:
 
     # What the trained model is, and so what the studio can do with it after training: "text" writes answers
     # (Playground, serve, eval by generation, merged and GGUF export); "reward" scores answers (a GRPO run's
-    # reward model); "embedding" turns text into vectors; "speech" writes transcripts of audio.
+    # reward model); "embedding" turns text into vectors; "speech" writes transcripts of audio; "audio" speaks text.
     output: str = "text"
 
     def activation_factor_of(self, cfg: Any) -> float:

@@ -176,6 +176,7 @@ class SampleEvent(Event):
     text: str
     new_tokens: int = 0
     flags: dict = field(default_factory=dict)
+    audio: str = ""  # a spoken sample (method tts): its WAV file, relative to the run folder (samples/step-...wav)
 
 
 EVENT_TYPES[SampleEvent.kind] = SampleEvent

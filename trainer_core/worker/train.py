@@ -152,9 +152,15 @@ class Worker:
             callback = make_callback(self)
             chat = rows_are_chat(cfg, train_rows, tokenizer)  # samples are rendered like the training rows
             generates = not cfg.method_spec.loads_own_model and cfg.method_spec.model_class == "causal_lm"
-            sampling = (samples.make_callback(cfg, vision.text_tokenizer(tokenizer), chat, eval_ds is not None,
-                                              sharded, self)
-                        if generates else None)  # samples are for language models (not embedders, reward heads)
+            if generates:
+                sampling = samples.make_callback(cfg, vision.text_tokenizer(tokenizer), chat, eval_ds is not None,
+                                                 sharded, self)
+            elif cfg.method_spec.output == "audio":  # spoken samples: WAV clips in the run folder
+                from trainer_core.worker import methods as worker_methods
+
+                sampling = worker_methods.get(cfg.method).make_sampler(cfg, tokenizer, train_rows, eval_rows, self)
+            else:  # samples are for language models and speakers (not embedders, reward heads, transcribers)
+                sampling = None
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
                                            [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")

@@ -16,7 +16,7 @@ from trainer_core.methods import METHODS
 
 # name -> module of its worker half; one line per method, beside its line in trainer_core.methods
 WORKER_HALVES = {name: f"trainer_core.worker.methods.{name}"
-                 for name in ("sft", "cpt", "dpo", "orpo", "simpo", "kto", "reward", "grpo", "embedding", "stt")}
+                 for name in ("sft", "cpt", "dpo", "orpo", "simpo", "kto", "reward", "grpo", "embedding", "stt", "tts")}
 
 
 def get(name: str) -> ModuleType:
