@@ -510,11 +510,12 @@ st.selectbox("Format", FORMAT_TYPES, key=K + "format_type", help=H("format_type"
 mapping_panel()
 vision.thumbnails_panel(dataset_sample()[0], form.sample_source(st.session_state)[0], vision_info)
 config, config_errors = form.build_config(st.session_state)  # after the pickers: they decide which format's mapping applies
-if config is not None and config.method == "stt":  # players and a duration histogram of the chosen clips
-    stt_columns = config.stt.get("columns") if isinstance(config.stt, dict) else None
+if config is not None and config.method in ("stt", "tts"):  # players and a duration histogram of the chosen clips
+    speech_columns = getattr(config, config.method).get("columns") if isinstance(getattr(config, config.method),
+                                                                                  dict) else None
     speech_panel.clips_panel(dataset_sample()[0], form.sample_source(st.session_state)[0],
-                             stt_columns if isinstance(stt_columns, dict) else None,
-                             audio_data.window_of(config.model_name))
+                             speech_columns if isinstance(speech_columns, dict) else None,
+                             speech_panel.clip_limit(config))
 with st.expander("System prompt and more mapping"):
     st.text_area("System prompt", key=K + "system_prompt", help=H("system_prompt"))
     st.text_area("More mapping (one role=column per line; wins over the pickers above)",

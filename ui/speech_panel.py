@@ -1,6 +1,6 @@
 """The New run page's speech panel (issue 22): for a dataset of clips, a player for the first ones with their
-transcript and duration, and a histogram of every clip's duration against the model's window (clips past it are
-left out of training, counted). Dashboard side: clip headers only (soundfile), paths resolved and checked by the
+transcript and duration, and a histogram of every clip's duration against the longest clip trained on (a speech-to-
+text model's window; a text-to-speech run's tts.max_clip_s): clips past it are left out of training, counted. Dashboard side: clip headers only (soundfile), paths resolved and checked by the
 data loader (allowed roots) before a clip is read or played."""
 from __future__ import annotations
 
@@ -42,6 +42,15 @@ def clip_rows(rows: list[dict], folder: Path, mapping: dict[str, str] | None) ->
     return out, ""
 
 
+def clip_limit(config) -> float:
+    """The longest clip the run trains on: tts.max_clip_s for text-to-speech, the model's window for speech-to-text."""
+    if config.method == "tts":
+        from trainer_core.methods import tts
+
+        return tts.settings_of(config).max_clip_s
+    return audio_data.window_of(config.model_name)
+
+
 def duration_chart(seconds: list[float], window_s: float) -> alt.LayerChart:
     """Clips per duration bin, with the model's window as a rule: what is right of it is left out."""
     frame = pd.DataFrame({"seconds": seconds})
@@ -77,8 +86,8 @@ def clips_panel(rows: list[dict], source: Path | None, mapping: dict[str, str] |
     if readable:
         st.altair_chart(duration_chart(readable, window_s), width="stretch")
     if over:
-        st.warning(f"{over:,} clip(s) are longer than the model's {window_s:g} s window and will be left out: "
-                   f"{audio_data.too_long_reason(window_s)}.")
+        st.warning(f"{over:,} clip(s) are longer than {window_s:g} s (the longest clip trained on) and will be left "
+                   f"out: {audio_data.too_long_reason(window_s)}.")
     if len(readable) < len(clips):
         st.warning(f"{len(clips) - len(readable):,} clip(s) cannot be read (not WAV/FLAC/OGG/MP3 files soundfile "
                    "decodes) and will be left out.")

@@ -10,7 +10,7 @@ import streamlit as st
 from trainer_core import model_info
 from trainer_core.data import DatasetError
 from trainer_core.data import images as image_data
-from trainer_core.modality import ModalityInfo, detect_modality
+from trainer_core.modality import SPEECH, TTS, ModalityInfo, detect_modality
 from ui.text import safe
 
 THUMBNAILS = 4  # image rows shown under the dataset picker
@@ -27,10 +27,14 @@ def modality_cached(name: str, _token: str | None = None) -> tuple[ModalityInfo 
 
 
 def modality_panel(name: str, token: str | None, max_seq_length: int) -> ModalityInfo | None:
-    """A line saying what the detector found for a vision-language model (text models need no extra line)."""
+    """A line saying what the detector found for a vision-language or speech model (text models need no extra
+    line)."""
     if not name:
         return None
     info, _ = modality_cached(name, token)
+    if info is not None and info.kind in (SPEECH, TTS):
+        st.info(safe(info.summary()), icon="🔊")
+        return info
     if info is None or not info.is_vision:
         return info
     st.info(safe(info.summary()) + " Image rows train with its processor; text-only data trains as text.", icon="🖼️")

@@ -30,7 +30,8 @@ def test_the_first_clips_play_and_their_durations_are_charted_against_the_window
     assert f"1.0 s · {safe('<b>phrase</b> 0')}" in captions, [c for c in captions if " s · " in c]  # escaped
     assert any(m.startswith("**Clips** (4 in the first file: 10.5 s of speech)") for m in texts(at, "markdown"))
     warnings = texts(at, "warning")
-    assert any(w.startswith("1 clip(s) are longer than the model's 4 s window and will be left out") for w in warnings)
+    assert any(w.startswith("1 clip(s) are longer than 4 s (the longest clip trained on) and will be left out")
+               for w in warnings)
     [chart] = [c for c in at.get("vega_lite_chart") if "clip duration" in json.dumps(c.proto.spec)]
     spec = json.loads(chart.proto.spec)
     rule = spec["layer"][1]

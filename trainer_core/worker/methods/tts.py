@@ -351,3 +351,46 @@ def make_sampler(cfg: TrainConfig, processor, train_rows: list[dict], eval_rows:
         return action is control.Action.CANCEL
 
     return SampleCallback(sampler, cfg.sample_every_steps, bool(eval_rows), cancelled)
+
+
+# ---------------------------------------------------------------------- preview (the New run form's)
+def frame_count(seconds: float, rate: int = 24000) -> int:
+    """Codec frames a clip becomes: Mimi's own length rule (the processor's), from the clip's duration."""
+    from transformers import CsmProcessor
+
+    return int(CsmProcessor._get_encoded_length(int(round(seconds * rate)),
+                                                **CsmProcessor.audio_kwargs["encoded_length_kwargs"]))
+
+
+def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
+    """The data preview of a text-to-speech run: each row as the model is trained on it (its prompt with the
+    speaker, then the clip's frames), with the clip's duration; every row's length in tokens (text + frames)."""
+    from trainer_core import parallel
+    from trainer_core.data import audio
+    from trainer_core.preview import Preview, RenderedRow
+
+    s = settings_of(cfg)
+    rows, eval_rows = data.rows, data.eval_rows
+    shown, lengths, tokens, trained = [], [], 0, 0
+    for index, row in enumerate(rows):
+        seconds = audio.duration_s(row["audio"])
+        speaker = row.get("speaker", s.speaker)
+        prompt = f"[{speaker}]{row['text']}"
+        text_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        frames = frame_count(seconds)
+        length = len(text_ids) + frames + 2  # the text, the frames, the text end and the audio end
+        lengths.append(length)
+        tokens += length
+        trained += frames + 1
+        if index < rows_shown:
+            shown.append(RenderedRow(index=index, text=prompt, num_tokens=length, truncated=False,
+                                     segments=((prompt, False), (f" ▶ {frames} audio frames ({seconds:.1f} s) + end", True)),
+                                     label=f"{seconds:.1f} s · speaker {speaker}"))
+    processes = parallel.process_count(cfg)
+    return Preview(
+        format=data.train.format, format_reason=data.train.reason, tokenizer=tokenizer_label, rows=tuple(shown),
+        lengths=tuple(lengths), max_seq_length=frame_count(s.max_clip_s) + 16, truncated=0, dropped=dict(data.train.dropped),
+        total_rows=len(rows), total_tokens=tokens, trained_tokens=trained,
+        steps_per_epoch=parallel.steps_per_epoch(len(rows), cfg.batch_size, cfg.gradient_accumulation_steps,
+                                                 processes),
+        eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes))
