@@ -114,3 +114,52 @@ def test_new_run_form_names_sample_problems_and_starts_nothing(pages_store):
                       "**sample_max_new_tokens**: let each answer have at least 1 new token (64 is a good start) (got 0)",
                       "**sample_prompt_set**: choose either inline sample_prompts or a prompt set, not both (clear one)"]
     assert pages_store.list_runs() == []
+
+
+def spoken_run(store: Store, run_id: str, steps: dict[int, str]) -> None:
+    """A text-to-speech run's spoken samples: one WAV per step in its run folder (samples/step-...wav)."""
+    import io
+    import wave
+
+    from trainer_core.protocol import paths
+
+    store.create_run(RunRecord(id=run_id, name="spoken", status=RunStatus.RUNNING.value, created_at=time.time(),
+                               started_at=time.time(), config_json=json.dumps({"method": "tts"})))
+    folder = paths.run_dir(run_id) / "samples"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for step, audio in steps.items():
+        if audio.startswith("samples/"):
+            buffer = io.BytesIO()
+            with wave.open(buffer, "wb") as clip:
+                clip.setnchannels(1), clip.setsampwidth(2), clip.setframerate(24000)
+                clip.writeframes(b"\x00\x01" * 2400)
+            (paths.run_dir(run_id) / audio).write_bytes(buffer.getvalue())
+        rows.append({"step": step, "index": 0, "prompt": "open the <b>door</b>", "text": "0.10 s of speech",
+                     "ts": 1.0, "audio": audio,
+                     "flags": {"no_end": "spoke until the 4 s cap without ending"} if step == 0 else {}})
+    store.append_samples(run_id, rows)
+
+
+def test_live_plays_a_text_to_speech_runs_spoken_samples_newest_first(pages_store):
+    spoken_run(pages_store, "20260101-000000-ssssss", {0: "samples/step-000000-0.wav",
+                                                        40: "samples/step-000040-0.wav"})
+    at = open_page("pages/live.py", live_run_id="20260101-000000-ssssss")
+    assert "Samples during training" in [s.value for s in at.subheader]
+    assert len(at.get("audio")) == 2
+    steps = [m.value for m in at.markdown if m.value.startswith("**Step")]
+    assert steps == ["**Step 40**", "**Step 0** (the base model: before the first step)"]
+    captions = [c.value for c in at.caption]
+    assert safe("#1 open the <b>door</b>") in captions  # the sentence, escaped
+    assert f"{safe('0.10 s of speech')} · ⚠️ {safe('spoke until the 4 s cap without ending')}" in captions
+
+
+def test_a_spoken_sample_whose_file_is_gone_or_leads_out_of_the_run_is_not_played(pages_store):
+    spoken_run(pages_store, "20260101-000000-tttttt", {0: "samples/step-000000-0.wav"})
+    (ui_samples.paths.run_dir("20260101-000000-tttttt") / "samples" / "step-000000-0.wav").unlink()
+    # a path written straight into the database (the pump only stores samples/step-N-i.wav names)
+    pages_store.append_samples("20260101-000000-tttttt", [{"step": 5, "index": 0, "prompt": "p", "text": "t",
+                                                            "audio": "../../../etc/passwd"}])
+    at = open_page("pages/run.py", detail_run_id="20260101-000000-tttttt")
+    assert not at.get("audio")
+    assert [c.value for c in at.caption].count("The clip is no longer in the run's folder.") == 2

@@ -7,15 +7,18 @@ holding markdown or HTML shows as the characters it is. Tooltips are markdown, s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from db.entities import RunRecord, SampleRecord
 from trainer_core.jobs.alerts import LABELS, SAMPLE_KINDS
+from trainer_core.protocol import paths
 from ui import format as fmt
 from ui.text import safe
 
+AUDIO_STEPS = 3  # sampling steps of a text-to-speech run shown with players (newest first)
 CELL_CHARS = 2_000  # an answer cut to this in a table cell (a 1,024-token answer is far longer than a cell)
 HEADER_CHARS = 40
 EMPTY_ANSWER = "(empty)"
@@ -70,11 +73,47 @@ def prompt_table(runs: Sequence[RunRecord], labels: dict[str, str], samples: Seq
 
 
 # ---------------------------------------------------------------------- renderers
+def audio_file(sample: SampleRecord) -> Path | None:
+    """A spoken sample's WAV in its run's folder; None when it is not there (deleted) or leads out of the folder."""
+    if not sample.audio:
+        return None
+    try:
+        folder = paths.run_dir(sample.run_id)
+        found = paths.resolve_inside(folder / sample.audio, [folder / "samples"])
+    except paths.UnsafePathError:
+        return None
+    return found if found.is_file() else None
+
+
+def render_audio_samples(samples: Sequence[SampleRecord]) -> None:
+    """A text-to-speech run's spoken samples: per sampling step (newest first), a player for each sentence with
+    its length, and what went wrong (a clip that talked to the cap)."""
+    steps = sorted({s.step for s in samples}, reverse=True)
+    for step in steps[:AUDIO_STEPS]:
+        row = sorted((s for s in samples if s.step == step), key=lambda s: s.index)
+        st.markdown(f"**Step {step}**" + (" (the base model: before the first step)" if step == 0 else ""))
+        for column, sample in zip(st.columns(len(row)), row):
+            column.caption(safe(prompt_label(sample.index, sample.prompt)))
+            found = audio_file(sample)
+            if found is None:
+                column.caption("The clip is no longer in the run's folder.")
+            else:
+                column.audio(found.read_bytes(), format="audio/wav")
+            flags = "; ".join(str(v) for v in sample.flags.values())
+            column.caption(safe(sample.text) + (f" · ⚠️ {safe(flags)}" if flags else ""))
+    st.caption(f"Spoken with a fixed seed at each evaluation and at the end; the newest {min(len(steps), AUDIO_STEPS)} "
+               f"of {len(steps)} sampling step(s).")
+
+
 def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
-    """The step x prompt table of one run; ``expected``: the run samples (says so while none arrived yet)."""
+    """The step x prompt table of one run; ``expected``: the run samples (says so while none arrived yet). A
+    text-to-speech run's samples are clips: players instead of the table."""
     if not samples:
         if expected:
             st.caption("No samples yet: the first greedy answers come at the first sampling step.")
+        return
+    if any(s.audio for s in samples):
+        render_audio_samples(samples)
         return
     table, prompts = samples_table(samples)
     config = {"step": st.column_config.NumberColumn("step", width="small")}
@@ -100,5 +139,6 @@ def render_prompt_compare(runs: Sequence[RunRecord], labels: dict[str, str], pro
 
 
 def sampling_configured(config: dict) -> bool:
-    """Whether a run's (public) config asks for samples."""
-    return bool(config.get("sample_prompts") or str(config.get("sample_prompt_set") or "").strip())
+    """Whether a run's (public) config asks for samples (a text-to-speech run always speaks some)."""
+    return bool(config.get("sample_prompts") or str(config.get("sample_prompt_set") or "").strip()
+                or config.get("method") == "tts")
