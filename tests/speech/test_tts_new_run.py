@@ -102,3 +102,13 @@ def test_the_preview_shows_each_row_as_its_prompt_and_its_codec_frames(home, tmp
     seconds = [float(r.label.split()[0]) for r in (first, second)]
     assert frames[1] > frames[0] and all(abs(f - s * 12.5) <= 2 for f, s in zip(frames, seconds)), (frames, seconds)
     assert 0 < preview.trained_tokens < preview.total_tokens == sum(preview.lengths)  # the frames are trained on
+
+
+def test_a_text_too_long_to_speak_in_one_clip_is_left_out_and_counted(home, tmp_path):
+    for i in range(2):
+        tone(tmp_path / "clips" / f"c{i}.wav", 1.0)
+    rows = [{"audio": "c0.wav", "text": "word " * 300}, {"audio": "c1.wav", "text": "a <b>short</b> one\x00"}]
+    data = loading.load_for_training(tts_config(tmp_path, rows)).train
+    assert [r["text"] for r in data.rows] == ["a <b>short</b> one\x00"]
+    assert data.dropped == {"a text longer than 1,000 characters (a clip speaks a sentence or a few: split it with "
+                            "its audio)": 1}

@@ -30,7 +30,8 @@ from trainer_core.protocol import paths
 FORMAT = "speech"
 AUDIO_COLUMNS = ("audio", "path", "file", "file_name", "audio_path", "audio_filepath")  # first found wins
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence", "normalized_text")
-SPEAKER_COLUMNS = ("speaker", "speaker_id")  # text-to-speech only: whole numbers, CSM's "[0]" voices
+SPEAKER_COLUMNS = ("speaker", "speaker_id")
+TTS_TEXT_MAX = 1_000  # characters of one text-to-speech row's text  # text-to-speech only: whole numbers, CSM's "[0]" voices
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64")
 WHISPER_WINDOW_S = 30.0  # Whisper's feature extractor pads or cuts every clip to 30 s
 _SAMPLE = 50  # rows looked at to decide whether a dataset holds audio
@@ -192,6 +193,9 @@ def normalize(rows: list[dict], mapping: dict[str, str] | None, field_name: str,
             problem = f"no audio in '{audio}'"
         elif not isinstance(words, str) or not words.strip():
             problem = f"no transcript in '{text}'"
+        elif method == "tts" and len(words) > TTS_TEXT_MAX:
+            problem = (f"a text longer than {TTS_TEXT_MAX:,} characters (a clip speaks a sentence or a few: split it "
+                       "with its audio)")
         else:
             try:
                 length = duration_s(clip)

@@ -114,10 +114,13 @@ def frames_of(rows, model, processor, log=print) -> list[np.ndarray]:
     """Every row's frames, from the cache or encoded now (and cached: written beside and renamed)."""
     folder = cache_folder(codec_fingerprint(model))
     rate, hits, started, out = codec_rate(processor), 0, time.monotonic(), []
+    config = _csm(model).config
     for row in rows:
         path = folder / f"{clip_key(row['audio'])}.npy"
         try:
             frames = np.load(path, allow_pickle=False)
+            if not _valid_frames(frames, config.num_codebooks, config.codec_config.codebook_size):
+                raise ValueError("not frames of this codec")  # a damaged or replaced entry: encoded again
             hits += 1
         except (OSError, ValueError):
             frames = encode_clip(model, decode(row["audio"], rate))
@@ -130,13 +133,35 @@ def frames_of(rows, model, processor, log=print) -> list[np.ndarray]:
     return out
 
 
+def _valid_frames(frames: np.ndarray, codebooks: int, codebook_size: int) -> bool:
+    return (frames.ndim == 2 and frames.shape[1] == codebooks and np.issubdtype(frames.dtype, np.integer)
+            and (frames.size == 0 or (int(frames.min()) >= 0 and int(frames.max()) < codebook_size)))
+
+
 def encode_dataset(ds: Dataset, model, processor, s: TtsSettings, log=print) -> Dataset:
+    """Rows {text, speaker, frames}; a row longer than the model's context (its prompt, frames and ends) is left
+    out and counted, and none left is an error naming the fix."""
     rows = list(ds)
     frames = frames_of(rows, model, processor, log)
-    return Dataset.from_dict({"text": [r["text"] for r in rows],
-                              "speaker": [int(r.get("speaker") if r.get("speaker") is not None else s.speaker)
-                                          for r in rows],
-                              "frames": [f.tolist() for f in frames]})
+    limit = int(getattr(_csm(model).config, "max_position_embeddings", 0) or 0)
+    kept = {"text": [], "speaker": [], "frames": []}
+    for row, codes in zip(rows, frames):
+        speaker = int(row.get("speaker") if row.get("speaker") is not None else s.speaker)
+        length = len(processor.tokenizer(prompt_text(processor, row["text"], speaker, False),
+                                         add_special_tokens=False)["input_ids"]) + len(codes) + 2
+        if limit and length > limit:
+            continue
+        kept["text"].append(row["text"])
+        kept["speaker"].append(speaker)
+        kept["frames"].append(codes.tolist())
+    left_out = len(rows) - len(kept["text"])
+    if left_out:
+        log(f"warning: {left_out} of {len(rows)} rows are longer than the model's {limit} positions (text and "
+            "frames) and are left out: lower tts.max_clip_s or split long clips and their texts")
+    if rows and not kept["text"]:
+        raise ValueError(f"tts.max_clip_s: every row is longer than the model's {limit} positions (text and codec "
+                         "frames, 12.5 a second): use shorter clips, each with its own text")
+    return Dataset.from_dict(kept)
 
 
 # ---------------------------------------------------------------------- prompts
