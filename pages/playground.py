@@ -23,6 +23,7 @@ from trainer_core.serving.client import Sampling
 from ui import playground as pg
 from ui import embedding_playground as embedding_mode
 from ui import speech_playground as speech
+from ui import tts_playground as tts_mode
 from ui.playground_server import server_panel
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -68,8 +69,10 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
 
 listed = orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN])
 outputs = pg.run_outputs(orch, listed)
-mode = st.segmented_control("Try", ["Chat", "Speech to text", "Search"], default="Chat", key=K + "mode",
+mode = st.segmented_control("Try", ["Chat", "Speech to text", "Text to speech", "Search"], default="Chat",
+                            key=K + "mode",
                             help="Speech to text: record or upload a clip and compare Whisper models' transcripts. "
+                                 "Text to speech: a tts run and its base model speak your text side by side. "
                                  "Search: an embedding run and its base model rank passages for your query")
 if mode == "Search":
     finders = pg.offered_runs(listed, outputs, "embedding")
@@ -78,6 +81,10 @@ if mode == "Search":
 if mode == "Speech to text":
     spoken = pg.offered_runs(listed, outputs, "speech")
     speech.render(orch, actor, allowed(actor, Action.START), spoken, run_labels(spoken))
+    st.stop()
+if mode == "Text to speech":
+    speakers = pg.offered_runs(listed, outputs, "audio")
+    tts_mode.render(orch, actor, allowed(actor, Action.START), speakers, run_labels(speakers))
     st.stop()
 
 st.subheader("Models")

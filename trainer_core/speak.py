@@ -1,0 +1,199 @@
+"""Speaking with text-to-speech models (the Playground's "Text to speech" mode, issue 22), dashboard side: the text,
+speaker and length cap are checked here, each model source is resolved here (a CSM base model, a tts run's final
+model, one of its checkpoints), and the speaking itself happens in a child process
+(``python -m trainer_core.worker.speak_child``), as the embedding search does: the dashboard never imports torch.
+
+Each model speaks the same text with the same seed, one after the other; its clip comes back as WAV bytes with its
+duration and whether the model ended it on its own (a tuned model should; an untrained one talks to the cap). A model
+that cannot be resolved or loaded gets its error in its own result: the others still speak."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_core import access, jobspec
+from trainer_core.methods import tts
+from trainer_core.protocol.errors import FieldError
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT_MAX = 500  # characters one request speaks (as tts.sample_texts)
+SECONDS_MAX = 60.0  # the longest clip a model may speak (tts.max_sample_s's own limit)
+SECONDS_MIN = 0.5
+MODELS_MAX = 3
+SEED = 1234  # every model draws its frames with this seed (CSM samples): the same request speaks the same clips
+SPEAK_TIMEOUT_S = 600.0
+WAV_BYTES_MAX = 16 << 20  # 60 s of 24 kHz 16-bit mono is 2.9 MB; anything far bigger is not our child's
+
+
+class SpeakError(ValueError):
+    """Why nothing could be spoken; ``errors`` names each field and its fix."""
+
+    def __init__(self, errors: list[FieldError] | str):
+        self.errors = errors if isinstance(errors, list) else [FieldError("speak", errors)]
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+
+@dataclass(frozen=True)
+class Request:
+    sources: tuple[jobspec.ModelSource, ...]
+    text: str
+    speaker: int = 0
+    max_seconds: float = 10.0
+    labels: tuple[str, ...] = field(default=())  # shown above each model's clip (default: the source's label)
+
+
+@dataclass(frozen=True)
+class Spoken:
+    """One model's clip (``wav``: a 16-bit mono WAV file's bytes), or ``error`` saying why it has none."""
+
+    label: str
+    wav: bytes = b""
+    seconds: float = 0.0
+    ended: bool = False  # the model ended the clip itself before the cap
+    rate: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class RunVoice:
+    """What a tts run speaks with by default: its speaker id and its sample length cap (tts.speaker,
+    tts.max_sample_s)."""
+
+    speaker: int
+    max_seconds: float
+
+
+def run_voice(run_id: str) -> RunVoice:
+    """The run's default speaker and cap (SourceError when the run is gone or is not a tts run)."""
+    cfg = jobspec.run_config(run_id)
+    if cfg.method_spec.output != "audio":
+        raise jobspec.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick a tts "
+                                  "run", "run")
+    settings = tts.settings_of(cfg)
+    return RunVoice(int(settings.speaker), min(float(settings.max_sample_s), SECONDS_MAX))
+
+
+def problems(request: Request) -> list[FieldError]:
+    """Every problem of the request at once, each naming its field and the fix."""
+    found = []
+    text = request.text if isinstance(request.text, str) else ""
+    if not text.strip():
+        found.append(FieldError("text", "type the sentence to speak"))
+    elif len(text) > TEXT_MAX:
+        found.append(FieldError("text", f"{len(text):,} characters is more than the {TEXT_MAX} one request speaks: "
+                                        "shorten it or speak it in parts"))
+    if "\x00" in text:
+        found.append(FieldError("text", "contains a NUL character: remove it"))
+    speaker = request.speaker
+    if isinstance(speaker, bool) or not isinstance(speaker, int) or not 0 <= speaker <= tts.MAX_SPEAKER:
+        found.append(FieldError("speaker", f"a whole number from 0 to {tts.MAX_SPEAKER} (CSM's speaker id), not "
+                                           f"{speaker!r}"))
+    seconds = request.max_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or not SECONDS_MIN <= seconds <= SECONDS_MAX:
+        found.append(FieldError("max_seconds", f"from {SECONDS_MIN:g} to {SECONDS_MAX:g} seconds (the run's "
+                                               f"tts.max_sample_s), not {seconds!r}"))
+    if not request.sources:
+        found.append(FieldError("models", "pick at least one model to speak"))
+    elif len(request.sources) > MODELS_MAX:
+        found.append(FieldError("models", f"{len(request.sources)} models: pick at most {MODELS_MAX}"))
+    return found
+
+
+def _resolved(source: jobspec.ModelSource) -> tuple[jobspec.ResolvedSource | None, str, str]:
+    """(the source on disk, its label, "") or (None, a label, why it cannot speak): a missing run or weights folder,
+    a folder that leads out of its run, a base model outside the allowed folders or one that is not a
+    text-to-speech model."""
+    try:
+        resolved = jobspec.resolve(source)
+    except jobspec.SourceError as exc:
+        return None, source.key, str(exc)
+    problem = resolved.output_problem
+    if problem:
+        return None, resolved.label, problem
+    if resolved.output != "audio":
+        return None, resolved.label, (f"it does not speak (a {resolved.output} model): pick a CSM text-to-speech "
+                                      "model or a tts run")
+    return resolved, resolved.label, ""
+
+
+def _env() -> dict[str, str]:
+    # A gated hub model (sesame/csm-1b) needs the HF token: it travels in the child's environment, never on argv.
+    env = {**access.child_env(os.environ), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if os.environ.get("HF_TOKEN"):
+        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
+    return env
+
+
+def speak(request: Request, timeout_s: float = SPEAK_TIMEOUT_S) -> list[Spoken]:
+    """Each source's clip of ``request.text``, in the sources' order (SpeakError when the request is wrong or the
+    child cannot run at all; a model's own failure is its Spoken.error)."""
+    wrong = problems(request)
+    if wrong:
+        raise SpeakError(wrong)
+    labels = [request.labels[i] if i < len(request.labels) else "" for i in range(len(request.sources))]
+    results: list[Spoken | None] = []
+    ready: list[tuple[int, jobspec.ResolvedSource]] = []
+    for i, source in enumerate(request.sources):
+        resolved, label, problem = _resolved(source)
+        labels[i] = labels[i] or label
+        if resolved is None:
+            results.append(Spoken(labels[i], error=problem))
+            continue
+        results.append(None)
+        ready.append((i, resolved))
+    if ready:
+        for i, spoken in zip([i for i, _ in ready], _run_child(request, [r for _, r in ready],
+                                                               [labels[i] for i, _ in ready], timeout_s)):
+            results[i] = spoken
+    return [r for r in results if r is not None]
+
+
+def _run_child(request: Request, resolved: list[jobspec.ResolvedSource], labels: list[str],
+               timeout_s: float) -> list[Spoken]:
+    with tempfile.TemporaryDirectory(prefix="finetune-speak-") as folder:
+        body = json.dumps({"sources": [r.source.key for r in resolved], "text": request.text,
+                           "speaker": request.speaker, "max_seconds": float(request.max_seconds), "seed": SEED,
+                           "out_dir": folder})
+        try:
+            done = subprocess.run([sys.executable, "-m", "trainer_core.worker.speak_child"], input=body, text=True,
+                                  capture_output=True, env=_env(), timeout=timeout_s, check=False, cwd=os.getcwd())
+        except subprocess.TimeoutExpired:
+            raise SpeakError(f"speaking took longer than {timeout_s:.0f} s: speak shorter text, lower the cap, or "
+                             "pick fewer models") from None
+        lines = done.stdout.strip().splitlines()
+        try:
+            reply = json.loads(lines[-1]) if lines else None
+        except json.JSONDecodeError:
+            reply = None
+        clips = reply.get("clips") if isinstance(reply, dict) else None
+        if not isinstance(clips, list) or len(clips) != len(resolved):
+            raise SpeakError(f"the speaking process failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
+        # each clip is read from the file this process named (<index>.wav in its own folder), never from a path the
+        # child reports
+        return [_clip(labels[i], clip, Path(folder) / f"{i}.wav") for i, clip in enumerate(clips)]
+
+
+def _clip(label: str, clip: object, path: Path) -> Spoken:
+    if not isinstance(clip, dict) or clip.get("error"):
+        return Spoken(label, error=str(clip.get("error") if isinstance(clip, dict) else "no answer")[:800])
+    try:
+        if path.stat().st_size > WAV_BYTES_MAX:
+            return Spoken(label, error=f"the clip is larger than {WAV_BYTES_MAX >> 20} MB")
+        wav = path.read_bytes()
+        return Spoken(label, wav=wav, seconds=float(clip["seconds"]), ended=bool(clip["ended"]),
+                      rate=int(clip["rate"]))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        return Spoken(label, error=f"its clip cannot be read ({type(exc).__name__}: {exc})"[:800])
+
+
+def wav_name(label: str, text: str) -> str:
+    """A download's file name: the model's label and the text's first words, slugged."""
+    return f"{jobspec.slug(label) or 'model'}-{jobspec.slug(text)[:40].strip('-') or 'speech'}.wav"
