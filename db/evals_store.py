@@ -1,7 +1,6 @@
 """Eval results and their per-sample rows (issue 11): the Store's eval aggregate (db/store.py composes it)."""
 from __future__ import annotations
 
-
 import json
 from typing import Any
 
@@ -11,7 +10,6 @@ from sqlmodel import Session, col, select
 from db.entities import EvalResultRecord
 from db.models import EvalResult, EvalSample, Run
 from trainer_core.protocol.status import RunStatus
-
 
 
 class EvalsStore:
@@ -89,4 +87,3 @@ class EvalsStore:
         for run_id, metrics in rows:
             latest.setdefault(run_id, json.loads(metrics))
         return latest
-

@@ -6,7 +6,6 @@ Rows are upserted on (run_id, step) and merged field by field; whole frames are 
 Arrow where the driver is installed, row by row otherwise, and a finished run's frame is cached."""
 from __future__ import annotations
 
-
 import json
 from typing import Any, Iterable
 
@@ -239,7 +238,6 @@ class MetricsStore:
         updates["nonfinite"] = case((new == "", old), (old == "", new),
                                     (("," + old + ",").like("%," + new + ",%"), old), else_=old + "," + new)
         return stmt.on_conflict_do_update(index_elements=["run_id", "step"], set_=updates)
-
 
 
 def _frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:

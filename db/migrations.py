@@ -3,13 +3,11 @@ but never alters one), and the method columns of rows from before method/adapter
 from __future__ import annotations
 
 
-
 from sqlalchemy import inspect, text
 from sqlmodel import SQLModel
 
 from db.models import Metric, Run, RunEvent
 from trainer_core.protocol import training_type
-
 
 
 def _add_missing_columns(engine) -> None:
@@ -54,4 +52,3 @@ def _add_missing_indexes(engine) -> None:
     for table in (Run.__table__, Metric.__table__, RunEvent.__table__):
         for index in table.indexes:
             index.create(engine, checkfirst=True)
-

@@ -4,7 +4,6 @@ Every write that is not derived from a run's events.jsonl also goes to the run f
 ``db rebuild`` can restore it."""
 from __future__ import annotations
 
-
 import time
 from typing import Any, Iterable
 
@@ -16,7 +15,6 @@ from db.entities import ArtifactRecord, EventRecord, RunRecord
 from db.models import Artifact, EvalResult, EvalSample, Metric, MetricValue, Run, RunEvent, Sample
 from trainer_core.protocol import journal
 from trainer_core.protocol.status import RunStatus
-
 
 
 class RunsStore:
@@ -226,7 +224,6 @@ class RunsStore:
     def _journal(self, run_id: str, op: str, **data: Any) -> None:
         if self.journal:
             journal.append(run_id, op, **data)
-
 
 
 def _like_escape(text_: str) -> str:

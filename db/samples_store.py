@@ -2,7 +2,6 @@
 index) so a replayed event log rewrites the same rows (the Store's sample aggregate; db/store.py composes it)."""
 from __future__ import annotations
 
-
 import json
 from typing import Any, Iterable
 
@@ -11,7 +10,6 @@ from sqlmodel import Session, col, select
 
 from db.entities import SampleRecord
 from db.models import Sample
-
 
 
 class SamplesStore:
@@ -72,4 +70,3 @@ class SamplesStore:
                                 .order_by(col(Sample.step).desc(), Sample.idx)).all()
         order = {run_id: i for i, run_id in enumerate(run_ids)}
         return sorted((SampleRecord.from_row(row) for row in rows), key=lambda r: order[r.run_id])
-

@@ -12,7 +12,6 @@ schema changes in db/migrations.py.
 """
 from __future__ import annotations
 
-
 import functools
 import operator
 import os
@@ -93,4 +92,3 @@ class Store(RunsStore, MetricsStore, EvalsStore, SamplesStore):
         self._arrow_idle: list[Any] = []
         self._arrow_lock = threading.Lock()
         self._open = OpenMetrics(self.engine, self.is_sqlite)
-
