@@ -46,8 +46,8 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
     from trainer_core import jobspec
 
     speech = is_speech_source(spec)
-    if speech is None:
-        return []
+    if speech is None or jobspec.resolve(spec.source).output == "audio":
+        return []  # a text-to-speech model is refused for every eval by EvalSpec._output_errors, naming what fits
     others = [m for m in spec.metrics if m not in METRICS]
     errors = []
     unknown = jobspec.resolve(spec.source).output_problem if wanted(spec) and not speech else ""

@@ -100,12 +100,47 @@ def _number(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "—"
 
 
+# A text-to-speech model's card says how to load and run it: only transformers can (export/spec.TTS_NO_GGUF).
+SPEAK_CODE = """import torch
+from transformers import AutoProcessor, CsmForConditionalGeneration
+
+folder = "merged"  # this folder
+processor = AutoProcessor.from_pretrained(folder)
+model = CsmForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+# the speaker id goes in the role ("0" here); the text is what it says
+conversation = [{"role": "0", "content": [{"type": "text", "text": "Hello from my tuned voice."}]}]
+inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+audio = model.generate(**inputs, output_audio=True, max_new_tokens=125)  # 12.5 codec frames a second
+processor.save_audio(audio, "speech.wav")"""
+
+
+def usage_lines(output: str, no_gguf: str) -> list[str]:
+    """A "How to use" section for a model that is not a chat model and that only transformers runs ([] for the
+    others: their files say how to load them). ``no_gguf``: why there is no GGUF."""
+    if output != "audio":
+        return []
+    return ["## How to use", "",
+            "A Sesame CSM text-to-speech model: the `merged` folder holds its weights (the Mimi codec inside) and its "
+            f"processor. Only transformers runs it: {no_gguf}.", "",
+            *fenced(SPEAK_CODE, "python"), ""]
+
+
+# How the verify table reads: a model that writes answers is compared with the unmerged adapter's answers; a
+# text-to-speech model's reloaded folder speaks the verify sentences next to the model before it was saved.
+VERIFY_TEXT = {
+    "audio": ("The merged folder was loaded back with its processor and spoke the same sentences with the same seed "
+              "as the model before it was saved:", "clips identical sample for sample"),
+}
+DEFAULT_VERIFY_TEXT = ("Each exported format was loaded back and answered the prompt set greedily next to the unmerged "
+                       "adapter:", "answers identical to the adapter's")
+
+
 def render(*, title: str, source_label: str, base_model: str, method: str, data: str, config: dict[str, Any],
            facts: RunFacts, artifacts: list[tuple[str, str]], verify: list[dict[str, Any]],
-           chart_file: str | None) -> str:
-    """The card's markdown. ``artifacts``: (file name, what it is); ``verify``: VerifyEvent fields. Every value
-    that comes from users (names, paths, the config, verify's quoted answers) is quoted: escaped in text, a
-    code block whose fence it cannot close for the config."""
+           chart_file: str | None, output: str = "text", no_gguf: str = "") -> str:
+    """The card's markdown. ``artifacts``: (file name, what it is); ``verify``: VerifyEvent fields; ``output``:
+    what the model is (MethodSpec.output). Every value that comes from users (names, paths, the config, verify's
+    quoted answers) is quoted: escaped in text, a code block whose fence it cannot close for the config."""
     lines = front_matter() + [
         f"# {text(title)}", "",
         f"Exported from **{text(source_label)}** with Finetune Studio.", "",
@@ -115,13 +150,12 @@ def render(*, title: str, source_label: str, base_model: str, method: str, data:
         f"| Best eval loss | {_number(facts.best_eval_loss)} |", "",
         "## Files", ""]
     # File names and verify's format labels are ours (a slug and a fixed suffix); what they are may quote users.
-    lines += [f"- `{name}`: {text(what)}" for name, what in artifacts] + ["", "## Training loss", ""]
+    lines += [f"- `{name}`: {text(what)}" for name, what in artifacts] + [""]
+    lines += usage_lines(output, no_gguf) + ["## Training loss", ""]
     lines.append(f"![training loss]({chart_file})" if chart_file else loss_table(facts.losses))
     if verify:
-        lines += ["", "## Verification", "",
-                  "Each exported format was loaded back and answered the prompt set greedily next to the unmerged "
-                  "adapter:", "", "| format | answers identical to the adapter's | first difference |",
-                  "|---|---:|---|"]
+        intro, column = VERIFY_TEXT.get(output, DEFAULT_VERIFY_TEXT)
+        lines += ["", "## Verification", "", intro, "", f"| format | {column} | first difference |", "|---|---:|---|"]
         lines += [f"| {v['format']} | {v['identical']}/{v['total']} | {text(v['first_difference'] or '—')} |"
                   for v in verify]
     lines += ["", "## Training config (no secrets)", ""]

@@ -19,6 +19,10 @@ MERGED_DTYPES = ("bfloat16", "float16")
 HUB_TOKEN_ENV = "HF_TOKEN"
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 MAX_NEW_TOKENS_MAX = 256
+# Why a text-to-speech (Sesame CSM) run has no GGUF; the export's model card says it too.
+TTS_NO_GGUF = ("llama.cpp cannot run a Sesame CSM text-to-speech model (its GGUF converter has no CSM and no Mimi "
+               "codec), so neither can Ollama or LM Studio; it loads in transformers only "
+               "(CsmForConditionalGeneration and AutoProcessor)")
 EXPORTS_FOLDER = "exports"  # under the data root and each allowed root: the only places an out_dir may be
 
 
@@ -87,8 +91,8 @@ class ExportSpec(JobSpec):
 
     def _model_problem(self, targets: list[str]) -> str | None:
         """Why the source's model cannot take these targets: merged and GGUF exports load it as a model that writes
-        answers and verify it by its answers; a speech model is merged (verified by its transcripts) but not
-        converted to GGUF (llama.cpp's converter takes language models)."""
+        answers and verify it by its answers; a speech model is merged (verified by its transcripts) and a
+        text-to-speech model merged (verified by what it speaks), neither converted to GGUF."""
         if not targets:
             return None
         try:
@@ -98,6 +102,8 @@ class ExportSpec(JobSpec):
         if resolved.output == "speech":
             return ("gguf: a speech-to-text model is not converted to GGUF here (llama.cpp's converter takes language "
                     "models): export merged") if "gguf" in targets else None
+        if resolved.output == "audio":
+            return (f"gguf: {TTS_NO_GGUF}: export merged") if "gguf" in targets else None
         if resolved.output == "embedding":
             if "gguf" in targets:
                 return ("gguf: an embedding model is exported as a sentence-transformers folder (merged), which "

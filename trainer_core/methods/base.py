@@ -54,8 +54,8 @@ OUTPUT_USES = {
                  "sentence-transformers (SentenceTransformer(folder)) for search and RAG",
     "speech": "it transcribes audio and does not write chat answers: load its weights folder with transformers' "
               "WhisperForConditionalGeneration and WhisperProcessor",
-    "audio": "it speaks text and does not write answers: try it in the Playground's Speak mode, or load its weights "
-             "folder with transformers' CsmForConditionalGeneration and AutoProcessor",
+    "audio": "it speaks text and does not write answers: try it in the Playground's Text to speech mode, or load its "
+             "weights folder with transformers' CsmForConditionalGeneration and AutoProcessor",
 }
 
 

@@ -127,6 +127,8 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
     models (transformers serve's /v1/audio/transcriptions)."""
     if any(r.output == "speech" for r in resolved):
         return "speech-to-text models are served by transformers serve (/v1/audio/transcriptions)"
+    if any(r.output not in SERVED_OUTPUTS for r in resolved):  # the source check names what it is for instead
+        return "vLLM serves models that write answers"
     if any(r.model_dir is not None for r in resolved):
         return "a full fine-tune is a model of its own: vLLM serves one base with adapters"
     bases = {r.base_model for r in resolved}
@@ -136,8 +138,21 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
 
 
 # What a serve job serves: models that write answers (chat and completions) and speech-to-text models
-# (transcriptions); reward and embedding models have no OpenAI route here (jobspec.ResolvedSource.not_a_writer).
+# (transcriptions); reward, embedding and text-to-speech models have no OpenAI route here
+# (jobspec.ResolvedSource.not_a_writer says what each is for instead).
 SERVED_OUTPUTS = ("text", "speech")
+# Why "served" is refused, by what the model is, where not_a_writer's use alone would not say it
+NOT_SERVED_BECAUSE = {
+    "audio": "served: no server here generates speech over an OpenAI-compatible API (transformers serve has no "
+             "/v1/audio/speech route for it, and vLLM does not run CSM)",
+}
+
+
+def serve_problem(resolved: ResolvedSource) -> str | None:
+    """Why ``resolved`` cannot be served (None when it can): it writes answers or transcribes, or it cannot."""
+    if resolved.output in SERVED_OUTPUTS:
+        return None
+    return resolved.not_a_writer(NOT_SERVED_BECAUSE.get(resolved.output, "served"))
 
 
 def choose_serve_engine(requested: str, resolved: list[ResolvedSource]) -> str:
@@ -204,7 +219,7 @@ class ServeSpec(JobSpec):
                     errors.append(FieldError(exc.field, str(exc)))
                 continue
             # the server answers chat and completion requests, and transcription requests for a speech model
-            problem = None if resolved[-1].output in SERVED_OUTPUTS else resolved[-1].not_a_writer("served")
+            problem = serve_problem(resolved[-1])
             if problem:
                 errors.append(FieldError("source" if i == 0 else f"sources[{i}]", problem))
         problem = host_problem(self.host)

@@ -29,7 +29,7 @@ from pathlib import Path
 from trainer_core import jobspec, promptsets
 from trainer_core.config import TrainConfig
 from trainer_core.export import card, chat_templates, staging as staging_folders, tools
-from trainer_core.export.spec import HUB_TOKEN_ENV, ExportSpec
+from trainer_core.export.spec import HUB_TOKEN_ENV, TTS_NO_GGUF, ExportSpec
 from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.job import JobWorker
@@ -74,6 +74,8 @@ class Plan:
     tokenizer: object = None
     staged: list[Staged] = field(default_factory=list)
     verify: list[dict] = field(default_factory=list)
+    # a text-to-speech export with verify on: (sentence, samples, ended) the model spoke before it was saved
+    spoken: list[tuple[str, object, bool]] = field(default_factory=list)
     hub_repo_exists: bool = False  # found by preflight: the push updates it instead of creating it
 
     @property
@@ -234,7 +236,9 @@ class ExportWorker(JobWorker):
                             "without one is prompted wrongly; set chat_template in the run's config and train again, "
                             "or export the adapter only")
         model_config = AutoConfig.from_pretrained(base_dir)
-        rows = getattr(model_config, "vocab_size", None) or getattr(model_config.get_text_config(), "vocab_size", 0)
+        # CSM: vocab_size counts one codebook's codes; its text embedding has text_vocab_size rows
+        rows = getattr(model_config, "text_vocab_size", None) or getattr(model_config, "vocab_size", None) or \
+            getattr(model_config.get_text_config(), "vocab_size", 0)
         if len(tokenizer) > rows:
             problems.append(f"the tokenizer has {len(tokenizer):,} tokens but the model's embedding has {rows:,} rows: "
                             "tokens were added without resizing the embedding; resize it (and save it with the "
@@ -370,6 +374,9 @@ class ExportWorker(JobWorker):
                 plan.staged.append(Staged("merged", "merged", "sentence-transformers", "the sentence-transformers "
                                           "folder (modules, pooling, tokenizer): SentenceTransformer(path) loads it"))
             return
+        if plan.resolved.output == "audio":
+            self.merge_speaker(plan)
+            return
         if plan.resolved.adapter_dir is not None:
             merge_adapter(plan.resolved, target, dtype, log=self.log)
             (target / MERGED_MARKER).unlink(missing_ok=True)  # a cache stamp, not part of the model
@@ -391,6 +398,39 @@ class ExportWorker(JobWorker):
             what = "with its processor: load with WhisperForConditionalGeneration and WhisperProcessor" \
                 if plan.resolved.output == "speech" else "with the tokenizer: load with transformers"
             plan.staged.append(Staged("merged", "merged", dtype, f"merged weights ({dtype} safetensors) {what}"))
+
+    def merge_speaker(self, plan: Plan) -> None:
+        """A text-to-speech model (Sesame CSM): a LoRA run's adapter merged into CsmForConditionalGeneration (PEFT's
+        merge_and_unload), a full fine-tune's model as it is; in the export's dtype, saved with the run's processor.
+        With verify on, the model speaks the verify sentences before the folder is used again: the reloaded folder
+        must speak them sample for sample alike (verify_audio)."""
+        import torch
+        from transformers import AutoProcessor
+
+        from trainer_core.worker.sources import load_source, processor_folder
+
+        dtype = plan.spec.merged_dtype
+        target = plan.merged_dir
+        model, _ = load_source(plan.resolved, "cpu", log=self.log)  # the base from the run's config, not the
+        if plan.resolved.adapter_dir is not None:  # adapter_config's base_model_name_or_path
+            self.log(f"merging the adapter {plan.resolved.adapter_dir} into its base model")
+            model = model.merge_and_unload()
+        processor = AutoProcessor.from_pretrained(processor_folder(plan.resolved, plan.base_dir))
+        if plan.spec.verify:
+            # Spoken in float32 from the weights as they are saved (rounded to the export's dtype in place), as the
+            # reloaded folder is loaded: a CPU has no fast half-precision kernels. Only the saved tensors are
+            # rounded; buffers that are not saved (rotary frequencies) stay as a fresh load computes them.
+            with torch.no_grad():
+                for tensor in model.state_dict().values():
+                    if tensor.is_floating_point():
+                        tensor.copy_(tensor.to(getattr(torch, dtype)))
+            plan.spoken = speak_sentences(model, processor, plan.resolved.config)
+        model.to(getattr(torch, dtype)).save_pretrained(target, safe_serialization=True)
+        processor.save_pretrained(target)
+        del model
+        plan.staged.append(Staged("merged", "merged", dtype, f"merged weights ({dtype} safetensors, the Mimi codec "
+                                  "inside) with the processor: load with transformers' CsmForConditionalGeneration "
+                                  "and AutoProcessor (llama.cpp cannot run CSM)"))
 
     def gguf(self, plan: Plan, quant: str) -> None:
         script = tools.converter_script()
@@ -473,6 +513,9 @@ class ExportWorker(JobWorker):
         if plan.resolved.output == "speech":
             self.verify_speech(plan)
             return
+        if plan.resolved.output == "audio":
+            self.verify_audio(plan)
+            return
         if plan.resolved.output == "embedding":
             self.verify_embedding(plan)
             return
@@ -538,6 +581,28 @@ class ExportWorker(JobWorker):
                               f"{str(exc)[:300]}): the export failed and nothing was published") from None
         answers = [transcribe_clip(merged, processor, clip, plan.spec.max_new_tokens) for clip in clips]
         self.report_verify(plan, compare_texts("merged", names, reference, answers))
+
+    def verify_audio(self, plan: Plan) -> None:
+        """A text-to-speech model: the merged folder reloaded with its processor speaks the verify sentences, with the
+        same seed, sample for sample as the model did before it was saved (merge_speaker)."""
+        import torch
+        from transformers import AutoProcessor
+
+        from trainer_core.worker.sources import auto_class
+
+        self.check_control()
+        folder = str(plan.merged_dir)
+        try:
+            model = auto_class(folder).from_pretrained(folder, dtype=torch.float32).eval()
+            processor = AutoProcessor.from_pretrained(folder)
+        except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
+            raise ExportError(f"the merged model cannot be loaded back with its processor ({type(exc).__name__}: "
+                              f"{str(exc)[:300]}): the export failed and nothing was published") from None
+        spoken = speak_sentences(model, processor, plan.resolved.config)
+        rate = int(processor.feature_extractor.sampling_rate)
+        self.log("verify: the reloaded folder spoke " + ", ".join(f"{text[:40]!r} for {len(clip) / rate:.2f} s"
+                                                                  for text, clip, _ in spoken))
+        self.report_verify(plan, compare_clips("merged", plan.spoken, spoken, rate))
 
     def verify_vision(self, plan: Plan) -> None:
         """A vision-language model: the merged folder reloaded with its processor answers the run's own image rows
@@ -606,7 +671,8 @@ class ExportWorker(JobWorker):
         files = [(s.name, s.what) for s in plan.staged]
         text = card.render(title=f"{plan.stem}", source_label=resolved.label, base_model=resolved.base_model,
                            method=cfg.method_label, data=data, config=cfg.to_public_dict(), facts=facts,
-                           artifacts=files, verify=plan.verify, chart_file=chart)
+                           artifacts=files, verify=plan.verify, chart_file=chart, output=resolved.output,
+                           no_gguf=TTS_NO_GGUF)
         (plan.staging / "README.md").write_text(text)
         plan.staged.append(Staged("README.md", "card", "", "this model card"))
 
@@ -797,6 +863,39 @@ def transcribe_clip(model, processor, clip, max_new_tokens: int) -> str:
     from trainer_core.worker.methods.stt import transcribe
 
     return transcribe(model, processor, [clip], max_new_tokens)[0]
+
+
+VERIFY_SENTENCE = "The quick brown fox jumps over the lazy dog."  # spoken when the run names no sample texts
+
+
+def speak_sentences(model, processor, cfg) -> list[tuple[str, object, bool]]:
+    """(sentence, samples, ended) for each verify sentence of a text-to-speech run: its tts.sample_texts (up to
+    two), else VERIFY_SENTENCE, in its default voice, up to its tts.max_sample_s, with the sampler's fixed seed."""
+    from trainer_core.methods.tts import settings_of
+    from trainer_core.worker.methods.tts import SEED, speak
+
+    s = settings_of(cfg)
+    sentences = [t.strip() for t in s.sample_texts[:2]] or [VERIFY_SENTENCE]
+    return [(text, *speak(model, processor, text, s.speaker, s.max_sample_s, SEED)) for text in sentences]
+
+
+def compare_clips(label: str, reference: list[tuple[str, object, bool]], spoken: list[tuple[str, object, bool]],
+                  rate: int) -> dict:
+    """VerifyEvent fields for spoken clips: how many are sample for sample the reference's, and where the first one
+    parts (in seconds)."""
+    import numpy as np
+
+    identical, first = 0, ""
+    for i, ((text, ref, ref_ended), (_, got, got_ended)) in enumerate(zip(reference, spoken)):
+        if ref_ended == got_ended and np.array_equal(ref, got):
+            identical += 1
+            continue
+        if not first:
+            apart = np.flatnonzero(ref[:len(got)] != got[:len(ref)])
+            at = int(apart[0]) if len(apart) else min(len(ref), len(got))
+            first = (f"sentence {i + 1} ({text[:40]!r}): apart from {at / rate:.2f} s; {len(ref) / rate:.2f} s before "
+                     f"saving, {len(got) / rate:.2f} s reloaded")
+    return dict(format=label, identical=identical, total=len(reference), first_difference=first)
 
 
 def has_llama_cpp() -> bool:

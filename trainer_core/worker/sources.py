@@ -79,14 +79,19 @@ def load_source(resolved: ResolvedSource, device: str = "cpu", log=print):
 
 def auto_class(folder: str):
     """AutoModelForImageTextToText for a vision-language model (a vision run's adapter applies to its whole model),
-    AutoModelForSpeechSeq2Seq for a speech-to-text model (Whisper), AutoModelForCausalLM otherwise."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
+    AutoModelForSpeechSeq2Seq for a speech-to-text model (Whisper), AutoModelForTextToWaveform for a text-to-speech
+    model (Sesame CSM: CsmForConditionalGeneration, its codec inside), AutoModelForCausalLM otherwise."""
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq,
+                              AutoModelForTextToWaveform)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES
 
     from trainer_core.worker.model_resolver import is_speech_config, is_vision_config
 
     config = AutoConfig.from_pretrained(folder)
     if is_speech_config(config):
         return AutoModelForSpeechSeq2Seq
+    if str(getattr(config, "model_type", "")) in MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES:
+        return AutoModelForTextToWaveform
     return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
