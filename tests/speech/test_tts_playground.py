@@ -118,6 +118,8 @@ def test_sources_that_cannot_speak_get_their_own_error_and_start_no_child(home, 
                                            ModelSource(run_id=RUN_ID, checkpoint=7), ModelSource(model=str(writer)))))
     assert [(r.label, r.wav) for r in results] == [("run:20990101-000000-nosuch", b""), (f"run:{RUN_ID}@7", b""),
                                                    (f"Base · {writer}", b"")]
+    climbing, = speak.speak(request(sources=(ModelSource(run_id="../../etc"),)))
+    assert climbing.error == "run id '../../etc' has characters that are not allowed"
     errors = [r.error for r in results]
     assert "run 20990101-000000-nosuch: its folder" in errors[0] and "pick another run" in errors[0]
     assert errors[1].startswith("run 'my voice': its weights folder") and "outside" in errors[1] \

@@ -69,6 +69,9 @@ def speak_all(request: dict) -> list[dict]:
         except (jobspec.SourceError, ModelSourceError, OSError, ValueError, RuntimeError) as exc:
             # one model's failure (a damaged adapter, not a CSM, out of memory) is its own column's message
             clips.append({"error": f"{type(exc).__name__}: {exc}"[:800]})
+        except Exception as exc:  # noqa: BLE001 - each model is a boundary: a damaged config makes transformers
+            # raise KeyError/TypeError/AttributeError; that model's column says so and the others still speak
+            clips.append({"error": f"{type(exc).__name__} while loading or speaking: {exc}"[:800]})
     return clips
 
 
