@@ -1,7 +1,8 @@
 """Playground: up to three model sources answer the same conversation side by side, streaming at once;
 prompt sets run against them in one click; an image attached to a message is seen by the vision-language columns.
 Its speech mode (ui/speech_playground.py) has speech-to-text models
-transcribe one clip side by side; its search mode (ui/embedding_playground.py) has embedding models rank passages. The logic lives in ui/playground.py; this page lays it out.
+transcribe one clip side by side; its text-to-speech mode (ui/tts_playground.py) has CSM models speak one text side
+by side; its search mode (ui/embedding_playground.py) has embedding models rank passages. The logic lives in ui/playground.py; this page lays it out.
 
 Answers come from a serve job (an OpenAI-compatible server in a worker process), started through the
 orchestrator; while it is queued or loading, a fragment refreshes its state until it is ready."""
