@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from tests.speech.test_tts_train import tts_config
@@ -18,8 +19,7 @@ from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
 from trainer_core.jobspec import ModelSource, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
-
-pytestmark = [pytest.mark.skipif(ESPEAK is None, reason=NO_ESPEAK), pytest.mark.train, pytest.mark.subprocess]
+from trainer_core.worker.export import compare_clips
 
 # The card's code block, run as it is but for the folder it names (and where the clip goes)
 CHECK_CLIP = """
@@ -41,6 +41,9 @@ print("MOVED", len(moved), len(adapted), "CODEC_KEPT", kept)
 """
 
 
+@pytest.mark.skipif(ESPEAK is None, reason=NO_ESPEAK)
+@pytest.mark.train
+@pytest.mark.subprocess
 def test_a_tts_lora_run_exports_merged_with_its_processor_and_the_reloaded_folder_speaks_alike(studio, tmp_path):
     cfg = tts_config(tmp_path, adapter="lora", max_steps=40, eval_steps=40, lora_r=8, lora_alpha=16,
                      tts={"max_sample_s": 2.0, "sample_texts": [PHRASES[0]], "eval_on_start": False})
@@ -99,3 +102,19 @@ def test_a_tts_lora_run_exports_merged_with_its_processor_and_the_reloaded_folde
     rate, channels, seconds = checked.stdout.split("CLIP")[-1].split()
     print(f"the card's code spoke {seconds} s")
     assert (int(rate), int(channels)) == (24000, 1) and float(seconds) > 0
+
+
+def test_verify_counts_a_clip_identical_only_when_every_sample_and_the_ending_agree():
+    rate = 100
+    clip = np.linspace(-1, 1, 150, dtype=np.float32)
+    later = clip.copy()
+    later[120] += 1e-6  # one sample, 1.2 s in
+    reference = [("open the door", clip, True), ("close it", clip, True)]
+    assert compare_clips("merged", reference, [("open the door", clip.copy(), True), ("close it", clip, True)], rate) \
+        == dict(format="merged", identical=2, total=2, first_difference="")
+    assert compare_clips("merged", reference, [("open the door", clip, True), ("close it", later, True)], rate) == dict(
+        format="merged", identical=1, total=2,
+        first_difference="sentence 2 ('close it'): apart from 1.20 s; 1.50 s before saving, 1.50 s reloaded")
+    shorter = compare_clips("merged", reference, [("open the door", clip[:90], True), ("close it", clip, False)], rate)
+    assert (shorter["identical"], shorter["first_difference"]) == (
+        0, "sentence 1 ('open the door'): apart from 0.90 s; 1.50 s before saving, 0.90 s reloaded")

@@ -866,17 +866,20 @@ def transcribe_clip(model, processor, clip, max_new_tokens: int) -> str:
 
 
 VERIFY_SENTENCE = "The quick brown fox jumps over the lazy dog."  # spoken when the run names no sample texts
+VERIFY_MAX_S = 4.0  # each verify clip is cut here: 50 frames, each one drawn from the one before, prove the weights
 
 
 def speak_sentences(model, processor, cfg) -> list[tuple[str, object, bool]]:
     """(sentence, samples, ended) for each verify sentence of a text-to-speech run: its tts.sample_texts (up to
-    two), else VERIFY_SENTENCE, in its default voice, up to its tts.max_sample_s, with the sampler's fixed seed."""
+    two), else VERIFY_SENTENCE, in its default voice, up to its tts.max_sample_s (at most VERIFY_MAX_S), with the
+    sampler's fixed seed."""
     from trainer_core.methods.tts import settings_of
     from trainer_core.worker.methods.tts import SEED, speak
 
     s = settings_of(cfg)
     sentences = [t.strip() for t in s.sample_texts[:2]] or [VERIFY_SENTENCE]
-    return [(text, *speak(model, processor, text, s.speaker, s.max_sample_s, SEED)) for text in sentences]
+    seconds = min(s.max_sample_s, VERIFY_MAX_S)
+    return [(text, *speak(model, processor, text, s.speaker, seconds, SEED)) for text in sentences]
 
 
 def compare_clips(label: str, reference: list[tuple[str, object, bool]], spoken: list[tuple[str, object, bool]],
