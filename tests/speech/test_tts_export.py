@@ -89,7 +89,7 @@ def test_a_tts_lora_run_exports_merged_with_its_processor_and_the_reloaded_folde
     assert int(adapted) > 0 and int(changed) == int(adapted) and codec_kept == "True", moved.stdout
 
     card = (folder / "README.md").read_text()
-    assert "## How to use" in card and "Only transformers runs it" in card and "llama.cpp cannot run" in card
+    assert "## How to use" in card and "There is no GGUF: llama.cpp cannot run" in card and "it loads in transformers only" in card
     assert "clips identical sample for sample" in card
     code = re.search(r"```python\n(.*?)\n```", card, re.DOTALL).group(1)
     assert 'folder = "merged"' in code

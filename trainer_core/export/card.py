@@ -104,7 +104,7 @@ def _number(value: float | None) -> str:
 SPEAK_CODE = """import torch
 from transformers import AutoProcessor, CsmForConditionalGeneration
 
-folder = "merged"  # this folder
+folder = "merged"  # the folder beside this card
 processor = AutoProcessor.from_pretrained(folder)
 model = CsmForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
 # the speaker id goes in the role ("0" here); the text is what it says
@@ -121,7 +121,7 @@ def usage_lines(output: str, no_gguf: str) -> list[str]:
         return []
     return ["## How to use", "",
             "A Sesame CSM text-to-speech model: the `merged` folder holds its weights (the Mimi codec inside) and its "
-            f"processor. Only transformers runs it: {no_gguf}.", "",
+            f"processor. There is no GGUF: {no_gguf}.", "",
             *fenced(SPEAK_CODE, "python"), ""]
 
 
