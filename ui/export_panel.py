@@ -51,6 +51,26 @@ def quant_help() -> str:
             f"llama-quantize on PATH or in {tools.QUANTIZE_ENV}; it was not found.")
 
 
+def default_targets(config: dict) -> list[str]:
+    """What the form offers first for a run: merged and GGUF for a text model; merged alone for one llama.cpp does not
+    run (speech, text-to-speech, embedding and vision models); the adapter for a reward model (merged loads a model
+    that writes answers). The export spec still checks whatever is picked."""
+    from trainer_core import methods, model_info, modality
+
+    method = config.get("method") or "sft"
+    output = methods.METHODS[method].output if method in methods.METHODS else "text"
+    if output == "reward":
+        return ["adapter"]
+    if output != "text":
+        return ["merged"]
+    try:
+        if modality.detect_modality(str(config.get("model_name") or "")).is_vision:
+            return ["merged"]
+    except (model_info.ModelInfoError, OSError, ValueError):
+        pass
+    return ["merged", "gguf"]
+
+
 def render_export(orch: Orchestrator, run: RunRecord) -> None:
     if run.kind is JobKind.EXPORT:  # the export job's own page: its artifacts and verify results
         st.subheader("Artifacts")
@@ -72,7 +92,8 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         steps = jobspec.checkpoint_steps(run.id)
         choice = st.selectbox("Model", ["final", *steps], key=f"export_source_{run.id}",
                               format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
-        targets = st.multiselect("Targets", TARGETS, default=["merged", "gguf"], format_func=TARGET_LABELS.get,
+        targets = st.multiselect("Targets", TARGETS, default=default_targets(orch.run_config(run.id)),
+                                 format_func=TARGET_LABELS.get,
                                  key=f"export_targets_{run.id}")
         quants = st.multiselect("GGUF types", tools.available_types(), default=["q8_0"], help=quant_help(),
                                 key=f"export_quants_{run.id}", disabled="gguf" not in targets)

@@ -92,3 +92,22 @@ def test_the_export_jobs_own_page_lists_its_artifacts(exported):
     at = open_page("pages/run.py", detail_run_id=JOB)
     assert "Artifacts" in [s.value for s in at.subheader] and "Export" not in [s.value for s in at.subheader]
     assert [b.label for b in at.get("download_button") if "tone" in b.label] == ["Download tone-adapter.zip"]
+
+
+@pytest.mark.parametrize("method, adapter, expected", [
+    ("sft", "lora", ["merged", "gguf"]), ("tts", "full", ["merged"]), ("stt", "full", ["merged"]),
+    ("embedding", "full", ["merged"]), ("reward", "lora", ["adapter"])])
+def test_the_export_form_offers_first_what_the_runs_model_can_be_exported_as(app_home, method, adapter, expected):
+    from ui.export_panel import default_targets
+
+    config = TrainConfig(model_name=BUNDLED_MODEL, method=method, adapter=adapter).to_public_dict()
+    assert default_targets(config) == expected  # a speech or CSM user is not met by the GGUF refusal first
+
+
+def test_a_vision_run_is_offered_merged_alone(app_home, tmp_path):
+    from ui.export_panel import default_targets
+
+    (tmp_path / "vlm").mkdir()
+    (tmp_path / "vlm" / "config.json").write_text(
+        '{"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": {}}')
+    assert default_targets({"method": "sft", "model_name": str(tmp_path / "vlm")}) == ["merged"]
