@@ -89,6 +89,24 @@ def test_a_weights_folder_replaced_by_a_link_out_of_the_run_is_refused(home, tmp
     assert step.value.field == "checkpoint"
 
 
+def test_a_weights_file_replaced_by_a_link_out_of_the_run_is_refused(home, tmp_path):
+    """Hostile review (tts export): with the folder checked, one file in it (the weights) swapped for a symlink out of
+    the run was still loaded. A link that stays inside the run is fine."""
+    make_run("filelink", steps=(10,))
+    outside = tmp_path / "other.safetensors"
+    outside.write_bytes(b"not yours")
+    checkpoint = paths.run_dir("filelink") / "checkpoints" / "checkpoint-10"
+    (checkpoint / "nested").mkdir()
+    (checkpoint / "nested" / "adapter_model.safetensors").symlink_to(outside)
+    with pytest.raises(SourceError, match=r"a file in its weights folder .* outside the job's folder") as info:
+        resolve(ModelSource(run_id="filelink", checkpoint=10))
+    assert info.value.field == "checkpoint"
+    adapter = paths.run_dir("filelink") / "adapter"
+    (adapter / "tokenizer.json").write_text("{}")
+    (adapter / "vocab.json").symlink_to(adapter / "tokenizer.json")  # inside the run: allowed
+    assert resolve(ModelSource(run_id="filelink")).adapter_dir == adapter
+
+
 def test_missing_pieces_are_named_with_the_fix(home):
     make_run("nofinal", final=False, steps=(5,))
     with pytest.raises(SourceError, match=r"no saved adapter yet .*pick one of its checkpoints \(5\)"):

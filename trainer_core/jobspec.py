@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -203,6 +204,24 @@ def final_dir(run_id: str, cfg: TrainConfig) -> Path:
     return paths.run_dir(run_id) / ("adapter" if cfg.effective_use_lora else "model")
 
 
+def _links_in(folder: Path, limit: int = 10_000) -> list[Path]:
+    """The symbolic links under a weights folder (files or folders, not followed; at most ``limit`` entries looked
+    at: a weights folder holds a few dozen)."""
+    links, pending, seen = [], [folder], 0
+    while pending and seen < limit:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if entry.is_symlink():
+                links.append(Path(entry.path))
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+    return links
+
+
 def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
     """Where the weights of ``source`` are, or SourceError naming what is missing and the fix."""
     if source.is_base:
@@ -229,11 +248,16 @@ def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
             known = f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps else "it has no checkpoints"
             raise SourceError(f"run '{name}' has no checkpoint at step {source.checkpoint}: {known}", "checkpoint")
         label = f"{name} · step {source.checkpoint}"
-    try:  # the weights are the run's own: a folder replaced by a link out of the run would serve or export anything
+    what = "its weights folder"
+    try:  # the weights are the run's own: a folder replaced by a link out of the run would serve or export anything,
+        # and so would one file in it (model.safetensors) replaced by a link
         paths.inside_run(paths.run_dir(source.run_id), folder)
+        for link in _links_in(folder):
+            what = "a file in its weights folder"
+            paths.inside_run(paths.run_dir(source.run_id), link)
     except paths.UnsafePathError as exc:
         where = "checkpoint" if source.checkpoint is not None else "run"
-        raise SourceError(f"run '{name}': its weights folder {exc}: a run's weights stay in its folder; train it "
+        raise SourceError(f"run '{name}': {what} {exc}: a run's weights stay in its folder; train it "
                           "again, or copy the weights there", where) from None
     is_adapter = (folder / "adapter_config.json").is_file()
     if is_adapter:  # a damaged file failed later, in the worker, as a bare JSONDecodeError
