@@ -1,5 +1,6 @@
 """The same training job as a studio run, as a bare TRL script: no orchestrator, event log, database,
-heartbeat thread or control polling. The baseline (a) of ``bench/overhead.py``.
+heartbeat thread or control polling. The baseline (a) of ``bench/overhead.py``: TRL's trainers, and for speech
+the method's own (transformers' Seq2SeqTrainer for stt, the FramesTrainer for tts).
 
 Usage: ``python bench/bare_trl.py CONFIG_YAML OUT_DIR`` (PYTHONPATH at the repository root). Writes
 ``OUT_DIR/result.json``: the wall time at each logged step, the losses and the torch thread count.
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core.worker import model_files
+    from trainer_core.worker import methods as worker_methods, model_files
 
     class LogTimer(TrainerCallback):
         """Wall time of every training log, like the worker's ProgressEvent.ts."""
@@ -53,7 +54,11 @@ def main(argv: list[str]) -> int:
                 self.times.append(time.time())
                 self.steps.append(state.global_step)
 
-    model, tokenizer = engine.load_model(cfg, model_files.resolve_model(cfg), None)
+    model_ref = model_files.resolve_model(cfg)
+    if cfg.method_spec.loads_own_model:  # stt, tts, embedding: the method's worker half loads it, as in the worker
+        model, tokenizer = worker_methods.get(cfg.method).load_model(cfg, model_ref, None)
+    else:
+        model, tokenizer = engine.load_model(cfg, model_ref, None)
     rows = load_local(cfg.local_datasets, cfg).rows
     train_ds = engine.to_dataset(rows, cfg)
     timer = LogTimer()

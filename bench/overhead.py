@@ -1,10 +1,12 @@
 """What the studio costs over a bare TRL script, on the same short training job.
 
-    .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo] [--steps 20] [--pairs 3] [--threads N]
-                                       [--models DIR]
+    .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo|whisper-demo|tts-demo] [--steps 20]
+                                       [--pairs 3] [--threads N] [--models DIR]
 
 (a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess (for dpo-demo TRL's
-    DPOTrainer, for grpo-demo its GRPOTrainer, built by the method's worker half with the worker's arguments).
+    DPOTrainer, for grpo-demo its GRPOTrainer, for whisper-demo transformers' Seq2SeqTrainer with the studio's
+    SpeechCollator, for tts-demo the FramesTrainer over cached codec frames; each built by the method's worker half
+    with the worker's arguments).
 (b) the real path: ``Orchestrator(store).start(cfg)`` -> worker subprocess -> events.jsonl -> pump -> SQLite.
 
 Both are children of this process, started with the same environment, and run alternately (a b, b a,
@@ -14,6 +16,11 @@ logged step divided by the wall time between their logs (for (b) the ``wall_time
 in the database, i.e. the ProgressEvent timestamps; for (a) ``time.time()`` in ``on_log``). Model
 loading, data preparation and saving are outside it. The bench process plays the dashboard: it never
 imports torch.
+
+The speech presets have no preset file: a tiny model built offline (``tests/speech_support.py``: a Whisper of
+0.3M parameters, a CSM with a tiny Mimi codec; cached per checkout under .test-cache) trained in full on 16 clips
+that espeak-ng speaks into the bench's data root (4 phrases x 4 speeds and pitches), batch 4, seed 3407. They
+need espeak-ng.
 """
 from __future__ import annotations
 
@@ -40,10 +47,14 @@ from db.store import Store
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
+from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows, write_jsonl
 
 PRESETS = ROOT / "presets"
 BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
 RUN_TIMEOUT_S = 1800
+FILE_PRESETS = ("cpu-demo", "dpo-demo", "grpo-demo")
+SPEECH_PRESETS = ("whisper-demo", "tts-demo")
+SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
 
 
 @dataclass
@@ -100,6 +111,23 @@ def bench_config(steps: int, preset: str = "cpu-demo") -> TrainConfig:
                    sample_prompts=[], sample_prompt_set="")
 
 
+def speech_config(steps: int, preset: str, data: Path) -> TrainConfig:
+    """The speech job of ``preset``: its tiny model (built once per checkout) on clips spoken into ``data``, full
+    fine-tuning, batch 4, logging every step; no eval or intermediate checkpoints, as bench_config. A tts run
+    speaks one sample at the end of training (studio only, after the timed loop), capped at 1 s."""
+    rows = spoken_rows(data, variants=SPEECH_VARIANTS)
+    if preset == "tts-demo":
+        for i, row in enumerate(rows):
+            row["speaker_id"] = i % 2  # two voices, as the tts test trains
+        model, method, settings = build_tiny_csm(), "tts", {"tts": {"max_sample_s": 1.0}}  # the end sample: short
+    else:
+        model, method, settings = build_tiny_whisper(), "stt", {"stt": {"language": "en"}}
+    return TrainConfig(run_name="overhead bench", model_name=str(model), method=method, adapter="full",
+                       local_datasets=[str(write_jsonl(data / "train.jsonl", rows))], max_steps=steps, batch_size=4,
+                       learning_rate=3e-3, warmup_steps=0, lr_scheduler_type="constant", logging_steps=1,
+                       save_steps=0, eval_fraction=0.0, enable_wandb=False, enable_tensorboard=False, **settings)
+
+
 def child_env() -> dict[str, str]:
     """The environment the orchestrator gives its worker (trainer_core.jobs.launcher), for the bare script too."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
@@ -149,8 +177,9 @@ def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="cpu-demo", choices=("cpu-demo", "dpo-demo", "grpo-demo"),
-                        help="the job: SFT (cpu-demo, default), DPO (dpo-demo) or GRPO (grpo-demo)")
+    parser.add_argument("--preset", default="cpu-demo", choices=(*FILE_PRESETS, *SPEECH_PRESETS),
+                        help="the job: SFT (cpu-demo, default), DPO (dpo-demo), GRPO (grpo-demo), speech-to-text "
+                             "(whisper-demo: a tiny Whisper) or text-to-speech (tts-demo: a tiny CSM)")
     parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
     parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
     parser.add_argument("--threads", type=int, default=0,
@@ -163,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2 or args.pairs < 1:
         parser.error("--steps must be at least 2 and --pairs at least 1")
+    if args.preset in SPEECH_PRESETS and ESPEAK is None:
+        parser.error(f"--preset {args.preset} speaks its clips with espeak-ng: {NO_ESPEAK}")
 
     work = Path(tempfile.mkdtemp(prefix="studio-overhead-"))
     os.environ["FINETUNE_STUDIO_HOME"] = str(work / "home")
@@ -170,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DATABASE_URL", None)  # a throwaway SQLite database, never the user's one
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    cfg = bench_config(args.steps, args.preset)
+    if args.preset in SPEECH_PRESETS:
+        os.environ["FINETUNE_STUDIO_ALLOWED_ROOTS"] = str(ROOT / ".test-cache")  # the tiny models' folder
+        cfg = speech_config(args.steps, args.preset, work / "home" / "datasets" / "speech")
+    else:
+        cfg = bench_config(args.steps, args.preset)
     errors = cfg.validate()
     if errors:
         print("config problems: " + "; ".join(map(str, errors)), file=sys.stderr)
