@@ -1,13 +1,16 @@
 """GPU smoke check: one short training run per engine x method, each in its own process, with the facts
 that only a real GPU can confirm printed side by side.
 
-    python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH]
+    python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH] [--speech-only]
 
 Cases: Unsloth and transformers x LoRA and QLoRA, plus full fine-tuning, on a GPU (a case whose engine or
 bitsandbytes is not installed is listed as skipped), and each engine with LoRA for DPO (bundled pairs) and GRPO
 (a length reward; once more with vLLM generation when the vllm extra is installed); transformers + LoRA for SFT,
 DPO and GRPO on a CPU. With two GPUs or more
-it also trains one 2-process run through torchrun and the CLI. Each case prints the library versions, the
+it also trains one 2-process run through torchrun and the CLI. On a GPU, two speech runs go through the studio (the
+CLI, the orchestrator, a worker process): speech-to-text on a Whisper (openai/whisper-tiny when it is in the Hugging
+Face cache, else a tiny Whisper built here) and text-to-speech on a tiny Sesame CSM built here, each on phrases that
+espeak-ng speaks (listed as skipped without espeak-ng); ``--speech-only`` runs just those two, on a CPU too. Each case prints the library versions, the
 dtype the weights train in, the eos/pad tokens (checked against the GGUF for the bundled model), trainable
 parameters, first and last loss, tokens/s after warm-up, peak allocated and reserved memory next to the
 memory estimate, and the files saved. The last lines compare the engines with the goals: Unsloth at least
@@ -25,6 +28,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper,  # noqa: E402
+                                  spoken_rows, write_jsonl)
 from trainer_core import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 
@@ -51,11 +57,17 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 # The training objectives besides SFT, each on the bundled data it needs: DPO on preference pairs, GRPO on the
 # demo prompts with a length reward (and, with the vllm extra on CUDA, TRL's colocated vLLM generation).
 OBJECTIVES = ("dpo", "grpo")
+# Speech through the studio (engine "studio": the CLI, the orchestrator and a worker process), full fine-tuning
+SPEECH_CASES = [("studio-stt-whisper", "studio", "full", "stt"), ("studio-tts-csm", "studio", "full", "tts")]
+SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
+WHISPER_TINY = "openai/whisper-tiny"
 
 
-def cases(cuda: bool, gpus: int) -> list[tuple[str, str, str, str]]:
-    """(name, engine, adapter, objective); the engine "cli-ddp" is a 2-process run through torchrun; the
-    objective is sft, dpo, grpo or grpo-vllm."""
+def cases(cuda: bool, gpus: int, speech_only: bool = False) -> list[tuple[str, str, str, str]]:
+    """(name, engine, adapter, objective); the engine "cli-ddp" is a 2-process run through torchrun, "studio" a
+    speech run through the CLI; the objective is sft, dpo, grpo, grpo-vllm, stt or tts."""
+    if speech_only:
+        return list(SPEECH_CASES)
     if not cuda:
         return [("transformers-lora", "transformers", "lora", "sft"),
                 *((f"transformers-lora-{o}", "transformers", "lora", o) for o in OBJECTIVES)]
@@ -65,7 +77,7 @@ def cases(cuda: bool, gpus: int) -> list[tuple[str, str, str, str]]:
               for o in (*OBJECTIVES, "grpo-vllm")]
     if gpus >= 2:
         found.append(("ddp2-transformers-lora", "cli-ddp", "lora", "sft"))
-    return found
+    return found + SPEECH_CASES
 
 
 def skip_reason(engine: str, adapter: str, objective: str = "sft") -> str:
@@ -75,6 +87,8 @@ def skip_reason(engine: str, adapter: str, objective: str = "sft") -> str:
         return "bitsandbytes is not installed (pip install -e '.[gpu]')"
     if objective == "grpo-vllm" and not hardware.has_module("vllm"):
         return "vllm is not installed (pip install -e '.[vllm]')"
+    if objective in ("stt", "tts") and ESPEAK is None:
+        return NO_ESPEAK  # the clips are spoken by espeak-ng (and the tiny CSM's codebooks drawn from them)
     return ""
 
 
@@ -128,6 +142,10 @@ def run_case(name: str, engine: str, method: str, model: str, steps: int, out: P
                [str(out)] + ([str(Path(model).resolve().parent)] if model != BUNDLED_MODEL else []))}
     if engine == "cli-ddp":
         command = [sys.executable, str(Path(__file__).resolve()), "--ddp-case", model, str(steps), str(case_dir)]
+    elif engine == "studio":
+        env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+        command = [sys.executable, str(Path(__file__).resolve()), "--speech-case", objective, str(steps),
+                   str(case_dir), str(out)]
     else:
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU, as the orchestrator starts it
         command = [sys.executable, str(Path(__file__).resolve()), "--case", engine, method, model, str(steps),
@@ -171,6 +189,8 @@ def describe(r: dict) -> str:
         return f"{r['case']}: skipped: {r['skipped']}"
     if "failed" in r:
         return f"{r['case']}: FAILED ({r['failed']})\n    " + "\n    ".join(r.get("log_tail", []))
+    if r.get("objective") in ("stt", "tts"):
+        return describe_speech(r)
     return (f"{r['case']}: engine {r['engine']}, trained weights {r['weight_dtype']}, frozen base "
             f"{r.get('base_dtype', '-')}, compute {r['compute_dtype']}, "
             f"eos {r['eos_token']!r} ({r['eos_token_id']}), pad {r['pad_token']!r}"
@@ -186,27 +206,40 @@ def describe(r: dict) -> str:
                       and key in r.get("last_metrics", {})))
 
 
+def describe_speech(r: dict) -> str:
+    memory = (f"peak {r['peak_allocated_mb']:,.0f} MiB allocated, {r['peak_reserved_mb']:,.0f} MiB reserved"
+              if r["device"] == "cuda" else f"peak RSS {r['peak_reserved_mb']:,.0f} MiB")
+    return (f"{r['case']}: {r['method']} through the studio on {r['device']}, model {r['model']}; "
+            f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}; "
+            f"{r['steps_per_s']:.2f} steps/s after warm-up; {memory}; status {r['status']} in {r['wall_s']:.0f} s; "
+            f"saved {', '.join(r['files'])}" + (f"; samples {', '.join(r['samples'])}" if r.get("samples") else ""))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", default="gpu_smoke_out")
     parser.add_argument("--tiny", action="store_true", help="build and use a tiny random Llama")
     parser.add_argument("--model", help="a local model folder (default: bundled, else the tiny Llama)")
+    parser.add_argument("--speech-only", action="store_true",
+                        help="only the speech cases (Whisper stt, CSM tts through the studio), on a CPU too")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = hardware.cuda_available()
     if args.model:
         model = args.model
+    elif args.speech_only:
+        model = "-"  # each speech case picks its own model
     elif args.tiny or hardware.bundled_gguf_path() is None:
         model = str(build_tiny_llama(out / "tiny-llama"))
     else:
         model = BUNDLED_MODEL
     print(f"gpu_smoke: {'CUDA, ' + str(hardware.gpu_count()) + ' GPU(s), driver ' + hardware.driver_version() if cuda else 'CPU'}; "
-          f"model {model}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
+          f"model {model if model != '-' else 'of each speech case'}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
           flush=True)
     results = []
-    for name, engine, method, objective in cases(cuda, hardware.gpu_count() if cuda else 0):
+    for name, engine, method, objective in cases(cuda, hardware.gpu_count() if cuda else 0, args.speech_only):
         result = run_case(name, engine, method, model, args.steps, out, objective)
         results.append(result)
         print(describe(result), flush=True)
@@ -344,6 +377,73 @@ def ddp_case_main(model: str, steps: int, case_dir: Path) -> int:
     return 0
 
 
+def cached_whisper_tiny() -> Path | None:
+    """The snapshot folder of openai/whisper-tiny in the Hugging Face cache, if a complete one is there."""
+    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface"), "hub")
+    snapshots = Path(cache).expanduser() / "models--openai--whisper-tiny" / "snapshots"
+    for folder in sorted(snapshots.glob("*")) if snapshots.is_dir() else []:
+        if all((folder / f).exists() for f in ("config.json", "generation_config.json", "preprocessor_config.json",
+                                                "tokenizer_config.json")) and \
+                any((folder / f).exists() for f in ("model.safetensors", "pytorch_model.bin")):
+            return folder
+    return None
+
+
+def speech_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
+    """One speech run through the CLI (orchestrator, worker process, event log), like a user's: steps/s and peak
+    memory come from the run's own progress events and worker log."""
+    if method == "stt":
+        cached = cached_whisper_tiny()
+        model = cached or build_tiny_whisper(out / "tiny-whisper")
+        settings = {"stt": {"language": "en"}}
+        rate = 1e-5 if cached else 3e-3  # a pretrained Whisper is tuned gently; the random tiny one learns fast
+    else:
+        cached, model, rate = None, build_tiny_csm(out / "tiny-csm"), 3e-3
+        settings = {"tts": {"max_sample_s": 2.0}}
+    rows = spoken_rows(case_dir / "data", variants=SPEECH_VARIANTS)
+    if method == "tts":
+        for i, row in enumerate(rows):
+            row["speaker_id"] = i % 2
+    config = case_dir / f"{method}.yaml"
+    config.write_text(TrainConfig(
+        run_name=f"gpu smoke {method}", model_name=str(model), method=method, adapter="full",
+        local_datasets=[str(write_jsonl(case_dir / "data" / "train.jsonl", rows))], max_steps=steps, batch_size=4,
+        learning_rate=rate, warmup_steps=0, lr_scheduler_type="constant", logging_steps=1, save_steps=0,
+        eval_fraction=0.0, **settings).to_yaml())
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(case_dir / "home"), "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join(
+        [str(out), *([str(cached.parents[1])] if cached else [])])}  # a cached snapshot links into its blobs
+    started = time.time()
+    code = subprocess.call([sys.executable, "-m", "trainer_core", "run", "--config", str(config)], env=env, cwd=ROOT)
+    run_dir = next((case_dir / "home" / "runs").iterdir())
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    progress = [e for e in events if e["kind"] == "progress" and e.get("loss") is not None]
+    status = [e["status"] for e in events if e["kind"] == "complete"]
+    if code != 0 or len(progress) < 2:
+        print(f"run ended with exit code {code}, {len(progress)} progress events, status {status}", file=sys.stderr)
+        return 1
+    warm = max(len(progress) // 3, 1)  # the first third pays for CUDA context, autotuning, allocator growth
+    first, last = progress[warm - 1], progress[-1]
+    worker_log = (run_dir / "worker.log").read_text(errors="replace")
+    # the worker's last word on GPU memory: "peak GPU memory: <allocated> MiB allocated, <reserved> MiB reserved"
+    peaks = re.findall(r"peak GPU memory: (\d+) MiB allocated, (\d+) MiB reserved", worker_log)
+    saved = run_dir / "model"
+    result = {
+        "case": case_dir.name, "objective": method, "method": method, "device": "cuda" if hardware.cuda_available() else "cpu",
+        "model": WHISPER_TINY if cached else str(model), "steps": last["step"], "status": status[-1] if status else "-",
+        "first_loss": progress[0]["loss"], "last_loss": last["loss"],
+        "steps_per_s": (last["step"] - first["step"]) / (last["ts"] - first["ts"]) if last["ts"] > first["ts"] else 0.0,
+        # progress events carry the peak so far: reserved by the caching allocator on a GPU, RSS on a CPU
+        "peak_reserved_mb": float(peaks[-1][1]) if peaks else max(e.get("memory_mb") or 0.0 for e in progress),
+        "peak_allocated_mb": float(peaks[-1][0]) if peaks else max(e.get("memory_mb") or 0.0 for e in progress),
+        "files": sorted(p.name for p in saved.iterdir()) if saved.is_dir() else [],
+        "samples": [e["audio"] for e in events if e["kind"] == "sample" and e.get("audio")],
+        "wall_s": time.time() - started,
+    }
+    (case_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def _rss_mb() -> float:
     import psutil
 
@@ -356,4 +456,6 @@ if __name__ == "__main__":
                            *sys.argv[7:8]))
     if sys.argv[1:2] == ["--ddp-case"]:
         sys.exit(ddp_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
+    if sys.argv[1:2] == ["--speech-case"]:
+        sys.exit(speech_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])))
     sys.exit(main(sys.argv[1:]))
