@@ -418,7 +418,7 @@ def test_a_refused_run_is_a_warning(fakes, monkeypatch):
 # sample_prompt_set (a run samples either a set or inline prompts; the prompts are set here).
 UNTOUCHED = {"hf_token", "wandb_token", "hf_dataset", "subset", "train_split", "eval_split", "trust_remote_code",
              "finetune_vision_layers", "is_dataset_image", "is_dataset_audio", "is_embedding", "sample_prompt_set",
-             "launcher", "ray_address", "ray_gpus_per_worker",  # Ray: round-tripped in tests/ui/test_ray_pages.py
+             "launcher", "ray_address", "ray_gpus_per_worker", "ray_max_failures",  # Ray: tests/ui/test_ray_pages.py
              # the other methods' sections (dpo: {...}, grpo: {...}): a cpt run's form shows none of them
              *(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("section"))}
 

@@ -32,6 +32,7 @@ LAUNCHERS = ("local", "ray")
 RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable: the cluster's dashboard address (Ray Jobs)
 RAY_ADDRESSES_ENV = "FINETUNE_STUDIO_RAY_ADDRESSES"  # other clusters a run may name (an admin's comma-separated list)
 SHARED_STORAGE_ENV = "FINETUNE_STUDIO_SHARED_STORAGE"  # a path every node of the Ray cluster mounts
+RAY_MAX_FAILURES = 10  # restarts of a Ray run's workers: each one repeats the steps since the last checkpoint
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"
 BUNDLED_DATASET = "bundled:demo-chat"
 BUNDLED_PAIRS = "bundled:demo-pairs"  # the demo's questions as preference pairs (DPO, ORPO, SimPO, KTO, reward)
@@ -113,6 +114,10 @@ class TrainConfig:
     ray_address: str = _f("", "The Ray cluster's dashboard address for launcher: ray (empty: the server's cluster, "
                           f"{RAY_ADDRESS_ENV}). Another address must be in the server's {RAY_ADDRESSES_ENV}.", "model")
     ray_gpus_per_worker: float = _f(0.0, "GPUs per Ray worker for launcher: ray (0: CPU workers, gloo).", "model")
+    ray_max_failures: int = _f(0, "For launcher: ray with several workers: how many times Ray Train restarts the "
+                               "workers when one of them or its node is lost, each time resuming from the run's latest "
+                               f"checkpoint (Ray Train's FailureConfig; 0: the run fails naming the rank and node; at "
+                               f"most {RAY_MAX_FAILURES}). See docs/ray.md, Losing a node.", "model")
     # --- dataset ---
     hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
     local_datasets: list = _f([BUNDLED_DATASET], "Local dataset files (.jsonl/.json/.csv/.parquet) or the bundled demo.", "dataset")
@@ -628,6 +633,10 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
         bad("num_processes", f"use 0 or 1 (one worker) or more Ray workers, got {cfg.num_processes!r}")
     if not _finite(cfg.ray_gpus_per_worker) or cfg.ray_gpus_per_worker < 0:
         bad("ray_gpus_per_worker", f"use 0 (CPU workers) or a positive number of GPUs, got {cfg.ray_gpus_per_worker!r}")
+    if (isinstance(cfg.ray_max_failures, bool) or not isinstance(cfg.ray_max_failures, int)
+            or not 0 <= cfg.ray_max_failures <= RAY_MAX_FAILURES):
+        bad("ray_max_failures", f"use a whole number from 0 (a lost worker fails the run) to {RAY_MAX_FAILURES}, got "
+            f"{cfg.ray_max_failures!r}")
 
 
 def ray_address_problem(address: str) -> str:

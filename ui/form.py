@@ -72,7 +72,7 @@ PLAIN_FIELDS = (
     "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
-    "num_processes", "launcher", "ray_address", "ray_gpus_per_worker",
+    "num_processes", "launcher", "ray_address", "ray_gpus_per_worker", "ray_max_failures",
 )
 STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
                    "resume_from_checkpoint", "tensorboard_dir", "ray_address")

@@ -136,6 +136,9 @@ def where_to_run(help_text=TrainConfig.help) -> None:
         options = list(dict.fromkeys([*([""] if own else []), *others, *([current] if current else [])]))
         cols[2].selectbox("Cluster", options, key=K + "ray_address", help=help_text("ray_address"),
                           format_func=lambda a: ray_jobs.shown_address(a or own) + ("" if a else " (the server's)"))
+    # No max_value: a preset above the limit is shown as it is, and validation names the field and the limit.
+    st.columns(3)[0].number_input("Restarts when a worker or node is lost (0: the run fails)", min_value=0, step=1,
+                                  key=K + "ray_max_failures", help=help_text("ray_max_failures"))
     capacity_panel(state.get(K + "ray_address", "") or own,
                    int(state.get(K + "num_processes") or 1), float(state.get(K + "ray_gpus_per_worker") or 0.0))
 

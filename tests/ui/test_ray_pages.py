@@ -176,6 +176,7 @@ def test_new_run_on_the_cluster_shows_its_capacity_and_builds_a_ray_config(fakes
     where.set_value("ray").run()
     at.number_input(key="nr_num_processes").set_value(2).run()
     at.number_input(key="nr_ray_gpus_per_worker").set_value(1.0).run()
+    at.number_input(key="nr_ray_max_failures").set_value(2).run()
     assert not at.exception, at.exception
     assert at.number_input(key="nr_num_processes").label == "Ray workers (0 or 1: one)"
     assert (f"Ray cluster {ADDRESS}: 2 node(s) · GPUs: 1 free of 2 · CPUs: 11 free of 12"
@@ -187,7 +188,8 @@ def test_new_run_on_the_cluster_shows_its_capacity_and_builds_a_ray_config(fakes
     assert cluster == [ADDRESS]  # three reruns, one question: the answer is cached for a few seconds
     click(at, "Preview data")
     built = fakes.preview[-1]
-    assert (built.launcher, built.num_processes, built.ray_gpus_per_worker, built.ray_address) == ("ray", 2, 1.0, "")
+    assert (built.launcher, built.num_processes, built.ray_gpus_per_worker, built.ray_address,
+            built.ray_max_failures) == ("ray", 2, 1.0, "", 2)
 
 
 def test_a_cluster_that_does_not_answer_is_a_warning_naming_it(fakes, cluster, monkeypatch):  # noqa: F811
