@@ -1,9 +1,11 @@
-"""A local Ray cluster of two nodes for tests and benchmarks: a head and a second ``ray start --address`` node on
-this machine, one CPU each, each blocking in a session of its own so that ending it ends exactly the processes it
-started (never ``ray stop``, which stops every Ray process of the user)."""
+"""A local Ray cluster for tests and benchmarks: a head and one or more ``ray start --address`` nodes on this
+machine, one CPU each, each blocking in a session of its own so that ending it ends exactly the processes it
+started (never ``ray stop``, which stops every Ray process of the user). Node k (the head is 0) holds one unit of
+the custom resource ``test-node-k``, which is how a test tells Ray's node ids apart and loses a chosen one."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,14 +28,22 @@ class LocalCluster:
     address: str  # the dashboard (Ray Jobs) address
     nodes: list[subprocess.Popen]  # the head first
 
-    def lose_node(self) -> None:
-        """The second node goes away at once, as a crashed machine: every process of its session is killed."""
-        end_sessions(self.nodes[1:], grace_s=0.0)
+    def lose_node(self, index: int = 1) -> None:
+        """Node ``index`` (default: the second) goes away at once, as a crashed machine: every process of its
+        session is killed."""
+        end_sessions([self.nodes[index]], grace_s=0.0)
+
+    def index_of(self, node_id: str) -> int:
+        """Which of ``nodes`` Ray knows as ``node_id`` (by its ``test-node-k`` resource)."""
+        from ray.util.state import list_nodes
+
+        state = next(n for n in list_nodes(address=self.address) if n.node_id == node_id)
+        return next(int(name.rsplit("-", 1)[1]) for name in state.resources_total if name.startswith("test-node-"))
 
 
 @contextlib.contextmanager
-def local_cluster(cpus_per_node: int = 1) -> Iterator[LocalCluster]:
-    """A two-node local cluster, for the time of the ``with``."""
+def local_cluster(cpus_per_node: int = 1, nodes: int = 2) -> Iterator[LocalCluster]:
+    """A local cluster of ``nodes`` nodes (the head included), for the time of the ``with``."""
     from ray.util.state import list_nodes
 
     def alive_nodes() -> int:
@@ -45,12 +55,14 @@ def local_cluster(cpus_per_node: int = 1) -> Iterator[LocalCluster]:
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
     gcs, dashboard = free_port(), free_port()
     address = f"http://127.0.0.1:{dashboard}"
-    nodes = [ray_start(cpus_per_node, "--head", f"--port={gcs}", f"--dashboard-port={dashboard}",
-                       "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}")]
+    count, nodes = nodes, [ray_start(cpus_per_node, "--head", f"--port={gcs}", f"--dashboard-port={dashboard}",
+                                     "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}",
+                                     f"--temp-dir={temp}", marked=0)]
     try:
         wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
-        nodes.append(ray_start(cpus_per_node, f"--address=127.0.0.1:{gcs}"))
-        wait_until(lambda: alive_nodes() == 2, timeout=120, what="two Ray nodes")
+        for k in range(1, count):  # one at a time: two raylets registering at once timed out here
+            nodes.append(ray_start(cpus_per_node, f"--address=127.0.0.1:{gcs}", marked=k))
+            wait_until(lambda: alive_nodes() == k + 1, timeout=120, what=f"{k + 1} Ray nodes")
         yield LocalCluster(address, nodes)
     finally:
         end_sessions(nodes)
@@ -63,14 +75,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def ray_start(cpus: int, *args: str) -> subprocess.Popen:
-    """One Ray node, blocking in its own session."""
+def ray_start(cpus: int, *args: str, marked: int | None = None) -> subprocess.Popen:
+    """One Ray node, blocking in its own session (with ``marked``, holding the resource ``test-node-<marked>``)."""
     ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "metrics-export-port",
                                                     "runtime-env-agent-port")]
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     return subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--block", f"--num-cpus={cpus}",
                              "--node-ip-address=127.0.0.1", "--object-store-memory=80000000",
-                             "--disable-usage-stats", *ports, *args],
+                             "--disable-usage-stats", *ports, *args,
+                             *([f"--resources={json.dumps({f'test-node-{marked}': 1})}"] if marked is not None else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
 
 

@@ -9,6 +9,9 @@ from trainer_core.protocol.paths import UnsafePathError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TMP_CHECKPOINT_RE = re.compile(r"^tmp-checkpoint-(\d+)$")
+# Set by the Ray launcher on workers that Ray Train restarted after a lost rank (worker/ray_entry.py): the run's own
+# latest completed checkpoint, which every rank resumes from instead of config.yaml's resume_from_checkpoint.
+RESUME_ENV = "FINETUNE_STUDIO_RESUME_FROM"
 
 
 def completed_checkpoints(output_dir: Path) -> list[Path]:
@@ -51,3 +54,15 @@ def remove_partial_checkpoints(output_dir: Path, outputs_root: Path) -> list[Pat
         shutil.rmtree(child)  # rmtree does not follow symlinks inside the tree (it unlinks them)
         removed.append(child)
     return removed
+
+
+def resume_point(run_dir: Path, configured: str, environ: dict[str, str]) -> str | None:
+    """The checkpoint a worker resumes from: after a restart of its Ray workers (``RESUME_ENV``), one of this run's
+    own completed checkpoints; otherwise config.yaml's ``resume_from_checkpoint`` (None: from the start)."""
+    restart = environ.get(RESUME_ENV, "")
+    if not restart:
+        return configured or None
+    path = Path(restart)
+    if path.resolve() not in {c.resolve() for c in completed_checkpoints(Path(run_dir) / "checkpoints")}:
+        raise UnsafePathError(f"{RESUME_ENV}={restart} is not a completed checkpoint of this run ({run_dir})")
+    return str(path)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster it was submitted to
 GPUS_ENV = "FINETUNE_STUDIO_RAY_GPUS_PER_WORKER"  # read by trainer_core.worker.ray_entry
+MAX_FAILURES_ENV = "FINETUNE_STUDIO_RAY_MAX_FAILURES"  # config ray_max_failures, read by trainer_core.worker.ray_entry
 PYTHON_ENV = "FINETUNE_STUDIO_RAY_PYTHON"  # the Python of the cluster's nodes, when not the same path as ours
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the job's PYTHONPATH
 STOP_WAIT_ENV, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 30  # read by Ray's job supervisor from the job's env
@@ -157,7 +158,9 @@ class RayLauncher(Launcher):
         try:  # several processes: the driver only waits; TorchTrainer's workers hold the CPUs and GPUs
             RayHandle(self.address, job_id).client().submit_job(
                 entrypoint=shlex.join([ray_python(), "-m", "trainer_core.worker.ray_entry", str(run_dir)]),
-                submission_id=job_id, runtime_env={"env_vars": self.environment(run_dir, processes, gpus)},
+                submission_id=job_id,
+                runtime_env={"env_vars": self.environment(run_dir, processes, gpus,
+                                                          int(getattr(cfg, "ray_max_failures", 0)))},
                 metadata={"finetune_studio_run": run_dir.name}, **entry)
         except Exception as exc:  # noqa: BLE001 - the cluster refused or cannot be reached: the run fails with why
             raise OSError(f"the Ray cluster at {self.address} did not take the job ({type(exc).__name__}: {exc})") \
@@ -171,7 +174,7 @@ class RayLauncher(Launcher):
         address = recorded if recorded.strip() and not ray_address_problem(recorded) else self.address
         return RayHandle(address, submission_id(run.id))
 
-    def environment(self, run_dir: Path, processes: int, gpus: float) -> dict[str, str]:
+    def environment(self, run_dir: Path, processes: int, gpus: float, max_failures: int = 0) -> dict[str, str]:
         """The job's environment: the allow-list of a local worker without this host's own paths, and never a
         secret (no ``needs``, no run secrets): Ray shows a job's runtime_env to anyone with its dashboard."""
         env = {k: v for k, v in access.worker_env(os.environ).items() if k not in HOST_ONLY}
@@ -179,6 +182,7 @@ class RayLauncher(Launcher):
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
         env[NPROC_ENV] = str(processes)
         env[GPUS_ENV] = str(gpus)
+        env[MAX_FAILURES_ENV] = str(max_failures)
         env["FINETUNE_STUDIO_ALLOWED_ROOTS"] = os.pathsep.join(str(r) for r in paths.allowed_data_roots())
         env["UNSLOTH_COMPILE_LOCATION"] = str(run_dir / "unsloth_compiled_cache")
         # Ray's stop_job sends SIGTERM, then SIGKILL after this many seconds (Ray's default: 3). A single worker

@@ -164,7 +164,8 @@ class Worker:
             trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, self.run_dir,
                                            [callback, *([sampling] if sampling else [])], sharded=sharded)
             self.status(RunStatus.RUNNING, "training")
-            trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint or None)
+            trainer.train(resume_from_checkpoint=checkpoints.resume_point(self.run_dir, cfg.resume_from_checkpoint,
+                                                                          os.environ))
             callback.log_peak_memory()
 
             # Ranks must agree (a rank that saves while another leaves deadlocks): under torchrun the
