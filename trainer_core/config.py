@@ -637,6 +637,9 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
             or not 0 <= cfg.ray_max_failures <= RAY_MAX_FAILURES):
         bad("ray_max_failures", f"use a whole number from 0 (a lost worker fails the run) to {RAY_MAX_FAILURES}, got "
             f"{cfg.ray_max_failures!r}")
+    elif cfg.ray_max_failures and _finite(cfg.num_processes) and cfg.num_processes < 2:
+        bad("ray_max_failures", "restarts apply to Ray Train's workers: set num_processes to 2 or more, or "
+            "ray_max_failures to 0")
 
 
 def ray_address_problem(address: str) -> str:

@@ -34,11 +34,16 @@ def warnings_in(run_dir) -> list[str]:
 @pytest.mark.parametrize("value", [-1, 11, 1.5, "2", True])
 def test_ray_max_failures_is_a_whole_number_up_to_ten(value, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
-    problems = [p for p in TrainConfig(launcher="ray", ray_max_failures=value).validate()
-                if p.field == "ray_max_failures"]
-    assert problems == [FieldError("ray_max_failures", "use a whole number from 0 (a lost worker fails the run) to 10, "
-                                                       f"got {value!r}")]
-    assert not [p for p in TrainConfig(launcher="ray", ray_max_failures=10).validate() if p.field == "ray_max_failures"]
+    def problems(**values) -> list[FieldError]:
+        return [p for p in TrainConfig(launcher="ray", **values).validate() if p.field == "ray_max_failures"]
+
+    assert problems(ray_max_failures=value, num_processes=2) == [FieldError(
+        "ray_max_failures", f"use a whole number from 0 (a lost worker fails the run) to 10, got {value!r}")]
+    assert problems(ray_max_failures=10, num_processes=2) == []
+    assert problems(ray_max_failures=0, num_processes=1) == []
+    assert problems(ray_max_failures=1, num_processes=1) == [FieldError(
+        "ray_max_failures", "restarts apply to Ray Train's workers: set num_processes to 2 or more, or "
+                            "ray_max_failures to 0")]
 
 
 def test_the_job_environment_carries_max_failures(tmp_path, monkeypatch):
