@@ -1,7 +1,7 @@
 """How verify compares answers: token for token (transformers) or text (llama.cpp), naming the first difference."""
 from __future__ import annotations
 
-from trainer_core.worker.export import compare, compare_texts
+from trainer_core.worker.export_verify import compare, compare_texts
 
 
 class Letters:

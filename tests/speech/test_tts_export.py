@@ -19,7 +19,7 @@ from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
 from trainer_core.jobspec import ModelSource, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
-from trainer_core.worker.export import compare_clips
+from trainer_core.worker.export_verify import compare_clips
 
 # The card's code block, run as it is but for the folder it names (and where the clip goes)
 CHECK_CLIP = """
