@@ -95,7 +95,8 @@ def _job(orch: Orchestrator, job: RunRecord) -> None:
         endpoint = orch.endpoint(job.id)
         if endpoint is not None:
             st.markdown(f"Base URL {code(endpoint.share_url)} · model "
-                        + ", ".join(code(m.name) for m in endpoint.models) + f" · engine {safe(endpoint.engine)}")
+                        + ", ".join(code(m.name) for m in endpoint.models) + f" · engine {safe(endpoint.engine)}"
+                        + (" · route " + code("POST /v1/embeddings") if endpoint.engine == "infinity" else ""))
         elif status is RunStatus.QUEUED:
             st.caption("Waiting for its device: a run or another job holds it.")
         elif not status.is_terminal():

@@ -21,7 +21,7 @@ from trainer_core.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling, ServeError, stream_chat
 from trainer_core.serving.endpoint import Endpoint
-from trainer_core.serving.spec import plain_http_warning
+from trainer_core.serving.spec import INFINITY, plain_http_warning
 
 READY_POLL_S = 0.25
 STOP_WAIT_S = 60.0
@@ -257,6 +257,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
         print(f"URL:     {endpoint.share_url}" + (f"   (on this machine: {endpoint.url})"
                                                      if endpoint.share_url != endpoint.url else ""))
         print(f"model:   {endpoint.models[0].name}   ({endpoint.models[0].label})")
+        if endpoint.engine == INFINITY:  # an embedding model: no chat route
+            print("route:   POST /v1/embeddings (openai client: client.embeddings.create)")
         print(f"API key: {key}")
         print("The key is shown once and never stored. Serving until Ctrl-C "
               f"(job {job_id}; it also stops after 30 minutes without a request).", flush=True)

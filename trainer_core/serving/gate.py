@@ -25,6 +25,11 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
   ``max_image_bytes`` decoded and ``max_image_pixels`` (read from the image's header by Pillow, without decoding
   it); a text model sent an image is a 400 naming it. A request to a vision model may be up to
   ``vision_max_body_bytes`` (a few base64 images); any other stays under ``max_body_bytes``;
+* for a served embedding model (infinity-emb behind the gate), lets through POST /v1/embeddings with text input
+  only: a string or a list of at most MAX_EMBEDDING_INPUTS strings, and OpenAI's fields (encoding_format,
+  dimensions, user); anything else (infinity's ``modality`` would have it fetch image or audio URLs) is a 400
+  naming the field, and the engine gets only the checked fields. A chat request to an embedding model, or an
+  embedding request to a model that writes answers, is a 400 naming the route it takes;
 * records activity (requests in flight and the last request's end) for the idle timeout.
 
 Standard library and Pillow only (a dependency of the dashboard, transformers and vLLM alike): it runs in the serve
@@ -54,8 +59,12 @@ from PIL import Image, UnidentifiedImageError
 GATE_ENV = "FINETUNE_STUDIO_SERVE_GATE"  # a gate.json path, for a gate built by vLLM as KeyGate(app)
 MAX_BODY_BYTES = 4 << 20  # a long conversation is well under 1 MB of JSON
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
+EMBEDDINGS = "/v1/embeddings"
 ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-          ("POST", TRANSCRIPTIONS)}
+          ("POST", TRANSCRIPTIONS), ("POST", EMBEDDINGS)}
+MAX_EMBEDDING_INPUTS = 2048  # texts in one embeddings request, as OpenAI's API takes them
+EMBEDDING_FIELDS = ("model", "input", "encoding_format", "dimensions", "user")  # OpenAI's embeddings request
+ENCODING_FORMATS = ("float", "base64")
 MAX_AUDIO_BYTES = 25 << 20  # one clip, as OpenAI's transcription API takes it (25 MB)
 FORM_OVERHEAD_BYTES = 64 << 10  # a transcription form's fields and part headers around the clip
 MAX_FORM_PARTS = 12  # fields in a transcription form (OpenAI's API has ten)
@@ -96,6 +105,7 @@ class GateConfig:
     speech_models: list[str] = field(default_factory=list)  # served names that transcribe (the others chat)
     max_audio_bytes: int = MAX_AUDIO_BYTES
     vision_models: list[str] = field(default_factory=list)  # served names that take image parts
+    embedding_models: list[str] = field(default_factory=list)  # served names that embed text (/v1/embeddings)
     vision_max_body_bytes: int = VISION_MAX_BODY_BYTES
     max_images: int = MAX_IMAGES
     max_image_bytes: int = MAX_IMAGE_BYTES
@@ -220,7 +230,7 @@ class KeyGate:
             if (method, path) not in ROUTES:
                 raise RequestRefused(404, f"{method} {path} is not served here; this endpoint serves "
                                           "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
-                                          f"POST {TRANSCRIPTIONS}", "not_found")
+                                          f"POST {TRANSCRIPTIONS}, POST {EMBEDDINGS}", "not_found")
             if path == "/v1/models":
                 await _json(send, 200, {"object": "list", "data": [
                     {"id": name, "object": "model", "created": 0, "owned_by": "finetune-studio"}
@@ -364,6 +374,9 @@ class KeyGate:
                                       "form has 'file', 'model' and OpenAI's optional fields")
         model = fields.get("model")
         self._served(model)
+        if model in self.config.embedding_models:
+            raise RequestRefused(400, f"model {model!r} turns text into vectors and does not transcribe audio: POST "
+                                      f"text to {EMBEDDINGS}")
         if model not in self.config.speech_models:
             raise RequestRefused(400, f"model {model!r} writes text and does not transcribe audio: send it chat "
                                       "requests (POST /v1/chat/completions)")
@@ -391,6 +404,8 @@ class KeyGate:
     def _rewrite(self, body: dict, path: str = "/v1/chat/completions") -> dict:
         model = body.get("model")
         self._served(model)
+        if path == EMBEDDINGS or model in self.config.embedding_models:
+            return self._embedding_body(body, model, path)
         if model in self.config.speech_models:
             raise RequestRefused(400, f"model {model!r} transcribes audio and does not write answers: POST the clip "
                                       f"to {TRANSCRIPTIONS} (a multipart form with 'file' and 'model')")
@@ -436,6 +451,45 @@ class KeyGate:
             body.pop("temperature")  # greedy is do_sample=False above; a 0 temperature only earns a warning
         body["generation_config"] = config
         return body
+
+
+    def _embedding_body(self, body: dict, model: str, path: str) -> dict:
+        """The embeddings request the engine gets: OpenAI's fields only, each checked (text input only)."""
+        if model not in self.config.embedding_models:
+            raise RequestRefused(400, f"model {model!r} writes answers and does not embed text: send it chat requests "
+                                      "(POST /v1/chat/completions)" + (f"; embedding models served here: "
+                                      f"{', '.join(self.config.embedding_models)}" if self.config.embedding_models
+                                      else ""))
+        if path != EMBEDDINGS:
+            raise RequestRefused(400, f"model {model!r} turns text into vectors and does not write answers: POST the "
+                                      f"texts to {EMBEDDINGS} (openai client: client.embeddings.create)")
+        embedding_problem(body)
+        return {name: body[name] for name in EMBEDDING_FIELDS if body.get(name) is not None}
+
+
+def embedding_problem(body: dict) -> None:
+    """RequestRefused (400, naming the field) unless ``body`` is OpenAI's embeddings request with text input."""
+    unknown = sorted(set(body) - set(EMBEDDING_FIELDS))
+    if unknown:
+        raise RequestRefused(400, f"unknown field(s) {', '.join(map(repr, unknown))[:200]}: an embeddings request has "
+                                  f"{', '.join(EMBEDDING_FIELDS)} (this server embeds text only)")
+    texts = body.get("input")
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise RequestRefused(400, "input must be a non-empty string or a list of non-empty strings (token id lists "
+                                  "are not taken here: send the text)")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise RequestRefused(400, f"input holds {len(texts):,} texts; at most {MAX_EMBEDDING_INPUTS:,} per request: "
+                                  "send them in several requests")
+    fmt = body.get("encoding_format")
+    if fmt is not None and fmt not in ENCODING_FORMATS:
+        raise RequestRefused(400, f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, not {fmt!r:.40}")
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise RequestRefused(400, f"dimensions must be a whole number, at least 1, not {dims!r:.40}")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestRefused(400, "user must be a string")
 
 
 def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:

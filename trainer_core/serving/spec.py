@@ -1,7 +1,8 @@
 """The ``serve`` job's spec: which model sources to serve, where, with which key hash, and for how long.
 
 A serve job runs an existing OpenAI-compatible server (``transformers serve``, or vLLM on a CUDA host with
-the ``vllm`` extra) in its own worker process, behind our key gate (serving/gate.py). The API key itself is
+the ``vllm`` extra; infinity-emb for embedding models, from its own virtual environment) in its own worker
+process, behind our key gate (serving/gate.py). The API key itself is
 never stored: the spec holds its sha256 only. Nothing here imports the ML stack.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -26,8 +28,14 @@ from trainer_core.protocol.status import JobKind
 
 MAX_SOURCES = 8
 PURPOSES = ("playground", "endpoint")
-ENGINES = ("auto", "transformers", "vllm")
-TRANSFORMERS, VLLM = "transformers", "vllm"
+ENGINES = ("auto", "transformers", "vllm", "infinity")
+TRANSFORMERS, VLLM, INFINITY = "transformers", "vllm", "infinity"
+# infinity-emb (the embedding server) pins transformers < 4.58 and sentence-transformers < 4, so it lives in a
+# virtual environment of its own beside the studio's (`make install` builds it; the Makefile pins its versions).
+EMBED_VENV_ENV = "FINETUNE_STUDIO_EMBED_VENV"
+EMBED_INSTALL_FIX = ("the embedding server (infinity-emb) is not installed: run `make install`, which builds "
+                     ".venv-embed/ beside the studio's venv (or point FINETUNE_STUDIO_EMBED_VENV at a venv with "
+                     "infinity-emb[server,torch]==0.0.78)")
 IDLE_MIN_S, IDLE_MAX_S = 5, 7 * 24 * 3600
 DEFAULT_IDLE_S = 1800
 DEFAULT_MAX_TOKENS_CAP, MAX_TOKENS_CAP_MAX = 2048, 1 << 20
@@ -103,6 +111,47 @@ def consumer_gone(token: str) -> str:
     return "" if alive else f"the process that asked for it (pid {pid}) has exited"
 
 
+def embed_python() -> Path:
+    """The Python of the embedding server's venv: FINETUNE_STUDIO_EMBED_VENV, else .venv-embed beside this venv."""
+    venv = os.environ.get(EMBED_VENV_ENV) or str(Path(sys.prefix).parent / ".venv-embed")
+    return Path(venv) / "bin" / "python"
+
+
+def is_embedding(resolved: ResolvedSource) -> bool:
+    """Whether the source turns text into vectors: a run of the embedding method, the bundled all-MiniLM-L6-v2,
+    or a sentence-transformers folder (modules.json) as a base model."""
+    if resolved.config is not None:
+        return resolved.output == "embedding"
+    from trainer_core.evaluation.retrieval import is_embedding_model  # reads config files only
+
+    return is_embedding_model(resolved.base_model) is True
+
+
+def embedding_folder(resolved: ResolvedSource) -> Path:
+    """The sentence-transformers folder infinity loads for an embedding source (a run's saved model, the bundled
+    model's folder, or a base model's folder under the allowed roots)."""
+    from trainer_core.methods import embedding
+
+    if resolved.model_dir is not None:
+        return resolved.model_dir
+    if resolved.base_model.strip() == embedding.BUNDLED_MODEL:
+        folder = embedding.bundled_model_dir()
+        if folder is None:
+            raise SourceError(embedding.BUNDLED_FIX, "model")
+        return folder
+    return paths.resolve_inside(resolved.base_model.strip(), paths.allowed_data_roots())
+
+
+def embedding_problem(resolved: ResolvedSource) -> str | None:
+    """Why an embedding source cannot be served by infinity (None when it can)."""
+    if resolved.adapter_dir is not None:  # the export does not merge an embedding adapter either
+        return resolved.not_a_writer("served at /v1/embeddings from its LoRA adapter (infinity loads whole "
+                                     "sentence-transformers folders): train it with adapter full to serve it")
+    if not embed_python().exists():
+        return EMBED_INSTALL_FIX
+    return None
+
+
 def served_names(resolved: list[ResolvedSource]) -> list[str]:
     """The model name each source is served under: its ``served_name``, made unique with -2, -3, ..."""
     names: list[str] = []
@@ -125,6 +174,8 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
     """Why vLLM cannot serve these sources in one server ("" when it can): one base model, with adapters
     (LoRA) on it; full fine-tunes of their own and several bases need the transformers engine, and so do speech
     models (transformers serve's /v1/audio/transcriptions)."""
+    if any(is_embedding(r) for r in resolved):
+        return "embedding models are served by infinity-emb (/v1/embeddings)"
     if any(r.output == "speech" for r in resolved):
         return "speech-to-text models are served by transformers serve (/v1/audio/transcriptions)"
     if any(r.output not in SERVED_OUTPUTS for r in resolved):  # the source check names what it is for instead
@@ -137,9 +188,9 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
     return ""
 
 
-# What a serve job serves: models that write answers (chat and completions) and speech-to-text models
-# (transcriptions); reward, embedding and text-to-speech models have no OpenAI route here
-# (jobspec.ResolvedSource.not_a_writer says what each is for instead).
+# What a serve job serves: models that write answers (chat and completions), speech-to-text models
+# (transcriptions) and embedding models (/v1/embeddings, through infinity-emb); reward and text-to-speech models
+# have no OpenAI route here (jobspec.ResolvedSource.not_a_writer says what each is for instead).
 SERVED_OUTPUTS = ("text", "speech")
 # Why "served" is refused, by what the model is, where not_a_writer's use alone would not say it
 NOT_SERVED_BECAUSE = {
@@ -149,7 +200,9 @@ NOT_SERVED_BECAUSE = {
 
 
 def serve_problem(resolved: ResolvedSource) -> str | None:
-    """Why ``resolved`` cannot be served (None when it can): it writes answers or transcribes, or it cannot."""
+    """Why ``resolved`` cannot be served (None when it can): it writes answers, transcribes or embeds, or it cannot."""
+    if is_embedding(resolved):
+        return embedding_problem(resolved)
     if resolved.output in SERVED_OUTPUTS:
         return None
     return resolved.not_a_writer(NOT_SERVED_BECAUSE.get(resolved.output, "served"))
@@ -157,7 +210,10 @@ def serve_problem(resolved: ResolvedSource) -> str | None:
 
 def choose_serve_engine(requested: str, resolved: list[ResolvedSource]) -> str:
     """The serving engine, chosen here only (like training's engines.choose_engine): vLLM on a CUDA host
-    with the ``vllm`` extra installed when the sources fit one vLLM server, transformers serve otherwise."""
+    with the ``vllm`` extra installed when the sources fit one vLLM server, transformers serve otherwise; infinity
+    for embedding models (ServeSpec.validate refuses another engine for them)."""
+    if resolved and all(is_embedding(r) for r in resolved):
+        return INFINITY
     if requested == TRANSFORMERS:
         return TRANSFORMERS
     usable = hardware.cuda_available() and hardware.has_module("vllm")
@@ -222,6 +278,12 @@ class ServeSpec(JobSpec):
             problem = serve_problem(resolved[-1])
             if problem:
                 errors.append(FieldError("source" if i == 0 else f"sources[{i}]", problem))
+        embedders = [r.served_name for r in resolved if is_embedding(r)]
+        if embedders and len(embedders) != len(resolved):
+            errors.append(FieldError("sources", f"embedding models ({', '.join(embedders)}) and models that write "
+                                                "answers or transcribe cannot share one server (infinity serves the "
+                                                "first, transformers serve or vLLM the others): start one server for "
+                                                "the embedding models and another for the rest"))
         problem = host_problem(self.host)
         if problem:
             errors.append(FieldError("host", problem))
@@ -251,6 +313,12 @@ class ServeSpec(JobSpec):
             errors.append(FieldError("purpose", f"one of {', '.join(PURPOSES)}, not {self.purpose!r}"))
         if self.engine not in ENGINES:
             errors.append(FieldError("engine", f"one of {', '.join(ENGINES)}, not {self.engine!r}"))
+        elif embedders and self.engine not in ("auto", INFINITY):
+            errors.append(FieldError("engine", f"embedding models are served by infinity, not {self.engine}: use "
+                                               "auto or infinity"))
+        elif self.engine == INFINITY and resolved and not embedders:
+            errors.append(FieldError("engine", "infinity serves embedding models only: use auto, transformers or "
+                                               "vllm"))
         elif self.engine == VLLM:
             if not (hardware.cuda_available() and hardware.has_module("vllm")):
                 errors.append(FieldError("engine", "vLLM needs a CUDA GPU and the vllm extra "

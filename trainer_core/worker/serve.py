@@ -9,7 +9,10 @@ served names in ``models/``, then serve until Stop/Cancel, SIGTERM or the idle t
   in this process on the bound socket, wrapped by our key gate (serving/gate.py);
 * vLLM (CUDA host with the ``vllm`` extra): ``vllm serve BASE --enable-lora --lora-modules ...`` as a child
   process, with the same gate added through vLLM's ``--middleware`` (the key is never on its command line:
-  the gate reads the key's hash from a file named in its environment).
+  the gate reads the key's hash from a file named in its environment);
+* infinity (embedding models): infinity-emb's app from its own venv (.venv-embed), started as a child process by
+  serving/infinity_app.py, which wraps it in the same gate (configured through the same file) and serves
+  POST /v1/embeddings.
 
 When it listens, ``endpoint.json`` (url, models, engine, pid; never the key) is written in the job folder
 and a ``ServeReadyEvent`` emitted. The worker heartbeats like the training worker, so a restarted dashboard
@@ -34,11 +37,13 @@ from trainer_core.worker import safe_prompt
 from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
-from trainer_core.serving.spec import (VLLM, ServeSpec, adapter_rank, choose_serve_engine, consumer_gone,
-                                      plain_http_warning, served_names)
+from trainer_core.serving import infinity_app
+from trainer_core.serving.spec import (INFINITY, VLLM, ServeSpec, adapter_rank, choose_serve_engine, consumer_gone,
+                                      embed_python, embedding_folder, plain_http_warning, served_names)
 
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
 VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
+INFINITY_READY_S = 300.0  # importing torch and sentence-transformers, then loading the models
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -115,10 +120,11 @@ class ServeWorker(JobWorker):
             sock = bind(spec.host, spec.port)
             port = sock.getsockname()[1]
             self.check_cancel(spec)
-            if self.engine == VLLM:
-                sock.close()  # vLLM binds the port itself; ours only proved it free
+            if self.engine in (VLLM, INFINITY):
+                sock.close()  # the child server binds the port itself; ours only proved it free
                 sock = None
-                self.serve_vllm(spec, resolved, names, port)
+                serve = self.serve_vllm if self.engine == VLLM else self.serve_infinity
+                serve(spec, resolved, names, port)
             else:
                 self.serve_transformers(spec, resolved, names, sock)
             if self.end_reason is None and self.sigterm.is_set():  # uvicorn re-raises SIGTERM after its shutdown
@@ -197,8 +203,6 @@ class ServeWorker(JobWorker):
 
     # ------------------------------------------------------------------ vLLM
     def serve_vllm(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
-        import httpx
-
         from trainer_core.worker.sources import base_folder
 
         base = base_folder(resolved[0], log=self.log)
@@ -219,20 +223,55 @@ class ServeWorker(JobWorker):
         self.log("starting: " + " ".join(command))
         self.status(RunStatus.STARTING, "loading the models into vLLM")
         env = {**os.environ, GATE_ENV: str(gate_file)}
-        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self.supervise(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL), "vLLM", VLLM_READY_S,
+                       spec, resolved, names, port, activity_file)
+
+    # ------------------------------------------------------------------ infinity (embedding models)
+    def serve_infinity(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
+        python = embed_python()
+        if not python.exists():
+            raise RuntimeError(f"{python} is missing: the embedding server (infinity-emb) is installed by "
+                               "`make install` into .venv-embed/")
+        folders = [str(embedding_folder(r)) for r in resolved]
+        activity_file = self.run_dir / "activity"
+        activity_file.touch()
+        gate_file = self.run_dir / "gate.json"
+        gate_file.write_text(GateConfig(key_hash=spec.api_key_hash, models=dict(zip(names, folders)),
+                                        translate_sampling=False, activity_file=str(activity_file),
+                                        request_timeout_s=spec.request_timeout_s,
+                                        embedding_models=list(names)).to_json())
+        launch_file = self.run_dir / "infinity.json"
+        launch_file.write_text(json.dumps({
+            "models": [{"name": n, "folder": f} for n, f in zip(names, folders)], "host": spec.host, "port": port,
+            "device": "cpu", "tls_certfile": spec.tls_certfile, "tls_keyfile": spec.tls_keyfile}))
+        command = [str(python), infinity_app.__file__, str(launch_file)]
+        self.log("starting: " + " ".join(command) + " (" + ", ".join(f"{n} = {f}" for n, f in zip(names, folders)) + ")")
+        self.status(RunStatus.STARTING, "loading the embedding models into infinity")
+        # the model folders are local: nothing to download, and no usage statistics sent from the child
+        env = {**os.environ, GATE_ENV: str(gate_file), "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1",
+               "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        env.pop("PYTHONPATH", None)  # the studio's packages would shadow the embedding venv's transformers
+        self.supervise(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL), "infinity", INFINITY_READY_S,
+                       spec, resolved, names, port, activity_file)
+
+    def supervise(self, child: subprocess.Popen, what: str, ready_s: float, spec: ServeSpec,
+                  resolved: list[ResolvedSource], names: list[str], port: int, activity_file: Path) -> None:
+        """Wait until the child server answers, announce it, then serve until Stop/Cancel/idle or its exit."""
+        import httpx
+
         url = f"{spec.scheme}://{public_host(spec.host)}:{port}"
         try:
-            deadline = time.monotonic() + VLLM_READY_S
-            while True:  # any HTTP answer (401 from the gate) means vLLM serves: its engine is loaded
+            deadline = time.monotonic() + ready_s
+            while True:  # any HTTP answer (401 from the gate) means the server is up: its models are loaded
                 if child.poll() is not None:
-                    raise RuntimeError(f"vLLM exited with code {child.returncode} while loading; worker.log says why")
+                    raise RuntimeError(f"{what} exited with code {child.returncode} while loading; worker.log says why")
                 self.check_cancel(spec)
                 try:
                     httpx.get(f"{url}/health", timeout=2.0, verify=False)  # our own server: only "does it answer"
                     break
                 except httpx.HTTPError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"vLLM did not answer within {VLLM_READY_S:.0f} s") from None
+                        raise RuntimeError(f"{what} did not answer within {ready_s:.0f} s") from None
                     time.sleep(1.0)
             self.announce(spec, resolved, names, port)
 
@@ -248,7 +287,7 @@ class ServeWorker(JobWorker):
             while not stop.is_set() and child.poll() is None:
                 stop.wait(WATCH_S)
             if child.poll() is not None and self.end_reason is None:
-                raise RuntimeError(f"vLLM exited with code {child.returncode}; worker.log says why")
+                raise RuntimeError(f"{what} exited with code {child.returncode}; worker.log says why")
         finally:
             if child.poll() is None:
                 child.terminate()

@@ -1,0 +1,98 @@
+"""Embedding models served through infinity-emb (its own venv, .venv-embed, built by `make install`) behind the
+key gate: the openai client's embeddings.create gets sentence-transformers' own vectors; a wrong or missing key is
+a 401, an unknown model a 404 naming the served one; ServeSpec refuses mixing embedding and chat models."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.support import ROOT, run_python, wait_until
+from trainer_core import hardware
+from trainer_core.config import BUNDLED_MODEL
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.jobspec import ModelSource
+from trainer_core.methods import embedding
+from trainer_core.serving.spec import EMBED_INSTALL_FIX, ServeSpec, embed_python, hash_key
+
+EMBEDDER = ModelSource(model=embedding.BUNDLED_MODEL)
+TEXTS = ["A cat sits on the mat.", "Stocks fell sharply on Monday.", "The kitten is resting on a rug."]
+
+# sentence-transformers' own vectors, in a child process (the test process never imports torch)
+REFERENCE = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(sys.argv[1], device="cpu")
+print(json.dumps(model.encode(json.loads(sys.argv[2])).tolist()))
+"""
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def test_embedding_and_chat_models_cannot_share_a_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path))
+    spec = ServeSpec(name="mixed", sources=[EMBEDDER, ModelSource(model=BUNDLED_MODEL)], api_key_hash=hash_key("k"))
+    problems = [(e.field, e.message) for e in spec.validate()]
+    assert problems == [("sources", "embedding models (all-minilm-l6-v2) and models that write answers or transcribe "
+                                    "cannot share one server (infinity serves the first, transformers serve or vLLM "
+                                    "the others): start one server for the embedding models and another for the rest")]
+    spec = ServeSpec(name="e", sources=[EMBEDDER], api_key_hash=hash_key("k"), engine="transformers")
+    assert [(e.field, e.message) for e in spec.validate()] == [
+        ("engine", "embedding models are served by infinity, not transformers: use auto or infinity")]
+
+
+@pytest.mark.subprocess
+def test_the_openai_client_gets_sentence_transformers_vectors_behind_the_key(tmp_path, monkeypatch):
+    assert embed_python().exists(), EMBED_INSTALL_FIX
+    folder = embedding.bundled_model_dir()
+    assert folder is not None, embedding.BUNDLED_FIX
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FINETUNE_STUDIO_FORCE_CPU", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    hardware.cuda_available.cache_clear()
+    orch = Orchestrator()
+    job_id, key = orch.start_server([EMBEDDER])
+    try:
+        reference = run_python(REFERENCE, str(folder), json.dumps(TEXTS))  # while infinity loads
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        wait_until(lambda: orch.endpoint(job_id) is not None or orch.get_run(job_id).status.is_terminal(),
+                   timeout=120, what="the embedding server to listen")
+        endpoint = orch.endpoint(job_id)
+        assert endpoint is not None, (orch.get_run(job_id).error, orch.log_tail(job_id))
+        assert [m.name for m in endpoint.models] == ["all-minilm-l6-v2"]
+
+        client = openai.OpenAI(base_url=endpoint.url, api_key=key)
+        answer = client.embeddings.create(model="all-minilm-l6-v2", input=TEXTS)
+        vectors = [item.embedding for item in sorted(answer.data, key=lambda d: d.index)]
+        assert [len(v) for v in vectors] == [384, 384, 384]
+        expected = json.loads(reference.stdout.strip().splitlines()[-1])
+        assert [cosine(v, e) >= 0.999 for v, e in zip(vectors, expected)] == [True, True, True]
+        assert cosine(vectors[0], vectors[2]) > cosine(vectors[0], vectors[1])  # the cat is nearer the kitten
+        assert [m.id for m in client.models.list()] == ["all-minilm-l6-v2"]
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=endpoint.url, api_key="wrong").embeddings.create(model="all-minilm-l6-v2",
+                                                                                    input=TEXTS)
+        bare = httpx.post(f"{endpoint.url}/embeddings", json={"model": "all-minilm-l6-v2", "input": TEXTS})
+        assert bare.status_code == 401
+        with pytest.raises(openai.NotFoundError) as unknown:
+            client.embeddings.create(model="gpt-embed", input=TEXTS)
+        assert "served: all-minilm-l6-v2" in str(unknown.value)
+        with pytest.raises(openai.BadRequestError) as chat:
+            client.chat.completions.create(model="all-minilm-l6-v2", messages=[{"role": "user", "content": "hi"}])
+        assert "POST the texts to /v1/embeddings" in str(chat.value)
+    finally:
+        if not orch.get_run(job_id).status.is_terminal():
+            orch.cancel(job_id)
+            orch.wait(job_id, timeout=60)
+        orch.close()
+        hardware.cuda_available.cache_clear()
