@@ -18,6 +18,7 @@ from trainer_core.access import Action, Actor, allowed
 from trainer_core.config import ConfigError
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import save_upload
+from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
 from trainer_core.evaluation.spec import DEFAULT_METRICS, DEFAULT_RUBRIC, METRICS, EvalSpec
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
@@ -174,10 +175,20 @@ def samples_of(orch: Orchestrator, result: EvalResultRecord) -> pd.DataFrame:
     """The scored samples: the stored ones, or, for preference and reward scores (which only the predictions
     file holds), that file's lines when it still has every sample."""
     stored = orch.eval_samples(result.job_id)
-    if not any(key in (result.metrics or {}) for key in PER_SAMPLE):
+    if not any(key in (result.metrics or {}) for key in (*PER_SAMPLE, eval_vision.IMAGES_KEY)):
         return stored
     lines = orch.eval_predictions(result.job_id)
-    return pd.DataFrame(lines) if lines and len(lines) >= len(stored) else stored
+    return with_thumbnails(pd.DataFrame(lines), result.job_id) if lines and len(lines) >= len(stored) else stored
+
+
+def with_thumbnails(samples: pd.DataFrame, job_id: str) -> pd.DataFrame:
+    """Image rows' ``image`` (a thumbnail the eval worker stored in its job folder) as the checked file to show, or
+    None when it is not a file inside that job's images folder (evaluation/vision.thumbnail_file)."""
+    if "image" not in samples:
+        return samples
+    folder = paths.run_dir(job_id)
+    return samples.assign(image=[str(found) if (found := eval_vision.thumbnail_file(folder, value)) else None
+                                 for value in samples["image"]])
 
 
 @st.fragment(run_every=2.0)
@@ -193,7 +204,7 @@ def _live_progress(orch: Orchestrator, job_id: str) -> None:
     partial = orch.eval_predictions(job_id)
     if partial:
         st.caption(f"{len(partial)} prediction(s) so far")
-        render_samples(pd.DataFrame(partial), key="live")
+        render_samples(with_thumbnails(pd.DataFrame(partial), job_id), key="live")
 
 
 def render_metrics(metrics: dict, baseline: EvalResultRecord | None) -> None:
@@ -267,7 +278,15 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     pick = st.selectbox("Relevant passage vs top hit" if retrieved else "Reference vs answer", indices,
                         key=f"{K}detail_{key}", format_func=lambda i: f"{'query' if retrieved else 'sample'} {i}")
     row = shown[shown["index"] == pick].iloc[0]
-    st.markdown(f"**{'Query' if retrieved else 'Prompt'}**  \n" + safe(row["prompt"], 4000))
+    if "image" in shown:  # an image row: the picture the model was asked about, beside its question
+        picture, question = st.columns([1, 3])
+        if isinstance(row.get("image"), str):
+            picture.image(row["image"], width=160, caption="the image the model saw")
+        else:
+            picture.caption("No thumbnail (this row had no image, or its thumbnail is gone from the eval's folder).")
+        question.markdown("**Prompt**  \n" + safe(row["prompt"], 4000))
+    else:
+        st.markdown(f"**{'Query' if retrieved else 'Prompt'}**  \n" + safe(row["prompt"], 4000))
     ref_col, ans_col = st.columns(2)
     ref_col.markdown(f"**{'Relevant passage' if retrieved else 'Reference'}**  \n" + safe(row["reference"], 4000))
     ans_col.markdown(f"**{'Top hit' if retrieved else 'Answer'}**  \n" + safe(row["answer"], 4000))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainer_core.config import TrainConfig, hub_dataset_problem
-from trainer_core.data import DatasetError, loading, preference
+from trainer_core.data import DatasetError, images, loading, preference
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.formats import NormalizedData
 from trainer_core.methods import grpo
@@ -48,6 +48,9 @@ class Sample:
     chosen: list[dict] | None = None  # preference pairs: each side's answer turns
     rejected: list[dict] | None = None
     columns: dict = field(default_factory=dict)  # prompts rows: the other columns, for the reward functions
+    # image rows (data.images' one vision shape): the prompt's turns hold {"type": "image"} parts filled from these
+    # paths in order (resolved and checked under the allowed roots by the loader, as for training), or bytes
+    images: tuple = ()
 
 
 def data_shape(metrics: list) -> str:
@@ -71,7 +74,10 @@ def data_kind(data: str) -> str:
 def data_config(spec: "EvalSpec") -> TrainConfig:
     """The TrainConfig whose data fields read ``spec.data`` with the spec's format settings."""
     shape = data_shape(spec.metrics) if isinstance(spec.metrics, list) else "chat"
-    base = dataclasses.replace(TrainConfig(), format_type=spec.format_type,
+    # The source's model: image rows are checked against it as training checks them (a text model cannot read
+    # them); max_seq_length is training's cut, not the eval's (the worker fits prompts to the model's context).
+    base = dataclasses.replace(TrainConfig(), model_name=_base_model(spec), max_seq_length=1_000_000,
+                               format_type=spec.format_type,
                                custom_format_mapping=dict(spec.custom_format_mapping), system_prompt=spec.system_prompt,
                                local_datasets=[], local_eval_datasets=[], eval_fraction=0.0,
                                method=SHAPE_METHOD.get(shape, TrainConfig().method))
@@ -79,6 +85,15 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
         return dataclasses.replace(base, hf_dataset=spec.data[len(HUB_PREFIX):].strip(), subset=spec.hub_subset,
                                    train_split=spec.hub_split, eval_split="")
     return dataclasses.replace(base, local_datasets=[spec.data])
+
+
+def _base_model(spec: "EvalSpec") -> str:
+    from trainer_core import jobspec
+
+    try:
+        return jobspec.resolve(spec.source).base_model or TrainConfig().model_name
+    except jobspec.SourceError:
+        return TrainConfig().model_name  # JobSpec.validate names the missing source
 
 
 def hub_problem(data: str) -> str | None:
@@ -115,7 +130,8 @@ def load_rows(spec: "EvalSpec") -> NormalizedData:
             shape = "pairs" if "chosen" in rows[0] else "prompts"  # the chosen answer / answer column is the reference
         if shape != "chat":  # the run's rows are in its own method's shape (and carry its mapping and system prompt)
             return _shaped(lambda: preference.normalize(rows, shape, None, "", field_name="data"), shape)
-        return NormalizedData(format="chatml" if "messages" in rows[0] else "text",
+        shown = images.FORMAT if "images" in rows[0] else "chatml" if "messages" in rows[0] else "text"
+        return NormalizedData(format=shown,
                               reason=f"the eval split of run {run_id}", rows=rows)
     cfg = data_config(spec)
     shape = data_shape(spec.metrics)
@@ -160,7 +176,8 @@ def _renamed(read, also: tuple[str, ...] = ()):
     try:
         return read()
     except DatasetError as exc:
-        field = "data" if exc.field in ("local_datasets", "hf_dataset", "train_split", *also) else exc.field
+        field = "data" if exc.field in ("local_datasets", "hf_dataset", "train_split", *also) else \
+            "source" if exc.field == "model_name" else exc.field  # image rows and a text model
         raise DatasetError(field, exc.message) from None
 
 
@@ -168,6 +185,8 @@ def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool
     """(samples, rows left out for having no reference answer); DatasetError when none is left."""
     if data.format in ("pairs", "prompts"):
         return _preference_samples(data, max_samples, needs_reference)
+    if data.format == images.FORMAT:
+        return _image_samples(data, max_samples)
     if not data.is_chat:
         raise DatasetError("data", f"raw text has no reference answers ({data.reason}): evaluate on chat or "
                                    "instruction data (alpaca instruction/output, chatml messages or sharegpt "
@@ -186,6 +205,38 @@ def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool
     if not samples:
         raise DatasetError("data", f"none of the {len(data.rows):,} rows has a prompt followed by an assistant "
                                    "reply to compare with: every test row needs a question and its reference answer")
+    return samples, skipped
+
+
+def part_text(content) -> str:
+    """A turn's text: the string itself, or its text parts joined (image parts shown as <image>)."""
+    if isinstance(content, str):
+        return content
+    return " ".join(images.PLACEHOLDER if part.get("type") == "image" else str(part.get("text", ""))
+                    for part in content if isinstance(part, dict)).strip()
+
+
+def _image_samples(data: NormalizedData, max_samples: int) -> tuple[list[Sample], int]:
+    """Image rows: the turns before the last assistant reply (with their image parts) and their images, that
+    reply's text as the reference."""
+    samples: list[Sample] = []
+    skipped = 0
+    for row in data.rows:
+        messages = row["messages"]
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        reference = part_text(messages[last]["content"]) if last else ""
+        if not last or not reference.strip():
+            skipped += 1
+            continue
+        prompt = messages[:last]
+        shown = sum(1 for m in prompt for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+        samples.append(Sample(len(samples), prompt, reference, images=tuple(row["images"][:shown])))
+        if max_samples and len(samples) >= max_samples:
+            break
+    if not samples:
+        raise DatasetError("data", f"none of the {len(data.rows):,} image rows has a question followed by an "
+                                   "assistant reply to compare with: every test row needs an image, a question and "
+                                   "its reference answer")
     return samples, skipped
 
 
@@ -262,11 +313,16 @@ def fingerprint(spec: "EvalSpec") -> str:
         except jobspec.SourceError as exc:
             raise DatasetError("data", str(exc)) from None
         digest = f"eval_split|{data_fingerprint(cfg)}|{cfg.eval_fraction}|{cfg.random_seed}"
-        return hashlib.sha256(digest.encode()).hexdigest()[:32]
+        from trainer_core.evaluation import vision
+
+        return vision.with_images(spec, hashlib.sha256(digest.encode()).hexdigest()[:32])
     try:
-        return data_fingerprint(data_config(spec))
+        digest = data_fingerprint(data_config(spec))
     except DatasetError as exc:
         raise DatasetError("data", exc.message) from None
+    from trainer_core.evaluation import vision
+
+    return vision.with_images(spec, digest)  # image rows: every image's bytes too (a file names them, not holds them)
 
 
 # Fields that change what an eval measures: two evals agree on all of them, and on the data, to be compared.

@@ -11,7 +11,7 @@ from trainer_core import jobspec
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
-from trainer_core.evaluation import retrieval, speech
+from trainer_core.evaluation import retrieval, speech, vision
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
 from trainer_core.methods import grpo
@@ -274,10 +274,10 @@ class EvalSpec(JobSpec):
             except jobspec.SourceError as exc:
                 return [FieldError("data", str(exc))]
         try:
-            eval_samples.load_samples(self)
+            samples, _ = eval_samples.load_samples(self)
         except DatasetError as exc:
             return [FieldError(exc.field, exc.message)]
-        return []
+        return vision.source_errors(self, samples)  # image rows: a model that sees them, the text metrics
 
     def memory_errors(self) -> list[FieldError]:
         """The model's weights must fit the device's free memory (GPU, or RAM on a CPU host)."""

@@ -9,6 +9,8 @@ reports on the same rows. Stop ends between samples and keeps the results so far
 an eval asking for neither generation nor reward metrics (only preference_accuracy, perplexity) generates nothing.
 ``retrieval`` (an embedding model) takes its own short path, ``run_retrieval``: load with sentence-transformers,
 run its InformationRetrievalEvaluator, then a row per query and the result, as the other metrics report them.
+Image rows (a vision model; evaluation/vision.py) take the same lifecycle with the model's processor: each question
+is answered with its image (worker/vision_eval.py), scored by the text metrics, and keeps a thumbnail in the job folder.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from trainer_core import jobspec
 from trainer_core.evaluation import retrieval, speech
+from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation import scoring
 from trainer_core.evaluation.judge import Judge, JudgeUnavailable
@@ -48,10 +51,11 @@ class NothingToScore(Exception):
 
 
 def prompt_text(messages: list[dict]) -> str:
-    """A prompt's turns as plain text: the one user turn alone, or 'role: content' per turn."""
+    """A prompt's turns as plain text: the one user turn alone, or 'role: content' per turn (an image part as
+    <image>)."""
     if len(messages) == 1:
-        return messages[0]["content"]
-    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        return eval_samples.part_text(messages[0]["content"])
+    return "\n\n".join(f"{m['role']}: {eval_samples.part_text(m['content'])}" for m in messages)
 
 
 class Evaluator(JobWorker):
@@ -76,8 +80,10 @@ class Evaluator(JobWorker):
 
             self.status(RunStatus.STARTING, "loading model")
             resolved = jobspec.resolve(spec.source)
-            model, tokenizer, device = self.load(resolved)
-            samples = self.fitting(samples, model, tokenizer, spec)
+            seeing = any(sample.images for sample in samples)  # image rows: answered with their images
+            model, tokenizer, device = self.load_seeing(resolved) if seeing else self.load(resolved)
+            samples = self.fitting_images(samples, model, tokenizer, spec) if seeing else \
+                self.fitting(samples, model, tokenizer, spec)
             self.check_cancel()
             if eval_samples.PAIRS_METRIC in spec.metrics and not _metrics().has_reference(model) \
                     and not spec.source.is_base:
@@ -95,6 +101,8 @@ class Evaluator(JobWorker):
             if scorer is not None and scorer.failed:  # the metric is missing, never a total of fewer rewards
                 for name in ["", *scorer.failed]:
                     metrics.pop(f"reward/{name}" if name else "reward", None)
+            if seeing:  # the Evaluation tab reads the rows' thumbnails from predictions.jsonl
+                metrics[eval_vision.IMAGES_KEY] = sum(1 for sample in samples[:len(rows)] if sample.images)
             if eval_samples.PAIRS_METRIC in spec.metrics and samples:
                 metrics["preference_implicit_reward"] = _metrics().has_reference(model)
             if action is control.Action.CANCEL:
@@ -234,6 +242,45 @@ class Evaluator(JobWorker):
         self.log(f"Loaded {resolved.label} on {device}")
         return model, tokenizer, device
 
+    def load_seeing(self, resolved: jobspec.ResolvedSource):
+        """(model, processor, device) of a vision-language model: the processor it trained with renders every row."""
+        import torch
+        from transformers import AutoProcessor, ProcessorMixin
+
+        from trainer_core.worker.sources import load_source, processor_folder
+
+        if not resolved.sees_images:  # validation refuses it; a job.json edited by hand meets it here
+            raise NothingToScore(f"source: {resolved.label} reads text only, but the test rows hold images: evaluate "
+                                 "a vision run or a vision-language base model")
+        device = "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"
+        model, _ = load_source(resolved, device, log=self.log)
+        processor = AutoProcessor.from_pretrained(processor_folder(resolved, log=self.log))
+        if not isinstance(processor, ProcessorMixin) or not processor.chat_template:
+            raise NothingToScore(f"{resolved.label} has no processor with a chat template, so its image rows cannot "
+                                 "be rendered as in training: evaluate a vision run (it saved its processor)")
+        self.log(f"Loaded {resolved.label} on {device} with its processor")
+        return model, processor, device
+
+    def fitting_images(self, samples: list, model, processor, spec: EvalSpec) -> list:
+        """``fitting`` for image rows: each prompt with its images' tokens (every image opened here, so an unreadable
+        one is named with its row before anything is generated)."""
+        from trainer_core.worker import vision_eval
+
+        context = vision_eval.context_of(model)
+        lengths = [vision_eval.prompt_length(processor, sample) for sample in samples]  # ImageUnreadable names the row
+        if not context:
+            return samples
+        new_tokens = spec.max_new_tokens if generates(spec) else 0
+        fit = [sample for sample, length in zip(samples, lengths) if length + new_tokens <= context]
+        if not fit:
+            raise NothingToScore(f"none of the {len(samples):,} test row(s) fits the model's context of {context:,} "
+                                 f"tokens with its images and max_new_tokens {spec.max_new_tokens}: lower "
+                                 "max_new_tokens, or resize the images")
+        if len(fit) < len(samples):
+            self.warn(f"Left out {len(samples) - len(fit):,} of {len(samples):,} test row(s) whose prompt, images and "
+                      f"max_new_tokens ({spec.max_new_tokens}) do not fit the model's context of {context:,} tokens")
+        return fit
+
     def fitting(self, samples: list, model, tokenizer, spec: EvalSpec) -> list:
         """The samples whose prompt and answer fit the model's context; the others are left out with one warning
         (generating them would fail, or run out of memory padding the whole batch to their length)."""
@@ -274,15 +321,21 @@ class Evaluator(JobWorker):
                 if action is not None:
                     break
                 batch = samples[first:first + spec.batch_size]
-                answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device) if generates(spec) \
-                    else [""] * len(batch)
+                if not generates(spec):
+                    answers = [""] * len(batch)
+                elif batch[0].images:  # image rows (every row of the set: one vision shape)
+                    answers = _vision().generate(model, tokenizer, batch, spec, device)
+                else:
+                    answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device)
                 rewarded = scorer.score(batch, answers) if scorer is not None else [(None, None)] * len(batch)
                 for sample, answer, (reward, rewards) in zip(batch, answers, rewarded):
                     action = self.requested()
                     if action is not None:
                         break
                     scores = scoring.score_text(answer, sample.reference, spec.metrics)
-                    if "perplexity" in spec.metrics:
+                    if "perplexity" in spec.metrics and sample.images:
+                        scores.loss, scores.tokens = _vision().answer_loss(model, tokenizer, sample, device)
+                    elif "perplexity" in spec.metrics:
                         scores.loss, scores.tokens = answer_loss(model, tokenizer, sample.prompt, sample.reference,
                                                                  device)
                     scores.reward, scores.rewards = reward, rewards
@@ -296,6 +349,8 @@ class Evaluator(JobWorker):
                     line = {"index": sample.index, "prompt": prompt, "reference": sample.reference, "answer": answer,
                             **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens,
                             **extra}
+                    if sample.images:  # a thumbnail in this job's folder: what the model saw, shown beside it
+                        line["image"] = _vision().save_thumbnail(sample, self.run_dir)
                     predictions.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n", len(rows) - 1)
                     self.events.emit(ev.EvalSampleEvent(
                         index=sample.index, prompt=prompt[:TEXT_CAP], reference=sample.reference[:TEXT_CAP],
@@ -360,7 +415,8 @@ class Evaluator(JobWorker):
         self.log(f"finished: {status.value} after {done} sample(s)")
 
     def fail(self, exc: BaseException) -> None:
-        self.report_error(str(exc) if isinstance(exc, NothingToScore) else f"{type(exc).__name__}: {exc}", exc)
+        named = isinstance(exc, NothingToScore) or type(exc).__name__ == "ImageUnreadable"  # their text names the fix
+        self.report_error(str(exc) if named else f"{type(exc).__name__}: {exc}", exc)
 
     def check_cancel(self) -> None:
         action = self.requested()
@@ -453,6 +509,13 @@ def answer_loss(model, tokenizer, prompt: list[dict], reference: str, device: st
 def main(run_dir: Path) -> int:
     """The entry point of an eval job (``python -m trainer_core.worker RUN_DIR`` picks it by kind)."""
     return Evaluator(run_dir).run()
+
+
+def _vision():
+    """worker/vision_eval.py, imported for image rows: it imports torch, PIL and transformers at its top."""
+    from trainer_core.worker import vision_eval
+
+    return vision_eval
 
 
 def _metrics():
