@@ -18,7 +18,6 @@ from trainer_core.config import (
     BUNDLED_DATASET,
     BUNDLED_MODEL,
     DEFAULT_TARGET_MODULES,
-    EMBEDDING_MODULES,
     FORMAT_TYPES,
     OPTIMIZERS,
     SCHEDULERS,
@@ -29,6 +28,7 @@ from trainer_core.config import (
     load_yaml,
     looks_like_path,
 )
+from trainer_core.methods.cpt import EMBEDDING_MODULES
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
 from trainer_core.methods import ADAPTERS, METHODS, embedding

@@ -11,7 +11,7 @@ talks to a cluster the server allows (its RAY_ADDRESS or FINETUNE_STUDIO_RAY_ADD
 Secrets never enter the job: Ray keeps a job's entrypoint, metadata and runtime_env in its job table, which
 anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it
 (proxy URLs without their user and password), and config validation refuses a Ray run that was given one
-(trainer_core/config.py ``_check_ray``).
+(trainer_core/config/checks.py ``_check_ray``).
 """
 from __future__ import annotations
 
