@@ -105,6 +105,37 @@ def render_audio_samples(samples: Sequence[SampleRecord]) -> None:
                f"of {len(steps)} sampling step(s).")
 
 
+def image_files(samples: Sequence[SampleRecord]) -> dict[int, Path]:
+    """A vision run's sample prompts shown with an image: {prompt index: the thumbnail its worker saved in the run's
+    samples/images folder}; only files inside that folder (a link out of it is not shown)."""
+    if not samples:
+        return {}
+    try:
+        folder = paths.run_dir(samples[0].run_id) / "samples" / "images"
+    except paths.UnsafePathError:
+        return {}
+    found = {}
+    for index in sorted({s.index for s in samples}):
+        try:
+            path = paths.resolve_inside(folder / f"{index}.png", [folder])
+        except paths.UnsafePathError:
+            continue
+        if path.is_file():
+            found[index] = path
+    return found
+
+
+def render_sample_images(samples: Sequence[SampleRecord]) -> None:
+    """The images a vision run's sample prompts show, above the answers, each under its prompt's label."""
+    shown = image_files(samples)
+    if not shown:
+        return
+    prompts = {s.index: s.prompt for s in samples}
+    for column, (index, path) in zip(st.columns(max(len(shown), 4)), shown.items()):
+        column.image(str(path), width=96)
+        column.caption(safe(prompt_label(index, prompts[index])))  # user text: escaped, under its image
+
+
 def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
     """The step x prompt table of one run; ``expected``: the run samples (says so while none arrived yet). A
     text-to-speech run's samples are clips: players instead of the table."""
@@ -115,6 +146,7 @@ def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
     if any(s.audio for s in samples):
         render_audio_samples(samples)
         return
+    render_sample_images(samples)
     table, prompts = samples_table(samples)
     config = {"step": st.column_config.NumberColumn("step", width="small")}
     for label, prompt in prompts.items():

@@ -5,6 +5,7 @@ exact match beats the base's; each per-sample row keeps a thumbnail of its image
 Evaluation tab of Run details (AppTest) shows it beside the question, reference and answer."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from PIL import Image
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from tests.test_pages import open_page
 from tests.vision.test_vision_playground import vision_config
-from tests.vision_support import shape_rows, write_jsonl
+from tests.vision_support import QUESTION, shape_rows, write_jsonl
 from trainer_core import access
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals
@@ -21,6 +22,7 @@ from trainer_core.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator
+from ui.text import safe
 
 HELD_OUT = 12
 
@@ -32,10 +34,21 @@ def test_a_vision_run_is_scored_on_held_out_images_against_its_base(app_home, tm
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     orch = get_orchestrator()
-    cfg, _ = vision_config(tmp_path)
+    cfg, held = vision_config(tmp_path)
+    # samples during training with images: the same question about two held-out pictures of different colours
+    # (blue, green), answered at the end; each answer names its own picture's colour, so each saw its image
+    assert held[0]["answer"] != held[1]["answer"]
+    cfg = dataclasses.replace(cfg, sample_prompts=[QUESTION, "What colour is this?"],
+                              sample_images=[held[0]["image"], held[1]["image"]], sample_max_new_tokens=1)
+    assert cfg.validate() == []
     run_id = orch.start(cfg)
     snap = orch.wait(run_id, timeout=400)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{orch.log_tail(run_id, 80)}"
+    samples = sorted(orch.samples(run_id), key=lambda s: s.index)
+    print(f"\nsamples at step 30 with their images ({held[0]['answer']}, {held[1]['answer']}): "
+          f"{[s.text for s in samples]}")
+    assert [(s.step, s.text) for s in samples] == [(30, held[0]["answer"]), (30, held[1]["answer"])]
+    assert sorted(p.name for p in (paths.run_dir(run_id) / "samples" / "images").iterdir()) == ["0.png", "1.png"]
 
     folder = tmp_path / "held"  # images the run never saw, as a user's test file: relative paths beside it
     rows = shape_rows(folder, HELD_OUT, seed=2, prefix="held")
@@ -71,5 +84,7 @@ def test_a_vision_run_is_scored_on_held_out_images_against_its_base(app_home, tm
     metrics = {m.label: m.value for m in at.metric}
     assert {"Exact match", "ROUGE-L", "BLEU", "Perplexity"} <= set(metrics), metrics
     assert any("Deltas against the base model" in c.value for c in at.caption)
-    assert len(at.get("image")) == 1, "the picked sample's thumbnail"
-    assert "the image the model saw" in str(at.get("image")[0].proto)
+    shown = [str(image.proto) for image in at.get("image")]
+    assert sum("the image the model saw" in image for image in shown) == 1, "the picked eval sample's thumbnail"
+    assert len(shown) == 3, shown  # and the Samples tab's two sample images, above the answers
+    assert {safe("#1 What colour is the shape?"), safe("#2 What colour is this?")} <= {c.value for c in at.caption}
