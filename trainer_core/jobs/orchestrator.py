@@ -9,6 +9,10 @@ It composes the rest of trainer_core/jobs/:
   database, and starts queued jobs whose devices became free;
 * jobs left active by an earlier server are adopted, dead workers are marked failed, and a worker that
   ignores Stop/Cancel is terminated (adoption.py).
+
+The Orchestrator class here holds the writes (start, submit, resume, delete, the queue, Stop and Cancel) and
+composes the rest: what pages read (queries.py), launching and the pump thread (pumping.py), model servers
+(servers.py); who may do what is refusals.py.
 """
 from __future__ import annotations
 
@@ -20,11 +24,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import Any, Callable
 
-import pandas as pd
-
-from db.entities import ArtifactRecord, EvalResultRecord, EventRecord, RunRecord, SampleRecord
+from db.entities import RunRecord
 from db.store import Store
 from trainer_core import access, checkpoints, jobspec
 from trainer_core.bounded_cache import BoundedCache
@@ -36,32 +38,26 @@ from trainer_core.methods import grpo
 from trainer_core.rewards import files as reward_files
 from trainer_core.rewards import spec as reward_spec
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
+from trainer_core.jobs.pumping import Pumping
+from trainer_core.jobs.queries import Queries
+from trainer_core.jobs.refusals import RunRefused, authorize, by_actor
+from trainer_core.jobs.servers import Servers
 from trainer_core.jobs.launcher import PlacingLauncher, cluster_devices, launcher_problems
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobspec import JobSpec
-from trainer_core.jobs.live import LiveRun, LiveSnapshot
-from trainer_core.jobs.remote_view import RemoteViews, lineage_frame, seed_lineage
-from trainer_core.jobs.resources import ResourceSample, ResourceSampler
+from trainer_core.jobs.live import LiveRun
+from trainer_core.jobs.remote_view import RemoteViews
+from trainer_core.jobs.resources import ResourceSampler
 from trainer_core.launchers import Launcher
-from trainer_core.protocol import control, files, paths
+from trainer_core.protocol import control, paths
 from trainer_core.protocol.secrets import ENV_NAMES as SECRET_ENV_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
-from trainer_core.serving import endpoint as endpoint_file
-from trainer_core.serving import spec as serve_spec
 
-POLL_S = 0.25
-ADOPT_EVERY_S = 2.0
-QUEUE_EVERY_S = 1.0  # queued runs also start when a run ended in another orchestrator (another server, the CLI)
 LIVE_KEEP = 20  # finished runs kept in memory for snapshots; older ones are rebuilt from the database
 REMOTE_KEEP = 20  # views of runs pumped by other processes, refreshed incrementally from the database
-HISTORY_PAGE = 50
 
 
-class RunRefused(RuntimeError):
-    """A run that cannot be started or resumed, with the reason (e.g. no usable checkpoint)."""
-
-
-class Orchestrator:
+class Orchestrator(Queries, Pumping, Servers):
     def __init__(self, store: Store | None = None, start_pump: bool = True, launcher: Launcher | None = None):
         self.store = store or Store()
         self.launcher = launcher or PlacingLauncher()
@@ -99,7 +95,7 @@ class Orchestrator:
 
         Queued runs start by themselves (also after a server restart) when the runs before them end.
         ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
-        _authorize(actor, access.Action.START, "")
+        authorize(actor, access.Action.START, "")
         rewards = grpo.rewards_of(cfg) if cfg.method == "grpo" else []
         if actor is not None and actor.role is not access.Role.ADMIN and reward_spec.needs_admin(rewards):
             raise RunRefused("Not allowed: a custom Python reward runs its code on this host, so only an admin may "
@@ -116,7 +112,7 @@ class Orchestrator:
                    steps_done=resumed_from_step or 0)
         run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
                               lambda run_dir: _write_train_job(run_dir, cfg, rewards),
-                              note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + _by(actor))
+                              note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + by_actor(actor))
                               if parent is not None else "")
         return run_id
 
@@ -124,7 +120,7 @@ class Orchestrator:
         """Record a job of a kind other than training (serve, eval, export) and start it now, or queue it
         when its devices are busy, exactly like ``start``. Returns the job id; ConfigError lists every
         problem of the spec."""
-        _authorize(actor, access.Action.START, "")
+        authorize(actor, access.Action.START, "")
         if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
             raise RunRefused("Not allowed: " + "; ".join(spec.admin_only()))
         errors = spec.validate()
@@ -177,7 +173,7 @@ class Orchestrator:
         old = self.store.get_run(run_id)
         if old is None:
             raise RunRefused(f"There is no run {run_id}.")
-        _authorize(actor, access.Action.RESUME, old.owner)
+        authorize(actor, access.Action.RESUME, old.owner)
         status = old.status
         if not status.is_terminal():
             raise RunRefused(f"Run '{old.name}' is still {status.label.lower()}; resume it once it has ended.")
@@ -211,18 +207,6 @@ class Orchestrator:
         cfg = dataclasses.replace(cfg, resume_from_checkpoint=str(checkpoint), run_name=f"{base} (resumed)", **values)
         return self.start(cfg, parent=old, resumed_from_step=step, actor=actor)
 
-    def resources(self, run_id: str) -> ResourceSample | None:
-        """CPU/RAM of the run's worker process tree and the host's GPUs; None when it is not running."""
-        run = self.store.get_run(run_id)
-        if run is None or run.status.is_terminal():
-            return None
-        worker = self.launcher.adopt(run)
-        if worker.pid is None or not worker.state().alive:
-            return None
-        return self._sampler.sample(worker.pid, queue.gpu_indices(run.devices))
-
-    def alert_counts(self, run_ids: list[str]) -> dict[str, int]:
-        return self.store.event_counts(run_ids, "alert")
 
     def delete_run(self, run_id: str, delete_files: bool = False, actor: access.Actor | None = None) -> None:
         """Remove a finished run from History and, when asked, its folder (only ever inside the runs root).
@@ -231,7 +215,7 @@ class Orchestrator:
         run = self.store.get_run(run_id)
         if run is None:
             raise RunRefused(f"There is no run {run_id}.")
-        _authorize(actor, access.Action.DELETE, run.owner)
+        authorize(actor, access.Action.DELETE, run.owner)
         if not run.status.is_terminal():
             raise RunRefused(f"Run '{run.name}' is {run.status.label.lower()}: stop it, or remove it from "
                              "the queue, before deleting it.")
@@ -246,12 +230,10 @@ class Orchestrator:
         if delete_files and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
 
-    def queue(self) -> list[RunRecord]:
-        return self.store.queued_runs()
 
     def move_in_queue(self, run_id: str, offset: int, actor: access.Actor | None = None) -> bool:
         run = self.store.get_run(run_id)
-        _authorize(actor, access.Action.REORDER, run.owner if run else "")
+        authorize(actor, access.Action.REORDER, run.owner if run else "")
         with queue.start_lock():
             return self.store.move_in_queue(run_id, offset)
 
@@ -267,110 +249,6 @@ class Orchestrator:
         """Cancel: the worker ends at the next step without saving."""
         self._request(run_id, control.Action.CANCEL, actor, access.Action.CANCEL)
 
-    def active_run_id(self, kind: JobKind | None = JobKind.TRAIN) -> str | None:
-        """A job with a worker now (a training run unless ``kind`` says otherwise; None: any kind)."""
-        with self._lock:
-            for run_id, tracked in self._tracked.items():
-                if tracked.terminal is None and kind in (None, tracked.kind):
-                    return run_id
-        active = [r for r in self.store.active_runs() if kind in (None, r.kind)]
-        return active[0].id if active else None
-
-    def snapshot(self, run_id: str) -> LiveSnapshot | None:
-        with self._lock:
-            tracked = self._tracked.get(run_id)
-            live = tracked.live if tracked else self._finished.get(run_id)
-        if live is not None:
-            return live.snapshot()
-        return self._remote.snapshot(run_id)
-
-    def list_runs(self, limit: int = HISTORY_PAGE, offset: int = 0, search: str = "",
-                  owners: list[str] | None = None, kinds: list[JobKind] | None = None) -> list[RunRecord]:
-        """A page of jobs, newest first (without their config and log tail: use get_run for those)."""
-        return self.store.list_runs(limit=limit, offset=offset, search=search, owners=owners, kinds=kinds)
-
-    def count_runs(self, search: str = "", owners: list[str] | None = None, kinds: list[JobKind] | None = None) -> int:
-        return self.store.count_runs(search, owners, kinds)
-
-    def run_owners(self) -> list[str]:
-        return self.store.run_owners()
-
-    def get_run(self, run_id: str) -> RunRecord | None:
-        return self.store.get_run(run_id)
-
-    def get_runs(self, run_ids: list[str]) -> list[RunRecord]:
-        """The runs with these ids that exist, in the order asked for (any run, however old)."""
-        return self.store.get_runs(run_ids)
-
-    def metrics(self, run_id: str, lineage: bool = False, columns: Iterable[str] | None = None,
-                keys: Iterable[str] | None = None) -> pd.DataFrame:
-        """A run's metrics; with ``lineage``, preceded by those of the runs it resumed from; ``columns``: only
-        ``step`` and these wide fields, ``keys``: these open metric keys (Store.metrics_frame)."""
-        if not lineage:
-            return self.store.metrics_frame(run_id, columns=columns, keys=keys)
-        earlier, own = self.metrics_parts(run_id)
-        frame = pd.concat([earlier, own], ignore_index=True) if len(earlier) else own
-        if columns is None and keys is None:
-            return frame
-        wanted = {"step", *(columns if columns is not None else frame.columns), *(keys or ())}
-        return frame[[c for c in frame.columns if c in wanted]]
-
-    def metrics_parts(self, run_id: str, columns: Iterable[str] | None = None, keys: Iterable[str] | None = None
-                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(metrics of the runs it resumed from, its own metrics): one read each; ``columns``: only ``step``
-        and these wide fields, ``keys``: these open metric keys."""
-        own = self.store.metrics_frame(run_id, columns=columns, keys=keys)
-        run = self.store.get_run(run_id)
-        if run is None or not run.parent_run_id:
-            return own.iloc[:0], own
-        earlier = lineage_frame(self.store, run)
-        return (earlier if columns is None else earlier[[c for c in own.columns if c in earlier]]), own
-
-    def metric_keys(self, run_id: str) -> list[str]:
-        """The open metric keys a run logged (besides the wide fields), sorted."""
-        return self.store.metric_keys(run_id)
-
-    def events(self, run_id: str) -> list[EventRecord]:
-        return self.store.get_events(run_id)
-
-    def sparklines(self, runs: list[RunRecord]) -> dict[str, list[float]]:
-        """History's loss sparklines, stored with the runs (computed once for runs recorded before)."""
-        return self.store.sparklines(runs)
-
-    def run_config(self, run_id: str) -> dict[str, Any]:
-        run = self.store.get_run(run_id)
-        if run is None:
-            return {}
-        return json.loads(run.config_json or "{}")
-
-    def log_tail(self, run_id: str, lines: int = pump.LOG_TAIL_LINES) -> str:
-        try:
-            return pump.tail(paths.run_dir(run_id) / "worker.log", lines)
-        except paths.UnsafePathError:
-            return ""
-
-    def log_text(self, run_id: str, max_bytes: int = 8 << 20) -> str:
-        """The worker log (its last ``max_bytes`` when longer), for download and filtering."""
-        try:
-            return files.read_end(paths.run_dir(run_id) / "worker.log", max_bytes)
-        except paths.UnsafePathError:
-            return ""
-
-    def wait(self, run_id: str, timeout: float | None = None, on_tick: Callable[[LiveSnapshot], None] | None = None,
-             interval: float = 0.5) -> LiveSnapshot:
-        """Block until the run is terminal in the database (used by the CLI and tests)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if on_tick:  # a snapshot of a run pumped elsewhere is rebuilt from the database: only when shown
-                snap = self.snapshot(run_id)
-                if snap:
-                    on_tick(snap)
-            run = self.store.get_run(run_id)
-            if run is not None and run.status.is_terminal() and not self._is_tracked(run_id):
-                return self.snapshot(run_id)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {run.status if run else 'missing'} after {timeout}s")
-            time.sleep(interval)
 
     def close(self) -> None:
         """Stop pumping (workers keep running; another orchestrator can adopt them)."""
@@ -393,68 +271,6 @@ class Orchestrator:
             self._presence.close()  # releases the shared lock
             self._presence = None
 
-    # ================================================================== spawning
-    def _launch(self, run: RunRecord, cfg: TrainConfig | JobSpec, lock_fh: IO) -> None:
-        """Spawn the worker of a run just marked STARTING, holding its pump lock. Call with the start lock held."""
-        run_dir = paths.run_dir(run.id)
-        try:
-            worker = self.launcher.start(run_dir, cfg)
-        except OSError as exc:
-            self.store.finish_run(run.id, RunStatus.FAILED, error=f"could not start the worker: {exc}")
-            lock_fh.close()
-            raise
-        record = worker.record()  # what adopts it after a restart (the local launcher: pid and start time)
-        self.store.update_run(run.id, **record)
-        live = LiveRun(run.id, run.name, RunStatus.STARTING, phase="launching worker", model=run.model,
-                       dataset=run.dataset, method=run.method, started_at=run.started_at,
-                       total_steps=run.total_steps, output_dir=str(run_dir), step=run.resumed_from_step or 0)
-        seed_lineage(live, run, self.store)
-        with self._lock:
-            self._tracked[run.id] = pump.Tracker(run.id, run_dir, live, 0, lock_fh, kind=run.kind, handle=worker,
-                                                 pid=worker.pid, pid_started_at=record.get("pid_started_at"))
-
-    def launch_queued(self) -> list[str]:
-        """Start every queued run whose devices are free (any orchestrator may do it; the lock makes it once)."""
-        self._last_queue_check = time.monotonic()
-        if not self.store.queued_runs():
-            return []
-        launched = []
-        with queue.start_lock():
-            waiting = self.store.queued_runs()  # re-read under the lock
-            free = set(queue.startable([(r.id, r.devices) for r in waiting], [r.devices for r in self.store.active_runs()]))
-            for run in waiting:
-                if run.id in free and self._launch_queued_alone(run):
-                    launched.append(run.id)
-        return launched
-
-    def _launch_queued_alone(self, run: RunRecord) -> bool:
-        """Launch one queued job; one that cannot be started fails alone, with the reason, and the queue goes on
-        (a failure left to the pump thread's catch-all repeated on every tick and held every job behind it)."""
-        try:
-            return self._launch_queued(run)
-        except Exception as exc:  # noqa: BLE001 - this job only; the next ones in the queue still start
-            with self._lock:
-                tracked = run.id in self._tracked
-            if not tracked:  # a worker already launched is the pump's to follow
-                self.store.finish_run(run.id, RunStatus.FAILED, error=f"it could not be started when its turn came "
-                                                                      f"({type(exc).__name__}: {exc})")
-            return False
-
-    def _launch_queued(self, run: RunRecord) -> bool:
-        cfg = queue.config_when_due(run, self.store, self._secrets.get(run.id), self.holder)
-        if cfg is None:
-            return False
-        run_dir = paths.run_dir(run.id)
-        lock_fh = adoption.try_lock(run_dir)
-        if lock_fh is None:
-            return False  # another orchestrator holds it (it cannot be launching it: we hold the start lock)
-        started = time.time()
-        self.store.update_run(run.id, status=RunStatus.STARTING.value, phase="launching worker",
-                              started_at=started, queue_position=None)
-        self.store.add_event(run.id, "status", "Starting: left the queue")
-        self._secrets.pop(run.id, None)
-        self._launch(run.replace(started_at=started), cfg, lock_fh)
-        return True
 
     # ================================================================== control
     def _request(self, run_id: str, action: control.Action, actor: access.Actor | None = None,
@@ -462,7 +278,7 @@ class Orchestrator:
         run = self.store.get_run(run_id)
         if run is None or run.status.is_terminal():
             return
-        _authorize(actor, permission, run.owner)
+        authorize(actor, permission, run.owner)
         if run.status is RunStatus.QUEUED:
             with queue.start_lock():  # the queue may be launching it right now: decide under its lock
                 run = self.store.get_run(run_id)
@@ -470,7 +286,7 @@ class Orchestrator:
                     self._secrets.pop(run_id, None)
                     self.store.finish_run(run_id, RunStatus.CANCELLED, phase="removed from the queue",
                                           queue_position=None)
-                    self.store.add_event(run_id, "control", "removed from the queue" + _by(actor))
+                    self.store.add_event(run_id, "control", "removed from the queue" + by_actor(actor))
                     return
         run_dir = paths.run_dir(run_id)
         recreated = not run_dir.is_dir()
@@ -490,153 +306,8 @@ class Orchestrator:
                                     phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
         self.store.update_run(run_id, status=RunStatus.STOPPING.value,
                               phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
-        self.store.add_event(run_id, "control", f"{action.value} requested" + _by(actor))
+        self.store.add_event(run_id, "control", f"{action.value} requested" + by_actor(actor))
 
-    # ================================================================== pump
-    def _pump_forever(self) -> None:
-        while not self._closing.is_set():
-            try:
-                self.pump_once()
-            except Exception as exc:  # noqa: BLE001 - the pump must survive a bad tick; it retries next tick
-                print(f"[finetune-studio] pump error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            self._closing.wait(POLL_S)
-
-    def pump_once(self) -> None:
-        if time.monotonic() - self._last_adopt > ADOPT_EVERY_S:
-            self._adopt_orphans()
-        with self._lock:
-            tracked = list(self._tracked.values())
-        finished = sum(self._pump_run(item) for item in tracked)
-        if finished or time.monotonic() - self._last_queue_check > QUEUE_EVERY_S:
-            self.launch_queued()
-
-    def _pump_run(self, t: pump.Tracker) -> bool:
-        """Read new events of one job; True when the job finished in this call."""
-        if not (t.run_dir / ".pump.lock").exists():
-            adoption.relock(t)
-        pump.drain(t, self.store, max_reads=pump.READS_PER_TICK)
-        exited, exit_desc = adoption.exited(t)
-        if t.terminal is None and exited:
-            # Read everything the worker wrote before exiting, then decide: after a restart the backlog
-            # of a run that finished while nobody pumped it can be many reads long.
-            pump.drain(t, self.store, max_reads=None)
-            if t.terminal is None:
-                # A server stopped between storing the offset past the final event and settling the run
-                # (the worker was still tearing down): the outcome is already in the log, behind the offset.
-                final = t.log.last_terminal_event()
-                if final is not None:
-                    pump.handle(t, final)
-            if t.terminal is None:
-                error = f"The worker {exit_desc} before finishing."
-                tail = pump.tail(t.run_dir / "worker.log", pump.LOG_TAIL_LINES)
-                if t.stop_requested_at and t.terminated_at:
-                    error = (f"The worker did not stop within {adoption.STOP_TIMEOUT_S:.0f}s and was terminated "
-                             f"({exit_desc}).")
-                pump.set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
-        adoption.watchdog(t, self.store)
-        if pump.flush_due(t):
-            pump.flush(t, self.store)
-        if t.terminal is not None and (exited or not t.handle.started_here):
-            self._finish(t)
-            return True
-        return False
-
-    def _finish(self, t: pump.Tracker) -> None:
-        status, values = t.terminal
-        self.store.finish_run(t.run_id, status, **values)
-        t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
-                      **{k: v for k, v in values.items() if k in ("error", "log_tail", "output_dir")})
-        with self._lock:
-            self._tracked.pop(t.run_id, None)
-            self._finished.put(t.run_id, t.live)
-        t.lock_fh.close()
-        t.log.close()
-
-    # ================================================================== adoption
-    def _adopt_orphans(self) -> None:
-        """Follow jobs that the database says are active but nobody in this process is pumping."""
-        self._last_adopt = time.monotonic()
-        for tracked in adoption.orphans(self.store, self._is_tracked, self.launcher):
-            with self._lock:
-                self._tracked[tracked.run_id] = tracked
-            self._remote.forget(tracked.run_id)
-
-    def _is_tracked(self, run_id: str) -> bool:
-        with self._lock:
-            return run_id in self._tracked
-
-    # ================================================================== serving (serve jobs)
-    def start_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None,
-                     purpose: str = "playground", host: str = "127.0.0.1", port: int = 0,
-                     idle_timeout_s: int = serve_spec.DEFAULT_IDLE_S, engine: str = "auto",
-                     name: str = "", tied: bool | None = None, **limits) -> tuple[str, str]:
-        """Start (or queue) a serve job for ``sources``; returns (job id, API key). The key is generated
-        here and only its sha256 is stored; a playground server's key stays in this orchestrator's memory
-        (``server_key``), an endpoint's is shown once by the caller. ``tied`` (default: a playground's) ends
-        the job when this process exits, queued or serving: nobody else has its key. ``limits``: the
-        ServeSpec fields max_tokens_cap, request_timeout_s, tls_certfile, tls_keyfile. ConfigError lists
-        every problem."""
-        key = pysecrets.token_urlsafe(32)
-        labels = ", ".join(s.key.removeprefix("run:").removeprefix("base:") for s in sources)
-        tied = purpose == "playground" if tied is None else tied
-        spec = serve_spec.ServeSpec(
-            name=name or f"{'Playground' if purpose == 'playground' else 'Endpoint'} · {labels}"[:80],
-            sources=list(sources), host=host, port=port, api_key_hash=serve_spec.hash_key(key),
-            idle_timeout_s=idle_timeout_s, engine=engine, purpose=purpose,
-            consumer=serve_spec.consumer_token() if tied else "", **limits)
-        job_id = self.submit(spec, actor)
-        if purpose == "playground":
-            with self._lock:
-                self._server_keys[job_id] = key
-        return job_id, key
-
-    def server_key(self, job_id: str) -> str | None:
-        """The API key of a playground server this orchestrator started (None otherwise, or once it ended)."""
-        with self._lock:
-            key = self._server_keys.get(job_id)
-        run = self.store.get_run(job_id) if key else None
-        if run is None or run.status.is_terminal():
-            with self._lock:
-                self._server_keys.pop(job_id, None)
-            return None
-        return key
-
-    def endpoint(self, job_id: str) -> endpoint_file.Endpoint | None:
-        """Where a serve job listens and what it serves, while it runs (None before it is ready and after)."""
-        run = self.store.get_run(job_id)
-        if run is None or run.kind is not JobKind.SERVE or run.status not in (RunStatus.STARTING, RunStatus.RUNNING):
-            return None
-        try:
-            found = endpoint_file.read(paths.run_dir(job_id))
-        except paths.UnsafePathError:
-            return None
-        alive = found is not None and found.pid == run.pid and self.launcher.adopt(run).state().alive
-        return found if alive else None
-
-    def find_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None) -> str | None:
-        """A queued or active playground server of ``actor`` serving exactly ``sources``, whose key this
-        orchestrator holds (to reuse rather than load the same models twice); None when there is none."""
-        wanted = sorted(s.key for s in sources)
-        for run in self.store.active_runs() + self.store.queued_runs():
-            if run.kind is not JobKind.SERVE or (actor is not None and run.owner != actor.name):
-                continue
-            if run.status is RunStatus.STOPPING or self.server_key(run.id) is None:
-                continue
-            spec = json.loads(self.store.get_run(run.id).config_json or "{}")
-            if spec.get("purpose") == "playground" and sorted(
-                    jobspec.ModelSource.from_dict(s).key for s in spec.get("sources", [])) == wanted:
-                return run.id
-        return None
-    # ================================================================== samples during training
-    def samples(self, run_id: str, max_steps: int = 50) -> list[SampleRecord]:
-        """A run's sample answers, newest sampling step first (the store holds what the pump has read)."""
-        return self.store.samples(run_id, max_steps)
-
-    def sample_prompts(self, run_ids: list[str]) -> list[str]:
-        return self.store.sample_prompts(run_ids)
-
-    def prompt_samples(self, run_ids: list[str], prompt: str) -> list[SampleRecord]:
-        return self.store.prompt_samples(run_ids, prompt)
 
     # ================================================================== evaluation (issue 11)
     def start_eval(self, spec: EvalSpec, actor: access.Actor | None = None) -> tuple[str, str | None]:
@@ -644,55 +315,8 @@ class Orchestrator:
         a run's model and no such baseline exists or is under way. Returns (eval job id, baseline job id)."""
         return evals.start(self, spec, actor)
 
-    def eval_result(self, job_id: str) -> EvalResultRecord | None:
-        return self.store.eval_result(job_id)
-
-    def eval_results(self, run_id: str) -> list[EvalResultRecord]:
-        """Every eval of a run's models, newest first."""
-        return self.store.eval_results(run_id)
-
-    def eval_baseline(self, result: EvalResultRecord) -> EvalResultRecord | None:
-        """The base model's eval on the same data and settings and, once completed, the same rows (None when
-        there is none, or it is the same job)."""
-        return evals.baseline_of(self.store, result)
-
-    def eval_samples(self, job_id: str) -> pd.DataFrame:
-        return self.store.eval_samples(job_id)
-
-    def eval_predictions(self, job_id: str) -> list[dict]:
-        """What a running eval has written to its predictions file so far."""
-        return evals.read_predictions(job_id)
-
-    def latest_eval_metrics(self, run_ids: list[str]) -> dict[str, dict]:
-        return self.store.latest_eval_metrics(run_ids)
-
-    # ================================================================== export artifacts
-    def artifacts(self, source_run_id: str | None = None, job_id: str | None = None) -> list[ArtifactRecord]:
-        """Published export artifacts of a run's exports (or of one export job), newest first."""
-        return self.store.artifacts(job_id=job_id, source_run_id=source_run_id)
-
-    def endpoint_jobs(self, run_id: str) -> list[RunRecord]:
-        """The endpoint servers started on a run's model, newest first (playground servers are the Playground's)."""
-        jobs = [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.SERVE]
-        return [r for r in jobs if self.run_config(r.id).get("purpose") == "endpoint"]
-
-    def export_jobs(self, run_id: str) -> list[RunRecord]:
-        """The export jobs started on a run's model, newest first."""
-        return [r for r in reversed(self.store.children(run_id)) if r.kind is JobKind.EXPORT]
-
 
 # ====================================================================== helpers
-def _authorize(actor: access.Actor | None, action: access.Action, owner: str) -> None:
-    """No actor: a caller inside this process that already decided (tests, the queue itself)."""
-    if actor is not None:
-        try:
-            access.check(actor, action, owner)
-        except access.NotAllowed as exc:
-            raise RunRefused(f"Not allowed: {exc}") from None
-
-
-def _by(actor: access.Actor | None) -> str:
-    return f" by {actor.name}" if actor else ""
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
