@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from trainer_core.protocol import events as ev
+from trainer_core.protocol import event_rules, events as ev
 
 BASE = {  # the required fields of each kind, with good values
     "status": {"status": "running"}, "warning": {"message": "m"}, "progress": {"step": 1, "total_steps": 3},
@@ -28,7 +28,7 @@ def line(kind: str, **fields) -> str:
 
 
 def test_every_kind_has_rules_and_good_values_pass():
-    assert set(BASE) == set(ev.EVENT_TYPES) == set(ev.FIELD_RULES)
+    assert set(BASE) == set(ev.EVENT_TYPES) == set(event_rules.FIELD_RULES)
     for kind in BASE:
         assert ev.decode(line(kind)).kind == kind
 
