@@ -23,7 +23,8 @@ EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3, RunSt
 
 def add_parser(sub) -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="export a run's model: adapter zip, merged weights, GGUF (+ Ollama "
-                                           "Modelfile and model card); prints the artifact paths")
+                                           "Modelfile), ONNX (embedding runs), with a model card; prints the "
+                                           "artifact paths")
     export.add_argument("run", help="run id, unique id prefix, or name (as for `runs show`)")
     export.add_argument("--checkpoint", type=int, metavar="STEP", help="export checkpoint-STEP, not the final model")
     export.add_argument("--to", action="append", required=True, metavar="TARGET",

@@ -22,7 +22,8 @@ from ui.auth import current_actor
 from ui.text import code, safe
 
 DOWNLOAD_MAX_BYTES = 100 << 20  # larger artifacts are not pushed through the browser: path + command instead
-TARGET_LABELS = {"adapter": "Adapter (zip)", "merged": "Merged 16-bit safetensors", "gguf": "GGUF + Ollama Modelfile"}
+TARGET_LABELS = {"adapter": "Adapter (zip)", "merged": "Merged 16-bit safetensors", "gguf": "GGUF + Ollama Modelfile",
+                 "onnx": "ONNX (embedding models)"}
 
 
 def copy_command(path: str) -> str:

@@ -40,7 +40,8 @@ def test_bad_input_is_named_with_its_fix_and_records_nothing(cli_run, capsys, tm
     code, err = export(capsys, RUN, "--to", "adapter", "--push", "me/tone")
     assert code == 2 and err.startswith("error: push_repo_id: a hub push needs a write token: set HF_TOKEN")
     code, err = export(capsys, RUN, "--to", "adapter,onnx")
-    assert code == 2 and err == "error: targets: unknown target 'onnx': choose from adapter, merged, gguf\n"
+    assert code == 2 and err == ("error: targets: onnx: only an embedding run (a sentence-transformers folder) is "
+                                 "exported to ONNX here: choose adapter, merged or gguf for this run\n")
     full = tmp_path / "exports" / "full"
     full.mkdir(parents=True)
     (full / "mine.txt").write_text("keep")

@@ -78,8 +78,9 @@ def test_a_run_without_a_model_and_a_missing_checkpoint_are_named(run):
 
 
 def test_unknown_targets_and_quantizations_list_the_known_ones(run):
-    assert errors(spec(targets=["onnx"]))["targets"] == "unknown target 'onnx': choose from adapter, merged, gguf"
-    assert errors(spec(targets=[]))["targets"] == "choose at least one of adapter, merged, gguf"
+    assert errors(spec(targets=["tflite"]))["targets"] == ("unknown target 'tflite': choose from adapter, merged, "
+                                                           "gguf, onnx")
+    assert errors(spec(targets=[]))["targets"] == "choose at least one of adapter, merged, gguf, onnx"
     message = errors(spec(targets=["gguf"], quantizations=["q9_z"]))["quantizations"]
     assert message.startswith("unknown quantization type 'q9_z': known types are f16, bf16, q8_0, q2_k,")
     assert message.endswith("(available here: f16, bf16, q8_0)")
@@ -151,7 +152,7 @@ def test_verify_settings_are_checked(run):
 def test_fields_of_the_wrong_type_are_named(run):
     assert errors(spec(targets=["adapter"], push_repo_id=7, verify="yes")) == {"push_repo_id": "text",
                                                                               "verify": "true or false"}
-    assert errors(spec(targets="adapter"))["targets"] == "choose at least one of adapter, merged, gguf"
+    assert errors(spec(targets="adapter"))["targets"] == "choose at least one of adapter, merged, gguf, onnx"
 
 
 def test_the_spec_round_trips_through_job_json(run):

@@ -114,9 +114,33 @@ audio = model.generate(**inputs, output_audio=True, max_new_tokens=125)  # 12.5 
 processor.save_audio(audio, "speech.wav")"""
 
 
-def usage_lines(output: str, no_gguf: str) -> list[str]:
-    """A "How to use" section for a model that is not a chat model and that only transformers runs ([] for the
-    others: their files say how to load them). ``no_gguf``: why there is no GGUF."""
+# An embedding run's ONNX folder: sentence-transformers loads it with its pooling and normalization; onnxruntime
+# alone runs the transformer, and the pooling (mean over the attention mask here) is then the caller's.
+ONNX_CODE = """from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("onnx", backend="onnx")  # the folder beside this card; needs optimum[onnxruntime]
+vectors = model.encode(["A cat sits on the mat.", "The kitten is resting on a rug."])
+
+# or onnxruntime alone (token embeddings; pool as onnx/1_Pooling/config.json says, e.g. mean over the mask)
+import onnxruntime
+from transformers import AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("onnx")
+session = onnxruntime.InferenceSession("onnx/onnx/model.onnx")
+inputs = tokenizer(["A cat sits on the mat."], return_tensors="np")
+names = {i.name for i in session.get_inputs()}
+token_embeddings = session.run(None, {k: v for k, v in inputs.items() if k in names})[0]"""
+
+
+def usage_lines(output: str, no_gguf: str, files: tuple[str, ...] = ()) -> list[str]:
+    """A "How to use" section for a model that is not a chat model and that only transformers runs, or for an
+    embedding run's ONNX folder ([] for the others: their files say how to load them). ``no_gguf``: why there is no
+    GGUF; ``files``: the artifacts' names."""
+    if output == "embedding" and "onnx" in files:
+        return ["## How to use", "",
+                "The `onnx` folder is the sentence-transformers model with its transformer exported to ONNX "
+                "(`onnx/model.onnx`, written by sentence-transformers' own exporter):", "",
+                *fenced(ONNX_CODE, "python"), ""]
     if output != "audio":
         return []
     return ["## How to use", "",
@@ -151,7 +175,7 @@ def render(*, title: str, source_label: str, base_model: str, method: str, data:
         "## Files", ""]
     # File names and verify's format labels are ours (a slug and a fixed suffix); what they are may quote users.
     lines += [f"- `{name}`: {text(what)}" for name, what in artifacts] + [""]
-    lines += usage_lines(output, no_gguf) + ["## Training loss", ""]
+    lines += usage_lines(output, no_gguf, tuple(name for name, _ in artifacts)) + ["## Training loss", ""]
     lines.append(f"![training loss]({chart_file})" if chart_file else loss_table(facts.losses))
     if verify:
         intro, column = VERIFY_TEXT.get(output, DEFAULT_VERIFY_TEXT)

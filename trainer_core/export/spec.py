@@ -13,8 +13,9 @@ from trainer_core.export import tools
 from trainer_core.jobspec import JobSpec, SourceError, register, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
+from trainer_core.serving.spec import embed_python
 
-TARGETS = ("adapter", "merged", "gguf")
+TARGETS = ("adapter", "merged", "gguf", "onnx")
 MERGED_DTYPES = ("bfloat16", "float16")
 HUB_TOKEN_ENV = "HF_TOKEN"
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -23,6 +24,11 @@ MAX_NEW_TOKENS_MAX = 256
 TTS_NO_GGUF = ("llama.cpp cannot run a Sesame CSM text-to-speech model (its GGUF converter has no CSM and no Mimi "
                "codec), so neither can Ollama or LM Studio; it loads in transformers only "
                "(CsmForConditionalGeneration and AutoProcessor)")
+# ONNX is written by sentence-transformers' own exporter (optimum), which needs transformers < 4.58: it runs in the
+# embedding server's venv (.venv-embed), as the serve job's infinity does.
+ONNX_INSTALL_FIX = ("onnx: the ONNX exporter (sentence-transformers with optimum[onnxruntime]) is not installed: run "
+                    "`make install`, which builds .venv-embed/ beside the studio's venv (or point "
+                    "FINETUNE_STUDIO_EMBED_VENV at a venv with sentence-transformers and optimum[onnxruntime])")
 EXPORTS_FOLDER = "exports"  # under the data root and each allowed root: the only places an out_dir may be
 
 
@@ -39,7 +45,8 @@ class ExportSpec(JobSpec):
 
     KIND: ClassVar[JobKind] = JobKind.EXPORT
     # adapter: the adapter folder zipped (a full fine-tune: the model folder); merged: 16-bit safetensors with
-    # the adapter merged in; gguf: llama.cpp's converter on the merged weights, plus an Ollama Modelfile.
+    # the adapter merged in; gguf: llama.cpp's converter on the merged weights, plus an Ollama Modelfile; onnx
+    # (embedding runs): the sentence-transformers folder with its model as ONNX (onnx/model.onnx).
     targets: list[str] = field(default_factory=lambda: ["merged", "gguf"])
     quantizations: list[str] = field(default_factory=lambda: ["q8_0"])  # GGUF types (tools.KNOWN_TYPES)
     merged_dtype: str = "bfloat16"
@@ -76,7 +83,9 @@ class ExportSpec(JobSpec):
             names.append("merge")
         if "gguf" in self.targets:
             names += [f"gguf {q}" for q in self.quantizations] + ["modelfile"]
-        if self.verify and ("merged" in self.targets or "gguf" in self.targets):
+        if "onnx" in self.targets:
+            names.append("onnx")
+        if self.verify and any(t in self.targets for t in ("merged", "gguf", "onnx")):
             names.append("verify")
         names += ["model card", "publish"]
         if self.push_repo_id:
@@ -104,13 +113,18 @@ class ExportSpec(JobSpec):
                     "models): export merged") if "gguf" in targets else None
         if resolved.output == "audio":
             return (f"gguf: {TTS_NO_GGUF}: export merged") if "gguf" in targets else None
+        if "onnx" in targets and resolved.output != "embedding":
+            return ("onnx: only an embedding run (a sentence-transformers folder) is exported to ONNX here: "
+                    "choose adapter, merged or gguf for this run")
         if resolved.output == "embedding":
             if "gguf" in targets:
                 return ("gguf: an embedding model is exported as a sentence-transformers folder (merged), which "
                         "SentenceTransformer(path) loads, not as GGUF")
             if resolved.adapter_dir is not None:
-                return ("merged: this embedding run trained a LoRA adapter, which the installed peft cannot merge into "
-                        "a sentence-transformers folder: export the adapter")
+                return (f"{' and '.join(targets)}: this embedding run trained a LoRA adapter, which the installed peft "
+                        "cannot merge into a sentence-transformers folder: export the adapter")
+            if "onnx" in targets and not embed_python().exists():
+                return ONNX_INSTALL_FIX
             return None
         problem = resolved.not_a_writer("merged into a model that writes answers")
         if problem is None:
@@ -151,7 +165,7 @@ class ExportSpec(JobSpec):
                 bad("targets", f"unknown target {str(unknown[0])[:20]!r}: choose from {', '.join(TARGETS)}")
             if len(set(self.targets)) != len(self.targets):
                 bad("targets", "each target once")
-            problem = self._model_problem([t for t in self.targets if t in ("merged", "gguf")])
+            problem = self._model_problem([t for t in self.targets if t in ("merged", "gguf", "onnx")])
             if problem:
                 bad("targets", problem)
         if "gguf" in (self.targets or []):

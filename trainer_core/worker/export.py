@@ -1,8 +1,9 @@
 """The export worker: a run's model as a zipped adapter, merged 16-bit weights, GGUF files with an Ollama
-Modelfile, and a model card; verified by reloading what was written; optionally pushed to the hub.
+Modelfile, an embedding run's ONNX folder, and a model card; verified by reloading what was written; optionally
+pushed to the hub.
 
 Lifecycle, top to bottom: read the spec -> preflight (nothing long starts, and nothing is written, until every
-check passed) -> adapter zip -> merge -> GGUF -> Modelfile -> verify -> model card -> publish -> push.
+check passed) -> adapter zip -> merge -> GGUF -> Modelfile -> ONNX -> verify -> model card -> publish -> push.
 Everything is written into a staging folder next to the destination and renamed into place at the end, so an
 export that fails or is cancelled leaves no half-written artifact; one killed outright leaves its staging folder
 to the next export worker, which removes every stale one as it starts (export/staging.py), and takes its
@@ -28,6 +29,7 @@ from trainer_core.worker.job import JobWorker
 from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.worker.export_plan import ExportError, Interrupted, Plan, Staged
 from trainer_core.worker.export_merge import Merging
+from trainer_core.worker.export_onnx import OnnxExport
 from trainer_core.worker.export_preflight import Preflight
 from trainer_core.worker.export_tools import Conversion, sha256_file, tree_size, write_manifest
 from trainer_core.worker.export_verify import Verification
@@ -55,7 +57,7 @@ from trainer_core.worker.export_verify import Verification
 
 
 
-class ExportWorker(Preflight, Merging, Conversion, Verification, JobWorker):
+class ExportWorker(Preflight, Merging, Conversion, OnnxExport, Verification, JobWorker):
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
         self.secrets = [s for s in [*secrets.from_env(os.environ).values()] if s]
@@ -128,7 +130,10 @@ class ExportWorker(Preflight, Merging, Conversion, Verification, JobWorker):
                 self.gguf(plan, quant)
             self.stage("modelfile")
             self.write_modelfile(plan)
-        if spec.verify and ("merged" in spec.targets or "gguf" in spec.targets):
+        if "onnx" in spec.targets:
+            self.stage("onnx")
+            self.onnx(plan)
+        if spec.verify and any(t in spec.targets for t in ("merged", "gguf", "onnx")):
             self.stage("verify")
             self.verify(plan)
         shutil.rmtree(plan.staging / ".work", ignore_errors=True)

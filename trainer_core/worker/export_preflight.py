@@ -77,6 +77,8 @@ class Preflight:
             need += tree_size(plan.resolved.weights_dir)
         if "merged" in spec.targets or "gguf" in spec.targets:
             need += params * 2
+        if "onnx" in spec.targets:
+            need += params * 4  # float32 ONNX weights
         if "gguf" in spec.targets:
             need += sum(params * tools.KNOWN_TYPES[q] for q in spec.quantizations)
             if any(q in tools.K_QUANT_TYPES for q in spec.quantizations) and "f16" not in spec.quantizations:

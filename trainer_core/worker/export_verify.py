@@ -137,15 +137,26 @@ class Verification:
         self.report_verify(plan, compare("merged", names, reference, answers, processor.tokenizer))
 
     def verify_embedding(self, plan: Plan) -> None:
-        """An embedding model: the exported folder reloaded with sentence-transformers embeds the run's own texts as
-        the run's model does (cosine similarity of each pair of vectors at least EMBED_TOLERANCE)."""
+        """An embedding model: each exported folder reloaded with sentence-transformers (the ONNX one with
+        backend="onnx", in the embedding venv) embeds the run's own texts as the run's PyTorch model does (cosine
+        similarity of each pair of vectors at least EMBED_TOLERANCE)."""
         from sentence_transformers import SentenceTransformer
 
         texts = embedding_texts(plan.resolved.config)
         source = SentenceTransformer(str(plan.resolved.model_dir), device="cpu")
         reference = source.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
         del source
-        self.check_control()
+        if "merged" in plan.spec.targets:
+            self.check_control()
+            self.verify_merged_embedding(plan, texts, reference)
+        if "onnx" in plan.spec.targets:
+            self.check_control()
+            vectors = self.onnx_vectors(plan, texts)
+            self.report_verify(plan, compare_vectors("onnx", texts, reference, vectors))
+
+    def verify_merged_embedding(self, plan: Plan, texts: list[str], reference) -> None:
+        from sentence_transformers import SentenceTransformer
+
         try:
             exported = SentenceTransformer(str(plan.merged_dir), device="cpu")
         except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
@@ -153,11 +164,7 @@ class Verification:
                               f"({type(exc).__name__}: {str(exc)[:300]}): the export failed and nothing was "
                               "published") from None
         vectors = exported.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
-        similarity = (reference * vectors).sum(axis=1)
-        same = [bool(s >= EMBED_TOLERANCE) for s in similarity]
-        first = next((f"text {i + 1} ({texts[i][:40]!r}): cosine {similarity[i]:.6f}"
-                      for i, ok in enumerate(same) if not ok), "")
-        self.report_verify(plan, dict(format="merged", identical=sum(same), total=len(texts), first_difference=first))
+        self.report_verify(plan, compare_vectors("merged", texts, reference, vectors))
 
     def report_verify(self, plan: Plan, result: dict) -> None:
         plan.verify.append(result)
@@ -193,6 +200,19 @@ def compare(label: str, prompts: list[str], reference: list[list[int]], answers:
 
 
 EMBED_TOLERANCE = 0.9999  # cosine similarity of a text's vectors from the run's model and the export: "identical"
+
+
+def compare_vectors(label: str, texts: list[str], reference, vectors) -> dict:
+    """VerifyEvent fields for normalized embeddings: how many texts' vectors are within EMBED_TOLERANCE of the
+    reference's, and the first that is not."""
+    if vectors.shape != reference.shape:
+        return dict(format=label, identical=0, total=len(texts),
+                    first_difference=f"vectors of shape {tuple(vectors.shape)}, expected {tuple(reference.shape)}")
+    similarity = (reference * vectors).sum(axis=1)
+    same = [bool(s >= EMBED_TOLERANCE) for s in similarity]
+    first = next((f"text {i + 1} ({texts[i][:40]!r}): cosine {similarity[i]:.6f}"
+                  for i, ok in enumerate(same) if not ok), "")
+    return dict(format=label, identical=sum(same), total=len(texts), first_difference=first)
 
 
 
