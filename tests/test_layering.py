@@ -201,3 +201,19 @@ def test_no_import_circles():
     assert "trainer_core.jobs.pump" in graph["trainer_core.jobs.orchestrator"]  # the graph sees real imports
     assert import_cycles(graph) == []
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds circles
+
+
+LONG_MODULE_LINES = 330  # "about 300 lines at most" (issue 18): past this a module says why it is one module
+
+
+def test_every_long_module_says_why_it_is_kept_whole():
+    """A module over ~300 lines carries a 'Kept whole:' paragraph in its docstring naming why it is one module; a
+    module that grows past the line without one is a prompt to split it (or to write down why not)."""
+    unexplained = []
+    for folder in (*PACKAGES, "pages", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if text.count("\n") > LONG_MODULE_LINES and "Kept whole:" not in (ast.get_docstring(ast.parse(text)) or ""):
+                unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert unexplained == [], "split these modules, or say why each is one module ('Kept whole: ...' in its " \
+                              f"docstring): {unexplained}"

@@ -17,6 +17,9 @@ that token's user and role; without it, as the local OS user with every right (w
 command can read the data root anyway).
 Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or cancelled,
 4 the database cannot be used (the message says how to rebuild it).
+
+Kept whole: the CLI's one argument parser and the bodies of its commands, each a few lines over the orchestrator;
+the commands with logic of their own live in their packages (evaluation/cli.py, cli_export.py, serving/cli.py).
 """
 from __future__ import annotations
 

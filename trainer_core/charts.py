@@ -9,6 +9,10 @@ Interaction is the same on every chart: drag to pan and scroll to zoom (an inter
 to the scales), and a vertical rule at the nearest x whose tooltip lists the exact value of every
 series there. The browser pivots the long rows into one row per x for that tooltip, so nothing is
 sent twice.
+
+Kept whole: one pipeline shared by every chart (clean numbers, smooth, downsample, long frame, the one chart
+template with pan, zoom and the nearest-x rule); the public charts at the end are a few lines each over these
+private steps.
 """
 from __future__ import annotations
 

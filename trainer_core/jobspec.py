@@ -9,6 +9,10 @@ A ``ModelSource`` names what to load: a base model, the final model of a run (it
 weights), or one completed ``checkpoint-<step>`` of a run. ``resolve`` turns it into folders, or a
 ``SourceError`` naming what is missing and the fix. Nothing here imports the ML stack: the dashboard, the
 CLI and the worker all use it.
+
+Kept whole: what every job kind other than training shares: the model source and its resolution (with the run-folder
+checks), and the JobSpec base with its field conversion and registry; splitting the source from the spec would make
+every job kind import two modules for one contract.
 """
 from __future__ import annotations
 

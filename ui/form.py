@@ -4,6 +4,9 @@ Every widget of the New run page reads and writes ``st.session_state`` under ``n
 here take that state as a plain mapping (a dict in the tests), so what the form builds from its widgets,
 and what a preset or a loaded config puts back into them, is unit-tested without running the page.
 Defaults come from ``TrainConfig()``; validation is the config's, every problem reported at once.
+
+Kept whole: the two directions of one mapping (widgets -> TrainConfig and TrainConfig -> widgets) must stay
+symmetrical field by field, and are tested as a pair.
 """
 from __future__ import annotations
 

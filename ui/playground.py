@@ -7,6 +7,10 @@ text alone.
 The page is a client of a serve job's OpenAI-compatible endpoint (``trainer_core.serving.client``); it
 reaches the job only through the orchestrator (``start_server``, ``server_key``, ``endpoint``, ``get_run``),
 which is also the seam the tests use to put a fake HTTP server behind the page.
+
+Kept whole: the logic of one page (sources offered, the conversation, streaming columns, the server's state, prompt
+sets) kept out of the page so it is tested without Streamlit; its other modes have their own modules
+(speech_playground, tts_playground, embedding_playground).
 """
 from __future__ import annotations
 

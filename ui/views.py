@@ -2,6 +2,8 @@
 
 They take data (a ``LiveSnapshot``, a metrics DataFrame) and draw it; they never call the
 orchestrator, so tests can drive them with synthetic data through ``AppTest.from_function``.
+
+Kept whole: plain renderers shared by Live and Run details over the same snapshot and frame types.
 """
 from __future__ import annotations
 

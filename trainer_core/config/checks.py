@@ -1,6 +1,10 @@
 """The checks of a run configuration's fields (trainer_core.config): ``validate`` collects every problem at once, each
 naming its field and the fix; the field groups (ranges, devices, Ray, model, dataset, checkpoint, samples) below it.
-Fields only: whether the dataset files hold usable rows is data.loading.check_data's."""
+Fields only: whether the dataset files hold usable rows is data.loading.check_data's.
+
+Kept whole: validate is one function that collects every problem at once and its field groups below it; each group
+is small and they share the bad() collector and the range check.
+"""
 from __future__ import annotations
 
 import functools

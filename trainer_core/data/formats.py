@@ -3,6 +3,9 @@
 Works on rows already read (``readers``); the New run page's column pickers use the same functions
 (``columns_of``, ``turn_values``, ``ROLE_ALIASES``) so the form and the trainer never disagree on what
 a chat column is.
+
+Kept whole: format detection and the converters share the column mapping and role aliases, and the New run page's
+pickers use the same functions, so the form and the trainer cannot disagree.
 """
 from __future__ import annotations
 

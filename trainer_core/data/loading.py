@@ -1,6 +1,10 @@
 """What a run trains on: local files (or a hub split) read, sliced, normalised, checked against the
 config, and split into training and eval rows. The preview and the worker choose rows through
-``load_for_training``; the orchestrator and the CLI check files through ``check_data``."""
+``load_for_training``; the orchestrator and the CLI check files through ``check_data``.
+
+Kept whole: the one path from sources to training rows (read, resolve files, slice, normalise per method, check
+against the config, split eval) that the preview, the worker and the checks share, so they cannot disagree.
+"""
 from __future__ import annotations
 
 import os

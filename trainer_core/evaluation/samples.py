@@ -9,6 +9,9 @@ assistant turn becomes the ``answer`` column; every other column reaches the rew
 
 Also the two keys of the cached base-model baseline: a fingerprint of the test data and a hash of the
 settings that change scores. No ML stack: the dashboard validates and keys evals with these.
+
+Kept whole: test rows read into prompts and references for every eval kind, with the baseline keys that must hash
+exactly what the worker reads.
 """
 from __future__ import annotations
 

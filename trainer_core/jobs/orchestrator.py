@@ -13,6 +13,9 @@ It composes the rest of trainer_core/jobs/:
 The Orchestrator class here holds the writes (start, submit, resume, delete, the queue, Stop and Cancel) and
 composes the rest: what pages read (queries.py), launching and the pump thread (pumping.py), model servers
 (servers.py); who may do what is refusals.py.
+
+Kept whole: the writes share one sequence (check who may, validate, write the run folder and its journal, record,
+launch or queue) and one lock with the pump; each is short, and splitting them would split that sequence.
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ timeline entries not yet stored, and its outcome once known. ``drain`` handles n
 through the table ``HANDLERS`` (job kind -> event kind -> handler); ``flush`` stores what was gathered
 together with the new log offset, in one transaction. ``db rebuild`` replays a run folder through the very
 same functions, so a rebuilt database holds what the pump would have stored.
+
+Kept whole: the handler table (job kind -> event kind -> handler) and the handlers: db rebuild replays run folders
+through these very functions, so they stay together as one reading of the event log.
 """
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ every run folder, replays
 A run that had not ended is left active at the end of its log; the next orchestrator adopts it like any
 run left behind by a restart (a live worker is followed again, a dead one is marked failed).
 Run folders from before the journal existed are rebuilt from config.yaml and events.jsonl alone.
+
+Kept whole: one operation (set the database aside, replay every run folder through the pump's own handlers, report)
+whose steps share the run-folder readers and must fail the same way.
 """
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ Secrets never enter the job: Ray keeps a job's entrypoint, metadata and runtime_
 anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it
 (proxy URLs without their user and password), and config validation refuses a Ray run that was given one
 (trainer_core/config/checks.py ``_check_ray``).
+
+Kept whole: one launcher implementation (the launcher interface: start, state, stop, kill, adopt) over Ray Jobs,
+with the secret-free environment and the address checks it cannot run without.
 """
 from __future__ import annotations
 

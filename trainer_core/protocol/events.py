@@ -10,6 +10,9 @@ valid event is reported and skipped on its own. Numbers are cleaned in exactly o
 Progress and eval events carry open ``metrics`` (any numeric keys, trainer_core.protocol.metrics) next to their
 fixed fields; a log written before they existed decodes with ``metrics == {}`` (an added optional field keeps
 SCHEMA_VERSION: readers of either age read both).
+
+Kept whole: the wire format between the worker and the dashboard: the event types, encode/decode and the log's
+writer and follower change together under SCHEMA_VERSION (the value rules are protocol/event_rules.py).
 """
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ connection is then closed, which makes the server abort the generation.
 
 Every failure is a ``ServeError`` with a message that says what happened and what to do (server not
 running, wrong key, unknown model, prompt too long, server died mid-answer, timeout).
+
+Kept whole: the one client of a model server's OpenAI-compatible API (models, health, chat streaming,
+transcriptions), whose failures all map to one ServeError vocabulary.
 """
 from __future__ import annotations
 

@@ -34,6 +34,10 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
 
 Standard library and Pillow only (a dependency of the dashboard, transformers and vLLM alike): it runs in the serve
 worker and, for vLLM, inside vLLM's process (``--middleware``, configured through the GATE_ENV file).
+
+Kept whole: the key check and every route's request rules run in one ASGI middleware that is loaded by file path
+inside other servers' processes (vLLM's --middleware, infinity's venv), so it cannot import sibling modules; its
+parts are the routes' validators, each a few functions.
 """
 from __future__ import annotations
 

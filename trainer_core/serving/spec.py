@@ -4,6 +4,9 @@ A serve job runs an existing OpenAI-compatible server (``transformers serve``, o
 the ``vllm`` extra; infinity-emb for embedding models, from its own virtual environment) in its own worker
 process, behind our key gate (serving/gate.py). The API key itself is
 never stored: the spec holds its sha256 only. Nothing here imports the ML stack.
+
+Kept whole: ServeSpec's validation of sources, engine and limits, which must agree with the gate's routes and the
+worker's engine choice.
 """
 from __future__ import annotations
 

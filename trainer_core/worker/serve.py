@@ -17,6 +17,9 @@ served names in ``models/``, then serve until Stop/Cancel, SIGTERM or the idle t
 When it listens, ``endpoint.json`` (url, models, engine, pid; never the key) is written in the job folder
 and a ``ServeReadyEvent`` emitted. The worker heartbeats like the training worker, so a restarted dashboard
 adopts it.
+
+Kept whole: the serve worker's lifecycle around one supervised server process, with the engine choice (transformers
+serve, vLLM, infinity) that decides how that process is started.
 """
 from __future__ import annotations
 

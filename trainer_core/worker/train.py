@@ -5,6 +5,10 @@ Started (by the orchestrator) as ``python -m trainer_core.worker RUN_DIR`` for a
 ``RUN_DIR/events.jsonl`` and reads control requests from ``RUN_DIR/control.json``.
 
 Lifecycle, top to bottom: load config -> load model -> load data -> build trainer -> train -> save -> report.
+
+Kept whole: the training worker's lifecycle is one sequence (config, model, data, trainer, train, save, report) with
+its reporting and control around it; the parts that differ by method or engine live in worker/methods/ and
+worker/engines/.
 """
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ per frame and the audio end), its frames placed at the placeholders. The loss is
 backbone predicts each frame's first codebook (and the all-zero end frame), the depth decoder the others, on
 ``tts.depth_decoder_ratio`` of the frames. Samples at each evaluation and at the end are spoken WAV clips written to
 ``<run>/samples/`` and reported as SampleEvents with their path.
+
+Kept whole: a method's worker half is one module by the method contract (trainer_core/worker/methods/__init__.py):
+loading, the codec cache, the collator and trainer, speaking and the spoken samples, and the preview all work on the
+same frames.
 """
 from __future__ import annotations
 
