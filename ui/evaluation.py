@@ -3,6 +3,9 @@
 Pure helpers (``metric_rows``, ``worst_first``, ``headline``, ``compare_table``) build what is shown and are
 tested on their own; the ``render_*`` functions lay them out. Every text from a test file or a model is
 rendered as text (``ui.text.safe``, or dataframe cells, which Streamlit never reads as markdown).
+
+Kept whole: the Evaluation tab's pure helpers and their renderers, one per kind of eval result (text, retrieval,
+speech, images), sharing the headline and worst-first ordering.
 """
 from __future__ import annotations
 
@@ -346,9 +349,12 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
     if data_kind == "upload":
         st.file_uploader("Test file", type=UPLOAD_TYPES, key=K + "upload",
                          help="Any training format: alpaca (instruction/output), chatml messages or sharegpt; the "
-                              "last assistant reply is the reference answer")
+                              "last assistant reply is the reference answer. Rows with images (a vision run): give "
+                              "the file as a local path instead, so its images are read from its folder")
     elif data_kind == "path":
-        st.text_input("Path to a test file (retrieval: or a BEIR-like folder)", key=K + "path")
+        st.text_input("Path to a test file (retrieval: or a BEIR-like folder)", key=K + "path",
+                      help="Image rows (a vision run): image paths are taken from the file's folder and must stay "
+                           "under the allowed folders")
     elif data_kind == "hub":
         hub_col, split_col = st.columns([3, 1])
         hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")

@@ -88,3 +88,27 @@ def test_a_vision_run_is_scored_on_held_out_images_against_its_base(app_home, tm
     assert sum("the image the model saw" in image for image in shown) == 1, "the picked eval sample's thumbnail"
     assert len(shown) == 3, shown  # and the Samples tab's two sample images, above the answers
     assert {safe("#1 What colour is the shape?"), safe("#2 What colour is this?")} <= {c.value for c in at.caption}
+
+
+UNREADABLE = """
+import sys
+from trainer_core.evaluation.samples import Sample
+from trainer_core.worker.vision_eval import ImageUnreadable, pictures
+
+try:
+    pictures(Sample(3, [], "red", images=(sys.argv[1],)))
+except ImageUnreadable as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.subprocess
+def test_an_image_that_cannot_be_opened_fails_the_eval_naming_its_row(tmp_path):
+    from tests.support import run_python
+
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")  # there, under the roots, with an image's name: the loader lets it through
+    result = run_python(UNREADABLE, str(broken))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().startswith("data: test row 3: cannot read its image (cannot identify image file")
+    assert result.stdout.strip().endswith("): replace or remove the file")

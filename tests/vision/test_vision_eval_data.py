@@ -107,3 +107,22 @@ def test_the_page_shows_only_thumbnails_inside_the_jobs_images_folder(tmp_path):
     assert eval_vision.thumbnail_file(job, "images/0.png") == (job / "images" / "0.png").resolve()
     for value in ("images/1.png", "../secret.png", str(secret), "images/9.png", "", None, 3, "images/\x00.png"):
         assert eval_vision.thumbnail_file(job, value) is None, value
+
+
+def test_a_vision_runs_eval_split_is_read_as_image_rows(shapes):
+    from trainer_core.config import TrainConfig
+    from trainer_core.protocol import paths
+
+    folder, _ = shapes
+    rows = shape_rows(folder, 10, seed=4, prefix="split")
+    data = write_jsonl(folder / "train.jsonl", rows)
+    run_id = "20260301-000000-0a0b0c"
+    cfg = TrainConfig(model_name=str(build_tiny_vlm()), local_datasets=[str(data)], eval_fraction=0.3, max_seq_length=64)
+    paths.run_dir(run_id).mkdir(parents=True)
+    (paths.run_dir(run_id) / "config.yaml").write_text(cfg.to_yaml())
+    split = spec(f"eval_split:{run_id}")
+    assert fields(split.validate()) == {}
+    samples, _ = eval_samples.load_samples(split)
+    assert len(samples) == 3 and all(len(s.images) == 1 and s.images[0].startswith(str(folder)) for s in samples)
+    assert {s.reference for s in samples} <= {r["answer"] for r in rows}
+    assert samples[0].prompt[0]["content"] == USER_IMAGE

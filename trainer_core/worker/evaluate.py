@@ -11,6 +11,9 @@ an eval asking for neither generation nor reward metrics (only preference_accura
 run its InformationRetrievalEvaluator, then a row per query and the result, as the other metrics report them.
 Image rows (a vision model; evaluation/vision.py) take the same lifecycle with the model's processor: each question
 is answered with its image (worker/vision_eval.py), scored by the text metrics, and keeps a thumbnail in the job folder.
+
+Kept whole: the eval worker's lifecycle (load, answer or score each sample, baseline, conclude) with one runner per
+kind of eval (text, retrieval, speech, images) over the same reporting.
 """
 from __future__ import annotations
 
@@ -310,6 +313,7 @@ class Evaluator(JobWorker):
         """Generate and score every sample; returns ([(scores, answer, reference)], the control action that
         ended it early or None)."""
         judge = self.make_judge(spec)
+        seeing = any(s.images for s in samples)  # image rows: ``tokenizer`` is the model's processor
         rows: list[tuple[scoring.SampleScores, str, str]] = []
         started = time.time()
         action = None
@@ -323,7 +327,7 @@ class Evaluator(JobWorker):
                 batch = samples[first:first + spec.batch_size]
                 if not generates(spec):
                     answers = [""] * len(batch)
-                elif batch[0].images:  # image rows (every row of the set: one vision shape)
+                elif seeing:  # every row of an image set through the processor (one without an image too)
                     answers = _vision().generate(model, tokenizer, batch, spec, device)
                 else:
                     answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device)
@@ -333,7 +337,7 @@ class Evaluator(JobWorker):
                     if action is not None:
                         break
                     scores = scoring.score_text(answer, sample.reference, spec.metrics)
-                    if "perplexity" in spec.metrics and sample.images:
+                    if "perplexity" in spec.metrics and seeing:
                         scores.loss, scores.tokens = _vision().answer_loss(model, tokenizer, sample, device)
                     elif "perplexity" in spec.metrics:
                         scores.loss, scores.tokens = answer_loss(model, tokenizer, sample.prompt, sample.reference,
