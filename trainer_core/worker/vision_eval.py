@@ -31,8 +31,9 @@ def pictures(sample: Sample) -> list[Image.Image]:
                               "file") from None
 
 
-def inputs(processor, sample: Sample, device: str, answer: str | None = None):
-    """The processor's tensors of a row's prompt (ending with the assistant's turn opening), or of prompt + answer."""
+def inputs(processor, sample: Sample, device: str, answer: str | None = None, dtype=None):
+    """The processor's tensors of a row's prompt (ending with the assistant's turn opening), or of prompt + answer;
+    pixel values in the model's ``dtype`` (bfloat16 on a GPU: not every vision tower casts them itself)."""
     turns = clean_messages(sample.prompt)
     if answer is None:
         text = processor.apply_chat_template(turns, add_generation_prompt=True)
@@ -40,7 +41,8 @@ def inputs(processor, sample: Sample, device: str, answer: str | None = None):
         text = processor.apply_chat_template(turns + [{"role": "assistant", "content": [{"type": "text",
                                                                                           "text": answer}]}])
     images = pictures(sample)
-    return processor(text=text, images=images or None, return_tensors="pt").to(device)
+    encoded = processor(text=text, images=images or None, return_tensors="pt")
+    return encoded.to(device, dtype=dtype) if dtype is not None else encoded.to(device)  # casts floats only
 
 
 def context_of(model) -> int | None:
@@ -66,7 +68,7 @@ def generate(model, processor, batch: list[Sample], spec: EvalSpec, device: str)
         options.update(temperature=None, top_p=None, top_k=None)
     answers = []
     for sample in batch:
-        encoded = inputs(processor, sample, device)
+        encoded = inputs(processor, sample, device, dtype=model.dtype)
         with torch.inference_mode():
             out = model.generate(**encoded, **options)
         new = out[0, encoded["input_ids"].shape[1]:]
@@ -77,8 +79,8 @@ def generate(model, processor, batch: list[Sample], spec: EvalSpec, device: str)
 def answer_loss(model, processor, sample: Sample, device: str) -> tuple[float | None, int]:
     """(mean negative log-likelihood of the reference answer's tokens given the prompt and its images, their count):
     the tokens a completions-only vision run trains on (the answer and its end of turn; never image tokens)."""
-    prompt = inputs(processor, sample, device)
-    whole = inputs(processor, sample, device, answer=sample.reference)
+    prompt = inputs(processor, sample, device, dtype=model.dtype)
+    whole = inputs(processor, sample, device, answer=sample.reference, dtype=model.dtype)
     ids = whole["input_ids"]
     start = prompt["input_ids"].shape[1]
     if ids.shape[1] <= start or not torch.equal(ids[0, :start], prompt["input_ids"][0]):
