@@ -147,7 +147,10 @@ def test_unsupported_modalities(home):
     assert errors(is_dataset_audio=True, method="tts", adapter="full") == []
 
 
-def test_an_old_is_embedding_switch_reads_as_the_embedding_method_with_one_note(home):
+def test_an_old_is_embedding_switch_reads_as_the_embedding_method_with_one_note(home, monkeypatch):
+    from trainer_core.methods import embedding
+
+    monkeypatch.setattr(embedding, "_installed_version", lambda package: "0.22.0")  # LoRA's own rule is tested below
     with pytest.warns(FutureWarning, match="is_embedding is deprecated: true means method: embedding"):
         cfg = TrainConfig.from_yaml("is_embedding: true\nmodel_name: bundled:all-MiniLM-L6-v2\n")
     assert (cfg.method, cfg.is_embedding) == ("embedding", False)
@@ -160,7 +163,7 @@ def test_an_old_is_embedding_switch_reads_as_the_embedding_method_with_one_note(
 
 
 def test_the_bundled_embedding_model_is_for_the_embedding_method(home):
-    assert errors(method="embedding", model_name="bundled:all-MiniLM-L6-v2") == []
+    assert errors(method="embedding", adapter="full", model_name="bundled:all-MiniLM-L6-v2") == []
     assert errors(model_name="bundled:all-MiniLM-L6-v2") == [FieldError(
         "model_name", "bundled:all-MiniLM-L6-v2 is an embedding model: choose method embedding, or a language model")]
 
@@ -512,3 +515,16 @@ def test_a_method_section_reads_as_its_fields():
         TrainConfig.from_dict({"sft": "packing"})
     assert info.value.errors == [FieldError("sft", "write the sft section as a mapping of train_on_completions "
                                                    "settings")]
+
+
+def test_lora_on_an_embedding_model_is_refused_before_start_while_peft_is_too_old(home, monkeypatch):
+    """sentence-transformers' LoRA path (transformers 5's add_adapter) needs peft>=0.22; with an older one installed
+    the run failed in the worker after loading: the form now says so, reading peft's version without importing it."""
+    from trainer_core.methods import embedding
+
+    monkeypatch.setattr(embedding, "_installed_version", lambda package: "0.21.2")
+    assert errors(method="embedding", adapter="lora", model_name="bundled:all-MiniLM-L6-v2") == [FieldError(
+        "adapter", "LoRA on an embedding model needs peft>=0.22.0 (sentence-transformers' adapters through "
+                   "transformers 5), and peft 0.21.2 is installed: choose adapter full, or install peft>=0.22.0")]
+    monkeypatch.setattr(embedding, "_installed_version", lambda package: "0.22.1")
+    assert errors(method="embedding", adapter="lora", model_name="bundled:all-MiniLM-L6-v2") == []

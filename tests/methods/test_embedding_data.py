@@ -83,7 +83,7 @@ def test_preview_shows_prompts_and_counts_in_batch_duplicates():
 
 
 def _cfg(**section):
-    return SimpleNamespace(embedding=section, packing=False, adapter="lora")
+    return SimpleNamespace(embedding=section, packing=False, adapter="full")
 
 
 def test_validation_collects_every_problem_with_its_field(tmp_path):

@@ -79,7 +79,37 @@ def validate(cfg: Any) -> list[FieldError]:
         problems.append(FieldError("packing", "embedding models encode each text alone: turn packing off"))
     if getattr(cfg, "adapter", "lora") == "qlora":
         problems.append(FieldError("adapter", "embedding models train with lora or full (no 4-bit): choose one"))
+    elif getattr(cfg, "adapter", "lora") == "lora":
+        installed = _installed_version("peft")
+        if installed is not None and _older(installed, PEFT_FOR_ADAPTERS):
+            problems.append(FieldError("adapter", f"LoRA on an embedding model needs peft>={PEFT_FOR_ADAPTERS} "
+                                                  f"(sentence-transformers' adapters through transformers 5), and "
+                                                  f"peft {installed} is installed: choose adapter full, or install "
+                                                  f"peft>={PEFT_FOR_ADAPTERS}"))
     return problems
+
+
+PEFT_FOR_ADAPTERS = "0.22.0"  # transformers 5's add_adapter (sentence-transformers' LoRA path) refuses older peft
+
+
+def _installed_version(package: str) -> str | None:
+    """A package's installed version, read from its metadata (the dashboard never imports the ML stack)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _older(version: str, than: str) -> bool:
+    def parts(text: str) -> tuple[int, ...]:
+        out = []
+        for piece in text.split(".")[:3]:
+            digits = "".join(c for c in piece if c.isdigit())
+            out.append(int(digits) if digits else 0)
+        return tuple(out)
+    return parts(version) < parts(than)
 
 
 def _ir(metric: str, label: str, tile: bool = True, fmt: str = ".3f") -> MetricSpec:

@@ -126,7 +126,7 @@ def make_evaluator(shape: str, train_rows: list[dict], eval_rows: list[dict], s:
                                          score_functions=None, **prompts)
 
 
-PEFT_FOR_ADAPTERS = "0.22.0"  # transformers 5's add_adapter (sentence-transformers' LoRA path) refuses older peft
+from trainer_core.methods.embedding import PEFT_FOR_ADAPTERS  # noqa: E402 - beside its one use
 
 
 def _lora(model: SentenceTransformer, cfg: TrainConfig, s: EmbeddingSettings) -> None:
