@@ -44,6 +44,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="with --push: push into the repo even if it exists, when Finetune Studio created it (its "
                              "model card says so; an admin may update any repo); without it an existing repo is "
                              "refused")
+    export.add_argument("--launcher", choices=("local", "ray"), default="local",
+                        help="ray: a single-worker Ray job on the server's cluster (RAY_ADDRESS; docs/ray.md)")
     return export
 
 
@@ -61,7 +63,8 @@ def build_spec(args, run_id: str, actor: Actor | None = None) -> ExportSpec:
                       quantizations=_split(args.quant) or ["q8_0"], merged_dtype=args.merged_dtype, out_dir=output,
                       verify=args.verify, prompt_set=args.prompt_set, push_repo_id=args.push or "",
                       push_private=not args.public, push_update=args.update_existing,
-                      push_update_any=args.update_existing and actor is not None and actor.role is Role.ADMIN)
+                      push_update_any=args.update_existing and actor is not None and actor.role is Role.ADMIN,
+                      launcher=args.launcher)
 
 
 def cmd_export(args, find: Callable, actor_for: Callable) -> int:

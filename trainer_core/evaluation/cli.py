@@ -46,6 +46,8 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
                         help="an lm-evaluation-harness task name or local task YAML (repeatable)")
     parser.add_argument("--no-baseline", action="store_true", help="do not evaluate the base model for comparison")
     parser.add_argument("--json", action="store_true", help="print one JSON object with a key per metric")
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local",
+                        help="ray: a single-worker Ray job on the server's cluster (RAY_ADDRESS; docs/ray.md)")
     parser.set_defaults(func=lambda args: cmd_eval(args, find, actor_of))
 
 
@@ -71,7 +73,7 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
                             baseline=not (args.no_baseline or args.base),
                             # `--base --metrics reward`: the base model scored with RUN's rewards
-                            reward_run=run.id if args.base else "")
+                            reward_run=run.id if args.base else "", launcher=args.launcher)
             actor = actor_of(orch.store)
             started = evals.submit(orch, spec, actor)
         except ConfigError as exc:

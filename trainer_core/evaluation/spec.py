@@ -14,6 +14,7 @@ from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import retrieval, speech, vision
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobspec import JobSpec, register
+from trainer_core.launchers import ray as ray_jobs
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
@@ -79,6 +80,9 @@ class EvalSpec(JobSpec):
     query_prompt: str = ""
     document_prompt: str = ""
     max_seq_length: int = 0
+    # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), its job folder on
+    # the shared storage (docs/ray.md). A judge with an API key runs on this host only: the key never goes to Ray.
+    launcher: str = "local"
 
     @property
     def dataset_label(self) -> str:
@@ -114,7 +118,7 @@ class EvalSpec(JobSpec):
     def validate(self) -> list[FieldError]:
         text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",
                        "judge_model", "judge_key_env", "judge_rubric", "reward_run", "query_prompt",
-                       "document_prompt")
+                       "document_prompt", "launcher")
         wrong = [FieldError(n, "text") for n in text_fields if not isinstance(getattr(self, n), str)]
         if not isinstance(self.lm_eval_tasks, list) or not all(isinstance(t, str) for t in self.lm_eval_tasks):
             wrong.append(FieldError("lm_eval_tasks", "a list of task names or local task YAML paths"))
@@ -125,7 +129,9 @@ class EvalSpec(JobSpec):
         reading = {"data", "format_type", "custom_format_mapping", "max_samples"}  # fields the data check needs
         if self.data.strip() and not any(e.field in reading for e in errors):
             errors += self._data_errors()
-        if not errors:
+        errors += ray_jobs.spec_problems(self, "judge_key_env", "drop 'judge' from metrics, or use a judge endpoint "
+                                                                "that needs no key (judge_key_env empty)")
+        if not errors and self.launcher != "ray":  # on the cluster Ray places the job: this host's memory says nothing
             errors += self.memory_errors()
         return errors
 

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from trainer_core import promptsets
-from trainer_core.config import FieldError
+from trainer_core.config import SHARED_STORAGE_ENV, FieldError
 from trainer_core.export import tools
 from trainer_core.jobspec import JobSpec, SourceError, register, resolve
+from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 from trainer_core.serving.spec import embed_python
@@ -60,6 +61,9 @@ class ExportSpec(JobSpec):
     # wrote (its README.md front matter says finetune_studio: true), or any repo when an admin submitted it.
     push_update: bool = False
     push_update_any: bool = False  # set for admins only (the orchestrator refuses it from anyone else)
+    # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), the artifacts in
+    # the job folder on the shared storage (docs/ray.md). A hub push runs on this host only: HF_TOKEN never goes to Ray.
+    launcher: str = "local"
 
     @property
     def model_label(self) -> str:
@@ -148,7 +152,7 @@ class ExportSpec(JobSpec):
         bad = lambda name, message: errors.append(FieldError(name, message))  # noqa: E731
         wrong = [(n, t) for n, t in (("merged_dtype", str), ("out_dir", str), ("prompt_set", str),
                                      ("push_repo_id", str), ("verify", bool), ("push_private", bool),
-                                     ("push_update", bool), ("push_update_any", bool))
+                                     ("push_update", bool), ("push_update_any", bool), ("launcher", str))
                  if not isinstance(getattr(self, n), t)]
         for name, kind in wrong:  # a job.json edited by hand: name the field instead of failing on it below
             bad(name, "true or false" if kind is bool else "text")
@@ -194,6 +198,14 @@ class ExportSpec(JobSpec):
             bad("push_update", "updating an existing repo needs push_repo_id (the repo to update)")
         if self.push_update_any and not self.push_update:
             bad("push_update_any", "only together with push_update")
+        errors.extend(ray_jobs.spec_problems(self, "push_repo_id", "leave the repo id empty and push the export "
+                                                                   "from this host afterwards"))
+        shared = os.environ.get(SHARED_STORAGE_ENV, "")  # unset: spec_problems said so already
+        if self.launcher == "ray" and self.out_dir and shared and not any(e.field == "out_dir" for e in errors) \
+                and not Path(self.out_dir).expanduser().resolve().is_relative_to(Path(shared).resolve()):
+            bad("out_dir", f"launcher: ray: the job writes its artifacts from a node of the cluster, and {self.out_dir} "
+                           f"is not on the shared storage {shared} ({SHARED_STORAGE_ENV}): choose a folder under it, "
+                           "or leave out_dir empty (the job folder's artifacts/)")
         return errors
 
     def _validate_gguf(self, bad) -> None:

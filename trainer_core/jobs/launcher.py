@@ -47,9 +47,9 @@ class WorkerLauncher(LocalLauncher):
 
 
 class PlacingLauncher(Launcher):
-    """Where each job runs: a Ray job on the cluster when its config says ``launcher: ray`` (the server's
-    RAY_ADDRESS, or a ``ray_address`` the server allows), on this host otherwise. A run started on Ray is found
-    again by the Ray job recorded in its folder."""
+    """Where each job runs: a Ray job on the cluster when its config or spec says ``launcher: ray`` (the server's
+    RAY_ADDRESS, or a ``ray_address`` the server allows; an eval or export spec has no ``ray_address``: the server's
+    cluster), on this host otherwise. A job started on Ray is found again by the Ray job recorded in its folder."""
 
     def __init__(self, local: Launcher | None = None):
         self.local = local or WorkerLauncher()
@@ -58,10 +58,14 @@ class PlacingLauncher(Launcher):
         if on_ray(cfg):
             # Checked again here, not only at validation: a queued run starts later, and the dashboard must
             # never send requests to a host a run chose (server-side request forgery).
-            problem = ray_address_problem(cfg.ray_address)
+            wanted = str(getattr(cfg, "ray_address", ""))
+            problem = ray_address_problem(wanted)
             if problem:
                 raise OSError(f"ray_address: {problem}")
-            address = cfg.ray_address.strip() or os.environ.get(RAY_ADDRESS_ENV, "")
+            address = wanted.strip() or os.environ.get(RAY_ADDRESS_ENV, "")
+            if not address.strip():  # a queued job whose server lost its cluster setting since it was submitted
+                raise OSError(f"launcher: ray: no Ray cluster is configured: set {RAY_ADDRESS_ENV} in the server's "
+                              "environment")
             return ray_jobs.RayLauncher(address).start(run_dir, cfg)
         return self.local.start(run_dir, cfg)
 
@@ -72,7 +76,8 @@ class PlacingLauncher(Launcher):
 
 
 def on_ray(cfg: TrainConfig | JobSpec) -> bool:
-    return isinstance(cfg, TrainConfig) and cfg.launcher == "ray"
+    """Training runs and the job specs that have a ``launcher`` field (eval, export) may go to the cluster."""
+    return getattr(cfg, "launcher", "local") == "ray"
 
 
 def launcher_problems(cfg: TrainConfig | JobSpec) -> list[FieldError]:

@@ -13,11 +13,16 @@ anyone with access to its dashboard can read. The job gets an allow-listed envir
 (proxy URLs without their user and password), and config validation refuses a Ray run that was given one
 (trainer_core/config/checks.py ``_check_ray``).
 
+An eval or an export job (``launcher: ray`` in its spec) is a single-worker Ray job the same way: the same entry
+point runs the worker of the job's kind (kind.txt), its artifacts and results stay in its job folder on the shared
+storage. ``spec_problems`` refuses one the cluster cannot run without a secret (a hub push, a judge's key).
+
 Kept whole: one launcher implementation (the launcher interface: start, state, stop, kill, adopt) over Ray Jobs,
 with the secret-free environment and the address checks it cannot run without.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -32,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_core import access
-from trainer_core.config import RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, ray_address_problem
+from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, FieldError,
+                                 ray_address_problem)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.parallel import NPROC_ENV
 from trainer_core.protocol import paths
@@ -78,6 +84,39 @@ def shared_storage_problem(folder: Path) -> str:
         return (f"{folder} is not under the shared storage {shared} ({SHARED_STORAGE_ENV}): set "
                 "FINETUNE_STUDIO_HOME to a folder under it")
     return ""
+
+
+def spec_problems(spec: JobSpec, secret_field: str, secret_fix: str) -> list[FieldError]:
+    """What keeps a job spec's ``launcher`` (eval, export) from working: an unknown value, or for ``ray``: no ray, no
+    cluster configured (the server's RAY_ADDRESS, as for training), run folders off the shared storage, GPUs named
+    (Ray places the job), or a secret the job would need (``env_names``), which has no secret-free way into a Ray
+    job: its runtime_env is public. ``secret_field`` is the spec field that asks for the secret, ``secret_fix`` the
+    other way out besides running the job on this host."""
+    launcher = getattr(spec, "launcher", "local")
+    if launcher not in LAUNCHERS:
+        return [FieldError("launcher", f"choose {' or '.join(LAUNCHERS)} (this host, or the server's Ray cluster)")]
+    if launcher != "ray":
+        return []
+    here = "or run it on this host (launcher: local)"
+    errors = []
+    if importlib.util.find_spec("ray") is None:
+        errors.append(FieldError("launcher", f"launcher: ray needs ray, which is not installed: pip install -e "
+                                             f"'.[ray]', {here}"))
+    if not os.environ.get(RAY_ADDRESS_ENV, "").strip():
+        errors.append(FieldError("launcher", f"launcher: ray runs the job on the server's Ray cluster, and none is "
+                                             f"configured: set {RAY_ADDRESS_ENV} (the cluster's dashboard, e.g. "
+                                             f"http://head:8265) in the server's environment, {here}"))
+    problem = shared_storage_problem(paths.runs_dir())
+    if problem:
+        errors.append(FieldError("launcher", f"launcher: ray: {problem}, {here}"))
+    if spec.gpu_ids:
+        errors.append(FieldError("gpu_ids", "Ray places the job on the cluster: leave gpu_ids empty, or run it on "
+                                            "this host (launcher: local)"))
+    for name in spec.env_names():
+        errors.append(FieldError(secret_field, f"this job needs the secret {name}, which is never sent to a Ray job "
+                                               "(Ray shows a job's environment on its dashboard): run it on this "
+                                               f"host (launcher: local), or {secret_fix}"))
+    return errors
 
 
 class RayHandle(JobHandle):

@@ -1,7 +1,9 @@
 """The entry point of a Ray job (trainer_core/launchers/ray.py): ``python -m trainer_core.worker.ray_entry RUN_DIR``.
 
 One process: the worker itself replaces this process (``exec``), writing worker.log in the run folder on the
-shared storage; Ray's stop_job sends it SIGTERM, which a single worker reads as Cancel.
+shared storage; Ray's stop_job sends it SIGTERM, which a single worker reads as Cancel. That worker is
+``python -m trainer_core.worker RUN_DIR``, which runs the entry point of the job's kind (kind.txt): a training run,
+or an eval or export job sent to the cluster (``launcher: ray`` in its spec), always one process.
 
 Several processes (``FINETUNE_STUDIO_NPROC``): Ray Train's ``TorchTrainer`` places one Ray Train worker per
 process (``ScalingConfig``: one CPU each, ``FINETUNE_STUDIO_RAY_GPUS_PER_WORKER`` GPUs each) and sets up a
