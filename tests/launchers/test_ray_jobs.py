@@ -1,7 +1,8 @@
 """Eval and export jobs on the Ray cluster (``launcher: ray`` in their spec): what validation refuses, naming the
 field and the fix (no cluster, run folders off the shared storage, GPUs named, a secret the job would need: a hub
-push's HF_TOKEN, a judge's API key), how such a job is routed and placed, the CLI flags, and, slow, one export and
-one eval through the orchestrator as single-worker Ray jobs of a one-node local cluster."""
+push's HF_TOKEN, a judge's API key), how such a job is routed and placed, the CLI flags, and, slow, on a one-node
+local cluster: an export and an eval through the orchestrator as single-worker Ray jobs (artifacts and results on
+the shared storage, no secret in Ray's job table), and Stop reaching a Ray eval adopted by a restarted dashboard."""
 from __future__ import annotations
 
 import hashlib
@@ -224,3 +225,47 @@ def test_an_export_and_an_eval_run_as_ray_jobs_with_results_on_the_shared_storag
         for run in studio.store.active_runs():  # a test that failed half-way: leave no job on the cluster
             ray_jobs.RayLauncher(cluster).adopt(run).kill()
         studio.close()
+
+
+@pytest.mark.ray
+@pytest.mark.subprocess
+def test_stop_reaches_a_ray_eval_adopted_by_a_restarted_dashboard(cluster, tmp_path, monkeypatch, tiny_model):
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.support import MODELS_CACHE, ROOT, wait_until
+    from trainer_core import hardware
+    from trainer_core.data.sources import bundled_demo_path
+    from trainer_core.protocol.status import RunStatus
+
+    for name, value in {"FINETUNE_STUDIO_SHARED_STORAGE": str(tmp_path), "FINETUNE_STUDIO_HOME": str(tmp_path / "home"),
+                        "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE), "FINETUNE_STUDIO_FORCE_CPU": "1",
+                        "FINETUNE_STUDIO_ALLOWED_ROOTS": f"{tmp_path}:{ROOT / '.test-cache'}", "RAY_ADDRESS": cluster,
+                        "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    hardware.cuda_available.cache_clear()
+    data = tmp_path / "demo.jsonl"  # far more rows than the test waits for: Stop arrives while it generates
+    data.write_text(bundled_demo_path().read_text() * 4)
+    studio = Orchestrator()
+    eval_id, _ = studio.start_eval(EvalSpec(source=ModelSource(model=str(tiny_model)), data=str(data), max_samples=0,
+                                            metrics=["exact"], max_new_tokens=64, batch_size=1, launcher="ray"))
+    wait_until(lambda: len(evals.read_predictions(eval_id)) >= 1, timeout=120, what="the first prediction")
+    studio.close()  # the dashboard goes away; the Ray job evaluates on
+
+    restarted = Orchestrator()
+    try:
+        wait_until(lambda: restarted._is_tracked(eval_id), timeout=30, what="adoption by the restarted dashboard")
+        restarted.stop(eval_id)
+        snap = restarted.wait(eval_id, timeout=120)
+        assert snap.status is RunStatus.STOPPED, (snap.error, restarted.log_tail(eval_id))
+        result = restarted.eval_result(eval_id)
+        kept = evals.read_predictions(eval_id, limit=10_000)
+        assert result.metrics["partial"] is True and result.metrics["samples"] == len(kept)
+        assert 1 <= len(kept) < len(data.read_text().splitlines())
+        client = JobSubmissionClient(cluster)  # the worker ended by itself, after its partial results
+        wait_until(lambda: client.get_job_status(ray_jobs.submission_id(eval_id)) == "SUCCEEDED", timeout=60,
+                   what="the Ray job to end")
+    finally:
+        for run in restarted.store.active_runs():
+            ray_jobs.RayLauncher(cluster).adopt(run).kill()
+        restarted.close()
