@@ -610,6 +610,8 @@ with st.expander("Samples during training"):
                                 key=K + "sample_every_steps", help=H("sample_every_steps"))
     sample_cols[2].number_input("Max new tokens per answer", min_value=0, key=K + "sample_max_new_tokens",
                                 help=H("sample_max_new_tokens"))
+    st.text_area("Sample images (vision runs: line i is the image of prompt i; an empty line for a text-only prompt)",
+                 key=K + "sample_images", help=H("sample_images"), height=80, placeholder="shapes/held-out-1.png")
 
 memory_panel(info, config)
 remember_state()

@@ -352,7 +352,7 @@ def config_key(cfg: TrainConfig) -> str:
 
 
 # ---------------------------------------------------------------------- samples during training
-SAMPLE_FIELDS = ("sample_prompts", "sample_prompt_set", "sample_every_steps", "sample_max_new_tokens")
+SAMPLE_FIELDS = ("sample_prompts", "sample_prompt_set", "sample_every_steps", "sample_max_new_tokens", "sample_images")
 PROMPT_SEPARATOR = "---"  # a line holding only this separates prompts that span several lines
 
 
@@ -380,7 +380,17 @@ def parse_prompts(text: str) -> list[str]:
 
 def sample_state(cfg: TrainConfig) -> dict[str, Any]:
     return {K + "sample_prompts": prompts_text(cfg.sample_prompts), K + "sample_prompt_set": cfg.sample_prompt_set,
-            K + "sample_every_steps": cfg.sample_every_steps, K + "sample_max_new_tokens": cfg.sample_max_new_tokens}
+            K + "sample_every_steps": cfg.sample_every_steps, K + "sample_max_new_tokens": cfg.sample_max_new_tokens,
+            K + "sample_images": "\n".join(cfg.sample_images)}
+
+
+def parse_images(text: str) -> list[str]:
+    """One image path per line, line i for sample prompt i; an empty line is a prompt without an image (empty lines
+    after the last path are dropped)."""
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def sample_values(state: Mapping) -> dict[str, Any]:
@@ -393,7 +403,8 @@ def sample_values(state: Mapping) -> dict[str, Any]:
     return {"sample_prompts": prompts,
             "sample_prompt_set": (state.get(K + "sample_prompt_set") or "").strip(),
             "sample_every_steps": state.get(K + "sample_every_steps", defaults.sample_every_steps),
-            "sample_max_new_tokens": state.get(K + "sample_max_new_tokens", defaults.sample_max_new_tokens)}
+            "sample_max_new_tokens": state.get(K + "sample_max_new_tokens", defaults.sample_max_new_tokens),
+            "sample_images": parse_images(state.get(K + "sample_images", ""))}
 
 
 def prompt_set_options(current: str, names: list[str]) -> list[str]:
