@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core import modality, model_info
+from trainer_core.planning import modality, model_info
 from trainer_core.config import TrainConfig
 from trainer_core.data.loading import load_local
 from trainer_core.worker.engines import choose_engine

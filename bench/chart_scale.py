@@ -34,7 +34,7 @@ from sqlmodel import SQLModel
 
 from db.entities import RunRecord
 from db.store import Store
-from trainer_core import charts
+from trainer_core.views import charts
 from trainer_core.jobs import adoption, orchestrator
 from trainer_core.protocol import paths
 from trainer_core.jobs.alerts import rows_from_frame

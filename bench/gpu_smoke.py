@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper,  # noqa: E402
                                   spoken_rows, write_jsonl)
 from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
-from trainer_core import hardware  # noqa: E402  (after the path: runnable as a plain script)
+from trainer_core.planning import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER,  # noqa: E402
                                             bundled_model_dir)
@@ -315,7 +315,7 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     import torch
     from transformers import TrainerCallback
 
-    from trainer_core import memory, model_info
+    from trainer_core.planning import memory, model_info
     from trainer_core.data.loading import load_for_training
     from trainer_core.worker import model_files
 

@@ -20,7 +20,7 @@ from sqlmodel import Session, delete, select
 
 from db.models import ApiToken, User
 from db.store import Store
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 
 TOKEN_PREFIX = "fts_"
 _hasher = PasswordHasher()

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 from gateway import nginx, settings
 from trainer_core.protocol import paths
-from trainer_core import access
-from trainer_core.access import SERVER_SECRET_ENV
+from trainer_core.auth import access
+from trainer_core.auth.access import SERVER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_ENV = "FINETUNE_STUDIO_NGINX"  # path of the nginx binary (default: nginx on PATH, then /usr/sbin/nginx)

@@ -19,8 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import access
-from trainer_core.access import Role
+from trainer_core.auth import access
+from trainer_core.auth.access import Role
 
 PASSWORD_ENV = "FINETUNE_STUDIO_PASSWORD"
 PASSWORD_KEY = "studio_password"

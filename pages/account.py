@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from db import users
-from trainer_core.access import Action, Role, allowed
+from trainer_core.auth.access import Action, Role, allowed
 from ui import format as fmt
 from ui.auth import current_actor, shared_mode, signed_in
 from ui.entry import require_entrypoint

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from trainer_core.charts import COMPARE_ALIGN, COMPARE_METRICS
-from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
+from trainer_core.views.charts import COMPARE_ALIGN, COMPARE_METRICS
+from trainer_core.views.run_rules import COMPARE_MAX, COMPARE_MIN, run_labels
 from ui import format as fmt
 from ui.compare import render_compare
 from ui.samples import render_prompt_compare

@@ -8,10 +8,10 @@ import time
 import pandas as pd
 import streamlit as st
 
-from trainer_core.access import Action, allowed
+from trainer_core.auth.access import Action, allowed
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import JobKind, RunStatus
-from trainer_core.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_name
+from trainer_core.views.run_rules import COMPARE_MAX, COMPARE_MIN, can_resume, run_name
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from trainer_core.access import Action, allowed
+from trainer_core.auth.access import Action, allowed
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui.auth import current_actor

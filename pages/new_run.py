@@ -21,9 +21,11 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trainer_core import hardware, memory, model_info, parallel, presets, preview, promptsets
-from trainer_core.access import Action, Role, allowed
-from trainer_core.charts import length_chart
+from trainer_core.planning import hardware, memory, model_info, parallel, preview
+from trainer_core.config import presets
+from trainer_core.tryout import promptsets
+from trainer_core.auth.access import Action, Role, allowed
+from trainer_core.views.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats

@@ -17,13 +17,14 @@ import time
 
 import streamlit as st
 
-from trainer_core import chat_prompt, jobspec, promptsets
-from trainer_core.access import Action, allowed
+from trainer_core.tryout import chat_prompt, promptsets
+from trainer_core.jobs import jobspec
+from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind
-from trainer_core.run_rules import run_labels
+from trainer_core.views.run_rules import run_labels
 from trainer_core.serving.client import Sampling
 from ui import playground as pg
 from ui import embedding_playground as embedding_mode

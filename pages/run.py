@@ -7,10 +7,10 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from trainer_core.charts import LOSS_KEYS, line_metrics
+from trainer_core.views.charts import LOSS_KEYS, line_metrics
 from trainer_core.protocol.metrics import WIDE_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus
-from trainer_core.run_rules import run_name
+from trainer_core.views.run_rules import run_name
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint

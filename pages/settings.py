@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from db.store import default_url
-from trainer_core.access import Action, allowed
+from trainer_core.auth.access import Action, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import paths
 from ui import ray_cluster

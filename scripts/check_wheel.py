@@ -12,7 +12,7 @@ unnoticed until a user runs ``pip install .``. This check:
    path line: the ``.pth`` files there, among them the editable install's finder, are not run);
 4. from a temporary working directory, with ``python -I`` (no PYTHONPATH, no script folder on sys.path), imports
    every module the wheel's RECORD lists and checks that each one's file lies in the fresh venv; then reads the
-   built-in presets through ``trainer_core.presets.builtin_dir()``.
+   built-in presets through ``trainer_core.config.presets.builtin_dir()``.
 
 Usage: ``.venv/bin/python scripts/check_wheel.py`` (exit 0 and one summary line, or exit 1 naming what is wrong).
 """
@@ -94,7 +94,7 @@ for name in names:
         problems.append(f"{name}: imported from {where or 'nowhere (a namespace package)'}, not the installed wheel")
 names_found = []
 try:
-    from trainer_core import presets
+    from trainer_core.config import presets
     folder = str(presets.builtin_dir())
     names_found = sorted(p.name for p in presets.builtin_dir().glob("*.yaml"))
     if not folder.startswith(prefix) or not names_found:

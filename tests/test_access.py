@@ -16,10 +16,10 @@ from gateway import settings, signin
 from gateway.__main__ import main as share_main
 from tests.support import fake
 from tests.test_pages import APP, TIMEOUT
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
-from trainer_core.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
+from trainer_core.auth.access import Action, Actor, NotAllowed, Role, allowed, check, child_env
 from trainer_core.config import TrainConfig, builtin_loader_names
 from trainer_core.jobs.orchestrator import RunRefused
 from trainer_core.protocol.status import RunStatus

@@ -18,7 +18,7 @@ from tests.support import wait_until
 from tests.test_pages import APP, TIMEOUT
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
-from trainer_core import access
+from trainer_core.auth import access
 from ui import auth
 from ui.state import get_orchestrator
 

@@ -22,7 +22,7 @@ from tests.browser_support import (
     wait_until,
 )
 from tests.support import MODELS_CACHE, ROOT
-from trainer_core.charts import RAW_LOSS
+from trainer_core.views.charts import RAW_LOSS
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 

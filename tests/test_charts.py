@@ -10,7 +10,7 @@ import pytest
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
-from trainer_core import charts
+from trainer_core.views import charts
 from ui.views import ChartOptions
 
 

@@ -30,7 +30,7 @@ from gateway.settings import AuthSettings
 from tests.browser_support import free_port
 from tests.support import wait_until
 from tests.test_pages import APP, TIMEOUT
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 from ui import auth
 from ui.state import get_orchestrator
 from ui.text import safe

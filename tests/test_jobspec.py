@@ -8,10 +8,10 @@ from typing import ClassVar
 import pytest
 
 from tests.support import fake, wait_until
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
 from trainer_core.jobs.launcher import WorkerLauncher
-from trainer_core.jobspec import JobSpec, ModelSource, SourceError, resolve
+from trainer_core.jobs.jobspec import JobSpec, ModelSource, SourceError, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, read_kind
 
@@ -146,7 +146,7 @@ def test_submit_refuses_a_spec_with_problems(orch, home):
 
 
 def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after_it(orch, home, monkeypatch):
-    import trainer_core.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
+    import trainer_core.jobs.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
     monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
     make_run("src", steps=(2,))
     pause = home / "go"
@@ -256,7 +256,7 @@ def _wrong_values(hint) -> list:
 
 
 def _every_spec_field():
-    import trainer_core.jobkinds  # noqa: F401  (registers every kind's spec class)
+    import trainer_core.jobs.jobkinds  # noqa: F401  (registers every kind's spec class)
 
     for kind, cls in sorted(jobspec.SPEC_TYPES.items(), key=lambda item: item[0].value):
         if cls.__module__.startswith("tests."):

@@ -1,4 +1,4 @@
-"""trainer_core.memory: the estimate against configurations worked out by hand (GB = 10^9 bytes)."""
+"""trainer_core.planning.memory: the estimate against configurations worked out by hand (GB = 10^9 bytes)."""
 from __future__ import annotations
 
 import math
@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from trainer_core import hardware, memory
+from trainer_core.planning import hardware, memory
 from trainer_core.config import TrainConfig
-from trainer_core.memory import DeviceMemory, estimate_memory, fit_message
-from trainer_core.model_info import ModelInfo
+from trainer_core.planning.memory import DeviceMemory, estimate_memory, fit_message
+from trainer_core.planning.model_info import ModelInfo
 
 # Llama-3-8B: 8,030,261,248 parameters; hidden 4096, 32 layers, 32 heads (8 KV heads of 128), MLP 14336,
 # vocabulary 128256, untied embeddings.

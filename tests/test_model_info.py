@@ -1,4 +1,4 @@
-"""trainer_core.model_info: model facts from metadata only (no torch)."""
+"""trainer_core.planning.model_info: model facts from metadata only (no torch)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ from huggingface_hub import constants as hf_constants
 from safetensors.numpy import save_file
 
 from tests.support import run_python
-from trainer_core import model_info
+from trainer_core.planning import model_info
 from trainer_core.config import BUNDLED_MODEL
-from trainer_core.model_info import ModelInfoError, inspect_model, parameters_from_shape
+from trainer_core.planning.model_info import ModelInfoError, inspect_model, parameters_from_shape
 
 # The real SmolLM2-135M-Instruct config (as the bundled model converts) and Llama-3-8B's published dimensions.
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
@@ -143,7 +143,7 @@ def test_hub_id_offline_and_not_cached_says_so(tmp_path, monkeypatch):
 
 
 def test_modules_do_not_import_the_ml_stack():
-    code = ("import sys; from trainer_core import model_info, memory, preview;"
+    code = ("import sys; from trainer_core.planning import model_info, memory, preview;"
             "model_info.inspect_model('bundled:SmolLM2-135M-Instruct');"
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules))")
     done = run_python(code)

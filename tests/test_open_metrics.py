@@ -16,7 +16,7 @@ from db.store import Store
 from tests.support import FakeLauncher, run_python
 from tests.test_pages import open_page
 from trainer_core import __main__ as cli
-from trainer_core import charts
+from trainer_core.views import charts
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs import rebuild
 from trainer_core.jobs.orchestrator import Orchestrator

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_core import presets
+from trainer_core.config import presets
 from trainer_core.config import BUNDLED_MODEL, CONFIG_BYTES_MAX, ConfigError, TrainConfig
-from trainer_core.presets import PresetError
+from trainer_core.config.presets import PresetError
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name, both parts present
@@ -199,7 +199,7 @@ def test_installed_layout_finds_presets_inside_the_package(home, tmp_path, monke
     package = tmp_path / "site-packages" / "trainer_core"
     (package / "builtin_presets").mkdir(parents=True)
     (package / "builtin_presets" / "shipped.yaml").write_text("# Shipped\nmax_steps: 4\n")
-    monkeypatch.setattr(presets, "__file__", str(package / "presets.py"))
+    monkeypatch.setattr(presets, "__file__", str(package / "config" / "presets.py"))
     assert presets.builtin_dir() == package / "builtin_presets"
     assert presets.list_presets()[0] == presets.Preset("shipped", package / "builtin_presets" / "shipped.yaml",
                                                        True, "Shipped")

@@ -1,11 +1,11 @@
-"""trainer_core.run_rules: the run rules History, Run details and Compare share."""
+"""trainer_core.views.run_rules: the run rules History, Run details and Compare share."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from trainer_core.run_rules import can_resume, run_labels, run_name
+from trainer_core.views.run_rules import can_resume, run_labels, run_name
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 

@@ -35,7 +35,7 @@ from db.entities import RunRecord
 from db.store import Store
 from gateway.__main__ import Share
 from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
-from trainer_core.access import Role
+from trainer_core.auth.access import Role
 from trainer_core.protocol.status import RunStatus
 
 sync_api = pytest.importorskip("playwright.sync_api")

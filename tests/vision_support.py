@@ -35,7 +35,7 @@ BUILD_TINY_VLM = textwrap.dedent("""
     from transformers import (AutoTokenizer, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor, SiglipVisionConfig)
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
-    from trainer_core import hardware
+    from trainer_core.planning import hardware
     from trainer_core.protocol import paths
     from trainer_core.worker import model_files
 

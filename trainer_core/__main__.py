@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from trainer_core.jobs import resource_check
 from trainer_core.protocol import paths, secrets
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, load_yaml, read_training_type,
                                  secrets_in_file)
 from trainer_core.data import loading
@@ -275,7 +275,7 @@ def rebuild_refusal() -> str:
     the token's user, who must be an admin (a viewer's token, or one that is unknown, is refused)."""
     from db import users
     from db.store import Store
-    from trainer_core import access
+    from trainer_core.auth import access
 
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_serving_commands(sub)
     _add_control_commands(sub)
     eval_cli.add_parser(sub, _find, cli_actor)
-    from trainer_core import cli_export  # `export RUN --to ...` (issue 11): its own module
+    from trainer_core.export import cli as cli_export  # `export RUN --to ...` (issue 11): its own module
 
     cli_export.add_parser(sub).set_defaults(func=lambda args: cli_export.cmd_export(args, _find, cli_actor))
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ from db import users
 from gateway import settings
 from gateway.settings import SettingsError
 from db.models import User
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 from ui.state import get_orchestrator
 
 _SIGNED_IN = "_studio_signed_in"

@@ -15,8 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core import charts
-from trainer_core.run_rules import run_labels
+from trainer_core.views import charts
+from trainer_core.views.run_rules import run_labels
 from ui import format as fmt
 from ui.views import persisted, persistent_key, smoothing_control
 

@@ -1,6 +1,6 @@
 """The Playground's embedding mode (issue 21): type a query and see the top passages of a corpus (the run's own
 passages, or pasted ones) as the base model and the tuned model rank them, side by side with their scores. The
-search runs in a child process (trainer_core/search.py); ``render`` lays the mode out."""
+search runs in a child process (trainer_core/tryout/search.py); ``render`` lays the mode out."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,9 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core import jobspec, search
+from trainer_core.jobs import jobspec
+from trainer_core.tryout import search
 from trainer_core.evaluation import retrieval
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from ui import playground as pg
 from ui.text import safe
 

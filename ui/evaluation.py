@@ -16,8 +16,8 @@ import pandas as pd
 import streamlit as st
 
 from db.entities import EvalResultRecord, RunRecord
-from trainer_core import jobspec
-from trainer_core.access import Action, Actor, allowed
+from trainer_core.jobs import jobspec
+from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.config import ConfigError
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import save_upload

@@ -9,8 +9,9 @@ from pathlib import Path
 import streamlit as st
 
 from db.entities import ArtifactRecord, RunRecord
-from trainer_core import jobspec, promptsets
-from trainer_core.access import Action, Role, allowed
+from trainer_core.jobs import jobspec
+from trainer_core.tryout import promptsets
+from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec
@@ -56,7 +57,8 @@ def default_targets(config: dict) -> list[str]:
     """What the form offers first for a run: merged and GGUF for a text model; merged alone for one llama.cpp does not
     run (speech, text-to-speech, embedding and vision models); the adapter for a reward model (merged loads a model
     that writes answers). The export spec still checks whatever is picked."""
-    from trainer_core import methods, model_info, modality
+    from trainer_core import methods
+    from trainer_core.planning import model_info, modality
 
     method = config.get("method") or "sft"
     output = methods.METHODS[method].output if method in methods.METHODS else "text"

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from trainer_core.protocol.status import JobKind, RunStatus
-from trainer_core.run_rules import run_name
+from trainer_core.views.run_rules import run_name
 
 MISSING = "—"
 

@@ -26,9 +26,12 @@ import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 from db.entities import RunRecord
-from trainer_core import jobspec, methods, model_info, modality, promptsets
+from trainer_core import methods
+from trainer_core.jobs import jobspec
+from trainer_core.planning import model_info, modality
+from trainer_core.tryout import promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
 from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem

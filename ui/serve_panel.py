@@ -7,8 +7,8 @@ from __future__ import annotations
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core import jobspec
-from trainer_core.access import Action, allowed
+from trainer_core.jobs import jobspec
+from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.protocol.status import JobKind, RunStatus

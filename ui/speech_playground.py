@@ -13,9 +13,9 @@ from typing import Any
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.serving.client import ServeError, transcribe
 from trainer_core.serving.gate import MAX_AUDIO_BYTES
 from ui import playground as pg

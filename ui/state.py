@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer_core.access import Action, Actor, allowed
+from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.jobs.orchestrator import Orchestrator
 

@@ -1,7 +1,7 @@
 """The Playground's text-to-speech mode (issue 22): type a sentence, and a tts run's base model and its tuned
 versions (final model, checkpoints) speak it side by side with the same seed: play each clip, see whether the model
 ended it on its own or talked to the length cap, download the WAV. The speaking runs in a child process
-(trainer_core/speak.py); ``render`` lays the mode out."""
+(trainer_core/tryout/speak.py); ``render`` lays the mode out."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +9,8 @@ from typing import Any
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core import speak
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.tryout import speak
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.methods import tts
 from ui import playground as pg
 from ui.text import safe

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from trainer_core import charts
+from trainer_core.views import charts
 from trainer_core.jobs.alerts import LABELS as ALERT_LABELS
 from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.jobs.resources import ResourceSample

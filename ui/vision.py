@@ -1,4 +1,4 @@
-"""The New run page's vision panels: what the model's config says about images (trainer_core.modality), and the
+"""The New run page's vision panels: what the model's config says about images (trainer_core.planning.modality), and the
 first image rows of the chosen file as thumbnails with the tokens each image takes. Config files and images only:
 no ML stack. Paths are resolved and checked by the data loader (allowed roots) before an image is opened."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from trainer_core import model_info
+from trainer_core.planning import model_info
 from trainer_core.data import DatasetError
 from trainer_core.data import images as image_data
-from trainer_core.modality import SPEECH, TTS, ModalityInfo, detect_modality
+from trainer_core.planning.modality import SPEECH, TTS, ModalityInfo, detect_modality
 from ui.text import safe
 
 THUMBNAILS = 4  # image rows shown under the dataset picker

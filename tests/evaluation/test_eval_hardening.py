@@ -17,7 +17,8 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import samples as eval_samples
@@ -27,7 +28,7 @@ from trainer_core.evaluation.spec import DEFAULT_RUBRIC, EvalSpec
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.launcher import WorkerLauncher
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.worker import evaluate

@@ -19,13 +19,13 @@ from db.store import Store
 from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.support import run_python
 from tests.test_pages import insert_finished_run, open_page
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import METRICS, EvalSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.rewards.builtin import length

@@ -9,11 +9,12 @@ import shutil
 import pytest
 
 from tests.support import ROOT
-from trainer_core import jobspec, memory
+from trainer_core.jobs import jobspec
+from trainer_core.planning import memory
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.jobspec import ModelSource, read_spec, write_spec
+from trainer_core.jobs.jobspec import ModelSource, read_spec, write_spec
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind
 

@@ -24,14 +24,15 @@ from markdown_it import MarkdownIt
 from db.entities import RunRecord
 from db.store import Store
 from tests.support import ROOT
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.export import card, staging
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.worker import export as worker_export

@@ -14,11 +14,12 @@ import pytest
 
 from tests.export_support import make_run
 from tests.support import ROOT, run_python
-from trainer_core import jobspec, promptsets
+from trainer_core.jobs import jobspec
+from trainer_core.tryout import promptsets
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 

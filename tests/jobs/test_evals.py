@@ -9,13 +9,13 @@ import pytest
 
 from db.entities import RunRecord
 from tests.support import ROOT, fake
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, ConfigError
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import fake, wait_until
 from tests.test_jobspec import make_run
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
@@ -181,7 +181,7 @@ def test_cli_db_rebuild_is_refused_to_anyone_but_an_admin(home, monkeypatch, cap
     from db import users
     from db.store import Store
     from trainer_core import __main__ as cli
-    from trainer_core.access import Role
+    from trainer_core.auth.access import Role
 
     store = Store()
     users.ensure_user(store, "ann", Role.OPERATOR if who == "operator" else Role.VIEWER)
@@ -198,7 +198,7 @@ def test_cli_db_rebuild_runs_for_an_admin_token_and_for_the_local_user(home, mon
     from db import users
     from db.store import Store
     from trainer_core import __main__ as cli
-    from trainer_core.access import Role
+    from trainer_core.auth.access import Role
 
     store = Store()
     users.ensure_user(store, "root", Role.ADMIN)
@@ -213,7 +213,7 @@ def test_cli_db_rebuild_runs_for_an_admin_token_and_for_the_local_user(home, mon
 
 def test_the_dashboards_rebuild_refuses_a_shared_mode_user_who_is_not_an_admin(app_home, monkeypatch):
     """Only a disabled button guarded it: the function behind it rebuilt for anyone."""
-    from trainer_core.access import Actor, Role
+    from trainer_core.auth.access import Actor, Role
     from trainer_core.jobs import rebuild
     from ui import auth, state
 

@@ -15,7 +15,7 @@ from db.models import Metric, Run, RunEvent
 from db.store import Store
 from tests.support import ROOT, fake, wait_for_step
 from trainer_core import __main__ as cli
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.status import RunStatus

@@ -20,7 +20,7 @@ from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher, cluster_devices, on_ray
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind
@@ -177,7 +177,7 @@ def test_an_export_and_an_eval_run_as_ray_jobs_with_results_on_the_shared_storag
 
     from tests.export_support import make_run
     from tests.support import MODELS_CACHE, ROOT
-    from trainer_core import hardware
+    from trainer_core.planning import hardware
     from trainer_core.data.sources import bundled_demo_path
     from trainer_core.protocol.status import RunStatus
 
@@ -233,7 +233,7 @@ def test_stop_reaches_a_ray_eval_adopted_by_a_restarted_dashboard(cluster, tmp_p
     from ray.job_submission import JobSubmissionClient
 
     from tests.support import MODELS_CACHE, ROOT, wait_until
-    from trainer_core import hardware
+    from trainer_core.planning import hardware
     from trainer_core.data.sources import bundled_demo_path
     from trainer_core.protocol.status import RunStatus
 

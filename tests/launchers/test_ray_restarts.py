@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.launchers.test_ray_failures import WorkerGroupFailed, exited, run_folder
-from trainer_core import checkpoints
+from trainer_core.jobs import checkpoints
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import events as ev, paths

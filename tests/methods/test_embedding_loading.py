@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer_core import memory, methods, model_info
+from trainer_core import methods
+from trainer_core.planning import memory, model_info
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError, loading
 from trainer_core.data import embedding_pairs as pairs

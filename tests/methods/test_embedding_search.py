@@ -1,4 +1,4 @@
-"""The Playground's embedding search (issue 21), through trainer_core/search.py and its child process: after a short
+"""The Playground's embedding search (issue 21), through trainer_core/tryout/search.py and its child process: after a short
 run on invented jargon, a held-out phrasing of a question finds its passage first with the tuned model, among the
 run's own passages; the base model, which cannot know the words, does not rank it first for most queries. Bad
 requests are named before a process starts."""
@@ -8,8 +8,8 @@ import pytest
 
 from tests.methods.test_embedding_run import jargon_files, run_config
 from tests.methods.test_embedding_train import jargon
-from trainer_core import search
-from trainer_core.jobspec import ModelSource
+from trainer_core.tryout import search
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.methods.embedding import BUNDLED_MODEL
 from trainer_core.protocol.status import RunStatus
 from tests.support import ROOT

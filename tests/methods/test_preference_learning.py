@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.support import ROOT, bundled_model_folder, run_python
-from trainer_core import presets
+from trainer_core.config import presets
 from trainer_core.protocol.status import RunStatus
 
 pytestmark = pytest.mark.train

@@ -15,10 +15,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.support import ROOT, run_python, wait_until
-from trainer_core import hardware
+from trainer_core.planning import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.methods import embedding
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind

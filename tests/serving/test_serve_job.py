@@ -16,7 +16,7 @@ from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainCon
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobspec import ModelSource, read_spec
+from trainer_core.jobs.jobspec import ModelSource, read_spec
 from trainer_core.protocol import control
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
@@ -68,7 +68,7 @@ def test_spec_validation_names_every_field(home, store):
 
 
 def test_models_that_do_not_fit_free_memory_together_are_refused_with_the_figures(home, store, monkeypatch):
-    from trainer_core import memory
+    from trainer_core.planning import memory
 
     fake_run(store, "r1", "my run", steps=(10,))
     monkeypatch.setattr(memory, "device_memory", lambda cfg: memory.DeviceMemory("cpu", "system RAM", 1.2, 8.0))
@@ -94,7 +94,7 @@ def test_spec_roundtrip_through_job_json(home, store):
     folder = paths.run_dir("job")
     folder.mkdir(parents=True)
     write_kind(folder, JobKind.SERVE)
-    from trainer_core.jobspec import write_spec
+    from trainer_core.jobs.jobspec import write_spec
 
     write_spec(folder, spec)
     back = read_spec(folder)

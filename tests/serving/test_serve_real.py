@@ -16,10 +16,10 @@ from db.entities import RunRecord
 from db.store import Store
 from tests.serving.serve_support import fake_trained_run
 from tests.support import MODELS_CACHE, ROOT, wait_until
-from trainer_core import hardware
+from trainer_core.planning import hardware
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.client import Sampling, ServeError, list_models, stream_chat

@@ -12,11 +12,11 @@ from tests.speech.test_stt_train import speech_config
 from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, write_jsonl
 from tests.support import ROOT, wait_until
 from tests.test_pages import open_page
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator

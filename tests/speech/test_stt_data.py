@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import soundfile
 
-from trainer_core import modality
+from trainer_core.planning import modality
 from trainer_core.config import TrainConfig
 from trainer_core.data import DatasetError, audio, loading
 from trainer_core.protocol.errors import FieldError

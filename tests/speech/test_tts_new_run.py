@@ -13,8 +13,8 @@ from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spo
 from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is a fixture
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
-from trainer_core.modality import TTS, detect_modality
-from trainer_core.preview import build_preview
+from trainer_core.planning.modality import TTS, detect_modality
+from trainer_core.planning.preview import build_preview
 from ui import form
 
 

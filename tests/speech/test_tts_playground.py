@@ -1,5 +1,5 @@
 """The Playground's text-to-speech mode (issue 22): a tts run's base model and tuned model speak the same text side by
-side (trainer_core/speak.py, its child process trainer_core/worker/speak_child.py, and ui/tts_playground.py).
+side (trainer_core/tryout/speak.py, its child process trainer_core/worker/speak_child.py, and ui/tts_playground.py).
 
 Fast: a request is checked before any process starts (every problem named with its field and fix); a source that
 cannot be resolved (an unknown run, a checkpoint that is a link out of its run folder, a model that does not speak)
@@ -27,10 +27,10 @@ from tests.speech.test_tts_train import tts_config
 from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import ROOT
 from tests.test_pages import open_page
-from trainer_core import speak
-from trainer_core.access import Role
+from trainer_core.tryout import speak
+from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_new_run import click, fakes, open_page, texts  # noqa: F401 - fakes is a fixture
-from trainer_core import presets
+from trainer_core.config import presets
 from trainer_core.config import TrainConfig
 from ui import form
 from ui.form import K

@@ -13,8 +13,8 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from tests.support import run_python
 from tests.test_new_run import APP, TIMEOUT, click, fakes, open_page, texts  # noqa: F401 - fakes is a fixture
-from trainer_core import presets
-from trainer_core.access import Role
+from trainer_core.config import presets
+from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig
 from trainer_core.launchers import ray as ray_jobs
 from ui import auth, ray_cluster

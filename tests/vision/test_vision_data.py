@@ -1,4 +1,4 @@
-"""Image + text datasets (trainer_core.data.images) and the config-only model detector (trainer_core.modality):
+"""Image + text datasets (trainer_core.data.images) and the config-only model detector (trainer_core.planning.modality):
 no ML stack, images drawn with Pillow."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data.loading import check_data, load_local
-from trainer_core.modality import TEXT, VISION, detect_modality, from_configs
+from trainer_core.planning.modality import TEXT, VISION, detect_modality, from_configs
 from tests.vision_support import IMAGE_TOKENS, QUESTION, as_messages, shape_rows, write_jsonl
 
 USER_IMAGE = [{"type": "image"}, {"type": "text", "text": QUESTION}]

@@ -15,10 +15,10 @@ from tests.support import MODELS_CACHE, ROOT, wait_until
 from tests.test_pages import open_page
 from tests.vision.test_vision_playground import vision_config
 from tests.vision_support import QUESTION, shape_rows, write_jsonl
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator

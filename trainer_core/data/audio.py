@@ -254,7 +254,7 @@ def _speaker_id(value: Any, default: int | None) -> int | None:
 def model_problems(cfg: Any, field_name: str) -> list[DatasetError]:
     """What the model says about speech data before start: a speech-to-text model (Whisper-style) for method stt,
     a text-to-speech model (CSM) for method tts."""
-    from trainer_core import model_info, modality  # reads the model's config files: only when audio is in play
+    from trainer_core.planning import model_info, modality  # reads the model's config files: only when audio is in play
 
     try:
         found = modality.detect_modality(cfg.model_name)
@@ -275,7 +275,7 @@ def model_problems(cfg: Any, field_name: str) -> list[DatasetError]:
 
 def window_of(model_name: str) -> float:
     """The clip length the model's feature extractor takes (its chunk_length; 30 s for Whisper)."""
-    from trainer_core import model_info, modality
+    from trainer_core.planning import model_info, modality
 
     try:
         found = modality.detect_modality(model_name)

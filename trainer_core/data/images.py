@@ -277,7 +277,7 @@ def model_problems(cfg: Any, data_has_images: bool, field_name: str) -> list[Dat
     1): images need a vision-language model, packing off, and room in max_seq_length for an image's tokens;
     ``is_dataset_image`` asks for images, so data without any is refused. A vision model on text-only data is no
     problem: it trains as text (the worker says so)."""
-    from trainer_core import model_info, modality  # reads the model's config files: only when images are in play
+    from trainer_core.planning import model_info, modality  # reads the model's config files: only when images are in play
 
     problems = []
     if cfg.is_dataset_image and not data_has_images:

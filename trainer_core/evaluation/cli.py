@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Callable
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError
 from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation.spec import DEFAULT_METRICS, EvalSpec

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from trainer_core import access
+from trainer_core.auth import access
 
 KEY_ENVS_SETTING = "FINETUNE_STUDIO_JUDGE_KEY_ENVS"
 ALLOW_PRIVATE_SETTING = "FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE"

@@ -60,7 +60,7 @@ def is_embedding_model(model: str) -> bool | None:
         folder = Path(name).expanduser()
         if (folder / "modules.json").is_file():
             return True
-    from trainer_core import model_info  # reads config files only: no ML stack
+    from trainer_core.planning import model_info  # reads config files only: no ML stack
 
     try:
         architecture = model_info.inspect_model(name).architecture
@@ -72,7 +72,7 @@ def is_embedding_model(model: str) -> bool | None:
 def source_errors(spec: "EvalSpec") -> list[FieldError]:
     """``retrieval`` only for an embedding model (a run trained with method embedding, or a sentence-transformers
     base model), alone; the text metrics and benchmarks never for one (it generates no text)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     source = spec.source
     if source.is_base:
@@ -104,7 +104,7 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
 def run_settings(run_id: str) -> dict:
     """What an eval of embedding run ``run_id`` takes from it (unless the spec sets its own): the query and
     document prompts and the text length it trained with, and its column mapping (in custom_format_mapping)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     cfg = jobspec.run_config(run_id)
     if cfg.method != "embedding":
@@ -176,7 +176,7 @@ def read_run_split(run_id: str) -> IRSet:
     """What embedding run ``run_id``'s evaluator scored (worker/methods/embedding.py ``build_trainer``): its
     BEIR-like files, else its eval rows (the corpus also holding the training passages), else the pairs it held
     out (embedding.ir_holdout, the same seed)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     try:
         cfg = jobspec.run_config(run_id)

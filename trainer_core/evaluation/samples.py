@@ -91,7 +91,7 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
 
 
 def _base_model(spec: "EvalSpec") -> str:
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     try:
         return jobspec.resolve(spec.source).base_model or TrainConfig().model_name
@@ -115,7 +115,7 @@ def split_run(data: str) -> str:
 def load_rows(spec: "EvalSpec") -> NormalizedData:
     """The test rows, normalised; DatasetError (field ``data`` or a format field) names the fix.
     Hub data imports ``datasets`` (worker only)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     kind = data_kind(spec.data)
     if kind == "eval_split":
@@ -300,7 +300,7 @@ def left_out_warning(data: NormalizedData, skipped: int) -> str | None:
 def fingerprint(spec: "EvalSpec") -> str:
     """A hash of the test data: file bytes for a file (the training fingerprint), the run's training data
     fingerprint and split settings for an eval split, the id/subset/split for a hub dataset."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
     from trainer_core.evaluation import retrieval
 
     if retrieval.wanted(spec):  # the retrieval set itself, however it was given
@@ -348,7 +348,7 @@ def settings_hash(spec: "EvalSpec") -> str:
 def reward_identity(run_id: str) -> list:
     """What the ``reward`` metric of an eval scores with: the GRPO run's reward settings and, for a Python
     reward, the sha256 of the copy in its run folder (an edited file is another reward)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     try:
         cfg = jobspec.run_config(run_id)

@@ -7,13 +7,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import retrieval, speech, vision
 from trainer_core.evaluation import samples as eval_samples
-from trainer_core.jobspec import JobSpec, register
+from trainer_core.jobs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths

@@ -33,7 +33,7 @@ def wanted(spec: "EvalSpec") -> bool:
 def is_speech_source(spec: "EvalSpec") -> bool | None:
     """Whether the spec's model transcribes (a run of method stt, or a Whisper-style base model); None when the
     source cannot be resolved (JobSpec.validate names why)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     try:
         return jobspec.resolve(spec.source).output == "speech"
@@ -43,7 +43,7 @@ def is_speech_source(spec: "EvalSpec") -> bool | None:
 
 def source_errors(spec: "EvalSpec") -> list[FieldError]:
     """wer/cer only for a speech model, and a speech model only with wer/cer (it writes no chat answers)."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     speech = is_speech_source(spec)
     if speech is None or jobspec.resolve(spec.source).output == "audio":
@@ -71,7 +71,7 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
 
 def data_config(spec: "EvalSpec") -> TrainConfig:
     """The TrainConfig whose data fields read the test clips as a speech run of the source's model reads them."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     model = jobspec.resolve(spec.source).base_model
     mapping = {k: v for k, v in dict(spec.custom_format_mapping).items() if k in ("audio", "text")}
@@ -87,7 +87,7 @@ def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:
 def load_clips(spec: "EvalSpec") -> tuple[list[dict[str, Any]], str | None]:
     """(the test clips as {audio, text} rows, at most max_samples; a warning naming the clips left out and why:
     no transcript, unreadable, longer than the model's window), as a speech run reads its data."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     data = spec.data.strip()
     if data.startswith(EVAL_SPLIT_PREFIX):

@@ -31,7 +31,7 @@ IMAGES_KEY = "images"  # metrics: how many scored samples showed an image (the p
 
 def source_errors(spec: "EvalSpec", samples: list["Sample"]) -> list[FieldError]:
     """Image rows need a model that sees them; the metrics that score answers are the text ones."""
-    from trainer_core import jobspec
+    from trainer_core.jobs import jobspec
 
     if not any(s.images for s in samples):
         return []

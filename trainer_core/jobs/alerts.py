@@ -23,7 +23,7 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
   once per run.
 
 * ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
-  during training was flagged degenerate (``trainer_core.samples_check``); once per kind per run.
+  during training was flagged degenerate (``trainer_core.tryout.samples_check``); once per kind per run.
 
 Each metric of a step is taken once: a field is only read from a row whose step is later than the last
 step that field was read at, so a train row and an eval row of one step, or a row sent twice, never
@@ -40,7 +40,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainer_core import samples_check
+from trainer_core.tryout import samples_check
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
@@ -252,7 +252,7 @@ def rows_from_frame(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------- samples during training
-# Degenerate sample answers (the worker finds them with trainer_core.samples_check and sends them as a
+# Degenerate sample answers (the worker finds them with trainer_core.tryout.samples_check and sends them as a
 # sample event's flags): one alert per kind per run, at the first sample that shows it.
 SAMPLE_EMPTY = "sample_empty"
 SAMPLE_REPETITION = "sample_repetition"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from db.entities import EvalResultRecord
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source

@@ -11,9 +11,10 @@ import secrets as pysecrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer_core import access, parallel
+from trainer_core.auth import access
+from trainer_core.planning import parallel
 from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem
-from trainer_core.jobspec import JobSpec
+from trainer_core.jobs.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.local import LocalLauncher

@@ -15,12 +15,12 @@ from typing import IO, Any
 
 from db.entities import RunRecord
 from db.store import Store
-from trainer_core import hardware, parallel
+from trainer_core.planning import hardware, parallel
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import loading
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths, secrets
-from trainer_core.jobspec import JobSpec, read_spec
+from trainer_core.jobs.jobspec import JobSpec, read_spec
 from trainer_core.protocol.status import JobKind, RunStatus
 
 ALL_GPUS = "gpu*"

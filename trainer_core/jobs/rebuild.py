@@ -30,7 +30,7 @@ from typing import IO, Iterator
 from db import users
 from db.entities import RunRecord
 from db.store import Store, default_url
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun

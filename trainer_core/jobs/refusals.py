@@ -1,7 +1,7 @@
 """Who may do what to a job, as the orchestrator asks it: a refusal is a RunRefused whose message says why."""
 from __future__ import annotations
 
-from trainer_core import access
+from trainer_core.auth import access
 
 
 class RunRefused(RuntimeError):

@@ -3,13 +3,13 @@
 "Clearly" means more than ``CLEARLY_OVER`` times the device's *total* memory (GPU memory, or system RAM
 on a CPU host): the estimate is rough and free memory changes, so anything closer only gets the form's
 warning. ``allow_memory_overcommit`` lets a user who knows better start anyway. The estimate itself is
-trainer_core.memory's; this module only decides whether to refuse, and says what to lower.
+trainer_core.planning.memory's; this module only decides whether to refuse, and says what to lower.
 """
 from __future__ import annotations
 
 import math
 
-from trainer_core import hardware, memory, model_info
+from trainer_core.planning import hardware, memory, model_info
 from trainer_core.config import FieldError, TrainConfig
 
 CLEARLY_OVER = 2.0

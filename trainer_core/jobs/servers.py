@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import secrets as pysecrets
 
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving import endpoint as endpoint_file

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from trainer_core import parallel
+from trainer_core.planning import parallel
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 
 if TYPE_CHECKING:
     from db.entities import RunRecord
     from trainer_core.config import TrainConfig
-    from trainer_core.jobspec import JobSpec
+    from trainer_core.jobs.jobspec import JobSpec
 
 DISAPPEARED = "process disappeared (it was started by an earlier dashboard; exit code unknown)"
 NEVER_STARTED = JobState(alive=False, reason="never started (no process id recorded)", started=False)

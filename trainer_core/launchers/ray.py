@@ -36,11 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, FieldError,
                                  ray_address_problem)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
-from trainer_core.parallel import NPROC_ENV
+from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import paths
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from db.entities import RunRecord
     from trainer_core.config import TrainConfig
-    from trainer_core.jobspec import JobSpec
+    from trainer_core.jobs.jobspec import JobSpec
 
 JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster it was submitted to
 GPUS_ENV = "FINETUNE_STUDIO_RAY_GPUS_PER_WORKER"  # read by trainer_core.worker.ray_entry

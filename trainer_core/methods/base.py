@@ -88,7 +88,7 @@ class MethodSpec:
     * ``data_shapes``: keys of ``SHAPES`` the method trains on; other data is refused by the loader with
       ``data_fix`` as the fix.
     * ``validate(cfg)``: every problem with the method's own settings, each naming field and fix.
-    * memory factors (trainer_core.memory): ``saved_modules(cfg)`` are modules of vocabulary x hidden size
+    * memory factors (trainer_core.planning.memory): ``saved_modules(cfg)`` are modules of vocabulary x hidden size
       trained in full beside the adapter (embed_tokens, lm_head); ``activation_factor`` is forward passes
       kept per row (1 for one sequence per row); ``reference_model`` a frozen copy of the weights the
       method compares against.

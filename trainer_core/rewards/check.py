@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import access
+from trainer_core.auth import access
 from trainer_core.config import FieldError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Callable
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError
-from trainer_core.jobspec import ModelSource, SourceError
+from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling, ServeError, stream_chat
 from trainer_core.serving.endpoint import Endpoint

@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import psutil
 
-from trainer_core import hardware
+from trainer_core.planning import hardware
 from trainer_core.config import FieldError
-from trainer_core.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
+from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 

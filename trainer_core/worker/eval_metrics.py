@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.evaluation.scoring import weighted_total
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths

@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation import samples as eval_samples

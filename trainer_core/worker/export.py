@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import TrainConfig
 from trainer_core.export import card, staging as staging_folders
 from trainer_core.export.spec import HUB_TOKEN_ENV, TTS_NO_GGUF, ExportSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.export.spec import ExportSpec
 from trainer_core.protocol import control
 

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.export import card, staging as staging_folders, tools
 from trainer_core.export.spec import HUB_TOKEN_ENV, ExportSpec
 from trainer_core.worker.export_plan import ExportError, Plan
@@ -65,7 +65,7 @@ class Preflight:
 
     def disk_problems(self, plan: Plan) -> list[str]:
         spec = plan.spec
-        from trainer_core import model_info
+        from trainer_core.planning import model_info
 
         try:
             params = model_info.inspect_model(plan.base_dir).num_parameters

@@ -2,7 +2,7 @@
 (a tokenizer for a text model, an AutoProcessor for a vision-language model), and the LoRA targets that the
 vision/language/attention/MLP switches select in it.
 
-The dashboard tells the same two kinds apart from the JSON files alone (``trainer_core.modality``); here the
+The dashboard tells the same two kinds apart from the JSON files alone (``trainer_core.planning.modality``); here the
 answer comes from transformers' own auto mappings, so a model transformers knows is loaded by the class it names.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from transformers.models.auto.modeling_auto import (MODEL_FOR_IMAGE_TEXT_TO_TEXT
                                                     MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
 
 from trainer_core.config import TrainConfig
-from trainer_core.modality import SPEECH, TEXT, VISION
+from trainer_core.planning.modality import SPEECH, TEXT, VISION
 
 # Module path parts that mark the vision side of a vision-language model (tower and projector) across families:
 # LLaVA (vision_tower, multi_modal_projector), Qwen-VL (visual, merger), Idefics3/SmolVLM (vision_model,

@@ -1,7 +1,7 @@
 """``python -m trainer_core.worker.prompt_child``: reads {"config", "messages"} on stdin and writes one JSON
 line, {"text", "tokens", "tokenizer"} or {"error"}: the conversation through the chat template training uses,
 tokenized as the serve job does (a special-token string a user typed is text: worker/safe_prompt.py; see
-trainer_core.chat_prompt)."""
+trainer_core.tryout.chat_prompt)."""
 from __future__ import annotations
 
 import json

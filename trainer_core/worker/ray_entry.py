@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from trainer_core import checkpoints
+from trainer_core.jobs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
-from trainer_core.parallel import NPROC_ENV
+from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import events as ev, files, paths
 from trainer_core.worker import ranks
 

@@ -1,4 +1,4 @@
-"""The embedding search's child process (trainer_core/search.py): ``python -m trainer_core.worker.search_child``
+"""The embedding search's child process (trainer_core/tryout/search.py): ``python -m trainer_core.worker.search_child``
 reads {sources, labels, query, passages, top_k, query_prompt, document_prompt, max_seq_length} on stdin and writes
 {"rankings": [{label, hits: [{index, score}], similarity, error}]} as one JSON line. Each source is loaded as an
 embedding eval loads it (worker/retrieval_eval.py), one after the other, so one model is in memory at a time."""
@@ -8,7 +8,7 @@ import json
 import sys
 import traceback
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 
 
 def rank(request: dict) -> list[dict]:

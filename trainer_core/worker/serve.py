@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from trainer_core import hardware
-from trainer_core.jobspec import ResolvedSource, SourceError, read_spec
+from trainer_core.planning import hardware
+from trainer_core.jobs.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import safe_prompt

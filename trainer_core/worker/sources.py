@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from trainer_core.config import TrainConfig
-from trainer_core.jobspec import ResolvedSource
+from trainer_core.jobs.jobspec import ResolvedSource
 from trainer_core.worker.model_files import resolve_model
 
 MERGED_MARKER = ".merged-from"  # in a merged folder: which adapter files (and sizes/mtimes) it was made from

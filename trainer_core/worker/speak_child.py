@@ -1,4 +1,4 @@
-"""The text-to-speech Playground's child process (trainer_core/speak.py): ``python -m trainer_core.worker.speak_child``
+"""The text-to-speech Playground's child process (trainer_core/tryout/speak.py): ``python -m trainer_core.worker.speak_child``
 reads {sources, text, speaker, max_seconds, seed, out_dir} on stdin, has each source speak the text into
 ``<out_dir>/<index>.wav`` and writes {"clips": [{seconds, ended, rate} or {error}]} as one JSON line. Sources are
 loaded one after the other (one model in memory at a time), each as the tts method loads it: a base CSM folder or hub
@@ -13,9 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer_core import jobspec
+from trainer_core.jobs import jobspec
 from trainer_core.config import TrainConfig
-from trainer_core.jobspec import ResolvedSource
+from trainer_core.jobs.jobspec import ResolvedSource
 
 
 def device() -> str:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core import checkpoints, hardware, parallel
+from trainer_core.jobs import checkpoints
+from trainer_core.planning import hardware, parallel
 from trainer_core.protocol import control, events as ev, secrets
 from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path
@@ -204,7 +205,7 @@ class Worker:
         """FSDP instead of DDP when the memory estimate says one GPU cannot hold a data-parallel copy."""
         if not self.distributed or not hardware.cuda_available():
             return False
-        from trainer_core import memory, model_info
+        from trainer_core.planning import memory, model_info
 
         try:
             need = memory.estimate_memory(model_info.inspect_model(model_ref), cfg, "cuda",
@@ -458,7 +459,7 @@ def rows_are_chat(cfg: TrainConfig, rows: list[dict], tokenizer) -> bool:
 def _is_vision_model(cfg: TrainConfig) -> bool:
     """Whether the run's model is a vision-language model, from its config files (no weights); a model whose
     config cannot be read here is taken as text (loading it reports the real problem)."""
-    from trainer_core import model_info, modality
+    from trainer_core.planning import model_info, modality
 
     try:
         return modality.detect_modality(cfg.model_name, os.environ.get("HF_TOKEN") or None).kind == modality.VISION

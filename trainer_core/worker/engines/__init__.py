@@ -1,7 +1,7 @@
 """Engine choice, made in one place. Importing this package does not import torch."""
 from __future__ import annotations
 
-from trainer_core import hardware
+from trainer_core.planning import hardware
 
 UNSLOTH = "unsloth"
 TRANSFORMERS = "transformers"

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from trainer_core.access import Actor, Role
+from trainer_core.auth.access import Actor, Role
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import TARGETS, ExportSpec
-from trainer_core.jobspec import ModelSource
+from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

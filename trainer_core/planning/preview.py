@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_core import access
-from trainer_core.bounded_cache import BoundedCache
+from trainer_core.auth import access
+from trainer_core.jobs.bounded_cache import BoundedCache
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
 from trainer_core.methods import METHODS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Fields that change what the preview shows; others (learning rate, logging...) do not re-run it. The
 # processes (num_processes, gpu_ids) set the global batch and so the steps per epoch.
 PREVIEW_FIELDS = (

@@ -13,10 +13,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.data import DatasetError, loading
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PASSAGES_MAX = 2_000  # passages one search embeds (each model embeds them all)
 TEXT_MAX = 4_000  # characters of a passage or the query
 TOP_K = 5

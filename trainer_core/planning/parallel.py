@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from trainer_core import hardware
+from trainer_core.planning import hardware
 from trainer_core.config import TrainConfig
 
 NPROC_ENV = "FINETUNE_STUDIO_NPROC"  # the launcher's process count, decided by the orchestrator

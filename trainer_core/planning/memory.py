@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainer_core import hardware
+from trainer_core.planning import hardware
 from trainer_core.config import TrainConfig
-from trainer_core.model_info import ModelInfo
+from trainer_core.planning.model_info import ModelInfo
 
 GB = 1e9
 # bitsandbytes NF4 with double quantization: 4 bits per weight, one 8-bit absmax per 64 weights,

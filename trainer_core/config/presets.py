@@ -39,8 +39,8 @@ class PresetError(ConfigError):
 
 def builtin_dir() -> Path:
     """The built-in presets: inside the package when installed, else the repository's ``presets/``."""
-    installed = Path(__file__).resolve().parent / "builtin_presets"
-    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "presets"
+    installed = Path(__file__).resolve().parents[1] / "builtin_presets"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "presets"
 
 
 def user_dir() -> Path:

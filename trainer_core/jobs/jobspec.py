@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainer_core import checkpoints
+from trainer_core.jobs import checkpoints
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.methods.base import OUTPUT_USES
 from trainer_core.protocol import paths
@@ -126,7 +126,7 @@ class ResolvedSource:
         a CSM model: audio)."""
         if self.config is not None:
             return self.config.method_spec.output
-        from trainer_core import model_info, modality  # reads JSON config files only
+        from trainer_core.planning import model_info, modality  # reads JSON config files only
 
         try:
             found = modality.detect_modality(self.base_model)
@@ -137,7 +137,7 @@ class ResolvedSource:
     @property
     def sees_images(self) -> bool:
         """Whether the model is a vision-language model (told from its base model's config files)."""
-        from trainer_core import model_info, modality
+        from trainer_core.planning import model_info, modality
 
         try:
             return modality.detect_modality(self.base_model).kind == modality.VISION
@@ -150,7 +150,7 @@ class ResolvedSource:
         folder outside the allowed roots, a hub id that is not cached and cannot be reached."""
         if self.config is not None:
             return ""
-        from trainer_core import model_info, modality
+        from trainer_core.planning import model_info, modality
 
         try:
             modality.detect_modality(self.base_model)
@@ -370,7 +370,7 @@ def memory_errors(sources: list[ModelSource], gpu_ids: list[int], doing: str) ->
     """The weights of ``sources`` (each loaded as one model: 16-bit on a GPU, 32-bit on a CPU) must fit the
     device's free memory (the GPUs in ``gpu_ids``, or RAM on a CPU host), so a job is refused with the figures
     and what to change instead of dying while it loads. ``doing`` names the job in the message."""
-    from trainer_core import hardware, memory, model_info  # model_info reads configs only: no ML stack
+    from trainer_core.planning import hardware, memory, model_info  # model_info reads configs only: no ML stack
 
     params, names = 0, []
     for source in sources:
@@ -506,7 +506,7 @@ def export_roots(run_dir: Path) -> list[Path]:
 
 def read_spec(run_dir: Path) -> JobSpec:
     """The spec in ``run_dir/job.json`` as its kind's class (ConfigError names the problem)."""
-    import trainer_core.jobkinds  # noqa: F401  (registers every kind's spec class)
+    import trainer_core.jobs.jobkinds  # noqa: F401  (registers every kind's spec class)
 
     kind = read_kind(run_dir)
     cls = SPEC_TYPES.get(kind)

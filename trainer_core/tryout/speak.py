@@ -17,11 +17,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core import access, jobspec
+from trainer_core.auth import access
+from trainer_core.jobs import jobspec
 from trainer_core.methods import tts
 from trainer_core.protocol.errors import FieldError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT_MAX = 500  # characters one request speaks (as tts.sample_texts)
 SECONDS_MAX = 60.0  # the longest clip a model may speak (tts.max_sample_s's own limit)
 SECONDS_MIN = 0.5

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer_core import model_info
+from trainer_core.planning import model_info
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
 from trainer_core.protocol import paths
 

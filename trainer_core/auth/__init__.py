@@ -1,0 +1,2 @@
+"""Who may do what: roles, actors and their rights (access).
+"""
