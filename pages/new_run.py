@@ -500,6 +500,10 @@ info = model_panel(chosen_model)
 vision_info = vision.modality_panel(chosen_model,
                                     st.session_state.get(K + "hf_token", "").strip() or None,
                                     st.session_state[K + "max_seq_length"])
+if vision_info is not None and vision_info.is_vision:
+    st.number_input("Image max side (px; 0: as they are)", min_value=0, max_value=8192, step=64,
+                    key=K + "image_max_side", help=H("image_max_side"))
+    st.caption(safe(vision_info.resize_effect(int(st.session_state[K + "image_max_side"] or 0))))
 
 st.subheader("Dataset")
 st.radio("Dataset source", list(DATASET_SOURCES), format_func=DATASET_SOURCES.get, horizontal=True,

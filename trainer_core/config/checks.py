@@ -85,6 +85,10 @@ def validate(cfg: TrainConfig) -> list[FieldError]:
     if cfg.early_stopping_patience > 0 and not cfg.has_eval_set:
         bad("early_stopping_patience", "early stopping watches eval loss: set eval_fraction, an eval split or "
             "eval files, or set this to 0")
+    _check_range(cfg, bad, "image_max_side", 0, 8192)
+    if _finite(cfg.image_max_side) and 0 < cfg.image_max_side < 28:
+        bad("image_max_side", "0 (images as they are) or at least 28 px: a smaller image holds no patch of a vision "
+                              "tower")
     _check_range(cfg, bad, "dataset_slice_start", 0, 10**12)
     _check_range(cfg, bad, "dataset_slice_end", 0, 10**12)
     if cfg.dataset_slice_end and cfg.dataset_slice_end <= cfg.dataset_slice_start:

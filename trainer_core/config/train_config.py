@@ -83,6 +83,10 @@ class TrainConfig:
     system_prompt: str = _f("", "Optional system prompt added to every conversation.", "dataset")
     is_dataset_image: bool = _f(False, "Require images: image + text rows are detected without it (docs/vision.md); "
                                 "on, a dataset without images is refused.", "dataset")
+    image_max_side: int = _f(0, "Images longer than this on their longest side (px) are scaled down, keeping their "
+                             "shape, before the processor sees them (Unsloth's resize); 0: as they are. Fewer pixels "
+                             "mean fewer tokens per image where the count grows with the image (Qwen-VL, Pixtral, "
+                             "tiled models); fixed-size towers resize to their own size anyway.", "dataset")
     is_dataset_audio: bool = _f(False, "Audio dataset: speech clips and transcripts, trained with method stt "
                                 "(docs/speech.md).", "dataset")
     is_embedding: bool = _f(False, "Deprecated: true means method: embedding (write that instead; docs/methods.md).",

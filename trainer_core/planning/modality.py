@@ -33,6 +33,8 @@ _DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolut
             "mistral3": "grows with the image's pixels (Pixtral patches)",
             "pixtral": "grows with the image's pixels (Pixtral patches)"}
 _VISION_ARCH_HINTS = ("ForConditionalGeneration", "ImageTextToText", "VisionText", "Vision2Seq")
+# Model types whose tokens per image follow the image's pixels: one token per (patch x merge)-px square block.
+_PIXEL_TOKENS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mistral3", "pixtral")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class ModalityInfo:
     image_tokens: int = 0
     dynamic: str = ""  # how the count grows for models whose count depends on the image; "" when fixed
     image_token: str = ""  # the placeholder the processor expands, e.g. <image>
+    merge: int = 0  # patches merged per side into one token (Qwen-VL, Pixtral: spatial_merge_size; 0: unknown)
     audio_window_s: float = 0.0  # speech: seconds of audio the feature extractor takes (30 for Whisper)
     sampling_rate: int = 0  # speech: the rate clips are resampled to (16000 for Whisper, 24000 for CSM's Mimi)
     codec: str = ""  # text-to-speech: the audio codec's model_type (mimi)
@@ -57,6 +60,25 @@ class ModalityInfo:
     @property
     def is_vision(self) -> bool:
         return self.kind == VISION
+
+    def resize_effect(self, max_side: int) -> str:
+        """What image_max_side does to this model's tokens per image, for the New run form ("" for other models)."""
+        if not self.is_vision:
+            return ""
+        if self.model_type in _PIXEL_TOKENS and self.patch_size:
+            unit = self.patch_size * (self.merge or 1)
+            if not max_side:
+                return (f"Images go in at their own size: one token per {unit}×{unit} px block (a 1024×1024 image is "
+                        f"{math.ceil(1024 / unit) ** 2:,} tokens). Set image_max_side to cap it.")
+            return (f"At image_max_side {max_side} px: at most {math.ceil(max_side / unit) ** 2:,} tokens per image "
+                    f"(a square one; one token per {unit}×{unit} px block).")
+        if self.dynamic:
+            return f"Tokens per image {self.dynamic}: image_max_side lowers the count of large images."
+        if self.image_size:
+            count = f"{self.image_tokens} tokens per image" if self.image_tokens else "the same tokens per image"
+            return (f"The processor resizes every image to {self.image_size}×{self.image_size} px: {count} whatever "
+                    "image_max_side (it only saves decoding large files).")
+        return ""
 
     def summary(self) -> str:
         if self.kind == TTS:
@@ -144,7 +166,8 @@ def from_configs(config: dict, processor: dict | None = None) -> ModalityInfo:
         image_size=image_size, patch_size=patch_size,
         image_tokens=_image_tokens(config, processor, model_type, image_size, patch_size),
         dynamic=_DYNAMIC.get(model_type, ""),
-        image_token=str(processor.get("image_token") or "<image>"))
+        image_token=str(processor.get("image_token") or "<image>"),
+        merge=_int(vision.get("spatial_merge_size")) or _int(config.get("spatial_merge_size")))
 
 
 def _image_tokens(config: dict, processor: dict, model_type: str, image_size: int, patch_size: int) -> int:

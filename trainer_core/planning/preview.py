@@ -31,7 +31,7 @@ PREVIEW_FIELDS = (
     "model_name", "trust_remote_code", "method", "max_seq_length", "hf_dataset", "local_datasets",
     "local_eval_datasets", "format_type", "subset", "train_split", "eval_split", "eval_fraction",
     "dataset_slice_start", "dataset_slice_end", "custom_format_mapping", "system_prompt", "random_seed",
-    "packing", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids",
+    "packing", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids", "image_max_side",
 ) + tuple(dict.fromkeys(name for spec in METHODS.values() for name in spec.preview_fields))  # each method's hook
 TRUNCATION_DROP = "no trained tokens left after truncation (the prompt fills max_seq_length)"
 _CACHE_SIZE = 8

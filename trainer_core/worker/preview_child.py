@@ -44,7 +44,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         from trainer_core.worker import model_resolver
 
         processor = model_resolver.load_processor(model_ref, cfg, os.environ.get("HF_TOKEN") or None)
-        ids_list, masks = vision.encodings(arrow_rows, processor)
+        ids_list, masks = vision.encodings(arrow_rows, processor, cfg.image_max_side)
     else:
         tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
         ids_list = tokenized["input_ids"]

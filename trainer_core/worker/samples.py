@@ -144,7 +144,7 @@ def sample_images(cfg: TrainConfig, count: int, run_dir: Path, warn) -> tuple:
     the allowed roots (config.yaml may have been edited, a file swapped for a link since the run was checked),
     opened, and saved as a thumbnail in the run folder; a missing or unreadable one is a warning and a text-only
     prompt."""
-    from trainer_core.worker.vision import load_image
+    from trainer_core.worker.vision import downscale, load_image
 
     names = [str(v) if isinstance(v, str) else "" for v in (cfg.sample_images or [])][:count]
     images: list = []
@@ -154,7 +154,7 @@ def sample_images(cfg: TrainConfig, count: int, run_dir: Path, warn) -> tuple:
             continue
         try:
             found = paths.resolve_inside(Path(name).expanduser(), paths.allowed_data_roots())
-            image = load_image(str(found))
+            image = downscale(load_image(str(found)), cfg.image_max_side)  # as the run's training rows are
         except (paths.UnsafePathError, OSError, ValueError) as exc:
             warn(f"sample_images: image {index + 1} ({Path(name).name}) cannot be shown ({exc}): prompt {index + 1} "
                  "is sampled without it")

@@ -58,6 +58,16 @@ def load_image(ref: Any) -> Image.Image:
     return image.convert("RGB")
 
 
+def downscale(image: Image.Image, max_side: int) -> Image.Image:
+    """The image scaled down so its longest side is ``max_side`` px, keeping its shape (image_max_side; 0 or an
+    image already that small: unchanged)."""
+    if not max_side or max(image.size) <= max_side:
+        return image
+    scale = max_side / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.LANCZOS)
+
+
 def clean_messages(messages: list[dict]) -> list[dict]:
     """Messages as the chat template expects them: Arrow gives every content part every key (a text part's
     "image" is None); a part keeps only the keys it has."""
@@ -65,10 +75,11 @@ def clean_messages(messages: list[dict]) -> list[dict]:
             if isinstance(m.get("content"), list) else m for m in messages]
 
 
-def prepared(example: dict) -> dict:
-    """One dataset row with its images loaded and its content parts cleaned, for the collator."""
+def prepared(example: dict, max_side: int = 0) -> dict:
+    """One dataset row with its images loaded (scaled down to ``max_side``, the run's image_max_side) and its content
+    parts cleaned, for the collator."""
     out = {k: clean_messages(v) if k in ("messages", "prompt", "completion") else v for k, v in example.items()}
-    out["images"] = [load_image(ref) for ref in example.get("images") or []]
+    out["images"] = [downscale(load_image(ref), max_side) for ref in example.get("images") or []]
     return out
 
 
@@ -88,9 +99,9 @@ def training_rows(rows: list[dict], completions_only: bool) -> tuple[list[dict],
     return shaped, ({"no prompt before the last assistant turn": dropped} if dropped else {})
 
 
-def row_length(processor, row: dict) -> int:
+def row_length(processor, row: dict, max_side: int = 0) -> int:
     """Tokens of one row as the collator builds it: the chat template with each image expanded by the processor."""
-    ids_list, _ = encodings([row], processor)
+    ids_list, _ = encodings([row], processor, max_side)
     return len(ids_list[0])
 
 
@@ -102,7 +113,7 @@ def fitting_rows(rows: list[dict], processor, cfg: TrainConfig, warn, log) -> li
     kept, too_long, longest = [], [], 0
     for index, row in enumerate(rows):
         try:
-            length = row_length(processor, row)
+            length = row_length(processor, row, cfg.image_max_side)
         except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
             raise VisionDataError(f"local_datasets: row {index}: cannot read its image ({exc}): replace or remove "
                                   "the file") from None
@@ -130,9 +141,10 @@ class VisionCollator(DataCollatorForVisionLanguageModeling):
     predict an image), like pad tokens."""
 
     image_token_id: int | None = None
+    max_side: int = 0  # the run's image_max_side
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super().torch_call([prepared(example) for example in examples])
+        batch = super().torch_call([prepared(example, self.max_side) for example in examples])
         if self.image_token_id is not None:
             batch["labels"][batch["input_ids"] == self.image_token_id] = -100
         return batch
@@ -141,7 +153,7 @@ class VisionCollator(DataCollatorForVisionLanguageModeling):
 def collator(processor, cfg: TrainConfig) -> VisionCollator:
     return VisionCollator(processor=processor, max_length=cfg.max_seq_length,
                           completion_only_loss=bool(cfg.train_on_completions),
-                          image_token_id=getattr(processor, "image_token_id", None))
+                          image_token_id=getattr(processor, "image_token_id", None), max_side=cfg.image_max_side)
 
 
 def prepare_run(processing, train_rows: list[dict], eval_rows: list[dict], cfg: TrainConfig, warn, log):
@@ -160,14 +172,14 @@ def text_tokenizer(processing):
     return processing.tokenizer if isinstance(processing, ProcessorMixin) else processing
 
 
-def encodings(rows: list[dict], processor) -> tuple[list[list[int]], list[list[int]]]:
+def encodings(rows: list[dict], processor, max_side: int = 0) -> tuple[list[list[int]], list[list[int]]]:
     """(token ids, trained mask) of each shaped row as the collator builds it, every image expanded to its tokens
     (the preview counts and renders these): completions-only rows train their completion, others every token;
     image tokens never."""
     image_id = getattr(processor, "image_token_id", None)
     ids_list, masks = [], []
     for row in rows:
-        example = prepared(row)
+        example = prepared(row, max_side)
         if "prompt" in example:
             prompt = prepare_multimodal_messages(example["prompt"], images=example["images"])
             whole = prompt + prepare_multimodal_messages(example["completion"])
