@@ -85,7 +85,8 @@ LIVE_SAMPLE_STEPS = 10  # the newest sampling steps shown here; Run details show
 def samples_panel() -> None:
     if sampling:
         st.subheader("Samples during training")
-        render_samples(orch.samples(run_id, max_steps=LIVE_SAMPLE_STEPS), expected=True)
+        # spoken samples: the newest step's clips only, on a page that redraws every second
+        render_samples(orch.samples(run_id, max_steps=LIVE_SAMPLE_STEPS), expected=True, audio_steps=1)
 
 
 @st.fragment(run_every=REFRESH_S if shown_active else None)

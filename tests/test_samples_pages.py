@@ -146,6 +146,10 @@ def test_live_plays_a_text_to_speech_runs_spoken_samples_newest_first(pages_stor
                                                         40: "samples/step-000040-0.wav"})
     at = open_page("pages/live.py", live_run_id="20260101-000000-ssssss")
     assert "Samples during training" in [s.value for s in at.subheader]
+    assert len(at.get("audio")) == 1  # Live (redrawn every second) plays the newest step; Run details more
+    steps = [m.value for m in at.markdown if m.value.startswith("**Step")]
+    assert steps == ["**Step 40**"]
+    at = open_page("pages/run.py", detail_run_id="20260101-000000-ssssss")
     assert len(at.get("audio")) == 2
     steps = [m.value for m in at.markdown if m.value.startswith("**Step")]
     assert steps == ["**Step 40**", "**Step 0** (the base model: before the first step)"]

@@ -85,11 +85,17 @@ def audio_file(sample: SampleRecord) -> Path | None:
     return found if found.is_file() else None
 
 
-def render_audio_samples(samples: Sequence[SampleRecord]) -> None:
-    """A text-to-speech run's spoken samples: per sampling step (newest first), a player for each sentence with
-    its length, and what went wrong (a clip that talked to the cap)."""
+@st.cache_data(max_entries=64, show_spinner=False)
+def _clip_bytes(path: str, mtime_ns: int, size: int) -> bytes:
+    """A clip's bytes, read once per (file, version): Live redraws every second, and a clip does not change."""
+    return Path(path).read_bytes()
+
+
+def render_audio_samples(samples: Sequence[SampleRecord], steps_shown: int = AUDIO_STEPS) -> None:
+    """A text-to-speech run's spoken samples: per sampling step (newest first, ``steps_shown`` of them), a player
+    for each sentence with its length, and what went wrong (a clip that talked to the cap)."""
     steps = sorted({s.step for s in samples}, reverse=True)
-    for step in steps[:AUDIO_STEPS]:
+    for step in steps[:steps_shown]:
         row = sorted((s for s in samples if s.step == step), key=lambda s: s.index)
         st.markdown(f"**Step {step}**" + (" (the base model: before the first step)" if step == 0 else ""))
         for column, sample in zip(st.columns(len(row)), row):
@@ -98,11 +104,12 @@ def render_audio_samples(samples: Sequence[SampleRecord]) -> None:
             if found is None:
                 column.caption("The clip is no longer in the run's folder.")
             else:
-                column.audio(found.read_bytes(), format="audio/wav")
+                stat = found.stat()
+                column.audio(_clip_bytes(str(found), stat.st_mtime_ns, stat.st_size), format="audio/wav")
             flags = "; ".join(str(v) for v in sample.flags.values())
             column.caption(safe(sample.text) + (f" · ⚠️ {safe(flags)}" if flags else ""))
-    st.caption(f"Spoken with a fixed seed at each evaluation and at the end; the newest {min(len(steps), AUDIO_STEPS)} "
-               f"of {len(steps)} sampling step(s).")
+    st.caption(f"Spoken with a fixed seed at each evaluation and at the end; the newest {min(len(steps), steps_shown)} "
+               f"of {len(steps)} sampling step(s)" + (" (Run details plays more)." if steps_shown < AUDIO_STEPS else "."))
 
 
 def image_files(samples: Sequence[SampleRecord]) -> dict[int, Path]:
@@ -136,7 +143,7 @@ def render_sample_images(samples: Sequence[SampleRecord]) -> None:
         column.caption(safe(prompt_label(index, prompts[index])))  # user text: escaped, under its image
 
 
-def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
+def render_samples(samples: Sequence[SampleRecord], expected: bool, audio_steps: int = AUDIO_STEPS) -> None:
     """The step x prompt table of one run; ``expected``: the run samples (says so while none arrived yet). A
     text-to-speech run's samples are clips: players instead of the table."""
     if not samples:
@@ -144,7 +151,7 @@ def render_samples(samples: Sequence[SampleRecord], expected: bool) -> None:
             st.caption("No samples yet: the first greedy answers come at the first sampling step.")
         return
     if any(s.audio for s in samples):
-        render_audio_samples(samples)
+        render_audio_samples(samples, audio_steps)
         return
     render_sample_images(samples)
     table, prompts = samples_table(samples)

@@ -116,3 +116,13 @@ def test_a_run_that_fails_after_its_restarts_says_how_many_it_used(tmp_path):
     message = report_failure(run_dir, 2, WorkerGroupFailed({1: RuntimeError("A worker health check failed.")}))
     assert message == ("Rank 1 of 2 on node 10.0.0.2 (bbbbbbbbbbbb) was lost: its Ray worker died (A worker health "
                        "check failed.) (after 1 restart of the workers)")
+
+
+def test_the_resume_checkpoint_is_never_inherited_from_the_servers_environment():
+    """Hostile review: FINETUNE_STUDIO_RESUME_FROM left in the server's environment reached every worker (local,
+    torchrun, Ray) and made each run fail resolving it; only ray_entry sets it, for the workers it restarts."""
+    from trainer_core.auth import access
+    from trainer_core.jobs import checkpoints
+
+    env = access.worker_env({checkpoints.RESUME_ENV: "/tmp/x/checkpoints/checkpoint-4", "FINETUNE_STUDIO_HOME": "/d"})
+    assert checkpoints.RESUME_ENV not in env and env["FINETUNE_STUDIO_HOME"] == "/d"

@@ -53,13 +53,15 @@ def test_a_csm_folder_is_a_text_to_speech_model_and_the_form_says_what_it_speaks
 def test_the_speaker_column_is_found_and_a_speaker_csm_cannot_take_is_counted(home, tmp_path):
     for i in range(4):
         tone(tmp_path / "clips" / f"c{i}.wav", 1.0)
+    tone(tmp_path / "clips" / "c4.wav", 1.0)
     rows = [{"audio": "c0.wav", "text": "one", "speaker": 1}, {"audio": "c1.wav", "text": "two", "speaker": "3"},
-            {"audio": "c2.wav", "text": "three", "speaker": "alice"}, {"audio": "c3.wav", "text": "four"}]
+            {"audio": "c2.wav", "text": "three", "speaker": "alice"}, {"audio": "c3.wav", "text": "four"},
+            {"audio": "c4.wav", "text": "five", "speaker": "²"}]  # a digit to str.isdigit, not a number to int()
     cfg = tts_config(tmp_path, rows, tts={"speaker": 7})
     data = loading.load_for_training(cfg).train
     assert [r["speaker"] for r in data.rows] == [1, 3, 7]  # an empty cell takes tts.speaker
     assert data.dropped == {"a speaker in 'speaker' that is not a whole number from 0 to 99 (CSM's voices are "
-                            "numbered: map names to numbers)": 1}
+                            "numbered: map names to numbers)": 2}
     assert "speakers in 'speaker' (3 voices)" in data.reason
 
 

@@ -148,7 +148,9 @@ def test_only_the_sources_that_resolve_go_to_the_child_and_the_results_keep_thei
                                            ModelSource(run_id=RUN_ID)), text="<i>hi</i>", speaker=3))
     assert sent["sources"] == [f"base:{tmp_path / 'csm'}", f"run:{RUN_ID}"] and sent["text"] == "<i>hi</i>"
     assert sent["speaker"] == 3 and sent["seed"] == speak.SEED and sent["max_seconds"] == 4.0
-    assert sent["env"]["HF_TOKEN"] == "hf_secret" and not any("hf_secret" in a for a in sent["argv"])
+    # hostile review: no secret reaches the child (a trusted model's code would read it), and it speaks on the CPU
+    assert "HF_TOKEN" not in sent["env"] and not any("hf_secret" in a for a in sent["argv"])
+    assert sent["env"]["FINETUNE_STUDIO_FORCE_CPU"] == "1" and sent["env"]["HF_HUB_OFFLINE"] == "1"
     assert [r.label for r in results] == [f"Base · {tmp_path / 'csm'}", "run:x-gone", "my voice · final"]
     assert results[0].ended and results[0].seconds == 0.1 and soundfile.info(io.BytesIO(results[0].wav)).frames == 2400
     assert "its folder" in results[1].error and results[2].error == "boom" and not results[2].wav
@@ -262,3 +264,16 @@ def test_the_tuned_csm_ends_the_phrase_on_its_own_where_its_base_talks_to_the_ca
     assert captions == [f"{base.seconds:.2f} s · talked to the 4 s cap", f"{tuned.seconds:.2f} s · ended on its own"]
     downloads = at.get("download_button")
     assert len(downloads) == 2
+
+
+def test_a_second_speak_while_one_runs_is_refused_naming_why(home, tmp_path, monkeypatch):
+    """Each Speak loads up to three models in a child: one at a time per server (hostile review: concurrent clicks
+    each loaded three CSM-1Bs)."""
+    assert speak._BUSY.acquire(blocking=False)
+    try:
+        with pytest.raises(speak.SpeakError) as info:
+            speak.speak(request(sources=(ModelSource(model=str(tmp_path / "csm")),), text="hi"))
+        assert [(e.field, e.message) for e in info.value.errors] == [
+            ("speak", "another Speak is running on this server: try again when it ends")]
+    finally:
+        speak._BUSY.release()

@@ -73,4 +73,11 @@ def scaled_checks(folder: str) -> None:
     assert vision.prepared(row, 0)["images"][0].size == (1200, 300)  # 0: as it is
     assert vision.prepared(row, 400)["images"][0].size == (400, 100)  # the longest side to 400, the shape kept
     assert vision.prepared(row, 2000)["images"][0].size == (1200, 300)  # never scaled up
+    bomb = Path(folder) / "bomb.png"  # a small file whose pixels would take gigabytes in RGB (hostile review)
+    Image.new("1", (9000, 8000)).save(bomb)
+    try:
+        vision.load_image(str(bomb))
+        raise AssertionError("a 72-megapixel image was decoded")
+    except ValueError as exc:
+        assert str(exc) == "the image is 9000×8000 px, more than 64,000,000 pixels: resize it", exc
     print("ok")

@@ -126,9 +126,14 @@ def looks_secret(name: str) -> bool:
     return bool(SECRET_WORDS & set(name.upper().split("_")))
 
 
+# Set by a parent for one child only (Ray's restarted workers: the checkpoint to resume from), never inherited from
+# the server's environment, where a leftover value would make every run resume from somewhere it did not choose.
+PARENT_ONLY_ENV = frozenset({"FINETUNE_STUDIO_RESUME_FROM"})
+
+
 def _inherited(name: str) -> bool:
     allowed_name = name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)
-    return allowed_name and not looks_secret(name)
+    return allowed_name and not looks_secret(name) and name not in PARENT_ONLY_ENV
 
 
 def worker_env(environ: Mapping[str, str], needs: Iterable[str] = ()) -> dict[str, str]:

@@ -244,7 +244,7 @@ def _speaker_id(value: Any, default: int | None) -> int | None:
         return default
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():  # "²" is a digit, not a number
         value = int(value.strip())
     if isinstance(value, float) and value.is_integer():
         value = int(value)

@@ -35,7 +35,9 @@ def build_app(launch: dict):
     from infinity_emb.primitives import Device, InferenceEngine
 
     engines = [EngineArgs(model_name_or_path=m["folder"], served_model_name=m["name"], engine=InferenceEngine.torch,
-                          device=Device[launch.get("device", "cpu")], bettertransformer=False, model_warmup=False)
+                          device=Device[launch.get("device", "cpu")], bettertransformer=False, model_warmup=False,
+                          # infinity's default is True: a folder's auto_map code would run with no one opting in
+                          trust_remote_code=bool(m.get("trust_remote_code", False)))
                for m in launch["models"]]
     # api_key "": the gate checks the key before infinity sees the request (and infinity never learns it)
     app = create_server(engine_args_list=engines, url_prefix="/v1", api_key="", preload_only=False,

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,9 @@ MODELS_MAX = 3
 SEED = 1234  # every model draws its frames with this seed (CSM samples): the same request speaks the same clips
 SPEAK_TIMEOUT_S = 600.0
 WAV_BYTES_MAX = 16 << 20  # 60 s of 24 kHz 16-bit mono is 2.9 MB; anything far bigger is not our child's
+
+
+_BUSY = threading.Lock()
 
 
 class SpeakError(ValueError):
@@ -125,17 +129,29 @@ def _resolved(source: jobspec.ModelSource) -> tuple[jobspec.ResolvedSource | Non
 
 
 def _env() -> dict[str, str]:
-    # A gated hub model (sesame/csm-1b) needs the HF token: it travels in the child's environment, never on argv.
-    env = {**access.child_env(os.environ), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    if os.environ.get("HF_TOKEN"):
-        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
-    return env
+    """The child's environment: no secret (a run's model may carry code it trusts, which would read them; a base
+    model from the hub is in the local cache since its run trained on it), offline, and on the CPU: a GPU is a
+    device the queue reserves for jobs, which the Playground's speaking is not."""
+    return {**access.child_env(os.environ), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "FINETUNE_STUDIO_FORCE_CPU": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def speak(request: Request, timeout_s: float = SPEAK_TIMEOUT_S) -> list[Spoken]:
     """Each source's clip of ``request.text``, in the sources' order (SpeakError when the request is wrong or the
     child cannot run at all; a model's own failure is its Spoken.error)."""
+    wrong = problems(request)
+    if wrong:
+        raise SpeakError(wrong)
+    if not _BUSY.acquire(blocking=False):  # one speaking child per server: each loads up to three models
+        raise SpeakError([FieldError("speak", "another Speak is running on this server: try again when it ends")])
+    try:
+        return _speak(request, timeout_s)
+    finally:
+        _BUSY.release()
+
+
+def _speak(request: Request, timeout_s: float) -> list[Spoken]:
     wrong = problems(request)
     if wrong:
         raise SpeakError(wrong)

@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from trainer_core.auth import access
 from trainer_core.planning import hardware
 from trainer_core.jobs.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
@@ -245,14 +246,17 @@ class ServeWorker(JobWorker):
                                         embedding_models=list(names)).to_json())
         launch_file = self.run_dir / "infinity.json"
         launch_file.write_text(json.dumps({
-            "models": [{"name": n, "folder": f} for n, f in zip(names, folders)], "host": spec.host, "port": port,
+            "models": [{"name": n, "folder": f, "trust_remote_code": bool(r.config and r.config.trust_remote_code)}
+                       for n, f, r in zip(names, folders, resolved)], "host": spec.host, "port": port,
             "device": "cpu", "tls_certfile": spec.tls_certfile, "tls_keyfile": spec.tls_keyfile}))
         command = [str(python), infinity_app.__file__, str(launch_file)]
         self.log("starting: " + " ".join(command) + " (" + ", ".join(f"{n} = {f}" for n, f in zip(names, folders)) + ")")
         self.status(RunStatus.STARTING, "loading the embedding models into infinity")
         # the model folders are local: nothing to download, and no usage statistics sent from the child
-        env = {**os.environ, GATE_ENV: str(gate_file), "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1",
-               "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        # no secret either: offline, the embedding server needs no hub token; and no remote code (infinity's default)
+        env = {**{k: v for k, v in os.environ.items() if k not in access.RUN_SECRET_ENV}, GATE_ENV: str(gate_file),
+               "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+               "INFINITY_TRUST_REMOTE_CODE": "false"}
         env.pop("PYTHONPATH", None)  # the studio's packages would shadow the embedding venv's transformers
         self.supervise(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL), "infinity", INFINITY_READY_S,
                        spec, resolved, names, port, activity_file)

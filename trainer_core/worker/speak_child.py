@@ -18,7 +18,7 @@ from trainer_core.config import TrainConfig
 from trainer_core.jobs.jobspec import ResolvedSource
 
 
-def device() -> str:
+def device() -> str:  # the dashboard's speak.py forces the CPU: a GPU belongs to the jobs the queue places
     import torch
 
     return "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"

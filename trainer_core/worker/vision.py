@@ -43,18 +43,29 @@ def processing_for(processing, rows: list[dict], cfg: TrainConfig, warn) -> Any:
     return processing
 
 
+MAX_IMAGE_PIXELS = 64_000_000  # an 8000 x 8000 photo; past this a file is refused before it is decoded
+
+
 def load_image(ref: Any) -> Image.Image:
-    """An image from a path (already resolved and checked by the data loader), bytes, or an image object; RGB."""
+    """An image from a path (already resolved and checked by the data loader), bytes, or an image object; RGB. One
+    whose header claims more than MAX_IMAGE_PIXELS is refused (ValueError) before it is decoded: a few bytes could
+    otherwise ask for gigabytes."""
     if isinstance(ref, dict):
         ref = ref.get("bytes") or ref.get("path")
-    if isinstance(ref, (bytes, bytearray)):
-        image = Image.open(io.BytesIO(ref))
-    elif isinstance(ref, str):
-        image = Image.open(ref)
-    elif isinstance(ref, Image.Image):
-        image = ref
-    else:
-        raise ValueError(f"not an image: {type(ref).__name__}")
+    try:
+        if isinstance(ref, (bytes, bytearray)):
+            image = Image.open(io.BytesIO(ref))
+        elif isinstance(ref, str):
+            image = Image.open(ref)
+        elif isinstance(ref, Image.Image):
+            image = ref
+        else:
+            raise ValueError(f"not an image: {type(ref).__name__}")
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f"the image is too large to decode ({exc})") from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"the image is {width}×{height} px, more than {MAX_IMAGE_PIXELS:,} pixels: resize it")
     return image.convert("RGB")
 
 
