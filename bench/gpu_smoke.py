@@ -247,6 +247,15 @@ def describe_studio(r: dict) -> str:
                                                  if r.get("samples") else ""))
 
 
+SPEECH_MODELS_ENV = "GPU_SMOKE_SPEECH_MODELS"  # where the tiny speech models are built, or found built already
+
+
+def speech_models(out: Path) -> Path:
+    """The folder of the tiny Whisper and CSM: ``out`` unless GPU_SMOKE_SPEECH_MODELS names one (the test suite's
+    .test-cache, where its other speech tests built them)."""
+    return Path(os.environ.get(SPEECH_MODELS_ENV) or out)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -450,11 +459,11 @@ def studio_job(method: str, case_dir: Path, out: Path) -> tuple[str, dict, Path 
             embedding={"ir_holdout": 0.0}), None
     if method == "stt":
         cached = cached_whisper_tiny()
-        model = cached or build_tiny_whisper(out / "tiny-whisper")
+        model = cached or build_tiny_whisper(speech_models(out) / "tiny-whisper")
         settings = {"stt": {"language": "en"}}
         rate = 1e-5 if cached else 3e-3  # a pretrained Whisper is tuned gently; the random tiny one learns fast
     else:
-        cached, model, rate = None, build_tiny_csm(out / "tiny-csm"), 3e-3
+        cached, model, rate = None, build_tiny_csm(speech_models(out) / "tiny-csm"), 3e-3
         settings = {"tts": {"max_sample_s": 2.0}}
     rows = spoken_rows(data, variants=SPEECH_VARIANTS)
     if method == "tts":
@@ -474,7 +483,8 @@ def studio_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
         run_name=f"gpu smoke {method}", max_steps=steps, warmup_steps=0, lr_scheduler_type="constant",
         logging_steps=1, eval_steps=steps, save_steps=0, eval_fraction=0.0, **fields).to_yaml())
     env = {**os.environ, "FINETUNE_STUDIO_HOME": str(case_dir / "home"), "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join(
-        [str(out), *([str(cached.parents[1])] if cached else [])])}  # a cached snapshot links into its blobs
+        [str(out), *([str(cached.parents[1])] if cached else []),  # a cached snapshot links into its blobs
+         *([str(speech_models(out))] if method in ("stt", "tts") else [])])}
     started = time.time()
     code = subprocess.call([sys.executable, "-m", "trainer_core", "run", "--config", str(config)], env=env, cwd=ROOT)
     run_dir = next((case_dir / "home" / "runs").iterdir())

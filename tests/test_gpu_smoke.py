@@ -135,14 +135,17 @@ def test_a_speech_case_without_espeak_is_listed_as_skipped(tmp_path, monkeypatch
 @pytest.mark.skipif(ESPEAK is None, reason=NO_ESPEAK)
 def test_speech_cases_run_through_the_studio_on_cpu(tmp_path):
     env = {**os.environ, "FINETUNE_STUDIO_FORCE_CPU": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "HF_HUB_CACHE": str(tmp_path / "no-hub-cache"), "OMP_NUM_THREADS": "1"}  # the tiny Whisper, built here
+           "HF_HUB_CACHE": str(tmp_path / "no-hub-cache"), "OMP_NUM_THREADS": "1",
+           # the tiny Whisper and CSM the speech tests built (once per checkout), not two more builds
+           "GPU_SMOKE_SPEECH_MODELS": str(ROOT / ".test-cache")}
     env.pop("FINETUNE_STUDIO_HOME", None)
     result = subprocess.run([sys.executable, str(SCRIPT), "--speech-only", "--steps", "4", "--out", str(tmp_path)],
                             capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     stt, tts = json.loads((tmp_path / "summary.json").read_text())["results"]
-    assert (stt["case"], stt["method"], stt["model"]) == ("studio-stt-whisper", "stt", str(tmp_path / "tiny-whisper"))
-    assert (tts["case"], tts["method"], tts["model"]) == ("studio-tts-csm", "tts", str(tmp_path / "tiny-csm"))
+    assert (stt["case"], stt["method"], stt["model"]) == ("studio-stt-whisper", "stt",
+                                                          str(ROOT / ".test-cache" / "tiny-whisper"))
+    assert (tts["case"], tts["method"], tts["model"]) == ("studio-tts-csm", "tts", str(ROOT / ".test-cache" / "tiny-csm"))
     for case in (stt, tts):  # each trained its 4 steps in a worker the orchestrator started, and saved the model
         assert (case["device"], case["status"], case["steps"]) == ("cpu", "completed", 4)
         assert math.isfinite(case["first_loss"]) and math.isfinite(case["last_loss"])
