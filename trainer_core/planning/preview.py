@@ -23,6 +23,7 @@ from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig, looks_li
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
 from trainer_core.methods import METHODS
+from trainer_core.protocol import files
 
 ROOT = Path(__file__).resolve().parents[2]
 # Fields that change what the preview shows; others (learning rate, logging...) do not re-run it. The
@@ -124,11 +125,7 @@ def _run_child(cfg: TrainConfig, rows_shown: int, timeout_s: float) -> Preview:
     except subprocess.TimeoutExpired:
         raise PreviewError([FieldError("preview", f"took longer than {timeout_s:.0f} s (a large dataset or a slow "
                                                   "hub download); try a row slice, or start the run directly")]) from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        reply = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        reply = None
+    reply = files.last_json_line(done.stdout)
     if not isinstance(reply, dict):
         tail = _redact(done.stderr.strip()[-1500:], cfg)
         raise PreviewError([FieldError("preview", f"the preview process failed (exit {done.returncode}): {tail}")])

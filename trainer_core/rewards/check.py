@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainer_core.auth import access
 from trainer_core.config import FieldError, TrainConfig
+from trainer_core.protocol import files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,11 +76,7 @@ def check_rewards(cfg: TrainConfig, rows: int = 4, generations: int = 0, timeout
     except subprocess.TimeoutExpired:
         return RewardCheck((), errors=(FieldError("reward_check", f"took longer than {timeout_s:.0f} s: check "
                                                                   "with fewer rows or no generations"),))
-    lines = done.stdout.strip().splitlines()
-    try:
-        reply = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        reply = None
+    reply = files.last_json_line(done.stdout)
     if not isinstance(reply, dict):
         return RewardCheck((), errors=(FieldError("reward_check", f"the check process failed (exit "
                                                                   f"{done.returncode}): {done.stderr[-1500:]}"),))

@@ -18,6 +18,7 @@ from trainer_core.auth import access
 from trainer_core.jobs.bounded_cache import BoundedCache
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.jobspec import ResolvedSource
+from trainer_core.protocol import files
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0
@@ -61,11 +62,7 @@ def render(resolved: ResolvedSource, messages: list[dict[str, str]], timeout_s: 
     except subprocess.TimeoutExpired:
         raise PromptRenderError(f"loading the tokenizer of {cfg.model_label} took longer than {timeout_s:.0f} s "
                                 "(a slow hub download?): try again later") from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        reply = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        reply = None
+    reply = files.last_json_line(done.stdout)
     if not isinstance(reply, dict):
         raise PromptRenderError(f"the prompt renderer failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     if "error" in reply:

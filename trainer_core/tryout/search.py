@@ -16,6 +16,7 @@ from pathlib import Path
 from trainer_core.auth import access
 from trainer_core.jobs import jobspec
 from trainer_core.data import DatasetError, loading
+from trainer_core.protocol import files
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSAGES_MAX = 2_000  # passages one search embeds (each model embeds them all)
@@ -111,11 +112,7 @@ def search(request: Request, timeout_s: float = SEARCH_TIMEOUT_S) -> list[Rankin
                               capture_output=True, env=env, timeout=timeout_s, check=False, cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         raise SearchError(f"the search took longer than {timeout_s:.0f} s: search fewer passages") from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        reply = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        reply = None
+    reply = files.last_json_line(done.stdout)
     if not isinstance(reply, dict) or not isinstance(reply.get("rankings"), list):
         raise SearchError(f"the search process failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     return [Ranking(label=str(r.get("label", "")), error=str(r.get("error", "")),

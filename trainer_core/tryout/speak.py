@@ -22,6 +22,7 @@ from trainer_core.auth import access
 from trainer_core.jobs import jobspec
 from trainer_core.methods import tts
 from trainer_core.protocol.errors import FieldError
+from trainer_core.protocol import files
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_MAX = 500  # characters one request speaks (as tts.sample_texts)
@@ -185,11 +186,7 @@ def _run_child(request: Request, resolved: list[jobspec.ResolvedSource], labels:
         except subprocess.TimeoutExpired:
             raise SpeakError(f"speaking took longer than {timeout_s:.0f} s: speak shorter text, lower the cap, or "
                              "pick fewer models") from None
-        lines = done.stdout.strip().splitlines()
-        try:
-            reply = json.loads(lines[-1]) if lines else None
-        except json.JSONDecodeError:
-            reply = None
+        reply = files.last_json_line(done.stdout)
         clips = reply.get("clips") if isinstance(reply, dict) else None
         if not isinstance(clips, list) or len(clips) != len(resolved):
             raise SpeakError(f"the speaking process failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
