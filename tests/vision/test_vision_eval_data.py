@@ -126,3 +126,28 @@ def test_a_vision_runs_eval_split_is_read_as_image_rows(shapes):
     assert len(samples) == 3 and all(len(s.images) == 1 and s.images[0].startswith(str(folder)) for s in samples)
     assert {s.reference for s in samples} <= {r["answer"] for r in rows}
     assert samples[0].prompt[0]["content"] == USER_IMAGE
+
+
+def test_an_eval_sees_the_images_at_its_runs_image_max_side_and_its_baseline_too(shapes):
+    from trainer_core.config import TrainConfig
+    from trainer_core.jobs import evals
+    from trainer_core.protocol import paths
+
+    folder, rows = shapes
+    data = write_jsonl(folder / "flat.jsonl", rows)
+    run_id = "20260301-000000-0d0e0f"
+    cfg = TrainConfig(model_name=str(build_tiny_vlm()), local_datasets=[str(data)], max_seq_length=64,
+                      image_max_side=224)
+    paths.run_dir(run_id).mkdir(parents=True)
+    (paths.run_dir(run_id) / "config.yaml").write_text(cfg.to_yaml())
+    of_run = EvalSpec(source=ModelSource(run_id=run_id), data=str(data))
+    assert evals.prepared(of_run).image_max_side == 224  # as the run trained on them
+    assert evals.prepared(EvalSpec(source=ModelSource(run_id=run_id), data=str(data),
+                                   image_max_side=512)).image_max_side == 512  # the spec's own wins
+    assert evals.prepared(spec(data)).image_max_side == 0  # a base model has no run to take it from
+    # the size the images are seen at is part of what a baseline is compared on
+    assert eval_samples.settings_hash(spec(data, image_max_side=224)) != eval_samples.settings_hash(spec(data))
+    assert eval_samples.settings_hash(spec(data, image_max_side=0)) == eval_samples.settings_hash(spec(data))
+    for bad in (-1, 5, 9000, 1.5, "224"):
+        assert "image_max_side" in fields(spec(data, image_max_side=bad).validate()), bad
+    assert "image_max_side" not in fields(spec(data, image_max_side=28).validate())

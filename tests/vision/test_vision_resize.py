@@ -73,6 +73,11 @@ def scaled_checks(folder: str) -> None:
     assert vision.prepared(row, 0)["images"][0].size == (1200, 300)  # 0: as it is
     assert vision.prepared(row, 400)["images"][0].size == (400, 100)  # the longest side to 400, the shape kept
     assert vision.prepared(row, 2000)["images"][0].size == (1200, 300)  # never scaled up
+    from trainer_core.evaluation.samples import Sample  # an eval's rows are scaled as the run's training rows
+    from trainer_core.worker.vision_eval import pictures
+
+    assert [p.size for p in pictures(Sample(0, [], "red", images=(str(big),)), 400)] == [(400, 100)]
+    assert [p.size for p in pictures(Sample(0, [], "red", images=(str(big),)))] == [(1200, 300)]
     bomb = Path(folder) / "bomb.png"  # a small file whose pixels would take gigabytes in RGB (hostile review)
     Image.new("1", (9000, 8000)).save(bomb)
     try:

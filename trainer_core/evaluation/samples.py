@@ -340,6 +340,8 @@ def settings_hash(spec: "EvalSpec") -> str:
     if RETRIEVAL_METRIC in spec.metrics:  # an embedding model's prompts and text length change its scores
         values.update(query_prompt=spec.query_prompt, document_prompt=spec.document_prompt,
                       max_seq_length=spec.max_seq_length)
+    if spec.image_max_side:  # the size the images are seen at changes what a vision model answers
+        values["image_max_side"] = spec.image_max_side
     if REWARD_METRIC in spec.metrics:  # the rewards that score, not the run that holds them: runs may share a baseline
         values["rewards"] = reward_identity(spec.reward_run or spec.source.run_id or "")
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:24]

@@ -80,6 +80,10 @@ class EvalSpec(JobSpec):
     query_prompt: str = ""
     document_prompt: str = ""
     max_seq_length: int = 0
+    # Image rows: images longer than this on their longest side (px) are scaled down before the model sees them, as
+    # the run's training rows were (TrainConfig.image_max_side). An eval of a vision run takes its run's unless it
+    # sets its own; its baseline keeps it, so the base model sees the same pictures. 0: images as they are.
+    image_max_side: int = 0
     # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), its job folder on
     # the shared storage (docs/ray.md). A judge with an API key runs on this host only: the key never goes to Ray.
     launcher: str = "local"
@@ -184,6 +188,8 @@ class EvalSpec(JobSpec):
             errors.extend(self._reward_errors())
         if _int(self.max_seq_length) is None or self.max_seq_length < 0:
             bad("max_seq_length", "tokens per text for retrieval, 0 for the model's own maximum")
+        if _int(self.image_max_side) is None or not (self.image_max_side == 0 or 28 <= self.image_max_side <= 8192):
+            bad("image_max_side", "0 (images as they are) or a longest side between 28 and 8192 px")
         if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):
             errors.extend(retrieval.source_errors(self))
         if isinstance(self.metrics, list) and not any(e.field == "metrics" for e in errors):

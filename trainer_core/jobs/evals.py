@@ -41,6 +41,11 @@ def prepared(spec: EvalSpec) -> EvalSpec:
                           custom_format_mapping=dict(cfg.custom_format_mapping), system_prompt=cfg.system_prompt)
         except jobspec.SourceError:
             pass  # validation names the missing run
+    if not spec.source.is_base and spec.image_max_side == 0:  # a vision run's images are seen as it trained on them
+        try:
+            values["image_max_side"] = int(jobspec.run_config(spec.source.run_id).image_max_side or 0)
+        except jobspec.SourceError:
+            pass  # validation names the missing run
     if not spec.source.is_base and retrieval.wanted(spec):  # an embedding run: its prompts, length and columns
         try:
             taken = retrieval.run_settings(spec.source.run_id)

@@ -270,7 +270,7 @@ class Evaluator(JobWorker):
         from trainer_core.worker import vision_eval
 
         context = vision_eval.context_of(model)
-        lengths = [vision_eval.prompt_length(processor, sample) for sample in samples]  # ImageUnreadable names the row
+        lengths = [vision_eval.prompt_length(processor, sample, spec.image_max_side) for sample in samples]  # ImageUnreadable names the row
         if not context:
             return samples
         new_tokens = spec.max_new_tokens if generates(spec) else 0
@@ -338,7 +338,8 @@ class Evaluator(JobWorker):
                         break
                     scores = scoring.score_text(answer, sample.reference, spec.metrics)
                     if "perplexity" in spec.metrics and seeing:
-                        scores.loss, scores.tokens = _vision().answer_loss(model, tokenizer, sample, device)
+                        scores.loss, scores.tokens = _vision().answer_loss(model, tokenizer, sample, device,
+                                                                           spec.image_max_side)
                     elif "perplexity" in spec.metrics:
                         scores.loss, scores.tokens = answer_loss(model, tokenizer, sample.prompt, sample.reference,
                                                                  device)

@@ -16,31 +16,33 @@ from transformers import set_seed
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation.samples import Sample
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.worker.vision import clean_messages, load_image
+from trainer_core.worker.vision import clean_messages, downscale, load_image
 
 
 class ImageUnreadable(ValueError):
     """A test row's image that the processor cannot open; the message names the row and the fix."""
 
 
-def pictures(sample: Sample) -> list[Image.Image]:
+def pictures(sample: Sample, max_side: int = 0) -> list[Image.Image]:
+    """The row's images, scaled down to ``max_side`` (the spec's image_max_side: the run's) as training saw them."""
     try:
-        return [load_image(ref) for ref in sample.images]
+        return [downscale(load_image(ref), max_side) for ref in sample.images]
     except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
         raise ImageUnreadable(f"data: test row {sample.index}: cannot read its image ({exc}): replace or remove the "
                               "file") from None
 
 
-def inputs(processor, sample: Sample, device: str, answer: str | None = None, dtype=None):
+def inputs(processor, sample: Sample, device: str, answer: str | None = None, dtype=None, max_side: int = 0):
     """The processor's tensors of a row's prompt (ending with the assistant's turn opening), or of prompt + answer;
-    pixel values in the model's ``dtype`` (bfloat16 on a GPU: not every vision tower casts them itself)."""
+    pixel values in the model's ``dtype`` (bfloat16 on a GPU: not every vision tower casts them itself); images
+    scaled down to ``max_side``."""
     turns = clean_messages(sample.prompt)
     if answer is None:
         text = processor.apply_chat_template(turns, add_generation_prompt=True)
     else:
         text = processor.apply_chat_template(turns + [{"role": "assistant", "content": [{"type": "text",
                                                                                           "text": answer}]}])
-    images = pictures(sample)
+    images = pictures(sample, max_side)
     encoded = processor(text=text, images=images or None, return_tensors="pt")
     return encoded.to(device, dtype=dtype) if dtype is not None else encoded.to(device)  # casts floats only
 
@@ -51,8 +53,8 @@ def context_of(model) -> int | None:
     return getattr(text, "max_position_embeddings", None)
 
 
-def prompt_length(processor, sample: Sample) -> int:
-    return int(inputs(processor, sample, "cpu")["input_ids"].shape[1])
+def prompt_length(processor, sample: Sample, max_side: int = 0) -> int:
+    return int(inputs(processor, sample, "cpu", max_side=max_side)["input_ids"].shape[1])
 
 
 def generate(model, processor, batch: list[Sample], spec: EvalSpec, device: str) -> list[str]:
@@ -68,7 +70,7 @@ def generate(model, processor, batch: list[Sample], spec: EvalSpec, device: str)
         options.update(temperature=None, top_p=None, top_k=None)
     answers = []
     for sample in batch:
-        encoded = inputs(processor, sample, device, dtype=model.dtype)
+        encoded = inputs(processor, sample, device, dtype=model.dtype, max_side=spec.image_max_side)
         with torch.inference_mode():
             out = model.generate(**encoded, **options)
         new = out[0, encoded["input_ids"].shape[1]:]
@@ -76,11 +78,11 @@ def generate(model, processor, batch: list[Sample], spec: EvalSpec, device: str)
     return answers
 
 
-def answer_loss(model, processor, sample: Sample, device: str) -> tuple[float | None, int]:
+def answer_loss(model, processor, sample: Sample, device: str, max_side: int = 0) -> tuple[float | None, int]:
     """(mean negative log-likelihood of the reference answer's tokens given the prompt and its images, their count):
     the tokens a completions-only vision run trains on (the answer and its end of turn; never image tokens)."""
-    prompt = inputs(processor, sample, device, dtype=model.dtype)
-    whole = inputs(processor, sample, device, answer=sample.reference, dtype=model.dtype)
+    prompt = inputs(processor, sample, device, dtype=model.dtype, max_side=max_side)
+    whole = inputs(processor, sample, device, answer=sample.reference, dtype=model.dtype, max_side=max_side)
     ids = whole["input_ids"]
     start = prompt["input_ids"].shape[1]
     if ids.shape[1] <= start or not torch.equal(ids[0, :start], prompt["input_ids"][0]):
