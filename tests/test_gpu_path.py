@@ -104,10 +104,11 @@ def test_steps_per_epoch_under_data_parallelism():
 
 def test_unsloth_trains_only_single_process_runs(monkeypatch):
     monkeypatch.setattr(hardware, "unsloth_usable", lambda: True)
+    monkeypatch.delenv(engines.ENGINE_ENV, raising=False)
     assert engines.choose_engine(1) == "unsloth"
     assert engines.choose_engine(2) == "transformers"
-    # a vision-language model trains with the transformers engine: Unsloth's FastVisionModel is not wired
-    assert engines.choose_engine(1, vision=True) == "transformers"
+    # a vision-language model too: FastVisionModel (tests/test_unsloth_vision.py)
+    assert engines.choose_engine(1, vision=True) == "unsloth"
 
 
 def test_fsdp_only_when_a_copy_does_not_fit():
@@ -232,9 +233,14 @@ UNSLOTH_STUB = textwrap.dedent("""
         def get_peft_model(model, **kwargs):
             calls.append(["get_peft_model", kwargs])
             return model
-    sys.modules["unsloth"] = types.SimpleNamespace(FastLanguageModel=FastLanguageModel)
+    trainer = types.SimpleNamespace(UnslothVisionDataCollator=None)  # the vision path's (tests/test_unsloth_vision.py)
+    sys.modules["unsloth"] = types.SimpleNamespace(FastLanguageModel=FastLanguageModel, FastVisionModel=None,
+                                                   trainer=trainer)
+    sys.modules["unsloth.trainer"] = trainer
     from trainer_core.config import TrainConfig
+    from trainer_core.worker import model_resolver
     from trainer_core.worker.engines import unsloth_engine
+    model_resolver.resolve = lambda *args: model_resolver.Resolved("text", None, "llama")  # /models/m: a text model
 
     for values in json.loads(sys.argv[1]):
         unsloth_engine.load_model(TrainConfig(**values), "/models/m", None)

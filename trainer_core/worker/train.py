@@ -31,7 +31,7 @@ from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.data.loading import load_for_training
 from trainer_core.worker import ranks
-from trainer_core.worker.engines import choose_engine
+from trainer_core.worker.engines import TRANSFORMERS, UnslothCannotLoad, choose_engine
 from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.protocol.status import RunStatus
 
@@ -134,8 +134,15 @@ class Worker:
                     model, tokenizer = worker_methods.get(cfg.method).load_model(
                         cfg, model_ref, os.environ.get("HF_TOKEN") or None, warn=self.warn)
                 else:
-                    model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
-                                                         sharded=sharded)
+                    try:
+                        model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
+                                                             sharded=sharded)
+                    except UnslothCannotLoad as exc:  # a model Unsloth does not patch: the engine that runs everywhere
+                        self.warn(str(exc))
+                        self.engine_name = TRANSFORMERS  # the next status event carries it to the run's record
+                        engine = importlib.import_module(f"trainer_core.worker.engines.{TRANSFORMERS}_engine")
+                        model, tokenizer = engine.load_model(cfg, model_ref, os.environ.get("HF_TOKEN") or None,
+                                                             sharded=sharded)
             except OSError as exc:  # transformers' way to say "not found / cannot connect / no access"
                 raise ModelLoadError(_model_load_message(cfg, exc)) from exc
             self.check_cancel()

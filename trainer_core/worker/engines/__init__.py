@@ -1,14 +1,25 @@
 """Engine choice, made in one place. Importing this package does not import torch."""
 from __future__ import annotations
 
+import os
+
 from trainer_core.planning import hardware
 
 UNSLOTH = "unsloth"
 TRANSFORMERS = "transformers"
+# "transformers" here trains with the transformers engine even where Unsloth is usable (to compare the engines, or
+# to avoid Unsloth on a model it mistrains); unset or any other value: the choice below.
+ENGINE_ENV = "FINETUNE_STUDIO_ENGINE"
+
+
+class UnslothCannotLoad(RuntimeError):
+    """Unsloth could not load this model; the worker says so and trains with the transformers engine."""
 
 
 def choose_engine(processes: int = 1, vision: bool = False) -> str:
     """Unsloth when CUDA and the ``gpu`` extra are present and the run trains on one process (Unsloth pins
-    its model to one GPU); transformers + peft + trl everywhere else, data-parallel runs included, and for
-    vision-language models (the Unsloth engine here loads text models only: FastVisionModel is not wired)."""
-    return UNSLOTH if processes == 1 and not vision and hardware.unsloth_usable() else TRANSFORMERS
+    its model to one GPU): FastLanguageModel for text, FastVisionModel for vision-language models (``vision``);
+    transformers + peft + trl everywhere else, data-parallel runs included."""
+    if os.environ.get(ENGINE_ENV) == TRANSFORMERS:
+        return TRANSFORMERS
+    return UNSLOTH if processes == 1 and hardware.unsloth_usable() else TRANSFORMERS

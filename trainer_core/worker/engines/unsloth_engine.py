@@ -1,4 +1,5 @@
-"""Unsloth's FastLanguageModel path (CUDA + the ``gpu`` extra). Worker-only.
+"""Unsloth's FastLanguageModel path (CUDA + the ``gpu`` extra), and its FastVisionModel path for vision-language
+models (unsloth_vision). Worker-only.
 
 ``unsloth`` must be imported before transformers/trl so its patches apply; the worker imports
 this module before anything else from the ML stack when this engine is chosen.
@@ -9,13 +10,16 @@ import unsloth  # noqa: F401  (import order matters: patches transformers/trl)
 from unsloth import FastLanguageModel
 
 from trainer_core.config import TrainConfig
-from trainer_core.worker.engines import transformers_engine
+from trainer_core.worker import model_resolver
+from trainer_core.worker.engines import transformers_engine, unsloth_vision
 
 NAME = "unsloth"
 to_dataset = transformers_engine.to_dataset
 
 
 def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: bool = False):
+    if model_resolver.resolve(model_ref, cfg, token).kind == model_resolver.VISION:
+        return unsloth_vision.load_model(cfg, model_ref, token)  # raises UnslothCannotLoad to fall back
     checkpointing = "unsloth" if cfg.gradient_checkpointing else False  # Unsloth's offloading variant
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model_ref, max_seq_length=cfg.max_seq_length, load_in_4bit=cfg.effective_4bit,
@@ -46,6 +50,9 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
 
 
 def build_trainer(cfg, model, tokenizer, train_ds, eval_ds, output_dir, run_dir, callbacks, sharded: bool = False):
+    if cfg.method == "sft" and "images" in train_ds.column_names:  # image rows: Unsloth's vision collator
+        args = transformers_engine.training_args(cfg, output_dir, run_dir, eval_ds is not None)
+        return unsloth_vision.build_trainer(cfg, model, tokenizer, train_ds, eval_ds, args, callbacks)
     # The model already carries its LoRA adapters (get_peft_model above): don't wrap it twice. Embeddings for
     # continued pretraining are in target_modules, which Unsloth trains in full (its modules_to_save), and
     # the method's optimizer gives them embedding_learning_rate.
