@@ -11,7 +11,7 @@
     python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv; a launcher: ray run
-gets neither (Ray shows a job's environment on its dashboard): the cluster's nodes use their own credentials.
+gets them through its run folder, never Ray's job table (trainer_core/protocol/secret_file.py).
 Identity: with FINETUNE_STUDIO_TOKEN set (an API token from the dashboard's Account page), the CLI acts as
 that token's user and role; without it, as the local OS user with every right (whoever can run this
 command can read the data root anyway).
@@ -89,8 +89,6 @@ def load_config(path: str, overrides: list[str]) -> TrainConfig:
             raise ConfigError([FieldError(key.strip(), f"--set value {value[:60]!r} is not a YAML value; quote "
                                                        "text that contains [ { : or #")]) from None
     cfg = TrainConfig.from_dict(data)
-    if cfg.launcher == "ray":  # Ray shows a job's environment on its dashboard: the nodes use their own credentials
-        return cfg
     for name, value in secrets.from_env(os.environ).items():
         setattr(cfg, name, value)
     return cfg

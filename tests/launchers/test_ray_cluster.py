@@ -1,6 +1,6 @@
 """The Ray launcher against a real local Ray cluster of two nodes (a head and a second ``ray start --address``
 node, one CPU each), started and stopped by this module: runs go through the CLI and the orchestrator as Ray
-jobs (no secret in what Ray stores), a two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one
+jobs (no secret in what Ray stores; a run's own token reaches its ranks through the run folder), a two-worker run through Ray Train's TorchTrainer (gloo on CPU) with one
 rank per node, Stop & save after a dashboard restart re-adopted the job, Ray's own account of a stopped job,
 and a lost node failing the run with the rank and node named. Skips without ray."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import JobState
 from trainer_core.launchers import ray as ray_jobs
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.ray_entry import PLACEMENT_FILE
 
@@ -31,6 +31,7 @@ from ray.util.state import list_nodes  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.train]
 
 SERVER_SECRET = "hf_server_secret_never_in_ray"  # in the dashboard's environment: must not reach Ray
+RUN_SECRET = "hf_run_secret_through_the_run_folder"  # a run's own token: reaches its workers, never Ray's job table
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +111,16 @@ def test_the_cli_trains_the_bundled_model_as_a_ray_job(cluster, tmp_path):
 
 
 def test_two_workers_train_one_run_with_one_rank_on_each_node(studio, cluster, tiny_model):
-    run_id = studio.start(on_ray(tiny_model, num_processes=2))
+    run_id = studio.start(on_ray(tiny_model, num_processes=2, hf_token=RUN_SECRET))
     snap = studio.wait(run_id, timeout=300)
     assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
+    # the run's token reached both ranks through the run folder, and neither Ray's job table nor the folder keeps it
+    taken = "Secrets HF_TOKEN taken from the run folder (never from Ray's job table)\n"
+    assert taken in studio.log_text(run_id)
+    assert taken in (paths.run_dir(run_id) / "ranks" / "ray-rank-1.log").read_text()
+    job = job_of(cluster, run_id)
+    assert RUN_SECRET not in json.dumps([job.entrypoint, job.metadata, job.runtime_env])
+    assert not (paths.run_dir(run_id) / secret_file.FILE).exists()
     assert list(studio.metrics(run_id).dropna(subset=["loss"])["step"]) == [1, 2, 3]  # rank 0 alone reports
     placement = json.loads((paths.run_dir(run_id) / PLACEMENT_FILE).read_text())
     assert [p["rank"] for p in placement] == [0, 1]

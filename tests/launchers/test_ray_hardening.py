@@ -1,7 +1,8 @@
 """What a hostile user could do through ``launcher: ray``, without a cluster (a fake Jobs client records what
 would reach Ray): proxy credentials and other secrets of the server never reach what Ray stores, a run cannot
-point the dashboard at an address of its choosing (nor can a tampered ray_job.json at adoption), the CLI does not
-put the server's tokens into a Ray run's config, and "job not found" is read from Ray's status code."""
+point the dashboard at an address of its choosing (nor can a tampered ray_job.json at adoption), the CLI gives a
+Ray run the tokens of its environment as it gives a local one (tests/launchers/test_ray_secrets.py: they travel
+through the run folder), and "job not found" is read from Ray's status code."""
 from __future__ import annotations
 
 import json
@@ -164,17 +165,15 @@ def test_adoption_asks_the_servers_cluster_not_an_address_written_in_the_run_fol
 
 # --- the CLI and the server's tokens -------------------------------------------------------------------------
 
-def test_the_cli_keeps_the_servers_tokens_out_of_a_ray_runs_config(shared, tmp_path, monkeypatch):
+def test_the_cli_gives_a_ray_run_the_tokens_of_its_environment_as_a_local_run(shared, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_cli")
     monkeypatch.setenv("WANDB_API_KEY", "wandb_cli")
     (tmp_path / "ray.yaml").write_text(yaml.safe_dump({"launcher": "ray"}))
     (tmp_path / "local.yaml").write_text(yaml.safe_dump({"launcher": "local"}))
     for cfg in (load_config(str(tmp_path / "ray.yaml"), []),
-                load_config(str(tmp_path / "local.yaml"), ["launcher=ray"])):
-        assert (cfg.hf_token, cfg.wandb_token) == ("", "")
+                load_config(str(tmp_path / "local.yaml"), ["launcher=ray"]), load_config(str(tmp_path / "local.yaml"), [])):
+        assert (cfg.hf_token, cfg.wandb_token) == ("hf_cli", "wandb_cli")
         assert [e for e in cfg.validate() if e.field in ("hf_token", "wandb_token", "launcher", "ray_address")] == []
-    local = load_config(str(tmp_path / "local.yaml"), [])  # a run on this host still gets them (its environment)
-    assert (local.hf_token, local.wandb_token) == ("hf_cli", "wandb_cli")
 
 
 # --- "job not found" ----------------------------------------------------------------------------------------

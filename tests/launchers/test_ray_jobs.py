@@ -1,6 +1,6 @@
 """Eval and export jobs on the Ray cluster (``launcher: ray`` in their spec): what validation refuses, naming the
-field and the fix (no cluster, run folders off the shared storage, GPUs named, a secret the job would need: a hub
-push's HF_TOKEN, a judge's API key), how such a job is routed and placed, the CLI flags, and, slow, on a one-node
+field and the fix (no cluster, run folders off the shared storage, GPUs named; a secret such a job needs travels
+through its run folder: tests/launchers/test_ray_secrets.py), how such a job is routed and placed, the CLI flags, and, slow, on a one-node
 local cluster: an export and an eval through the orchestrator as single-worker Ray jobs (artifacts and results on
 the shared storage, no secret in Ray's job table), and Stop reaching a Ray eval adopted by a restarted dashboard."""
 from __future__ import annotations
@@ -82,25 +82,6 @@ def test_every_missing_piece_of_a_ray_job_is_named_with_its_fix(home, tmp_path, 
     assert export_on_ray(launcher="slurm").validate() == [
         FieldError("launcher", "choose local or ray (this host, or the server's Ray cluster)")]
     assert export_on_ray(launcher="local").validate() == []  # this host needs none of it
-
-
-def test_a_ray_job_that_would_need_a_secret_is_refused_naming_the_fix(shared, monkeypatch):
-    finished_run()
-    monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
-    assert export_on_ray(push_repo_id="me/model").validate() == [FieldError(
-        "push_repo_id", "this job needs the secret HF_TOKEN, which is never sent to a Ray job (Ray shows a job's "
-                        "environment on its dashboard): run it on this host (launcher: local), or leave the repo id "
-                        "empty and push the export from this host afterwards")]
-    assert export_on_ray(push_repo_id="me/model", launcher="local").validate() == []
-    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "JUDGE_API_KEY")
-    judged = dict(metrics=["judge"], judge_url="https://judge.example/v1", judge_model="m")
-    keyed = eval_on_ray(shared, judge_key_env="JUDGE_API_KEY", **judged).validate()
-    assert [e for e in keyed if e.field in ("judge_key_env", "launcher")] == [FieldError(
-        "judge_key_env", "this job needs the secret JUDGE_API_KEY, which is never sent to a Ray job (Ray shows a "
-                         "job's environment on its dashboard): run it on this host (launcher: local), or drop 'judge' "
-                         "from metrics, or use a judge endpoint that needs no key (judge_key_env empty)")]
-    keyless = eval_on_ray(shared, **judged).validate()  # a judge without a key: nothing secret to send
-    assert [e for e in keyless if e.field in ("judge_key_env", "launcher")] == []
 
 
 def test_an_export_folder_off_the_shared_storage_is_refused(shared, tmp_path, monkeypatch):

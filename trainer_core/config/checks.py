@@ -219,9 +219,6 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
             f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment")
     elif ray_address_problem(cfg.ray_address):
         bad("ray_address", ray_address_problem(cfg.ray_address))
-    for name in cfg.secrets():  # Ray keeps a job's environment in its job table, which its dashboard shows
-        bad(name, "secrets are not passed to Ray jobs yet (Ray shows a job's environment on its dashboard): use a "
-            "model and data that need no token, or launcher: local")
     if cfg.gpu_ids:
         bad("gpu_ids", "Ray places the workers on the cluster's GPUs: leave gpu_ids empty and set ray_gpus_per_worker")
     if not _finite(cfg.num_processes) or cfg.num_processes < 0:

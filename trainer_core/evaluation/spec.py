@@ -133,8 +133,7 @@ class EvalSpec(JobSpec):
         reading = {"data", "format_type", "custom_format_mapping", "max_samples"}  # fields the data check needs
         if self.data.strip() and not any(e.field in reading for e in errors):
             errors += self._data_errors()
-        errors += ray_jobs.spec_problems(self, "judge_key_env", "drop 'judge' from metrics, or use a judge endpoint "
-                                                                "that needs no key (judge_key_env empty)")
+        errors += ray_jobs.spec_problems(self)
         if not errors and self.launcher != "ray":  # on the cluster Ray places the job: this host's memory says nothing
             errors += self.memory_errors()
         return errors

@@ -198,8 +198,7 @@ class ExportSpec(JobSpec):
             bad("push_update", "updating an existing repo needs push_repo_id (the repo to update)")
         if self.push_update_any and not self.push_update:
             bad("push_update_any", "only together with push_update")
-        errors.extend(ray_jobs.spec_problems(self, "push_repo_id", "leave the repo id empty and push the export "
-                                                                   "from this host afterwards"))
+        errors.extend(ray_jobs.spec_problems(self))
         shared = os.environ.get(SHARED_STORAGE_ENV, "")  # unset: spec_problems said so already
         if self.launcher == "ray" and self.out_dir and shared and not any(e.field == "out_dir" for e in errors) \
                 and not Path(self.out_dir).expanduser().resolve().is_relative_to(Path(shared).resolve()):

@@ -15,7 +15,7 @@ from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.remote_view import seed_lineage
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol.status import RunStatus
 
 
@@ -139,6 +139,7 @@ class Pumping:
 
     def _finish(self, t: pump.Tracker) -> None:
         status, values = t.terminal
+        secret_file.remove(t.run_dir)  # a Ray job's secrets, whatever ended it (its worker or driver removes them)
         self.store.finish_run(t.run_id, status, **values)
         t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
                       **{k: v for k, v in values.items() if k in ("error", "log_tail", "output_dir")})

@@ -8,14 +8,15 @@ reads: the database stays a cache of the run folders. Liveness is Ray's job stat
 talks to a cluster the server allows (its RAY_ADDRESS or FINETUNE_STUDIO_RAY_ADDRESSES: config
 ``ray_address_problem``), whatever a run or its folder says.
 
-Secrets never enter the job: Ray keeps a job's entrypoint, metadata and runtime_env in its job table, which
+Secrets never enter what Ray keeps: a job's entrypoint, metadata and runtime_env are in its job table, which
 anyone with access to its dashboard can read. The job gets an allow-listed environment with no secret in it
-(proxy URLs without their user and password), and config validation refuses a Ray run that was given one
-(trainer_core/config/checks.py ``_check_ray``).
+(proxy URLs without their user and password); the secrets it needs (a run's HF token and W&B key, a hub push's
+HF_TOKEN, a judge's key) wait in its run folder on the shared storage, readable by this user alone, and its
+worker takes them from there (trainer_core/protocol/secret_file.py).
 
 An eval or an export job (``launcher: ray`` in its spec) is a single-worker Ray job the same way: the same entry
 point runs the worker of the job's kind (kind.txt), its artifacts and results stay in its job folder on the shared
-storage. ``spec_problems`` refuses one the cluster cannot run without a secret (a hub push, a judge's key).
+storage.
 
 Kept whole: one launcher implementation (the launcher interface: start, state, stop, kill, adopt) over Ray Jobs,
 with the secret-free environment and the address checks it cannot run without.
@@ -41,7 +42,8 @@ from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, 
                                  ray_address_problem)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.planning.parallel import NPROC_ENV
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, secret_file
+from trainer_core.protocol import secrets as run_secrets
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -86,12 +88,11 @@ def shared_storage_problem(folder: Path) -> str:
     return ""
 
 
-def spec_problems(spec: JobSpec, secret_field: str, secret_fix: str) -> list[FieldError]:
-    """What keeps a job spec's ``launcher`` (eval, export) from working: an unknown value, or for ``ray``: no ray, no
-    cluster configured (the server's RAY_ADDRESS, as for training), run folders off the shared storage, GPUs named
-    (Ray places the job), or a secret the job would need (``env_names``), which has no secret-free way into a Ray
-    job: its runtime_env is public. ``secret_field`` is the spec field that asks for the secret, ``secret_fix`` the
-    other way out besides running the job on this host."""
+def spec_problems(spec: JobSpec) -> list[FieldError]:
+    """What keeps a job spec's ``launcher`` (eval, export, serve) from working: an unknown value, or for ``ray``: no
+    ray, no cluster configured (the server's RAY_ADDRESS, as for training), run folders off the shared storage, or
+    GPUs named (Ray places the job). A secret the job needs (``env_names``: a hub push's HF_TOKEN, a judge's key)
+    goes through its run folder, never Ray's job table (``job_secrets``)."""
     launcher = getattr(spec, "launcher", "local")
     if launcher not in LAUNCHERS:
         return [FieldError("launcher", f"choose {' or '.join(LAUNCHERS)} (this host, or the server's Ray cluster)")]
@@ -112,10 +113,6 @@ def spec_problems(spec: JobSpec, secret_field: str, secret_fix: str) -> list[Fie
     if spec.gpu_ids:
         errors.append(FieldError("gpu_ids", "Ray places the job on the cluster: leave gpu_ids empty, or run it on "
                                             "this host (launcher: local)"))
-    for name in spec.env_names():
-        errors.append(FieldError(secret_field, f"this job needs the secret {name}, which is never sent to a Ray job "
-                                               "(Ray shows a job's environment on its dashboard): run it on this "
-                                               f"host (launcher: local), or {secret_fix}"))
     return errors
 
 
@@ -197,14 +194,16 @@ class RayLauncher(Launcher):
         job_id = submission_id(run_dir.name)
         (run_dir / JOB_FILE).write_text(json.dumps({"address": self.address, "job_id": job_id}) + "\n")
         entry = dict(entrypoint_num_cpus=1, entrypoint_num_gpus=gpus or None) if processes == 1 else {}
+        env = self.environment(run_dir, processes, gpus, int(getattr(cfg, "ray_max_failures", 0)))
+        if secret_file.write(run_dir, job_secrets(cfg)):  # the values wait in the run folder; Ray sees only this
+            env[secret_file.FLAG_ENV] = "1"
         try:  # several processes: the driver only waits; TorchTrainer's workers hold the CPUs and GPUs
             RayHandle(self.address, job_id).client().submit_job(
                 entrypoint=shlex.join([ray_python(), "-m", "trainer_core.worker.ray_entry", str(run_dir)]),
-                submission_id=job_id,
-                runtime_env={"env_vars": self.environment(run_dir, processes, gpus,
-                                                          int(getattr(cfg, "ray_max_failures", 0)))},
+                submission_id=job_id, runtime_env={"env_vars": env},
                 metadata={"finetune_studio_run": run_dir.name}, **entry)
         except Exception as exc:  # noqa: BLE001 - the cluster refused or cannot be reached: the run fails with why
+            secret_file.remove(run_dir)
             raise OSError(f"the Ray cluster at {self.address} did not take the job ({type(exc).__name__}: {exc})") \
                 from None
         return RayHandle(self.address, job_id, started_here=True)
@@ -218,7 +217,8 @@ class RayLauncher(Launcher):
 
     def environment(self, run_dir: Path, processes: int, gpus: float, max_failures: int = 0) -> dict[str, str]:
         """The job's environment: the allow-list of a local worker without this host's own paths, and never a
-        secret (no ``needs``, no run secrets): Ray shows a job's runtime_env to anyone with its dashboard."""
+        secret (no ``needs``, no run secrets: ``start`` puts those in the run folder): Ray shows a job's
+        runtime_env to anyone with its dashboard."""
         env = {k: v for k, v in access.worker_env(os.environ).items() if k not in HOST_ONLY}
         env.update(PYTHONUNBUFFERED="1", FINETUNE_STUDIO_HOME=str(paths.data_root()), PYTHONPATH=str(ROOT),
                    TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
@@ -232,6 +232,16 @@ class RayLauncher(Launcher):
         env[STOP_WAIT_ENV] = str(STOP_WAIT_S)
         env.pop(PYTHON_ENV, None)
         return {name: without_userinfo(name, value) for name, value in env.items()}
+
+
+def job_secrets(cfg: TrainConfig | JobSpec) -> dict[str, str]:
+    """The secrets a job gets (environment variable -> value), as a local worker gets them in its environment: a
+    run's own (hf_token, wandb_token), and the server's variables a job spec names (a hub push's HF_TOKEN, a judge
+    key an admin declared). They reach the Ray job through its run folder only (protocol/secret_file.py)."""
+    names = cfg.env_names() if hasattr(cfg, "env_names") else []
+    values = {name: os.environ.get(name, "") for name in names}
+    values.update(run_secrets.to_env(cfg.secrets()))
+    return {name: value for name, value in values.items() if value}
 
 
 def without_userinfo(name: str, value: str) -> str:

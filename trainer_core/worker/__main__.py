@@ -1,10 +1,12 @@
-"""``python -m trainer_core.worker RUN_DIR``: run the job in RUN_DIR with the entry point of its kind."""
+"""``python -m trainer_core.worker RUN_DIR``: run the job in RUN_DIR with the entry point of its kind, after taking
+the job's secrets from its run folder when its launcher left them there (a Ray job: protocol/secret_file.py)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol.status import read_kind
 from trainer_core.worker import ENTRY_POINTS
 
@@ -15,8 +17,12 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
     try:
+        # one of several ranks keeps the file for the others (and for ranks Ray Train restarts): its driver removes it
+        taken = secret_file.load(run_dir, keep=int(os.environ.get("WORLD_SIZE", "1") or 1) > 1)
+        if taken:
+            print(f"Secrets {', '.join(taken)} taken from the run folder (never from Ray's job table)", file=sys.stderr)
         kind = read_kind(run_dir)
-    except ValueError as exc:  # process boundary: the job cannot run; worker.log says why
+    except (ValueError, secret_file.SecretFileError) as exc:  # process boundary: the job cannot run; worker.log says why
         print(exc, file=sys.stderr)
         return 2
     return importlib.import_module(ENTRY_POINTS[kind]).main(run_dir)

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from trainer_core.jobs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
 from trainer_core.planning.parallel import NPROC_ENV
-from trainer_core.protocol import events as ev, files, paths
+from trainer_core.protocol import events as ev, files, paths, secret_file
 from trainer_core.worker import ranks
 
 PLACEMENT_FILE = "ray_ranks.json"
@@ -86,6 +86,8 @@ def run_workers(run_dir: Path, processes: int, gpus: float, max_failures: int = 
     except ray.train.TrainingFailedError as exc:  # process boundary: a rank failed and Ray stopped the others
         report_failure(run_dir, processes, exc)
         return 1
+    finally:
+        secret_file.remove(run_dir)  # read by every rank, and again by ranks restarted after a loss: no longer needed
     return 0
 
 
