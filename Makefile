@@ -62,7 +62,7 @@ share: install
 	$(PY) -m gateway --port $(SHARE_PORT)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30  # the 30 slowest: where the CI time goes
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
