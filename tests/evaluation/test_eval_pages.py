@@ -139,3 +139,29 @@ def test_the_start_form_lists_every_problem_and_submits_nothing(app_home, tmp_pa
         "(or drop 'judge' from metrics)", "**judge_model**: name the model the judge endpoint should use",
         "**data**: empty.jsonl has no rows"])]
     assert [r.id for r in store.list_runs()] == ["run-a"]  # nothing queued
+
+
+def test_with_a_cluster_the_form_offers_it_and_the_job_carries_launcher_ray(app_home, tmp_path, monkeypatch):
+    store = Store()
+    insert_finished_run(store, "run-a", "alpha run", [2.0, 1.0])
+    adapter = paths.run_dir("run-a") / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter.parent / "config.yaml").write_text(TrainConfig(model_name=BUNDLED_MODEL, run_name="alpha run").to_yaml())
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"instruction": "Say hi", "output": "Hello!"}) + "\n")
+    at = open_page("pages/run.py", detail_run_id="run-a")
+    assert not [r for r in at.radio if r.key == "evaltab_launcher"]  # no cluster: nothing to choose
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    at = open_page("pages/run.py", detail_run_id="run-a")
+    assert at.radio(key="evaltab_launcher").options == ["This host", "The Ray cluster"]
+    at.radio(key="evaltab_launcher").set_value("ray").run()
+    at.radio(key="evaltab_data_kind").set_value("path").run()
+    at.text_input(key="evaltab_path").set_value(str(data))
+    at.multiselect(key="evaltab_metrics").set_value(["exact"])
+    at.button(key="evaltab_start").click().run()
+    # the spec went to the cluster's checks: the run folders are not on storage the nodes share
+    assert any("**launcher**: launcher: ray: run folders must be on storage every node of the Ray cluster mounts"
+               in t for t in texts(at, "error")), texts(at, "error")
+    assert [r.id for r in store.list_runs()] == ["run-a"]  # nothing queued
