@@ -23,7 +23,8 @@ from ui.auth import current_actor
 from ui.text import code, safe
 
 DOWNLOAD_MAX_BYTES = 100 << 20  # larger artifacts are not pushed through the browser: path + command instead
-TARGET_LABELS = {"adapter": "Adapter (zip)", "merged": "Merged 16-bit safetensors", "gguf": "GGUF + Ollama Modelfile",
+TARGET_LABELS = {"adapter": "Adapter (zip)", "merged": "Merged 16-bit safetensors",
+                 "gguf": "GGUF + Ollama Modelfile (vision models: + mmproj projector)",
                  "onnx": "ONNX (embedding models)"}
 
 
@@ -43,6 +44,16 @@ def artifact_table(artifacts: list[ArtifactRecord]) -> list[dict]:
     return [{"file": Path(a.path).name, "kind": a.kind + (f" ({a.detail})" if a.detail else ""),
              "size": size_text(a.size), "sha256": a.sha256, "created": fmt.timestamp(a.created_at)}
             for a in artifacts]
+
+
+def llama_cpp_command(artifacts: list[ArtifactRecord]) -> str | None:
+    """How llama.cpp runs a vision export's language GGUF with its mmproj projector (Ollama gets no Modelfile for the
+    pair), or None for an export without a projector."""
+    mmproj = next((a.path for a in artifacts if a.kind == "mmproj"), None)
+    model = next((a.path for a in artifacts if a.kind == "gguf"), None)
+    if mmproj is None or model is None:
+        return None
+    return f"llama-server -m {shlex.quote(model)} --mmproj {shlex.quote(mmproj)}"
 
 
 def quant_help() -> str:
@@ -172,6 +183,11 @@ def _job(orch: Orchestrator, job: RunRecord) -> None:
             return
         st.dataframe(artifact_table(artifacts), hide_index=True,
                      column_config={"sha256": st.column_config.TextColumn("sha256", width="medium")})
+        command = llama_cpp_command(artifacts)
+        if command:
+            st.caption("A vision model's GGUF runs with its mmproj projector in llama.cpp (llama-server, or "
+                       "llama-mtmd-cli with --image); Ollama gets no Modelfile for the pair:")
+            st.code(command, language="bash")
         job_dir, roots = paths.run_dir(job.id), jobspec.export_roots(paths.run_dir(job.id))
         for artifact in artifacts:
             try:  # checked again here: a row from an older database, or a file turned into a symlink since

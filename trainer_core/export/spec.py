@@ -12,6 +12,7 @@ from trainer_core.config import SHARED_STORAGE_ENV, FieldError
 from trainer_core.export import tools
 from trainer_core.jobs.jobspec import JobSpec, SourceError, register, resolve
 from trainer_core.launchers import ray as ray_jobs
+from trainer_core.planning import model_info, modality
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 from trainer_core.serving.spec import embed_python
@@ -31,6 +32,25 @@ ONNX_INSTALL_FIX = ("onnx: the ONNX exporter (sentence-transformers with optimum
                     "`make install`, which builds .venv-embed/ beside the studio's venv (or point "
                     "FINETUNE_STUDIO_EMBED_VENV at a venv with sentence-transformers and optimum[onnxruntime])")
 EXPORTS_FOLDER = "exports"  # under the data root and each allowed root: the only places an out_dir may be
+
+
+def model_config(resolved) -> dict:
+    """The config.json of a resolved source's model: the full fine-tune's own, else its base model's (a folder, or a
+    hub id's cached or downloaded config). {} when it cannot be read (the worker names that when it loads it)."""
+    try:
+        folder = resolved.model_dir if resolved.model_dir is not None else \
+            modality._folder(resolved.base_model, None)  # the folder detect_modality read (sees_images)
+        return model_info._read_json(Path(folder) / "config.json")
+    except (model_info.ModelInfoError, OSError, ValueError):
+        return {}
+
+
+def vision_gguf_problem(resolved) -> str | None:
+    """Why a vision-language model gets no GGUF here: llama.cpp's installed converter cannot write its language GGUF
+    and its mmproj projector file (tools.vision_gguf_problem reads the converter's own tables)."""
+    problem = tools.vision_gguf_problem(model_config(resolved))
+    return (f"gguf: {problem}: export merged instead (it loads in transformers with its processor)" if problem
+            else None)
 
 
 def export_folders() -> list[Path]:
@@ -85,8 +105,8 @@ class ExportSpec(JobSpec):
             names.append("adapter")
         if "merged" in self.targets or "gguf" in self.targets:
             names.append("merge")
-        if "gguf" in self.targets:
-            names += [f"gguf {q}" for q in self.quantizations] + ["modelfile"]
+        if "gguf" in self.targets:  # a vision model's projector file instead of a Modelfile (Ollama cannot run it)
+            names += [f"gguf {q}" for q in self.quantizations] + ["mmproj" if self.sees_images() else "modelfile"]
         if "onnx" in self.targets:
             names.append("onnx")
         if self.verify and any(t in self.targets for t in ("merged", "gguf", "onnx")):
@@ -133,13 +153,18 @@ class ExportSpec(JobSpec):
         problem = resolved.not_a_writer("merged into a model that writes answers")
         if problem is None:
             if "gguf" in targets and resolved.sees_images:
-                return ("gguf: a vision-language model's GGUF needs llama.cpp's separate mmproj file for its vision "
-                        "tower, which this export does not write: export merged (it loads in transformers with its "
-                        "processor)")
+                return vision_gguf_problem(resolved)
             return None
         fix = ("export the adapter instead" if resolved.adapter_dir is not None else
                "a full fine-tune's weights folder is the whole model: copy it as it is")
         return f"{' and '.join(targets)}: {problem}; {fix}"
+
+    def sees_images(self) -> bool:
+        """Whether the source is a vision-language model (its GGUF export adds the mmproj projector file)."""
+        try:
+            return resolve(self.source).sees_images
+        except SourceError:
+            return False
 
     def admin_only(self) -> list[str]:
         if self.push_update_any is True:

@@ -69,3 +69,91 @@ def type_problem(name: str) -> str | None:
                 f"{QUANTIZE_ENV}: install llama.cpp, or choose one of {', '.join(CONVERTER_TYPES)}")
     return (f"unknown quantization type {name[:20]!r}: known types are {', '.join(KNOWN_TYPES)} "
             f"(available here: {', '.join(available_types())})")
+
+
+# --- vision-language GGUF: the language model's GGUF plus llama.cpp's mmproj projector file -------------------------
+# Which architectures the installed converter takes is read from its own tables (conversion/__init__.py's
+# TEXT_MODEL_MAP and MMPROJ_MODEL_MAP), parsed, not imported (that would import torch): a newer converter extends
+# support by itself. The architecture is picked as the converter picks it (conversion/base.py
+# get_model_architecture): the text side takes text_config.architectures when the config names them, the projector
+# side vision_config.architectures, else the config's own first architecture.
+MMPROJ_PREFIX = "mmproj-"
+MMPROJ_TYPE = "f16"  # projector files stay 16-bit (llama.cpp's own advice: quantizing the tower costs accuracy)
+# A converter class that is in the map but takes only some vision towers (it raises "Unsupported model type" for the
+# others): conversion/llava.py converts Pixtral towers only, not LLaVA's usual CLIP or SigLIP towers.
+MMPROJ_TOWERS = {"LlavaForConditionalGeneration": ("pixtral",)}
+# Names in MMPROJ_MODEL_MAP that are audio encoders (the same map holds them): left out of the vision list we name.
+_AUDIO_HINTS = ("Audio", "Speech", "ASR", "asr", "TTS", "Ultravox", "Voxtral", "MERaLiON")
+
+
+def _converter_maps(init_file: Path) -> tuple[frozenset[str], frozenset[str]]:
+    import ast
+
+    found: dict[str, frozenset[str]] = {}
+    for node in ast.parse(init_file.read_text(encoding="utf-8")).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else \
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in ("TEXT_MODEL_MAP", "MMPROJ_MODEL_MAP") and \
+                isinstance(node.value, ast.Dict):
+            found[target.id] = frozenset(k.value for k in node.value.keys
+                                         if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return found.get("TEXT_MODEL_MAP", frozenset()), found.get("MMPROJ_MODEL_MAP", frozenset())
+
+
+_MAPS: dict[tuple[str, float], tuple[frozenset[str], frozenset[str]]] = {}
+
+
+def converter_maps() -> tuple[frozenset[str], frozenset[str]] | None:
+    """(text architectures, mmproj architectures) of the installed converter, or None when it is not installed or
+    its tables cannot be read (an older layout: conversion/__init__.py without the two maps)."""
+    script = converter_script()
+    if script is None:
+        return None
+    init_file = script.parent / "conversion" / "__init__.py"
+    try:
+        key = (str(init_file), init_file.stat().st_mtime)
+        if key not in _MAPS:
+            _MAPS[key] = _converter_maps(init_file)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    text, mmproj = _MAPS[key]
+    return (text, mmproj) if text and mmproj else None
+
+
+def vision_architectures(mmproj: frozenset[str]) -> list[str]:
+    """The vision-language architectures the converter writes a projector file for (its audio encoders left out)."""
+    return sorted(a + (f" ({' or '.join(MMPROJ_TOWERS[a])} towers)" if a in MMPROJ_TOWERS else "") for a in mmproj
+                  if not any(hint in a for hint in _AUDIO_HINTS))
+
+
+def _architecture(config: dict, side: str) -> str:
+    """The architecture name the converter looks up for ``side`` ("text_config" or "vision_config")."""
+    names = config.get("architectures") or []
+    sub = config.get(side) if isinstance(config.get(side), dict) else {}
+    if sub.get("architectures"):
+        names = sub["architectures"]
+    return str(names[0]) if names else ""
+
+
+def vision_gguf_problem(config: dict) -> str | None:
+    """Why llama.cpp's installed converter cannot write both the language GGUF and the mmproj projector file of the
+    vision-language model whose config.json is ``config`` (None when it can). Names the supported architectures."""
+    maps = converter_maps()
+    if maps is None:
+        return None  # the missing converter is its own message (missing_converter_message)
+    text, mmproj = maps
+    text_arch, vision_arch = _architecture(config, "text_config"), _architecture(config, "vision_config")
+    tower = str((config.get("vision_config") or {}).get("model_type") or "") if \
+        isinstance(config.get("vision_config"), dict) else ""
+    if vision_arch not in mmproj:
+        reason = f"writes no mmproj projector file for {vision_arch or 'a model without architectures'}"
+    elif vision_arch in MMPROJ_TOWERS and tower not in MMPROJ_TOWERS[vision_arch]:
+        reason = (f"writes the mmproj projector file of {vision_arch} for {', '.join(MMPROJ_TOWERS[vision_arch])} "
+                  f"vision towers only, and this model's is {tower or 'not named'}")
+    elif text_arch not in text:
+        reason = (f"writes no language-model GGUF for {text_arch} (the architecture its config names for the text "
+                  "model)")
+    else:
+        return None
+    return (f"llama.cpp's converter {reason}. It converts these vision-language architectures: "
+            f"{', '.join(vision_architectures(mmproj))}")

@@ -319,7 +319,8 @@ def _on_artifact(t: Tracker, e: ev.ArtifactEvent) -> None:
 
 
 def _on_verify(t: Tracker, e: ev.VerifyEvent) -> None:
-    text = f"verify {e.format}: {e.identical}/{e.total} answers identical to the adapter's"
+    unit = e.unit or "answers identical to the adapter's"  # an mmproj's verify counts tensors
+    text = f"verify {e.format}: {e.identical}/{e.total} {unit}"
     if e.identical < e.total:
         text += f"; first difference: {e.first_difference}"
         t.live.add_warning(text)

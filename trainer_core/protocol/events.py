@@ -513,6 +513,7 @@ class VerifyEvent(Event):
     identical: int
     total: int
     first_difference: str = ""  # where the first differing answer parts from the adapter's ("" when none)
+    unit: str = ""  # what ``identical`` counts when not answers ("" = answers identical to the adapter's)
 
 
 for _cls in (ArtifactEvent, VerifyEvent):  # a block of their own, so other kinds' events stay untouched

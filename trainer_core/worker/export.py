@@ -1,9 +1,9 @@
 """The export worker: a run's model as a zipped adapter, merged 16-bit weights, GGUF files with an Ollama
-Modelfile, an embedding run's ONNX folder, and a model card; verified by reloading what was written; optionally
-pushed to the hub.
+Modelfile (a vision-language model: its mmproj projector file instead), an embedding run's ONNX folder, and a model
+card; verified by reloading what was written; optionally pushed to the hub.
 
 Lifecycle, top to bottom: read the spec -> preflight (nothing long starts, and nothing is written, until every
-check passed) -> adapter zip -> merge -> GGUF -> Modelfile -> ONNX -> verify -> model card -> publish -> push.
+check passed) -> adapter zip -> merge -> GGUF -> Modelfile or mmproj -> ONNX -> verify -> model card -> publish -> push.
 Everything is written into a staging folder next to the destination and renamed into place at the end, so an
 export that fails or is cancelled leaves no half-written artifact; one killed outright leaves its staging folder
 to the next export worker, which removes every stale one as it starts (export/staging.py), and takes its
@@ -29,6 +29,7 @@ from trainer_core.worker.job import JobWorker
 from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.worker.export_plan import ExportError, Interrupted, Plan, Staged
 from trainer_core.worker.export_merge import Merging
+from trainer_core.worker.export_mmproj import Projector
 from trainer_core.worker.export_onnx import OnnxExport
 from trainer_core.worker.export_preflight import Preflight
 from trainer_core.worker.export_tools import Conversion, sha256_file, tree_size, write_manifest
@@ -57,7 +58,7 @@ from trainer_core.worker.export_verify import Verification
 
 
 
-class ExportWorker(Preflight, Merging, Conversion, OnnxExport, Verification, JobWorker):
+class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verification, JobWorker):
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
         self.secrets = [s for s in [*secrets.from_env(os.environ).values()] if s]
@@ -128,8 +129,12 @@ class ExportWorker(Preflight, Merging, Conversion, OnnxExport, Verification, Job
             for quant in spec.quantizations:
                 self.stage(f"gguf {quant}")
                 self.gguf(plan, quant)
-            self.stage("modelfile")
-            self.write_modelfile(plan)
+            if plan.resolved.sees_images:  # the vision tower and projector: llama.cpp's mmproj file, no Modelfile
+                self.stage("mmproj")
+                self.mmproj(plan)
+            else:
+                self.stage("modelfile")
+                self.write_modelfile(plan)
         if "onnx" in spec.targets:
             self.stage("onnx")
             self.onnx(plan)

@@ -15,11 +15,21 @@ def chat_prompt(tokenizer, prompt: str) -> str:
                                          add_generation_prompt=True)
 
 
+def processor_prompt(processor, prompt: str) -> str:
+    """A text-only user turn under a vision model's processor template (its turns hold lists of parts)."""
+    return processor.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": prompt}]}],
+                                         tokenize=False, add_generation_prompt=True)
+
+
 def generate(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
     """Greedy answer token ids to ``prompt`` under the tokenizer's chat template."""
+    return generate_ids(model, tokenizer, chat_prompt(tokenizer, prompt), max_new_tokens)
+
+
+def generate_ids(model, tokenizer, text: str, max_new_tokens: int) -> list[int]:
+    """Greedy answer token ids to an already formatted prompt ``text``, tokenized by ``tokenizer``."""
     import torch
 
-    text = chat_prompt(tokenizer, prompt)
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,

@@ -106,14 +106,15 @@ class Conversion:
             self.run_tool([binary, str(f16), str(out), quant.upper()], "llama-quantize")
         plan.staged.append(Staged(name, "gguf", quant, f"GGUF ({quant}) for llama.cpp, Ollama, LM Studio"))
 
-    def convert(self, script: Path, model_dir: Path, outtype: str, out: Path) -> None:
+    def convert(self, script: Path, model_dir: Path, outtype: str, out: Path, mmproj: bool = False) -> None:
         """llama.cpp's own converter, in a process of its own whose PYTHONPATH starts with its folder (its `gguf`
-        package never meets ours) and whose environment holds no secrets."""
+        package never meets ours) and whose environment holds no secrets. ``mmproj``: a vision-language model's
+        projector file (its vision tower and projector) instead of its language model."""
         env = tool_env()
         env["PYTHONPATH"] = str(script.parent)
         env["HF_HUB_OFFLINE"] = "1"  # it reads the local folder only
-        self.run_tool([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out)],
-                      "convert_hf_to_gguf", env)
+        self.run_tool([sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out),
+                       *(["--mmproj"] if mmproj else [])], "convert_hf_to_gguf" + (" --mmproj" if mmproj else ""), env)
 
     def run_tool(self, command: list[str], name: str, env: dict[str, str] | None = None) -> None:
         """Run a tool in a process group of its own that dies with the worker (SIGKILL included); Cancel and

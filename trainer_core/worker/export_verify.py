@@ -9,9 +9,12 @@ from pathlib import Path
 from trainer_core.tryout import promptsets
 from trainer_core.protocol import events as ev
 from trainer_core.worker.export_plan import ExportError, Plan
-from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedding_texts, generate, has_llama_cpp,
-                                               llama_cpp_answers, speak_sentences, speech_clips, transcribe_clip,
-                                               vision_prompts)
+from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedding_texts, generate, generate_ids,
+                                               has_llama_cpp, llama_cpp_answers, processor_prompt, speak_sentences,
+                                               speech_clips, transcribe_clip, vision_prompts)
+
+# A vision model's language GGUF is compared with the merged model (itself compared with the adapter on image rows).
+VISION_TEXT_UNIT = "text answers identical to the merged model's"
 
 
 class Verification:
@@ -135,6 +138,41 @@ class Verification:
                               f"{str(exc)[:300]}): the export failed and nothing was published") from None
         answers = [answer_image(merged, merged_processor, p, plan.spec.max_new_tokens) for p in prompts]
         self.report_verify(plan, compare("merged", names, reference, answers, processor.tokenizer))
+        ggufs = [s for s in plan.staged if s.artifact == "gguf"]
+        if ggufs:
+            self.verify_vision_gguf(plan, merged, merged_processor, ggufs)
+            self.verify_mmproj(plan)
+
+    def verify_vision_gguf(self, plan: Plan, merged, processor, ggufs: list) -> None:
+        """A vision-language model's language GGUF, loaded back with its own tokenizer, answers the prompt set's text
+        prompts token for token as the merged model does (the images are the mmproj's, checked after)."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        prompts = list(promptsets.load(plan.spec.prompt_set).prompts)
+        texts = [processor_prompt(processor, p) for p in prompts]
+        reference = [generate_ids(merged, processor.tokenizer, t, plan.spec.max_new_tokens) for t in texts]
+        for item in ggufs:
+            self.check_control()
+            try:
+                model = AutoModelForCausalLM.from_pretrained(str(plan.staging), gguf_file=item.name,
+                                                             dtype=torch.float32).eval()
+                tok = AutoTokenizer.from_pretrained(str(plan.staging), gguf_file=item.name)
+            except Exception as exc:  # noqa: BLE001 - any load failure fails the export, with its reason
+                raise ExportError(f"the GGUF {item.name} cannot be loaded back ({type(exc).__name__}: "
+                                  f"{str(exc)[:300]}): the export failed and nothing was published") from None
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
+            answers = [generate_ids(model, tok, t, plan.spec.max_new_tokens) for t in texts]
+            del model
+            result = compare(f"gguf {item.detail}", prompts, reference, answers, processor.tokenizer)
+            self.report_verify(plan, {**result, "unit": VISION_TEXT_UNIT})
+            if has_llama_cpp():
+                self.check_control()
+                said = llama_cpp_answers(plan.staging / item.name, texts, plan.spec.max_new_tokens)
+                expected = [processor.tokenizer.decode(r, skip_special_tokens=True) for r in reference]
+                self.report_verify(plan, {**compare_texts(f"gguf {item.detail} (llama.cpp)", prompts, expected, said),
+                                          "unit": VISION_TEXT_UNIT})
 
     def verify_embedding(self, plan: Plan) -> None:
         """An embedding model: each exported folder reloaded with sentence-transformers (the ONNX one with
@@ -170,7 +208,10 @@ class Verification:
         plan.verify.append(result)
         self.events.emit(ev.VerifyEvent(**result))
         self.log(f"verify {result['format']}: {result['identical']}/{result['total']} identical")
-        if result["identical"] < result["total"]:
+        if result["identical"] < result["total"] and result.get("unit"):
+            self.warn(f"{result['format']}: only {result['identical']}/{result['total']} {result['unit']}; first "
+                      f"difference: {result['first_difference']}")
+        elif result["identical"] < result["total"]:
             self.warn(f"{result['format']} drifts from the adapter: {result['identical']}/{result['total']} greedy "
                       f"answers identical; first difference: {result['first_difference']}")
 

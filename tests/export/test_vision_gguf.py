@@ -1,0 +1,224 @@
+"""GGUF export of a vision-language run: the language model's GGUF and llama.cpp's mmproj projector file, decided from
+the installed converter's own tables; refused before start, naming what is supported, where the converter cannot
+write the projector (the SigLIP LLaVA); and end to end on a tiny Idefics3 (SmolVLM's architecture) trained through the
+studio: both files published, hashed and verified (text answers, projector tensors), no Ollama Modelfile."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_python
+from tests.vision_support import build_tiny_idefics3, shape_rows, write_jsonl
+from trainer_core.config import TrainConfig
+from trainer_core.export import tools
+from trainer_core.export.spec import ExportSpec
+from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus, write_kind
+from trainer_core.tryout import promptsets
+
+pytestmark = pytest.mark.skipif(tools.converter_script() is None,
+                                reason="llama.cpp's converter is not installed (make install)")
+
+SIGLIP_LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+                "image_token_index": 49152, "vision_config": {"model_type": "siglip_vision_model", "image_size": 32,
+                                                              "patch_size": 8},
+                "text_config": {"model_type": "llama"}}
+IDEFICS3 = {"architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "scale_factor": 2,
+            "vision_config": {"model_type": "idefics3_vision", "image_size": 32, "patch_size": 8},
+            "text_config": {"model_type": "llama", "architectures": ["VLlama3ForCausalLM"]}}
+RUN = "20260104-100000-vision"
+
+
+def vision_run(config: dict) -> None:
+    """A finished LoRA run on a base model folder holding only ``config``: validation reads config files only."""
+    base = paths.data_root() / "base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps(config))
+    folder = paths.run_dir(RUN)
+    (folder / "adapter").mkdir(parents=True)
+    (folder / "adapter" / "adapter_config.json").write_text("{}")
+    (folder / "config.yaml").write_text(TrainConfig(run_name="shapes", model_name=str(base)).to_yaml())
+    write_kind(folder, JobKind.TRAIN)
+
+
+def target_errors(**values) -> list[str]:
+    spec = ExportSpec(source=ModelSource(run_id=RUN), **values)
+    return [e.message for e in spec.validate() if e.field == "targets"]
+
+
+def test_the_support_decision_follows_the_converter_s_own_tables():
+    supported = tools.vision_architectures(tools.converter_maps()[1])
+    assert "Idefics3ForConditionalGeneration" in supported and "Gemma3ForConditionalGeneration" in supported
+    assert "LlavaForConditionalGeneration (pixtral towers)" in supported
+    assert "Qwen2AudioForConditionalGeneration" not in supported  # an audio encoder's projector is no vision model
+    assert tools.vision_gguf_problem(IDEFICS3) is None
+    listed = f" It converts these vision-language architectures: {', '.join(supported)}"
+    assert tools.vision_gguf_problem(SIGLIP_LLAVA) == (
+        "llama.cpp's converter writes the mmproj projector file of LlavaForConditionalGeneration for pixtral vision "
+        "towers only, and this model's is siglip_vision_model." + listed)
+    # The converter names the text model by text_config.architectures: without it, Idefics3 has no language GGUF.
+    bare = {**IDEFICS3, "text_config": {"model_type": "llama"}}
+    assert tools.vision_gguf_problem(bare) == (
+        "llama.cpp's converter writes no language-model GGUF for Idefics3ForConditionalGeneration (the architecture "
+        "its config names for the text model)." + listed)
+    assert tools.vision_gguf_problem({**IDEFICS3, "architectures": ["PaliGemmaForConditionalGeneration"]}) == (
+        "llama.cpp's converter writes no mmproj projector file for PaliGemmaForConditionalGeneration." + listed)
+
+
+def test_a_newer_converter_extends_support_by_itself(tmp_path, monkeypatch):
+    newer = tmp_path / "converter"
+    shutil.copytree(tools.converter_script().parent / "conversion", newer / "conversion",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(tools.converter_script(), newer / "convert_hf_to_gguf.py")
+    paligemma = {**IDEFICS3, "architectures": ["PaliGemmaForConditionalGeneration"], "text_config": {}}
+    init = newer / "conversion" / "__init__.py"
+    text = init.read_text()
+    text = text.replace('MMPROJ_MODEL_MAP: dict[str, str] = {\n',
+                        'MMPROJ_MODEL_MAP: dict[str, str] = {\n    "PaliGemmaForConditionalGeneration": "gemma",\n')
+    init.write_text(text.replace('TEXT_MODEL_MAP: dict[str, str] = {\n',
+                                 'TEXT_MODEL_MAP: dict[str, str] = {\n    "PaliGemmaForConditionalGeneration": '
+                                 '"gemma",\n'))
+    monkeypatch.setenv(tools.CONVERTER_ENV, str(newer))
+    assert tools.vision_gguf_problem(paligemma) is None
+    assert "PaliGemmaForConditionalGeneration" in tools.vision_architectures(tools.converter_maps()[1])
+    init.write_text("# a layout without the two tables\n")
+    assert tools.converter_maps() is None and tools.vision_gguf_problem(paligemma) is None  # no guess: the worker's
+    # conversion then names what the converter says
+
+
+def test_a_vision_run_the_converter_cannot_take_is_refused_before_start(home):
+    vision_run(SIGLIP_LLAVA)
+    [message] = target_errors(targets=["merged", "gguf"])
+    assert message.startswith("gguf: llama.cpp's converter writes the mmproj projector file of "
+                              "LlavaForConditionalGeneration for pixtral vision towers only, and this model's is "
+                              "siglip_vision_model. It converts these vision-language architectures: ")
+    assert "Idefics3ForConditionalGeneration" in message
+    assert message.endswith(": export merged instead (it loads in transformers with its processor)")
+    assert target_errors(targets=["merged"]) == []
+
+
+def test_a_vision_run_the_converter_takes_exports_a_projector_instead_of_a_modelfile(home):
+    vision_run(IDEFICS3)
+    spec = ExportSpec(source=ModelSource(run_id=RUN), targets=["merged", "gguf"], quantizations=["q8_0", "f16"])
+    assert spec.validate() == []
+    assert spec.stages() == ["preflight", "merge", "gguf q8_0", "gguf f16", "mmproj", "verify", "model card",
+                             "publish"]
+
+
+BREAK_ONE_TENSOR = textwrap.dedent("""
+    import json, shutil, sys
+    from pathlib import Path
+    from safetensors.torch import load_file, save_file
+    from trainer_core.worker.export_mmproj import compare_mmproj
+
+    mmproj, merged, copy = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    shutil.copytree(merged, copy)
+    weights = load_file(str(copy / "model.safetensors"))
+    name = "model.vision_model.encoder.layers.0.mlp.fc1.weight"
+    weights[name][0, 0] += 0.5
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    print(json.dumps(compare_mmproj(mmproj, copy)))
+""")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.train
+@pytest.mark.subprocess
+def test_a_tiny_idefics3_trains_and_exports_a_verified_gguf_with_its_mmproj(studio, tmp_path, capsys):
+    folder = tmp_path / "shapes"
+    data = write_jsonl(folder / "train.jsonl", shape_rows(folder, 16, seed=1, prefix="train"))
+    cfg = TrainConfig(run_name="shapes vlm", model_name=str(build_tiny_idefics3()), local_datasets=[str(data)],
+                      max_steps=4, batch_size=4, learning_rate=1e-2, max_seq_length=64, logging_steps=2,
+                      train_on_completions=True, finetune_vision_layers=True, lora_r=8, lora_alpha=16,
+                      target_modules=[], random_seed=0)
+    run_id = studio.start(cfg)
+    snap = studio.wait(run_id, timeout=400)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
+
+    promptsets.save("vision-gguf", ["What is the capital of France?", "List three fruits."])
+    job_id = studio.submit(ExportSpec(source=ModelSource(run_id=run_id), targets=["merged", "gguf"],
+                                      quantizations=["f16"],
+                                      merged_dtype="float16", prompt_set="vision-gguf", max_new_tokens=8))
+    snap = studio.wait(job_id, timeout=400)
+    log = studio.log_tail(job_id, 200)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{log}"
+    out = paths.run_dir(job_id) / "artifacts"
+    artifacts = {Path(a.path).name: a for a in studio.artifacts(job_id=job_id)}
+    assert sorted(artifacts) == ["README.md", "merged", "mmproj-shapes-vlm-f16.gguf", "shapes-vlm-f16.gguf",
+                                 "verify.json"]
+    assert [(a.kind, a.detail) for a in (artifacts["shapes-vlm-f16.gguf"], artifacts["mmproj-shapes-vlm-f16.gguf"])] \
+        == [("gguf", "f16"), ("mmproj", "f16")]
+    for name, row in artifacts.items():
+        digest_of = out / name / "SHA256SUMS" if name == "merged" else out / name
+        assert row.sha256 == sha256(digest_of)
+    assert not (out / "Modelfile").exists()
+    assert ("No Ollama Modelfile: Ollama does not reliably run a llama.cpp GGUF with a separate mmproj projector "
+            "file, so none was written; run the model with llama-server -m shapes-vlm-f16.gguf --mmproj "
+            "mmproj-shapes-vlm-f16.gguf") in " ".join(snap.warnings)
+
+    verify = json.loads((out / "verify.json").read_text())
+    with capsys.disabled():
+        print("\nvision gguf verify:", "; ".join(f"{v['format']} {v['identical']}/{v['total']}" for v in verify),
+              {n: a.size for n, a in artifacts.items()})
+    assert [v["format"] for v in verify] == ["merged", "gguf f16", "mmproj idefics3 tensors"]
+    assert verify[0]["total"] == 4 and verify[0]["identical"] >= 3  # the run's own image rows, float16 weights
+    assert (verify[1]["identical"], verify[1]["total"]) == (2, 2)  # f16 GGUF = the float16 merged weights
+    # 1 patch embedding (weight, bias), positions, 16 encoder tensors, 2 post norms, 1 connector projection
+    assert verify[2] == {"format": "mmproj idefics3 tensors", "identical": 22, "total": 22, "first_difference": "",
+                         "unit": "equal to the merged model's vision weights (22 in the same order)"}
+    timeline = [e.message for e in studio.events(job_id) if e.kind == "verify"]
+    assert timeline[2] == ("verify mmproj idefics3 tensors: 22/22 equal to the merged model's vision weights "
+                           "(22 in the same order)")
+    card = (out / "README.md").read_text()
+    assert "| mmproj idefics3 tensors | 22/22 | — |" in card  # the card lists the pair and how llama.cpp runs it
+    assert "- `mmproj-shapes-vlm-f16.gguf`: llama\\.cpp\\'s vision projector \\(f16\\) for shapes\\-vlm\\-f16\\.gguf\\: " \
+           "run the pair with llama\\-server \\-m shapes\\-vlm\\-f16\\.gguf \\-\\-mmproj mmproj" in card
+
+    # the check is not vacuous: one changed weight of the vision tower is found and named
+    found = run_python(BREAK_ONE_TENSOR, str(out / "mmproj-shapes-vlm-f16.gguf"), str(out / "merged"),
+                       str(tmp_path / "broken"))
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert {k: v for k, v in json.loads(found.stdout.strip().splitlines()[-1]).items() if k != "unit"} == {
+        "format": "mmproj idefics3 tensors", "identical": 21, "total": 22, "projector": "idefics3",
+        "first_difference": "mmproj tensor v.blk.0.ffn_up.weight equals no vision tensor of the merged model (1 mmproj "
+                            "tensor(s) unmatched, 1 merged tensor(s) missing)"}
+    assert "torch" not in sys.modules and "transformers" not in sys.modules
+
+
+def test_the_export_panel_says_how_llama_cpp_runs_the_pair(app_home, monkeypatch):
+    from db.entities import RunRecord
+    from db.store import Store
+    from tests.test_pages import insert_finished_run, open_page
+    from ui.export_panel import llama_cpp_command
+
+    store = Store()
+    insert_finished_run(store, RUN, "shapes", [2.0, 1.5])
+    job = "20260104-100100-export"
+    out = paths.run_dir(job) / "artifacts"
+    out.mkdir(parents=True)
+    rows = []
+    for name, kind in (("shapes-q8_0.gguf", "gguf"), ("mmproj-shapes-f16.gguf", "mmproj")):
+        (out / name).write_bytes(b"GGUF" + bytes(100))
+        rows.append(dict(job_id=job, path=str(out / name), source_run_id=RUN, kind=kind, detail=name[-9:-5],
+                         size=104, sha256="c" * 64, created_at=1.0))
+    store.create_run(RunRecord(id=job, name="Export · 100100", status=RunStatus.RUNNING, kind=JobKind.EXPORT,
+                               dataset="gguf (q8_0)", parent_run_id=RUN, created_at=1.0, total_steps=6))
+    store.add_artifacts(rows)
+    store.finish_run(job, RunStatus.COMPLETED, steps_done=6)
+    command = f"llama-server -m {out / 'shapes-q8_0.gguf'} --mmproj {out / 'mmproj-shapes-f16.gguf'}"
+    assert llama_cpp_command(store.artifacts(job_id=job)) == command
+    assert llama_cpp_command(store.artifacts(job_id=job)[:1]) is None  # a text export has no projector
+    at = open_page("pages/run.py", detail_run_id=job)
+    assert command in [c.value for c in at.code]
+    assert any("Ollama gets no Modelfile for the pair" in c.value for c in at.caption)
+    store.engine.dispose()
