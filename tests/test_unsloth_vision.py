@@ -88,7 +88,7 @@ FAKE_UNSLOTH = textwrap.dedent("""
 ENGINE = FAKE_UNSLOTH + textwrap.dedent("""
     from pathlib import Path
     from trainer_core.config import TrainConfig
-    from trainer_core.worker.engines import UnslothCannotLoad, unsloth_engine
+    from trainer_core.worker.engines import UnslothCannotLoad, unsloth_engine, unsloth_vision
 
     model_ref, rows, out = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
     base = dict(model_name=model_ref, max_seq_length=96, random_seed=7)
@@ -104,7 +104,14 @@ ENGINE = FAKE_UNSLOTH + textwrap.dedent("""
     row = trainer.data_collator.formatting_func(train_ds[0])
     prompt_images = [part["image"].size for m in row["prompt"] for part in m["content"] if part["type"] == "image"]
     args = trainer.args
-    result = {"calls": calls, "trainer": type(trainer).__name__, "collator": type(trainer.data_collator).__name__,
+    import torch
+    batch = {"input_ids": torch.tensor([[5, 2, 7, 2, 2]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 0]]),
+             "labels": torch.tensor([[-100, -100, 7, -100, -100]])}  # prompt 5 EOS, answer 7 EOS, one pad (= EOS)
+    unsloth_vision.train_eos(batch, eos_id=2)
+    result = {"calls": calls, "trainer": type(trainer).__name__,
+              "collator": [c.__name__ for c in type(trainer.data_collator).__mro__[:2]],
+              "eos_as_pad": trainer.data_collator.eos_as_pad == processor.tokenizer.eos_token_id,
+              "eos_labels": batch["labels"].tolist(),
               "processing_class": type(trainer.processing_class).__name__,
               "args": [args.remove_unused_columns, args.dataset_text_field, args.dataset_kwargs, args.max_length,
                        args.dataset_num_proc],
@@ -158,7 +165,10 @@ def test_the_unsloth_engine_passes_the_switches_the_adapter_and_the_vision_train
     assert {k: collator[k] for k in ("max_seq_length", "resize", "resize_dimension", "completion_only_loss")} == {
         "max_seq_length": 96, "resize": 40, "resize_dimension": "max", "completion_only_loss": True}
     assert (out["trainer"], out["collator"], out["processing_class"]) == (
-        "SFTTrainer", "UnslothVisionDataCollator", "LlavaProcessor")
+        "SFTTrainer", ["StudioVisionCollator", "UnslothVisionDataCollator"], "LlavaProcessor")
+    # the tiny LLaVA pads with its EOS token: Unsloth's collator masks padding by id, the studio puts the answer's EOS
+    # back in the loss (not the prompt's, not a pad)
+    assert out["eos_as_pad"] is True and out["eos_labels"] == [[-100, -100, 7, 2, -100]]
     assert out["args"] == [False, "", {"skip_prepare_dataset": True}, 96, 1]
     # completions-only rows: the collator's formatting opens the 48 px image, scales it to 40 px and puts it in the
     # prompt's placeholder, where Unsloth's prompt/completion path looks for it

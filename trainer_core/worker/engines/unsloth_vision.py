@@ -87,8 +87,34 @@ def collator_row(example: dict, max_side: int = 0) -> dict:
     return row
 
 
-def collator(model, processor, cfg: TrainConfig) -> UnslothVisionDataCollator:
-    return UnslothVisionDataCollator(
+class StudioVisionCollator(UnslothVisionDataCollator):
+    """Unsloth's collator, with the EOS token kept in the loss where the pad token is the EOS token (a tokenizer that
+    had no pad token): Unsloth leaves padding out of the loss by token id, which would leave out every EOS too, and
+    the model would never learn to stop. TRL's collator (the transformers engine) masks padding by position."""
+
+    def __init__(self, model, processor, **kwargs):
+        super().__init__(model, processor, **kwargs)
+        tokenizer = vision.text_tokenizer(processor)
+        self.eos_as_pad = tokenizer.eos_token_id if tokenizer.pad_token_id == tokenizer.eos_token_id else None
+
+    def __call__(self, examples):
+        batch = super().__call__(examples)
+        if self.eos_as_pad is not None:
+            train_eos(batch, self.eos_as_pad)
+        return batch
+
+
+def train_eos(batch: dict, eos_id: int) -> None:
+    """EOS tokens back in ``batch["labels"]`` where they are real tokens (attended) from the first trained token on:
+    every turn's end for whole conversations, the answer's end for completions-only rows (a prompt's EOS stays out)."""
+    labels, ids = batch["labels"], batch["input_ids"]
+    started = (labels != -100).cumsum(dim=1) > 0
+    keep = (ids == eos_id) & (batch["attention_mask"] == 1) & started
+    labels[keep] = ids[keep]
+
+
+def collator(model, processor, cfg: TrainConfig) -> StudioVisionCollator:
+    return StudioVisionCollator(
         model, processor, max_seq_length=cfg.max_seq_length,
         formatting_func=functools.partial(collator_row, max_side=cfg.image_max_side),
         # image_max_side is the collator's resize with resize_dimension "max": the same rule as the studio's downscale
