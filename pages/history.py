@@ -85,7 +85,7 @@ table = pd.DataFrame([{
     "id": r.id,
     "name": run_name(r),
     "owner": r.owner,
-    "status": fmt.status_badge(r.status, r.kind),
+    "status": fmt.status_badge(r.status, r.kind, r.phase),
     "alerts": f"⚠️ {alerts[r.id]}" if alerts.get(r.id) else "",
     "model": r.model,
     "dataset": r.dataset,

@@ -77,13 +77,16 @@ def steps(done: int | None, total: int | None) -> str:
     return f"{done:,} / {total:,}" if total else f"{done:,}"
 
 
-def status_badge(status: RunStatus | str, kind: JobKind = JobKind.TRAIN) -> str:
-    """Icon and label of a job's status, e.g. ``"✅ Completed"``, ``"🏃 Serving"``."""
+def status_badge(status: RunStatus | str, kind: JobKind = JobKind.TRAIN, phase: str = "") -> str:
+    """Icon and label of a job's status, e.g. ``"✅ Completed"``, ``"🏃 Serving"``. A starting job's ``phase``
+    follows (``"🚀 Starting · waiting for the cluster: needs 4 GPUs, 2 free"``): a start can take long for a
+    reason worth a glance; other statuses say all there is."""
     try:
         status = RunStatus(status)
     except ValueError:
         return f"❔ {status}"
-    return f"{status.icon} {kind.status_label(status)}"
+    text = f"{status.icon} {kind.status_label(status)}"
+    return f"{text} · {phase}" if phase and status is RunStatus.STARTING else text
 
 
 def run_choice(run) -> str:

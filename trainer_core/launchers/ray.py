@@ -32,7 +32,6 @@ import shlex
 import shutil
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from trainer_core.auth import access
 from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, FieldError,
                                  ray_address_problem)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
+from trainer_core.launchers.ray_waiting import PendingJob, node_usage
 from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol import secrets as run_secrets
@@ -119,8 +119,10 @@ def spec_problems(spec: JobSpec) -> list[FieldError]:
 class RayHandle(JobHandle):
     """A Ray job, by its submission id, on the cluster at ``address``."""
 
-    def __init__(self, address: str, job_id: str, started_here: bool = False):
+    def __init__(self, address: str, job_id: str, started_here: bool = False, run_dir: Path | None = None):
         self.address, self.job_id, self.started_here = address, job_id, started_here
+        # A job Ray cannot place yet (PENDING) runs nothing of ours: this handle says why and answers Stop/Cancel.
+        self.waiting = PendingJob(run_dir, lambda: node_usage(self.address), self._stop) if run_dir else None
         self.pid = None  # no process of this host
         self._client: JobSubmissionClient | None = None
         self._last: tuple[float, JobState] | None = None  # (when asked, answer): Ray is asked once a second
@@ -149,6 +151,8 @@ class RayHandle(JobHandle):
             self._client = None
             return self._unreachable(exc)
         self._unreachable_since = None
+        if self.waiting is not None:
+            self.waiting.follow(info.status, job_needs(info))
         if info.status in ("PENDING", "RUNNING"):  # JobStatus is a str enum
             return ALIVE
         message = (info.message or "").strip()
@@ -206,14 +210,14 @@ class RayLauncher(Launcher):
             secret_file.remove(run_dir)
             raise OSError(f"the Ray cluster at {self.address} did not take the job ({type(exc).__name__}: {exc})") \
                 from None
-        return RayHandle(self.address, job_id, started_here=True)
+        return RayHandle(self.address, job_id, started_here=True, run_dir=run_dir)
 
     def adopt(self, run: RunRecord) -> RayHandle:
         # The run folder is only a record: its address is followed when the server still allows it (a run sent
         # to an allow-listed cluster), else this launcher's own; the job id is always the run's own.
         recorded = str(read_job(paths.run_dir(run.id)).get("address", ""))
         address = recorded if recorded.strip() and not ray_address_problem(recorded) else self.address
-        return RayHandle(address, submission_id(run.id))
+        return RayHandle(address, submission_id(run.id), run_dir=paths.run_dir(run.id))
 
     def environment(self, run_dir: Path, processes: int, gpus: float, max_failures: int = 0) -> dict[str, str]:
         """The job's environment: the allow-list of a local worker without this host's own paths, and never a
@@ -242,6 +246,13 @@ def job_secrets(cfg: TrainConfig | JobSpec) -> dict[str, str]:
     values = {name: os.environ.get(name, "") for name in names}
     values.update(run_secrets.to_env(cfg.secrets()))
     return {name: value for name, value in values.items() if value}
+
+
+def job_needs(info: Any) -> dict[str, float]:
+    """What a single-worker job asked Ray for (``start``: one CPU and the GPUs per worker, which its environment
+    carries; Ray's job details do not repeat the entrypoint's resources)."""
+    env = (info.runtime_env or {}).get("env_vars") or {}
+    return {"CPU": 1.0, "GPU": float(env.get(GPUS_ENV) or 0)}
 
 
 def without_userinfo(name: str, value: str) -> str:
@@ -355,24 +366,11 @@ def unreachable(address: str, exc: Exception) -> str:
             f"runs (`ray status` on its head) and that {RAY_ADDRESS_ENV} is its dashboard address, e.g. http://head:8265")
 
 
-USAGE_LINE = re.compile(r"^\s*([0-9.]+)\s*/\s*([0-9.]+)\s+(CPU|GPU)\s*$")  # "0.0/2.0 GPU" in Ray's usage text
-
-
 def free_resources(address: str, timeout_s: float = 10.0) -> dict[str, dict[str, float]]:
-    """Free CPUs and GPUs per node id, from the per-node usage Ray's dashboard shows on its Cluster page
-    (``/nodes?view=summary``, lines such as ``1.0/2.0 GPU``: used/total, filled in once Ray's monitor has reported,
-    a few seconds after a node joins); {} when it does not say."""
-    try:
-        with urllib.request.urlopen(f"{address.rstrip('/')}/nodes?view=summary", timeout=timeout_s) as reply:
-            data = json.loads(reply.read())["data"]
-        usage = data.get("nodeLogicalResources", data.get("node_logical_resources"))  # camelCased by Ray's REST
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-    free: dict[str, dict[str, float]] = {}
-    for node_id, text in (usage.items() if isinstance(usage, dict) else ()):
-        free[node_id] = {m[3]: max(float(m[2]) - float(m[1]), 0.0)
-                         for m in map(USAGE_LINE.match, str(text).splitlines()) if m}
-    return free
+    """Free CPUs and GPUs per node id (``ray_waiting.node_usage``: Ray's dashboard's per-node usage); {} when it
+    does not say."""
+    return {node: {name: free for name, (free, _) in usage.items()}
+            for node, usage in node_usage(address, timeout_s).items()}
 
 
 def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:

@@ -38,6 +38,7 @@ from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
 from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import events as ev, files, paths, secret_file
 from trainer_core.worker import ranks
+from trainer_core.worker.ray_placement import PlacementWatch
 
 PLACEMENT_FILE = "ray_ranks.json"
 RESTARTS_FILE = "ray_restarts.jsonl"  # one line per restart of the workers: which rank and node were lost, when
@@ -81,12 +82,15 @@ def run_workers(run_dir: Path, processes: int, gpus: float, max_failures: int = 
                                                           max_preemption_failures=max_failures),
                              callbacks=[loss_recorder(run_dir, processes, max_failures)]))
     print(f"Ray Train: {processes} workers, {resources} each", flush=True)
+    watch = PlacementWatch(run_dir, processes, resources)
+    watch.start()
     try:
         trainer.fit()
     except ray.train.TrainingFailedError as exc:  # process boundary: a rank failed and Ray stopped the others
         report_failure(run_dir, processes, exc)
         return 1
     finally:
+        watch.done.set()
         secret_file.remove(run_dir)  # read by every rank, and again by ranks restarted after a loss: no longer needed
     return 0
 
