@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.speech_support import ESPEAK, NO_ESPEAK
 from tests.support import ROOT
@@ -117,6 +118,37 @@ def test_the_two_vision_cases_run_through_the_studio_one_on_each_engine(tmp_path
         str(tmp_path / "unsloth-vision-llava"): (
             [script, "--studio-case", "vision", "4", str(tmp_path / "unsloth-vision-llava"), str(tmp_path), "unsloth"],
             None)}
+
+
+def test_the_unsloth_vision_case_fails_when_the_run_fell_back_to_transformers(tmp_path, monkeypatch, capsys):
+    smoke = load_script()
+    monkeypatch.setattr(smoke, "studio_job", lambda method, case_dir, out: ("tiny-llava", {"model_name": "m"}, None))
+    fell_back = [{"kind": "status", "status": "starting", "engine": "unsloth"},
+                 {"kind": "warning", "message": "Unsloth cannot load m as a vision-language model (...)"},
+                 {"kind": "status", "status": "running", "engine": "transformers"},
+                 *({"kind": "progress", "step": step, "loss": 1.0, "ts": float(step)} for step in (1, 2)),
+                 {"kind": "complete", "status": "completed"}]
+
+    events = {"case": fell_back, "kept": [e for e in fell_back if e.get("engine") != "transformers"]}
+
+    def run_cli(command, env, **kwargs):  # the run as the CLI leaves it: its folder and event log
+        case = Path(env["FINETUNE_STUDIO_HOME"]).parent.name
+        run_dir = tmp_path / case / "home" / "runs" / "r1"
+        run_dir.mkdir(parents=True)
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events[case]))
+        (run_dir / "worker.log").write_text("")
+        return 0
+
+    monkeypatch.setattr(smoke.subprocess, "call", run_cli)
+    for case in events:
+        (tmp_path / case).mkdir()  # run_case makes it
+    assert smoke.studio_case_main("vision", 2, tmp_path / "case", tmp_path, "unsloth") == 1
+    assert "the run trained on the ['transformers'] engine, not Unsloth; its warnings: ['Unsloth cannot load m" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "case" / "result.json").exists()
+    # a run that stayed on Unsloth (the warning aside) passes, and says its engine
+    assert smoke.studio_case_main("vision", 2, tmp_path / "kept", tmp_path, "unsloth") == 0
+    assert json.loads((tmp_path / "kept" / "result.json").read_text())["engine"] == "unsloth"
 
 
 def test_vision_and_embedding_cases_without_their_bundled_models_are_listed_as_skipped(tmp_path, monkeypatch):
