@@ -1,5 +1,7 @@
 """Schema changes after a database was created: columns and indexes added in place (create_all creates new tables
-but never alters one), and the method columns of rows from before method/adapter were separate."""
+but never alters one), and the method columns of rows from before method/adapter were separate. A new table (the
+saved settings, db/settings_store.py) needs nothing here: the store's create_all adds it, empty, to an older
+database."""
 from __future__ import annotations
 
 

@@ -170,3 +170,13 @@ class Artifact(SQLModel, table=True):
     size: int = 0  # bytes (a folder: all its files)
     sha256: str = ""  # of the file; of a folder's SHA256SUMS manifest
     created_at: float = 0.0
+
+
+class Setting(SQLModel, table=True):
+    """A setting an admin saved on the Settings page (db/settings_store.py): the one thing in the database that no
+    run folder records, so ``db rebuild`` carries the rows over. Never a secret."""
+
+    key: str = Field(primary_key=True, max_length=100)
+    value: str = ""
+    saved_by: str = ""
+    saved_at: float = 0.0

@@ -29,6 +29,7 @@ from db.migrations import _add_missing_columns, _add_missing_indexes
 from db.runs_store import RunsStore
 from db.models import Metric
 from db.samples_store import SamplesStore
+from db import settings_store
 from trainer_core.protocol import paths
 from trainer_core.protocol.metrics import METRIC_FIELDS
 
@@ -67,6 +68,8 @@ class Store(RunsStore, MetricsStore, EvalsStore, SamplesStore):
         SQLModel.metadata.create_all(self.engine)
         _add_missing_columns(self.engine)
         _add_missing_indexes(self.engine)
+        if self.url == default_url():  # this process's database: its saved Ray cluster is the one in force
+            settings_store.serve(self, lambda url=self.url: default_url() == url)
         self._write_lock = threading.Lock()  # SQLite allows one writer; serialise ours instead of retrying
         # The metric upsert is compiled once, to the driver's own SQL, and run with all rows of a batch as
         # one executemany: a multi-VALUES statement built per batch spent most of the pump's time compiling,

@@ -1,14 +1,14 @@
 """Settings and maintenance: where the data lives, rebuilding the database from the run folders, and the Ray
-cluster runs may go to (checked from here)."""
+cluster runs may go to (checked from here; an admin saves one here)."""
 from __future__ import annotations
 
 import streamlit as st
 
 from db.store import default_url
-from trainer_core.auth.access import Action, allowed
+from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import paths
-from ui import ray_cluster
+from ui import ray_settings
 from ui.auth import current_actor, shared_mode
 from ui.entry import require_entrypoint
 from ui.state import orchestrator_or_problem, rebuild_database
@@ -58,5 +58,8 @@ if st.button("Rebuild the database from the run folders", icon="🛠️", type="
             st.session_state["settings_rebuild_result"] = ("error", str(exc))
     st.rerun()  # the entry point builds a fresh orchestrator on the rebuilt database
 
-# A check submits a probe job to the cluster: whoever may start runs (operators, admins) may run it.
-ray_cluster.settings_section(allowed(current_actor(), Action.START) if problem is None else not shared_mode())
+# A check submits a probe job to the cluster: whoever may start runs (operators, admins) may run it. Saving the
+# cluster is an admin's (checked again when saving); without a readable database nothing saved can be shown.
+actor = current_actor() if problem is None else Actor.local()  # no database: nothing saved to change either
+ray_settings.settings_section(orch.store if problem is None else None, actor,
+                              allowed(actor, Action.START) if problem is None else not shared_mode())

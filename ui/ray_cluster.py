@@ -1,9 +1,9 @@
-"""The Ray cluster on the dashboard's pages: Settings' "Ray cluster" section (the server's addresses and shared
-storage, read-only, and "Check cluster": nodes, capacity and the shared-storage probe) and New run's "Where to
-run" (this host or the cluster, workers and GPUs per worker, the cluster's capacity). The cluster is asked
-through trainer_core/launchers/ray.py, which imports ray only when a cluster is asked, never at import time.
-The addresses are the server's environment (RAY_ADDRESS, FINETUNE_STUDIO_RAY_ADDRESSES): the studio has no
-settings store of its own, and a run may use only those (config ``ray_address_problem``)."""
+"""The Ray cluster on the dashboard's pages: what Settings' "Ray cluster" section (ui/ray_settings.py) shows of a
+check (nodes, capacity and the shared-storage probe) and New run's "Where to run" (this host or the cluster,
+workers and GPUs per worker, the cluster's capacity). The cluster is asked through trainer_core/launchers/ray.py,
+which imports ray only when a cluster is asked, never at import time. The addresses are the server's environment
+(RAY_ADDRESS, FINETUNE_STUDIO_RAY_ADDRESSES) and the one an admin saved in Settings: a run may use only those
+(config ``ray_address_problem``)."""
 from __future__ import annotations
 
 import os
@@ -11,10 +11,10 @@ import os
 import pandas as pd
 import streamlit as st
 
-from trainer_core.config import RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, TrainConfig, ray_address_problem
+from trainer_core.config import RAY_ADDRESS_ENV, SHARED_STORAGE_ENV, TrainConfig, ray_address_problem
 from trainer_core.launchers import ray as ray_jobs
 from ui.form import K
-from ui.text import code, safe
+from ui.text import safe
 
 CHECK = "settings_ray_check"  # session key: the last "Check cluster" result (a ray_jobs.ClusterCheck)
 CAPACITY_TTL_S = 15  # New run asks the cluster at most this often (each rerun of the form would ask again)
@@ -52,36 +52,7 @@ def own_and_other_addresses(addresses: list[str]) -> tuple[str, list[str]]:
     return own, [a for a in addresses if a != own]
 
 
-# ---------------------------------------------------------------------- Settings
-def settings_section(may_check: bool) -> None:
-    """``may_check``: whether this person may run the check (it submits a probe job: operators and admins)."""
-    st.subheader("Ray cluster")
-    addresses = ray_jobs.server_addresses()
-    shared = os.environ.get(SHARED_STORAGE_ENV, "")
-    if not addresses:
-        st.info("No Ray cluster is configured: runs go to this host. To run on a cluster, " + HOW_TO + ".", icon="🛰️")
-        return
-    own, others = own_and_other_addresses(addresses)
-    shown = ray_jobs.shown_address  # never a user and password an address may carry
-    st.markdown(f"Cluster address: {code(shown(own)) if own else 'not set'} (`{RAY_ADDRESS_ENV}`)"
-                + (f"  \nAlso allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(shown(a)) for a in others)
-                   if others else "")
-                + f"  \nShared storage: {code(shared) if shared else 'not set'} (`{SHARED_STORAGE_ENV}`)")
-    st.caption("Read from the server's environment; to change them, " + HOW_TO + ".")
-    address = (st.selectbox("Cluster to check", addresses, key="settings_ray_address", format_func=shown)
-               if len(addresses) > 1 else addresses[0])
-    if not may_check:
-        st.info("Only operators and admins can check the cluster (the check runs a probe job on it).", icon="🔒")
-    if st.button("Check cluster", icon="🛰️", disabled=not may_check, key="settings_ray_check_button",
-                 help="Asks the cluster for its nodes, then runs a probe job that writes a file under the shared "
-                      "storage on every node and looks for each from this host."):
-        with st.spinner(f"Checking the Ray cluster at {shown(address)}..."):
-            st.session_state[CHECK] = ray_jobs.inspect_cluster(address)
-    check: ray_jobs.ClusterCheck | None = st.session_state.get(CHECK)
-    if check is not None and check.info.address == address:
-        show_check(check)
-
-
+# ---------------------------------------------------------------------- Settings (ui/ray_settings.py)
 def show_check(check: ray_jobs.ClusterCheck) -> None:
     info = check.info
     if info.problem:

@@ -19,7 +19,7 @@ from trainer_core.planning import hardware
 from trainer_core.tryout import promptsets
 from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.methods import embedding
-from trainer_core.protocol import paths
+from trainer_core.protocol import cluster_settings, paths
 from trainer_core.protocol.errors import FieldError
 from trainer_core.config.limits import (BUNDLED_MODEL, FORMAT_TYPES, HUB_ID_MAX, LAUNCHERS, MAPPING_VALUE_MAX,
                                         OPTIMIZERS, RAY_ADDRESSES_ENV, RAY_ADDRESS_ENV, RAY_MAX_FAILURES,
@@ -237,9 +237,11 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
 def ray_address_problem(address: str) -> str:
     """Why a run may not send its Ray job to ``address`` ("" when it may): the dashboard makes HTTP requests to
     it, so a run may name only the server's own cluster (RAY_ADDRESS; empty means that one) or one an admin
-    listed in FINETUNE_STUDIO_RAY_ADDRESSES, never a host of its choosing. Also checked at launch and adoption."""
+    listed in FINETUNE_STUDIO_RAY_ADDRESSES or saved in Settings (checked there before saving), never a host of its
+    choosing. Also checked at launch and adoption."""
     wanted = str(address).strip().rstrip("/")
-    allowed = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(",")]
+    allowed = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(","),
+               cluster_settings.saved().address]
     if not wanted or wanted in {a.strip().rstrip("/") for a in allowed if a.strip()}:
         return ""
     return (f"{str(address)[:200]!r} is not a Ray cluster this server may use: leave ray_address empty to use the "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
 
-from db import users
+from db import settings_store, users
 from db.entities import RunRecord
 from db.store import Store, default_url
 from trainer_core.jobs import jobspec
@@ -117,6 +117,7 @@ def rebuild(url: str | None = None) -> RebuildReport:
     with _no_orchestrators(), _start_lock(), _pump_locks() as held:
         db_path = _sqlite_path(url)  # only a SQLite file is set aside; PostgreSQL keeps its users where they are
         accounts = users.read_accounts(url) if db_path is not None and db_path.exists() else None
+        saved = settings_store.read_settings(url) if accounts is not None else None  # Settings' rows: only here too
         # A SQLite database is built in a new file and swapped in only once it is complete: a rebuild that stops
         # half-way (an error, Ctrl-C) leaves the old file where it was, never a half-built database.
         building = None if db_path is None else db_path.with_name(f"{db_path.name}.rebuilding-{os.getpid()}")
@@ -132,6 +133,8 @@ def rebuild(url: str | None = None) -> RebuildReport:
             if accounts is not None:
                 users.restore_accounts(store, accounts)
                 report.accounts = (len(accounts.users), len(accounts.tokens))
+            if saved:
+                settings_store.restore_settings(store, saved)
         except BaseException:
             store.engine.dispose()
             if building is not None:

@@ -42,7 +42,7 @@ from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, 
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.launchers.ray_waiting import PendingJob, node_usage
 from trainer_core.planning.parallel import NPROC_ENV
-from trainer_core.protocol import paths, secret_file
+from trainer_core.protocol import cluster_settings, paths, secret_file
 from trainer_core.protocol import secrets as run_secrets
 
 if TYPE_CHECKING:
@@ -75,10 +75,20 @@ def submission_id(run_id: str) -> str:
     return f"finetune-studio-{run_id}"
 
 
+def shared_storage() -> tuple[str, str]:
+    """The shared storage path in force and where it is set: the server's environment (``SHARED_STORAGE_ENV``) wins
+    over the path saved in Settings ("Settings"); ("", "") when neither is set."""
+    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    if shared:
+        return shared, SHARED_STORAGE_ENV
+    saved = cluster_settings.saved().shared_storage
+    return (saved, "Settings") if saved else ("", "")
+
+
 def shared_storage_problem(folder: Path) -> str:
     """Why run folders in ``folder`` cannot be used by Ray jobs ("" when they can): they must be on the storage
     every node mounts."""
-    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+    shared = shared_storage()[0]
     if not shared:
         return (f"run folders must be on storage every node of the Ray cluster mounts: set {SHARED_STORAGE_ENV} to "
                 "that path in the server's environment, with FINETUNE_STUDIO_HOME under it")
@@ -235,6 +245,8 @@ class RayLauncher(Launcher):
         # reads SIGTERM as Cancel and needs to finish its step and write its last events first.
         env[STOP_WAIT_ENV] = str(STOP_WAIT_S)
         env.pop(PYTHON_ENV, None)
+        if shared_storage()[0]:  # the path in force, also when Settings saved it (an export's check reads it there)
+            env[SHARED_STORAGE_ENV] = shared_storage()[0]
         return {name: without_userinfo(name, value) for name, value in env.items()}
 
 
@@ -322,8 +334,9 @@ class ClusterCheck:
 
 def server_addresses() -> list[str]:
     """The clusters this server may use, its own (RAY_ADDRESS) first, then the admin's FINETUNE_STUDIO_RAY_ADDRESSES
-    (the same rule as config ``ray_address_problem``)."""
-    found = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(",")]
+    and the one saved in Settings (the same rule as config ``ray_address_problem``)."""
+    found = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(","),
+             cluster_settings.saved().address]  # the one saved in Settings last
     return list(dict.fromkeys(a.strip().rstrip("/") for a in found if a.strip()))
 
 
@@ -380,9 +393,10 @@ def check_cluster(address: str, timeout_s: float = 120.0) -> list[str]:
     return list(inspect_cluster(address, timeout_s).problems)
 
 
-def inspect_cluster(address: str, timeout_s: float = 120.0) -> ClusterCheck:
-    """``check_cluster`` with what it found: the nodes, each with its verdict on the shared storage."""
-    shared = os.environ.get(SHARED_STORAGE_ENV, "")
+def inspect_cluster(address: str, timeout_s: float = 120.0, shared: str | None = None) -> ClusterCheck:
+    """``check_cluster`` with what it found: the nodes, each with its verdict on the shared storage (``shared``, by
+    default the one in force: Settings checks a path before saving it)."""
+    shared = shared_storage()[0] if shared is None else shared
     info = cluster_info(address)
     if not shared:
         return ClusterCheck(info, "", (shared_storage_problem(paths.runs_dir()),))
