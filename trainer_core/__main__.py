@@ -5,7 +5,7 @@
     python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
     python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
-    python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P]        (an endpoint for teammates)
+    python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P] [--launcher ray]  (an endpoint)
     python -m trainer_core stop JOB | cancel JOB [--wait]     (any job: stop & save / cancel; a queued one leaves)
     python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
     python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
@@ -521,6 +521,9 @@ def _add_serving_commands(sub) -> None:
                        help=f"end a request still running after S seconds (default {DEFAULT_REQUEST_TIMEOUT_S}; 0: never)")
     serve.add_argument("--tls-cert", metavar="FILE", help="a PEM certificate: serve HTTPS (with --tls-key)")
     serve.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key")
+    serve.add_argument("--launcher", choices=("local", "ray"), default="local",
+                       help="ray: a single-worker Ray job on the server's cluster, listening on its node's address "
+                            "(RAY_ADDRESS; docs/ray.md)")
     serve.set_defaults(func=lambda a: serving_cli.cmd_serve(a, _find, cli_actor))
 
 

@@ -1,6 +1,7 @@
 """Run details' Serve tab: serve a run's model (final or a checkpoint) as an OpenAI-compatible endpoint for
 teammates, show the base URL, the model name and the API key (once: only its hash is stored), and list the
-run's endpoints with Stop. A serve job's own page shows where it listens. Layout only: the orchestrator and the
+run's endpoints with Stop. When the server has a Ray cluster, "Where to run" sends the endpoint there (a
+single-worker Ray job on a node). A serve job's own page shows where it listens, and on which node. Layout only: the orchestrator and the
 serve job do the work (docs/serving.md)."""
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from trainer_core.jobs import jobspec
 from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
+from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import (DEFAULT_IDLE_S, DEFAULT_MAX_TOKENS_CAP, DEFAULT_REQUEST_TIMEOUT_S,
                                       MAX_TOKENS_CAP_MAX, REQUEST_TIMEOUT_MAX_S, plain_http_warning)
 from ui import format as fmt
+from ui import ray_cluster
 from ui.auth import current_actor
 from ui.text import code, safe
 
 HOSTS = {"127.0.0.1": "This machine only (127.0.0.1)", "0.0.0.0": "Every interface: teammates can call it (0.0.0.0)"}
+RAY_HOSTS = {"127.0.0.1": "The node's cluster address (where the dashboard reaches it)",
+             "0.0.0.0": "Every interface of the node (0.0.0.0)"}
+RAY_PLAIN_HTTP = ("On the cluster the endpoint listens on a node's network address and speaks plain HTTP: the API key "
+                  "and every prompt and answer cross the cluster's network unencrypted. Give it a TLS certificate (its "
+                  "files on the shared storage) where that network is not trusted.")
 NEW_KEYS = "serve_new_keys"  # session state: job id -> API key, until the user says it is copied
 
 
@@ -45,8 +53,11 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         steps = jobspec.checkpoint_steps(run.id)
         choice = st.selectbox("Model", ["final", *reversed(steps)], key=f"serve_source_{run.id}",
                               format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
+        place = _where_to_run(run.id)
         host_col, port_col, idle_col = st.columns([3, 1, 1])
-        host = host_col.selectbox("Listen on", list(HOSTS), format_func=HOSTS.get, key=f"serve_host_{run.id}")
+        hosts = RAY_HOSTS if place == "ray" else HOSTS  # each list its own widget: a choice means one place
+        host = host_col.selectbox("Listen on", list(hosts), format_func=hosts.get,
+                                  key=f"serve_host_{'ray_' * (place == 'ray')}{run.id}")
         port = port_col.number_input("Port", min_value=0, max_value=65535, value=0, step=1, key=f"serve_port_{run.id}",
                                      help="0 picks a free port.")
         idle = idle_col.number_input("Idle stop (min)", min_value=0, max_value=7 * 24 * 60, value=DEFAULT_IDLE_S // 60,
@@ -65,7 +76,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                    help="With its key: the endpoint speaks HTTPS. The file must be under the data "
                                         "root or an allowed folder.")
         tls_key = key_col.text_input("TLS private key (PEM file)", key=f"serve_tls_key_{run.id}")
-        warning = "" if cert.strip() else plain_http_warning(host)
+        warning = "" if cert.strip() else RAY_PLAIN_HTTP if place == "ray" else plain_http_warning(host)
         if warning:
             st.warning(safe(warning), icon="🔓")
         if not st.button("Start endpoint", icon="🔌", key=f"serve_start_{run.id}"):
@@ -75,7 +86,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
             job_id, key = orch.start_server([source], actor=current_actor(), purpose="endpoint", host=host,
                                             port=int(port), idle_timeout_s=int(idle) * 60, max_tokens_cap=int(cap),
                                             request_timeout_s=int(timeout), tls_certfile=cert.strip(),
-                                            tls_keyfile=tls_key.strip())
+                                            tls_keyfile=tls_key.strip(), launcher=place)
         except ConfigError as exc:
             for error in exc.errors:
                 st.error(f"{safe(error.field)}: {safe(error.message)}")
@@ -87,6 +98,23 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         st.rerun()
 
 
+def _where_to_run(run_id: str) -> str:
+    """"local" or "ray": offered only when the server has a Ray cluster, with its size (asked at most every 15 s)."""
+    addresses = ray_jobs.server_addresses()
+    if not addresses:
+        return "local"
+    place = st.radio("Where to run", list(ray_cluster.PLACES), format_func=ray_cluster.PLACES.get, horizontal=True,
+                     key=f"serve_place_{run_id}", help="The Ray cluster: a single-worker Ray job on the server's "
+                                                      "cluster, on a node Ray picks, behind the same API key.")
+    if place == "ray":
+        info = ray_cluster.cached_cluster_info(ray_cluster.own_and_other_addresses(addresses)[0] or addresses[0])
+        if info.problem:
+            st.warning(f"The Ray cluster does not answer: {safe(info.problem)}", icon="🛰️")
+        else:
+            st.caption(f"Ray cluster: {ray_cluster.capacity_line(info)}. The job takes one CPU of a node.")
+    return place
+
+
 def _job(orch: Orchestrator, job: RunRecord) -> None:
     status = RunStatus(job.status)
     with st.container(border=True):
@@ -96,7 +124,8 @@ def _job(orch: Orchestrator, job: RunRecord) -> None:
         if endpoint is not None:
             st.markdown(f"Base URL {code(endpoint.share_url)} · model "
                         + ", ".join(code(m.name) for m in endpoint.models) + f" · engine {safe(endpoint.engine)}"
-                        + (" · route " + code("POST /v1/embeddings") if endpoint.engine == "infinity" else ""))
+                        + (" · route " + code("POST /v1/embeddings") if endpoint.engine == "infinity" else "")
+                        + (f" · Ray node {code(endpoint.node)}" if endpoint.node else ""))
         elif status is RunStatus.QUEUED:
             st.caption("Waiting for its device: a run or another job holds it.")
         elif not status.is_terminal():

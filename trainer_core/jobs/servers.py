@@ -25,8 +25,8 @@ class Servers:
         here and only its sha256 is stored; a playground server's key stays in this orchestrator's memory
         (``server_key``), an endpoint's is shown once by the caller. ``tied`` (default: a playground's) ends
         the job when this process exits, queued or serving: nobody else has its key. ``limits``: the
-        ServeSpec fields max_tokens_cap, request_timeout_s, tls_certfile, tls_keyfile. ConfigError lists
-        every problem."""
+        ServeSpec fields max_tokens_cap, request_timeout_s, tls_certfile, tls_keyfile, launcher ("ray": on the
+        server's cluster). ConfigError lists every problem."""
         key = pysecrets.token_urlsafe(32)
         labels = ", ".join(s.key.removeprefix("run:").removeprefix("base:") for s in sources)
         tied = purpose == "playground" if tied is None else tied
@@ -61,8 +61,18 @@ class Servers:
             found = endpoint_file.read(paths.run_dir(job_id))
         except paths.UnsafePathError:
             return None
-        alive = found is not None and found.pid == run.pid and self.launcher.adopt(run).state().alive
-        return found if alive else None
+        if found is None:
+            return None
+        # This host's worker wrote it (its pid), or, for a job on the Ray cluster (no pid here), one on a node did.
+        written = found.pid == run.pid if run.pid is not None else bool(found.node)
+        return found if written and self._handle_of(run).state().alive else None
+
+    def _handle_of(self, run):
+        """The handle this orchestrator follows the job with (a Ray job's answers are cached a second), else a
+        fresh one from the launcher."""
+        with self._lock:
+            tracked = self._tracked.get(run.id)
+        return tracked.handle if tracked is not None else self.launcher.adopt(run)
 
     def find_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None) -> str | None:
         """A queued or active playground server of ``actor`` serving exactly ``sources``, whose key this

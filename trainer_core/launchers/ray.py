@@ -165,6 +165,8 @@ class RayHandle(JobHandle):
             self.waiting.follow(info.status, job_needs(info))
         if info.status in ("PENDING", "RUNNING"):  # JobStatus is a str enum
             return ALIVE
+        if info.status == "FAILED" and NODE_DIED in (info.message or ""):  # e.g. a serve job's node went away
+            return JobState(False, lost_with_node(self.address, info.driver_node_id or ""))
         message = (info.message or "").strip()
         return JobState(False, f"ended on the Ray cluster as {info.status.value}" + (f": {message}" if message else ""))
 
@@ -293,6 +295,25 @@ def redacted(text: str, address: str) -> str:
     scheme, sep, rest = str(address).partition("://")
     userinfo = rest.split("/", 1)[0].rpartition("@")[0] if sep else ""
     return text.replace(userinfo + "@", "") if userinfo else text
+
+
+# Ray's message for a job whose supervisor actor died with its node ("The actor died because its node has died.
+# Node Id: ...", then the node's own cause): the job, its entrypoint and the worker are gone with the node.
+NODE_DIED = "because its node has died"
+
+
+def lost_with_node(address: str, node_id: str) -> str:
+    """A job's end when its node died, naming the node by address and id, and Ray's cause when it says one."""
+    found = None
+    try:
+        from ray.util.state import get_node
+
+        found = get_node(node_id, address=address, timeout=5) if node_id else None
+    except Exception:  # noqa: BLE001 - the state API did not answer: the node id alone names it
+        pass
+    where = f"{found.node_ip} ({node_id[:12]})" if found is not None else f"({node_id[:12] or 'unknown'})"
+    cause = (getattr(found, "state_message", "") or "").strip() if found is not None else ""
+    return f"was lost with its node {where} on the Ray cluster" + (f" ({cause})" if cause else "")
 
 
 def job_not_found(exc: Exception) -> bool:

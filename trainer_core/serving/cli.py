@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from typing import Callable
+from urllib.parse import urlsplit
 
 from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError
@@ -247,15 +248,22 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
     try:
         actor = actor_of(orch.store)
         source = source_for(orch.store, args.run, find, args.checkpoint, args.base)
+        on_ray = getattr(args, "launcher", "local") == "ray"
         job_id, key = start(orch, [source], actor, "endpoint", host=args.host, port=args.port,
                             max_tokens_cap=args.max_tokens_cap, request_timeout_s=args.request_timeout,
-                            tls_certfile=args.tls_cert or "", tls_keyfile=args.tls_key or "")
-        warning = "" if args.tls_cert else plain_http_warning(args.host)
+                            tls_certfile=args.tls_cert or "", tls_keyfile=args.tls_key or "",
+                            launcher="ray" if on_ray else "local")
+        warning = "" if args.tls_cert or on_ray else plain_http_warning(args.host)
         if warning:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         endpoint = wait_ready(orch, job_id)
+        if on_ray and not args.tls_cert and plain_http_warning(urlsplit(endpoint.url).hostname or ""):
+            # known once the job runs: the node Ray placed it on
+            print(f"warning: {plain_http_warning(urlsplit(endpoint.url).hostname or '')}", file=sys.stderr, flush=True)
         print(f"URL:     {endpoint.share_url}" + (f"   (on this machine: {endpoint.url})"
                                                      if endpoint.share_url != endpoint.url else ""))
+        if endpoint.node:
+            print(f"node:    {endpoint.node}   (Ray cluster)")
         print(f"model:   {endpoint.models[0].name}   ({endpoint.models[0].label})")
         if endpoint.engine == INFINITY:  # an embedding model: no chat route
             print("route:   POST /v1/embeddings (openai client: client.embeddings.create)")

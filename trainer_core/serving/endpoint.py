@@ -12,6 +12,9 @@ from pathlib import Path
 
 ENDPOINT_FILE = "endpoint.json"
 MAX_BYTES = 64 << 10
+# Set by trainer_core/worker/ray_entry.py for a serve job on the Ray cluster: the node's address as Ray knows it
+# (where the server listens, and what the dashboard host reaches) and its Ray node id.
+NODE_ADDRESS_ENV, NODE_ID_ENV = "FINETUNE_STUDIO_RAY_NODE_ADDRESS", "FINETUNE_STUDIO_RAY_NODE_ID"
 
 
 @dataclass(frozen=True)
@@ -28,16 +31,18 @@ class Endpoint:
     engine: str
     pid: int
     share_url: str = ""  # what teammates use: the machine's name when bound to every interface, else ``url``
+    node: str = ""  # on the Ray cluster: the node it runs on, "10.0.0.2 (node id's first 12)"; "" on this host
 
     def name_of(self, source_key: str) -> str | None:
         """The served name of a model source, None when this server does not serve it."""
         return next((m.name for m in self.models if m.source_key == source_key), None)
 
 
-def write(run_dir: Path, url: str, models: list[dict], engine: str, pid: int, share_url: str = "") -> None:
+def write(run_dir: Path, url: str, models: list[dict], engine: str, pid: int, share_url: str = "",
+          node: str = "") -> None:
     tmp = Path(run_dir) / f".{ENDPOINT_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps({"url": url, "models": models, "engine": engine, "pid": pid,
-                               "share_url": share_url or url}, indent=1))
+                               "share_url": share_url or url, "node": node}, indent=1))
     os.replace(tmp, Path(run_dir) / ENDPOINT_FILE)
 
 
@@ -57,6 +62,6 @@ def read(run_dir: Path) -> Endpoint | None:
         data = json.loads(path.read_text())
         models = tuple(ServedModel(str(m["name"]), str(m["label"]), str(m["source_key"])) for m in data["models"])
         return Endpoint(url=str(data["url"]), models=models, engine=str(data["engine"]), pid=int(data["pid"]),
-                        share_url=str(data.get("share_url") or data["url"]))
+                        share_url=str(data.get("share_url") or data["url"]), node=str(data.get("node") or ""))
     except (OSError, ValueError, KeyError, TypeError):
         return None

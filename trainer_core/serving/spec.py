@@ -24,8 +24,9 @@ from typing import ClassVar
 import psutil
 
 from trainer_core.planning import hardware
-from trainer_core.config import FieldError
+from trainer_core.config import SHARED_STORAGE_ENV, FieldError
 from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
+from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 
@@ -62,6 +63,9 @@ def host_problem(host: str) -> str:
     if _HOSTNAME_RE.fullmatch(host):
         return ""
     return f"{host[:60]!r} is neither an IP address nor a host name; use 127.0.0.1 (this machine only) or 0.0.0.0"
+
+
+WILDCARDS = ("0.0.0.0", "::")  # every interface
 
 
 def is_loopback(host: str) -> bool:
@@ -243,6 +247,10 @@ class ServeSpec(JobSpec):
     tls_certfile: str = ""  # a PEM certificate (under the allowed roots): the server speaks HTTPS
     tls_keyfile: str = ""  # its PEM private key (under the allowed roots)
     consumer: str = ""  # "host:pid:start" of the process whose exit ends this job (a CLI's serve/chat); "" = none
+    # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), listening on its
+    # node's cluster address (host 127.0.0.1, the default) or every interface of the node (0.0.0.0), behind the same
+    # key gate; endpoint.json in the job folder on the shared storage says where (docs/ray.md).
+    launcher: str = "local"
 
     def __post_init__(self) -> None:
         if self.sources and isinstance(self.sources[0], ModelSource):
@@ -309,6 +317,7 @@ class ServeSpec(JobSpec):
             errors.append(FieldError("request_timeout_s", f"0 (never) or {REQUEST_TIMEOUT_MIN_S} to "
                                                           f"{REQUEST_TIMEOUT_MAX_S:,} seconds, not {limit!r:.40}"))
         errors += self._tls_errors()
+        errors += self._ray_errors()
         if not isinstance(self.consumer, str) or (self.consumer and parse_consumer(self.consumer) is None):
             errors.append(FieldError("consumer", "empty, or the host:pid:start of the process the job serves; "
                                                  "start servers through Orchestrator.start_server"))
@@ -328,8 +337,29 @@ class ServeSpec(JobSpec):
                                                    "(pip install -e '.[vllm]'); use auto or transformers"))
             elif resolved and vllm_fits(resolved):
                 errors.append(FieldError("engine", vllm_fits(resolved) + "; use auto or transformers"))
-        if not errors:  # every source loads as a model of its own (merged adapters included)
+        if not errors and self.launcher != "ray":  # on the cluster Ray places the job: this host's memory says nothing
             errors += memory_errors(self.sources, self.gpu_ids, "serve")
+        return errors
+
+    def _ray_errors(self) -> list[FieldError]:
+        """On the cluster: what spec_problems checks for every job (a cluster, the shared storage, no gpu_ids), a
+        bind address a node can have, and TLS files the node can read. A serve job needs no secret (env_names)."""
+        errors = ray_jobs.spec_problems(self)
+        if self.launcher != "ray":
+            return errors
+        if isinstance(self.host, str) and not (is_loopback(self.host) or self.host in WILDCARDS):
+            errors.append(FieldError("host", f"Ray places the server on a node, so {self.host[:60]!r} cannot be bound "
+                                             "there: leave 127.0.0.1 (it listens on the node's cluster address) or "
+                                             "use 0.0.0.0 (every interface of the node), or run it on this host "
+                                             "(launcher: local)"))
+        shared = os.environ.get(SHARED_STORAGE_ENV, "")  # unset: spec_problems said so already
+        for name in ("tls_certfile", "tls_keyfile"):
+            value = getattr(self, name)
+            if shared and isinstance(value, str) and value and \
+                    not Path(value).expanduser().resolve().is_relative_to(Path(shared).resolve()):
+                errors.append(FieldError(name, f"launcher: ray: the server reads it on a node of the cluster, and "
+                                               f"{value[:200]} is not on the shared storage {shared} "
+                                               f"({SHARED_STORAGE_ENV}): put it under it"))
         return errors
 
     def _tls_errors(self) -> list[FieldError]:

@@ -3,7 +3,8 @@
 One process: the worker itself replaces this process (``exec``), writing worker.log in the run folder on the
 shared storage; Ray's stop_job sends it SIGTERM, which a single worker reads as Cancel. That worker is
 ``python -m trainer_core.worker RUN_DIR``, which runs the entry point of the job's kind (kind.txt): a training run,
-or an eval or export job sent to the cluster (``launcher: ray`` in its spec), always one process.
+or an eval, export or serve job sent to the cluster (``launcher: ray`` in its spec), always one process. A serve job
+is first told its node's address and Ray node id (``node_env``: it listens there, and records them in endpoint.json).
 
 Several processes (``FINETUNE_STUDIO_NPROC``): Ray Train's ``TorchTrainer`` places one Ray Train worker per
 process (``ScalingConfig``: one CPU each, ``FINETUNE_STUDIO_RAY_GPUS_PER_WORKER`` GPUs each) and sets up a
@@ -37,6 +38,8 @@ from trainer_core.jobs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
 from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import events as ev, files, paths, secret_file
+from trainer_core.protocol.status import JobKind, read_kind
+from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
 from trainer_core.worker import ranks
 from trainer_core.worker.ray_placement import PlacementWatch
 
@@ -58,11 +61,33 @@ def main(argv: list[str]) -> int:
 
 def run_alone(run_dir: Path) -> int:
     """The worker in place of this process: its output in worker.log, Ray's SIGTERM reaching it directly."""
+    if serves(run_dir):
+        os.environ.update(node_env())
     log = os.open(run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.execv(sys.executable, [sys.executable, "-m", "trainer_core.worker", str(run_dir)])
     return 1  # not reached: execv replaces this process
+
+
+def serves(run_dir: Path) -> bool:
+    try:
+        return read_kind(run_dir) is JobKind.SERVE
+    except ValueError:
+        return False  # the worker names the unknown kind in worker.log
+
+
+def node_env() -> dict[str, str]:
+    """This node's address as Ray knows it and its node id, for a serve job's worker: it listens on that address
+    (the dashboard host reaches the node there) and names the node in endpoint.json. Connecting to the local Ray
+    node takes well under a second; the job's driver then leaves Ray before the worker replaces it."""
+    import ray
+
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    try:
+        return {NODE_ADDRESS_ENV: ray.util.get_node_ip_address(), NODE_ID_ENV: ray.get_runtime_context().get_node_id()}
+    finally:
+        ray.shutdown()
 
 
 def run_workers(run_dir: Path, processes: int, gpus: float, max_failures: int = 0) -> int:

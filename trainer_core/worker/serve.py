@@ -40,10 +40,11 @@ from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import safe_prompt
 from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
+from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
 from trainer_core.serving import infinity_app
-from trainer_core.serving.spec import (INFINITY, VLLM, ServeSpec, adapter_rank, choose_serve_engine, consumer_gone,
-                                      embed_python, embedding_folder, plain_http_warning, served_names)
+from trainer_core.serving.spec import (INFINITY, VLLM, WILDCARDS, ServeSpec, adapter_rank, choose_serve_engine,
+                                      consumer_gone, embed_python, embedding_folder, plain_http_warning, served_names)
 
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
 VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
@@ -73,6 +74,19 @@ def bind(host: str, port: int) -> socket.socket:
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(False)
     return sock
+
+
+def listen_host(spec: ServeSpec) -> str:
+    """Where the server binds: the spec's host on this host; on a Ray node, the node's cluster address (its loopback
+    would reach nobody: the dashboard host and the clients are elsewhere) unless the spec asks for every interface.
+    The key gate runs in front of the engine either way."""
+    if spec.launcher != "ray" or spec.host in WILDCARDS:
+        return spec.host
+    address = os.environ.get(NODE_ADDRESS_ENV, "")
+    if not address:
+        raise RuntimeError(f"this serve job runs on the Ray cluster but was not told its node's address "
+                           f"({NODE_ADDRESS_ENV}): it is started by trainer_core.worker.ray_entry")
+    return address
 
 
 def public_host(host: str) -> str:
@@ -107,6 +121,7 @@ class ServeWorker(JobWorker):
     def __init__(self, run_dir: Path):
         super().__init__(run_dir)
         self.engine = ""
+        self.host = ""  # the bind address (listen_host)
         self.end_reason: tuple[RunStatus, str] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -121,7 +136,8 @@ class ServeWorker(JobWorker):
             resolved = spec.resolved()
             names = served_names(resolved)
             self.engine = choose_serve_engine(spec.engine, resolved)
-            sock = bind(spec.host, spec.port)
+            self.host = listen_host(spec)
+            sock = bind(self.host, spec.port)
             port = sock.getsockname()[1]
             self.check_cancel(spec)
             if self.engine in (VLLM, INFINITY):
@@ -220,7 +236,7 @@ class ServeWorker(JobWorker):
                                         translate_sampling=False, activity_file=str(activity_file),
                                         max_tokens_cap=spec.max_tokens_cap,
                                         request_timeout_s=spec.request_timeout_s, vision_models=vision).to_json())
-        command = vllm_command(base, base_name, adapters, spec.host, port,
+        command = vllm_command(base, base_name, adapters, self.host, port,
                                max((adapter_rank(a) for _, a in adapters), default=0))
         if spec.tls_certfile:
             command += ["--ssl-certfile", spec.tls_certfile, "--ssl-keyfile", spec.tls_keyfile]
@@ -247,7 +263,7 @@ class ServeWorker(JobWorker):
         launch_file = self.run_dir / "infinity.json"
         launch_file.write_text(json.dumps({
             "models": [{"name": n, "folder": f, "trust_remote_code": bool(r.config and r.config.trust_remote_code)}
-                       for n, f, r in zip(names, folders, resolved)], "host": spec.host, "port": port,
+                       for n, f, r in zip(names, folders, resolved)], "host": self.host, "port": port,
             "device": "cpu", "tls_certfile": spec.tls_certfile, "tls_keyfile": spec.tls_keyfile}))
         command = [str(python), infinity_app.__file__, str(launch_file)]
         self.log("starting: " + " ".join(command) + " (" + ", ".join(f"{n} = {f}" for n, f in zip(names, folders)) + ")")
@@ -266,7 +282,7 @@ class ServeWorker(JobWorker):
         """Wait until the child server answers, announce it, then serve until Stop/Cancel/idle or its exit."""
         import httpx
 
-        url = f"{spec.scheme}://{public_host(spec.host)}:{port}"
+        url = f"{spec.scheme}://{public_host(self.reachable_host(spec))}:{port}"
         try:
             deadline = time.monotonic() + ready_s
             while True:  # any HTTP answer (401 from the gate) means the server is up: its models are loaded
@@ -315,17 +331,27 @@ class ServeWorker(JobWorker):
             link.symlink_to(Path(folder).resolve(), target_is_directory=True)
         return models_dir
 
+    def reachable_host(self, spec: ServeSpec) -> str:
+        """The host the dashboard reaches the server at: the bind address, or for every interface this machine's
+        loopback, and on a Ray node the node's cluster address (the dashboard runs on another host)."""
+        node_address = os.environ.get(NODE_ADDRESS_ENV, "") if spec.launcher == "ray" else ""
+        return node_address if node_address and self.host in WILDCARDS else self.host
+
     def announce(self, spec: ServeSpec, resolved: list[ResolvedSource], names: list[str], port: int) -> None:
-        url = f"{spec.scheme}://{public_host(spec.host)}:{port}/v1"
-        # Bound to every interface: teammates use this machine's name (url stays the loopback one for us).
-        wildcard = spec.host in ("0.0.0.0", "::")
+        url = f"{spec.scheme}://{public_host(self.reachable_host(spec))}:{port}/v1"
+        # Bound to every interface of this host: teammates use its name (url stays the loopback one for us). On a Ray
+        # node url already names the node, as the dashboard host reaches it.
+        wildcard = self.host in WILDCARDS and spec.launcher != "ray"
         share_url = f"{spec.scheme}://{socket.getfqdn()}:{port}/v1" if wildcard else url
+        node = ""
+        if spec.launcher == "ray":
+            node = f"{os.environ.get(NODE_ADDRESS_ENV, '?')} ({os.environ.get(NODE_ID_ENV, '?')[:12]})"
         models = [{"name": n, "label": r.label, "source_key": r.source.key} for n, r in zip(names, resolved)]
         endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid(),
-                            share_url=share_url)
-        self.log(f"serving at {url}: {', '.join(names)}")
-        if not spec.tls_certfile and plain_http_warning(spec.host):
-            self.warn(plain_http_warning(spec.host))
+                            share_url=share_url, node=node)
+        self.log(f"serving at {url}: {', '.join(names)}" + (f" on Ray node {node}" if node else ""))
+        if not spec.tls_certfile and plain_http_warning(self.host):
+            self.warn(plain_http_warning(self.host))
         self.events.emit(ev.ServeReadyEvent(url=url, models={m["name"]: m["label"] for m in models},
                                             engine=self.engine))
 
