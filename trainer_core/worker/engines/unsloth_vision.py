@@ -80,7 +80,9 @@ def explicit_targets(cfg: TrainConfig) -> list[str] | None:
 def collator_row(example: dict, max_side: int = 0) -> dict:
     """One dataset row as UnslothVisionDataCollator reads it: images opened and scaled down to image_max_side (the
     studio's downscale, the one its pre-start token count used), empty Arrow keys dropped; a completions-only row's
-    prompt carries its images in its placeholders (the collator's prompt/completion path reads them only there)."""
+    prompt carries its images in its placeholders (the collator's prompt/completion path reads them only there, and
+    rounds their sides to its patch grid as Qwen-VL's processor does: a tiling processor may then count a row's image
+    tokens a little differently from the pre-start check)."""
     row = vision.prepared(example, max_side)
     if "prompt" in row:
         row["prompt"] = prepare_multimodal_messages(row["prompt"], images=row["images"])
