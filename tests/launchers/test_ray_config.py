@@ -40,7 +40,7 @@ def test_every_missing_piece_of_a_ray_run_is_named_with_its_fix(home, monkeypatc
     cfg = TrainConfig(launcher="ray", gpu_ids=[0], hf_token="hf_x", ray_gpus_per_worker=-1)  # a token is fine
     assert ray_errors(cfg) == [
         FieldError("ray_address", "launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
-                   "http://head:8265), or RAY_ADDRESS in the server's environment"),
+                   "http://head:8265), or RAY_ADDRESS in the server's environment (or save a cluster in Settings)"),
         FieldError("gpu_ids", "Ray places the workers on the cluster's GPUs: leave gpu_ids empty and set "
                    "ray_gpus_per_worker"),
         FieldError("ray_gpus_per_worker", "use 0 (CPU workers) or a positive number of GPUs, got -1"),

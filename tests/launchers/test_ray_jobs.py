@@ -28,7 +28,8 @@ from trainer_core.protocol.status import JobKind, write_kind
 RUN_ID = "20260101-000000-a1a1a1"
 NO_CLUSTER = FieldError("launcher", "launcher: ray runs the job on the server's Ray cluster, and none is configured: "
                                     "set RAY_ADDRESS (the cluster's dashboard, e.g. http://head:8265) in the server's "
-                                    "environment, or run it on this host (launcher: local)")
+                                    "environment or save a cluster in Settings, or run it on this host (launcher: "
+                                    "local)")
 
 
 @pytest.fixture

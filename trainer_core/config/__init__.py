@@ -11,7 +11,7 @@ This package's names are imported from here (``from trainer_core.config import T
 from __future__ import annotations
 
 from trainer_core.config.checks import (builtin_loader_names, hub_dataset_problem, looks_like_path,
-                                        ray_address_problem, sample_prompts_of)
+                                        ray_address_problem, sample_prompts_of, server_cluster)
 from trainer_core.config.limits import (_HUB_ID_RE, ATTENTION_MODULES, BUNDLED_DATASET, BUNDLED_MODEL, BUNDLED_PAIRS,
                                         CONFIG_BYTES_MAX, DEFAULT_TARGET_MODULES, FORMAT_TYPES, HUB_ID_MAX, LAUNCHERS,
                                         MAPPING_VALUE_MAX, MLP_MODULES, OPTIMIZERS, RAY_ADDRESS_ENV,
@@ -30,5 +30,5 @@ __all__ = ["ATTENTION_MODULES", "BUNDLED_DATASET", "BUNDLED_MODEL", "BUNDLED_PAI
            "RAY_MAX_FAILURES", "SAMPLE_NEW_TOKENS_MAX", "SAMPLE_PROMPTS_MAX", "SAMPLE_PROMPT_CHARS", "SCHEDULERS",
            "SECRET_FIELDS", "SHARED_STORAGE_ENV", "TEXT_LIMITS", "TrainConfig", "TrainingTypeDeprecation",
            "_HUB_ID_RE", "builtin_loader_names", "hub_dataset_problem", "load_yaml", "looks_like_path",
-           "ray_address_problem", "read_is_embedding", "read_training_type", "sample_prompts_of", "secrets_in_file",
+           "ray_address_problem", "read_is_embedding", "read_training_type", "sample_prompts_of", "server_cluster", "secrets_in_file",
            "training_type_note"]

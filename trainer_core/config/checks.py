@@ -214,9 +214,9 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
     if not hardware.has_module("ray"):
         bad("launcher", "the Ray launcher needs ray, which is not installed: pip install -e '.[ray]', or use "
             "launcher: local")
-    if not (cfg.ray_address or os.environ.get(RAY_ADDRESS_ENV)):
+    if not (cfg.ray_address or server_cluster()):
         bad("ray_address", f"launcher: ray needs the cluster's dashboard address: set ray_address (e.g. "
-            f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment")
+            f"http://head:8265), or {RAY_ADDRESS_ENV} in the server's environment (or save a cluster in Settings)")
     elif ray_address_problem(cfg.ray_address):
         bad("ray_address", ray_address_problem(cfg.ray_address))
     if cfg.gpu_ids:
@@ -232,6 +232,12 @@ def _check_ray(cfg: TrainConfig, bad) -> None:
     elif cfg.ray_max_failures and _finite(cfg.num_processes) and cfg.num_processes < 2:
         bad("ray_max_failures", "restarts apply to Ray Train's workers: set num_processes to 2 or more, or "
             "ray_max_failures to 0")
+
+
+def server_cluster() -> str:
+    """The server's own Ray cluster, where a run without ``ray_address`` and an eval, export or serve job on Ray go:
+    RAY_ADDRESS in its environment, else the cluster an admin saved in Settings ("" when neither)."""
+    return (os.environ.get(RAY_ADDRESS_ENV, "").strip() or cluster_settings.saved().address.strip()).rstrip("/")
 
 
 def ray_address_problem(address: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from trainer_core.tryout import promptsets
-from trainer_core.config import SHARED_STORAGE_ENV, FieldError
+from trainer_core.config import FieldError
 from trainer_core.export import tools
 from trainer_core.jobs.jobspec import JobSpec, SourceError, register, resolve
 from trainer_core.launchers import ray as ray_jobs
@@ -224,11 +224,11 @@ class ExportSpec(JobSpec):
         if self.push_update_any and not self.push_update:
             bad("push_update_any", "only together with push_update")
         errors.extend(ray_jobs.spec_problems(self))
-        shared = os.environ.get(SHARED_STORAGE_ENV, "")  # unset: spec_problems said so already
+        shared, where = ray_jobs.shared_storage()  # unset: spec_problems said so already
         if self.launcher == "ray" and self.out_dir and shared and not any(e.field == "out_dir" for e in errors) \
                 and not Path(self.out_dir).expanduser().resolve().is_relative_to(Path(shared).resolve()):
             bad("out_dir", f"launcher: ray: the job writes its artifacts from a node of the cluster, and {self.out_dir} "
-                           f"is not on the shared storage {shared} ({SHARED_STORAGE_ENV}): choose a folder under it, "
+                           f"is not on the shared storage {shared} ({where}): choose a folder under it, "
                            "or leave out_dir empty (the job folder's artifacts/)")
         return errors
 

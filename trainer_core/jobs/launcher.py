@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from trainer_core.auth import access
 from trainer_core.planning import parallel
-from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem
+from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem, server_cluster
 from trainer_core.jobs.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher
 from trainer_core.launchers import ray as ray_jobs
@@ -63,16 +63,16 @@ class PlacingLauncher(Launcher):
             problem = ray_address_problem(wanted)
             if problem:
                 raise OSError(f"ray_address: {problem}")
-            address = wanted.strip() or os.environ.get(RAY_ADDRESS_ENV, "")
+            address = wanted.strip() or server_cluster()
             if not address.strip():  # a queued job whose server lost its cluster setting since it was submitted
                 raise OSError(f"launcher: ray: no Ray cluster is configured: set {RAY_ADDRESS_ENV} in the server's "
-                              "environment")
+                              "environment, or save one in Settings")
             return ray_jobs.RayLauncher(address).start(run_dir, cfg)
         return self.local.start(run_dir, cfg)
 
     def adopt(self, run: RunRecord) -> JobHandle:
         if (paths.run_dir(run.id) / ray_jobs.JOB_FILE).is_file():  # the launcher re-checks the address it records
-            return ray_jobs.RayLauncher(os.environ.get(RAY_ADDRESS_ENV, "")).adopt(run)
+            return ray_jobs.RayLauncher(server_cluster()).adopt(run)
         return self.local.adopt(run)
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer_core.auth import access
 from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, FieldError,
-                                 ray_address_problem)
+                                 ray_address_problem, server_cluster)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.launchers.ray_waiting import PendingJob, node_usage
 from trainer_core.planning.parallel import NPROC_ENV
@@ -113,10 +113,11 @@ def spec_problems(spec: JobSpec) -> list[FieldError]:
     if importlib.util.find_spec("ray") is None:
         errors.append(FieldError("launcher", f"launcher: ray needs ray, which is not installed: pip install -e "
                                              f"'.[ray]', {here}"))
-    if not os.environ.get(RAY_ADDRESS_ENV, "").strip():
+    if not server_cluster():
         errors.append(FieldError("launcher", f"launcher: ray runs the job on the server's Ray cluster, and none is "
                                              f"configured: set {RAY_ADDRESS_ENV} (the cluster's dashboard, e.g. "
-                                             f"http://head:8265) in the server's environment, {here}"))
+                                             f"http://head:8265) in the server's environment or save a cluster in "
+                                             f"Settings, {here}"))
     problem = shared_storage_problem(paths.runs_dir())
     if problem:
         errors.append(FieldError("launcher", f"launcher: ray: {problem}, {here}"))
