@@ -70,7 +70,9 @@ def in_force(addresses: list[str], saved: SavedCluster) -> None:
     if listed:
         lines.append(f"Also allowed for runs (`{RAY_ADDRESSES_ENV}`): " + ", ".join(code(shown(a)) for a in listed))
     if saved.address:
-        lines.append(f"Saved in Settings, also allowed for runs: {code(saved.address)}")
+        lines.append(f"Saved in Settings, also allowed for runs: {code(saved.address)}" if own else
+                     f"Saved in Settings, the server's cluster (runs without a cluster of their own, and eval, export "
+                     f"and serve jobs on Ray, go there): {code(saved.address)}")
     if source == "Settings":
         lines.append(f"Shared storage: {code(shared)} (saved in Settings; `{SHARED_STORAGE_ENV}` is not set)")
     else:

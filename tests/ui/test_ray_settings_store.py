@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -16,6 +17,7 @@ from tests.db.test_migration import OLD_SCHEMA
 from tests.ray_support import free_port
 from tests.test_new_run import APP, TIMEOUT, click, fakes, open_page  # noqa: F401 - fakes is a fixture
 from trainer_core.auth.access import Role
+from trainer_core.config import TrainConfig, server_cluster
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.cluster_settings import SavedCluster
@@ -84,10 +86,15 @@ def test_an_admin_saves_the_cluster_once_the_check_passes_and_runs_may_use_it(pa
     assert (saved().address, saved().shared_storage, saved().saved_by) == (ADDRESS, str(page), auth.current_actor().name)
     assert f"Saved: runs may use {ADDRESS}, with run folders under {page}." in [s.value.replace("\\", "") for s in at.success]
     [shown] = [m.value for m in at.markdown if m.value.startswith("Cluster address")]
-    assert shown == (f"Cluster address: not set (`RAY_ADDRESS`)  \nSaved in Settings, also allowed for runs: `{ADDRESS}`"
+    assert shown == (f"Cluster address: not set (`RAY_ADDRESS`)  \nSaved in Settings, the server's cluster (runs "
+                     f"without a cluster of their own, and eval, export and serve jobs on Ray, go there): `{ADDRESS}`"
                      f"  \nShared storage: `{page}` (saved in Settings; `FINETUNE_STUDIO_SHARED_STORAGE` is not set)")
     assert ray_jobs.server_addresses() == [ADDRESS]
     assert ray_jobs.shared_storage_problem(paths.runs_dir()) == ""
+    # with RAY_ADDRESS unset, the saved cluster is the server's: a run naming none, and jobs on Ray, go there
+    assert server_cluster() == ADDRESS
+    assert [e for e in TrainConfig(launcher="ray").validate() if e.field in ("ray_address", "launcher")] == []
+    assert ray_jobs.spec_problems(SimpleNamespace(launcher="ray", gpu_ids=[])) == []
     assert [b.label for b in at.button if b.key == "settings_ray_check_button"] == ["Check cluster"]
 
 
