@@ -524,6 +524,8 @@ def _add_serving_commands(sub) -> None:
     serve.add_argument("--launcher", choices=("local", "ray"), default="local",
                        help="ray: a single-worker Ray job on the server's cluster, listening on its node's address "
                             "(RAY_ADDRESS; docs/ray.md)")
+    serve.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
+                       help="with --launcher ray: the GPUs Ray gives the server on its node (default 0: its CPU)")
     serve.set_defaults(func=lambda a: serving_cli.cmd_serve(a, _find, cli_actor))
 
 

@@ -53,7 +53,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         steps = jobspec.checkpoint_steps(run.id)
         choice = st.selectbox("Model", ["final", *reversed(steps)], key=f"serve_source_{run.id}",
                               format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
-        place = _where_to_run(run.id)
+        place, gpus = _where_to_run(run.id)
         host_col, port_col, idle_col = st.columns([3, 1, 1])
         hosts = RAY_HOSTS if place == "ray" else HOSTS  # each list its own widget: a choice means one place
         host = host_col.selectbox("Listen on", list(hosts), format_func=hosts.get,
@@ -86,7 +86,8 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
             job_id, key = orch.start_server([source], actor=current_actor(), purpose="endpoint", host=host,
                                             port=int(port), idle_timeout_s=int(idle) * 60, max_tokens_cap=int(cap),
                                             request_timeout_s=int(timeout), tls_certfile=cert.strip(),
-                                            tls_keyfile=tls_key.strip(), launcher=place)
+                                            tls_keyfile=tls_key.strip(), launcher=place,
+                                            ray_gpus_per_worker=gpus)
         except ConfigError as exc:
             for error in exc.errors:
                 st.error(f"{safe(error.field)}: {safe(error.message)}")
@@ -98,11 +99,12 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
         st.rerun()
 
 
-def _where_to_run(run_id: str) -> str:
-    """"local" or "ray": offered only when the server has a Ray cluster, with its size (asked at most every 15 s)."""
+def _where_to_run(run_id: str) -> tuple[str, float]:
+    """("local" or "ray", the GPUs the server asks Ray for): the cluster is offered only when the server has one,
+    with its size (asked at most every 15 s)."""
     addresses = ray_jobs.server_addresses()
     if not addresses:
-        return "local"
+        return "local", 0.0
     place = st.radio("Where to run", list(ray_cluster.PLACES), format_func=ray_cluster.PLACES.get, horizontal=True,
                      key=f"serve_place_{run_id}", help="The Ray cluster: a single-worker Ray job on the server's "
                                                       "cluster, on a node Ray picks, behind the same API key.")
@@ -112,7 +114,11 @@ def _where_to_run(run_id: str) -> str:
             st.warning(f"The Ray cluster does not answer: {safe(info.problem)}", icon="🛰️")
         else:
             st.caption(f"Ray cluster: {ray_cluster.capacity_line(info)}. The job takes one CPU of a node.")
-    return place
+        gpus = st.number_input("GPUs on the node (0: it serves on the node's CPU)", min_value=0.0, max_value=64.0,
+                               value=0.0, step=1.0, key=f"serve_gpus_{run_id}",
+                               help="ray_gpus_per_worker: Ray places the server on a node with this many free GPUs.")
+        return place, float(gpus)
+    return place, 0.0
 
 
 def _job(orch: Orchestrator, job: RunRecord) -> None:

@@ -31,9 +31,7 @@ BASE = ModelSource(model=BUNDLED_MODEL)
 HASH = hash_key("k")
 RUN_ID = "20260101-000000-5e5e5e"
 HERE = "or run it on this host (launcher: local)"
-NO_CLUSTER = FieldError("launcher", "launcher: ray runs the job on the server's Ray cluster, and none is configured: "
-                                    "set RAY_ADDRESS (the cluster's dashboard, e.g. http://head:8265) in the server's "
-                                    f"environment, {HERE}")
+NO_CLUSTER = "launcher: ray runs the job on the server's Ray cluster, and none is configured: set RAY_ADDRESS"
 
 
 @pytest.fixture
@@ -57,11 +55,10 @@ def test_a_serve_job_on_ray_validates_with_a_cluster_and_shared_storage(shared):
 def test_every_missing_piece_of_a_ray_serve_job_is_named_with_its_fix(home, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
-    storage = FieldError("launcher", "launcher: ray: run folders must be on storage every node of the Ray cluster "
-                                     "mounts: set FINETUNE_STUDIO_SHARED_STORAGE to that path in the server's "
-                                     f"environment, with FINETUNE_STUDIO_HOME under it, {HERE}")
-    gpus = FieldError("gpu_ids", f"Ray places the job on the cluster: leave gpu_ids empty, {HERE}")
-    assert on_ray(gpu_ids=[0]).validate() == [NO_CLUSTER, storage, gpus]
+    cluster, storage, gpus = on_ray(gpu_ids=[0]).validate()  # the same checks as an eval's or export's (spec_problems)
+    assert cluster.field == "launcher" and cluster.message.startswith(NO_CLUSTER) and cluster.message.endswith(HERE)
+    assert storage.field == "launcher" and "FINETUNE_STUDIO_SHARED_STORAGE" in storage.message
+    assert gpus == FieldError("gpu_ids", f"Ray places the job on the cluster: leave gpu_ids empty, {HERE}")
     assert on_ray(launcher="slurm").validate() == [
         FieldError("launcher", "choose local or ray (this host, or the server's Ray cluster)")]
     assert on_ray(launcher="local").validate() == []
@@ -81,6 +78,26 @@ def test_a_bind_address_or_tls_file_a_node_cannot_have_is_refused(shared, tmp_pa
                                        f"{elsewhere / file} is not on the shared storage {paths.data_root()} "
                                        "(FINETUNE_STUDIO_SHARED_STORAGE): put it under it")
                       for name, file in (("tls_certfile", "cert.pem"), ("tls_keyfile", "key.pem"))]
+
+
+def test_gpus_on_the_node_are_asked_for_and_vllm_needs_them(shared, monkeypatch):
+    assert on_ray(engine="vllm").validate() == [FieldError(
+        "engine", "vLLM needs a GPU, and on the cluster the server gets one only when it asks: set ray_gpus_per_worker "
+                  "to 1, or use auto or transformers")]
+    assert on_ray(engine="vllm", ray_gpus_per_worker=1.0).validate() == []  # the node's CUDA, not this host's
+    assert [e.field for e in on_ray(ray_gpus_per_worker=-1.0).validate()] == ["ray_gpus_per_worker"]
+    assert on_ray(launcher="local", ray_gpus_per_worker=1.0).validate() == [FieldError(
+        "ray_gpus_per_worker", "only for launcher: ray (Ray gives the node's GPUs): on this host the job takes its GPU "
+                               "from gpu_ids; leave it 0")]
+    submitted = []
+    monkeypatch.setattr(ray_jobs, "job_client", lambda address: SimpleNamespace(
+        submit_job=lambda **kwargs: submitted.append(kwargs)))
+    run_dir = paths.run_dir("job-1")
+    run_dir.mkdir(parents=True)
+    ray_jobs.RayLauncher("http://head:8265").start(run_dir, on_ray(ray_gpus_per_worker=1.0))
+    [job] = submitted
+    assert (job["entrypoint_num_cpus"], job["entrypoint_num_gpus"]) == (1, 1.0)
+    assert job["entrypoint"].endswith(f"-m trainer_core.worker.ray_entry {run_dir}") and HASH not in json.dumps(job)
 
 
 # ---------------------------------------------------------------- the worker on its node
@@ -184,7 +201,7 @@ def test_the_cli_sends_serve_to_the_cluster(home, monkeypatch, capsys):
     finished_run()
     insert_finished_run(Store(), RUN_ID, "tone", [1.0, 0.5])
     assert cli(["serve", "tone", "--launcher", "ray"]) == 2
-    assert f"error: launcher: {NO_CLUSTER.message}" in capsys.readouterr().err
+    assert f"error: launcher: {NO_CLUSTER}" in capsys.readouterr().err
 
 
 def test_the_serve_panel_offers_the_cluster_and_shows_the_node(app_home, monkeypatch):
@@ -205,11 +222,12 @@ def test_the_serve_panel_offers_the_cluster_and_shows_the_node(app_home, monkeyp
     monkeypatch.setattr(Orchestrator, "start_server", start_server)
     at = open_page("pages/run.py", detail_run_id=RUN_ID)
     at.radio(key=f"serve_place_{RUN_ID}").set_value("ray").run()
+    at.number_input(key=f"serve_gpus_{RUN_ID}").set_value(1.0).run()
     assert not at.exception
     assert any("1 node(s) · GPUs: 1 free of 1 · CPUs: 3 free of 4" in c.value for c in at.caption)
     assert [w for w in at.warning if "cross the cluster's network unencrypted" in w.value]
     at.button(key=f"serve_start_{RUN_ID}").click().run()
-    assert [(k["launcher"], k["host"]) for k in started] == [("ray", "127.0.0.1")]
+    assert [(k["launcher"], k["host"], k["ray_gpus_per_worker"]) for k in started] == [("ray", "127.0.0.1", 1.0)]
 
 
 def test_a_serve_jobs_page_names_its_ray_node(app_home):

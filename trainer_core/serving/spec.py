@@ -251,6 +251,7 @@ class ServeSpec(JobSpec):
     # node's cluster address (host 127.0.0.1, the default) or every interface of the node (0.0.0.0), behind the same
     # key gate; endpoint.json in the job folder on the shared storage says where (docs/ray.md).
     launcher: str = "local"
+    ray_gpus_per_worker: float = 0.0  # launcher ray: the GPUs Ray gives the server on its node (0: it serves on CPU)
 
     def __post_init__(self) -> None:
         if self.sources and isinstance(self.sources[0], ModelSource):
@@ -331,6 +332,12 @@ class ServeSpec(JobSpec):
         elif self.engine == INFINITY and resolved and not embedders:
             errors.append(FieldError("engine", "infinity serves embedding models only: use auto, transformers or "
                                                "vllm"))
+        elif self.engine == VLLM and self.launcher == "ray":  # the node has the GPU, not this host
+            if not (isinstance(self.ray_gpus_per_worker, (int, float)) and self.ray_gpus_per_worker > 0):
+                errors.append(FieldError("engine", "vLLM needs a GPU, and on the cluster the server gets one only when "
+                                                   "it asks: set ray_gpus_per_worker to 1, or use auto or transformers"))
+            elif resolved and vllm_fits(resolved):
+                errors.append(FieldError("engine", vllm_fits(resolved) + "; use auto or transformers"))
         elif self.engine == VLLM:
             if not (hardware.cuda_available() and hardware.has_module("vllm")):
                 errors.append(FieldError("engine", "vLLM needs a CUDA GPU and the vllm extra "
@@ -345,6 +352,13 @@ class ServeSpec(JobSpec):
         """On the cluster: what spec_problems checks for every job (a cluster, the shared storage, no gpu_ids), a
         bind address a node can have, and TLS files the node can read. A serve job needs no secret (env_names)."""
         errors = ray_jobs.spec_problems(self)
+        gpus = self.ray_gpus_per_worker
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 <= gpus <= 64:
+            errors.append(FieldError("ray_gpus_per_worker", f"0 (the server runs on the node's CPU) or a number of GPUs "
+                                                            f"up to 64, not {gpus!r:.40}"))
+        elif gpus and self.launcher != "ray":
+            errors.append(FieldError("ray_gpus_per_worker", "only for launcher: ray (Ray gives the node's GPUs): on "
+                                                            "this host the job takes its GPU from gpu_ids; leave it 0"))
         if self.launcher != "ray":
             return errors
         if isinstance(self.host, str) and not (is_loopback(self.host) or self.host in WILDCARDS):
