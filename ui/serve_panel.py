@@ -15,7 +15,8 @@ from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import (DEFAULT_IDLE_S, DEFAULT_MAX_TOKENS_CAP, DEFAULT_REQUEST_TIMEOUT_S,
-                                      MAX_TOKENS_CAP_MAX, REQUEST_TIMEOUT_MAX_S, plain_http_warning)
+                                      MAX_TOKENS_CAP_MAX, REQUEST_TIMEOUT_MAX_S, CLUSTER_PLAIN_HTTP,
+                                      plain_http_warning)
 from ui import format as fmt
 from ui import ray_cluster
 from ui.auth import current_actor
@@ -24,9 +25,6 @@ from ui.text import code, safe
 HOSTS = {"127.0.0.1": "This machine only (127.0.0.1)", "0.0.0.0": "Every interface: teammates can call it (0.0.0.0)"}
 RAY_HOSTS = {"127.0.0.1": "The node's cluster address (where the dashboard reaches it)",
              "0.0.0.0": "Every interface of the node (0.0.0.0)"}
-RAY_PLAIN_HTTP = ("On the cluster the endpoint listens on a node's network address and speaks plain HTTP: the API key "
-                  "and every prompt and answer cross the cluster's network unencrypted. Give it a TLS certificate (its "
-                  "files on the shared storage) where that network is not trusted.")
 NEW_KEYS = "serve_new_keys"  # session state: job id -> API key, until the user says it is copied
 
 
@@ -76,7 +74,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                    help="With its key: the endpoint speaks HTTPS. The file must be under the data "
                                         "root or an allowed folder.")
         tls_key = key_col.text_input("TLS private key (PEM file)", key=f"serve_tls_key_{run.id}")
-        warning = "" if cert.strip() else RAY_PLAIN_HTTP if place == "ray" else plain_http_warning(host)
+        warning = "" if cert.strip() else CLUSTER_PLAIN_HTTP if place == "ray" else plain_http_warning(host)
         if warning:
             st.warning(safe(warning), icon="🔓")
         if not st.button("Start endpoint", icon="🔌", key=f"serve_start_{run.id}"):

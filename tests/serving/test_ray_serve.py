@@ -20,11 +20,12 @@ from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState
+from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
-from trainer_core.serving.spec import ServeSpec, hash_key
+from trainer_core.serving.spec import CLUSTER_PLAIN_HTTP, ServeSpec, hash_key
 from trainer_core.worker.serve import ServeWorker, listen_host
 
 BASE = ModelSource(model=BUNDLED_MODEL)
@@ -117,6 +118,8 @@ def test_the_worker_listens_on_its_nodes_address_and_records_the_node(tmp_path, 
         found = endpoint_file.read(tmp_path)
         assert (found.url, found.share_url, found.node) == ("http://10.0.0.7:43117/v1", "http://10.0.0.7:43117/v1",
                                                             "10.0.0.7 (aea91b764f34)")
+    warnings = [e.message for e in ev.read_new(tmp_path / "events.jsonl", 0)[0] if isinstance(e, ev.WarningEvent)]
+    assert warnings == [CLUSTER_PLAIN_HTTP] * 2  # the cluster's network, not "keep it on 127.0.0.1"
 
 
 class Handle(JobHandle):

@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from typing import Callable
-from urllib.parse import urlsplit
 
 from trainer_core.jobs import jobspec
 from trainer_core.config import ConfigError
@@ -22,7 +21,7 @@ from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling, ServeError, stream_chat
 from trainer_core.serving.endpoint import Endpoint
-from trainer_core.serving.spec import INFINITY, plain_http_warning
+from trainer_core.serving.spec import CLUSTER_PLAIN_HTTP, INFINITY, plain_http_warning
 
 READY_POLL_S = 0.25
 STOP_WAIT_S = 60.0
@@ -258,9 +257,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
         if warning:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         endpoint = wait_ready(orch, job_id)
-        if on_ray and not args.tls_cert and plain_http_warning(urlsplit(endpoint.url).hostname or ""):
-            # known once the job runs: the node Ray placed it on
-            print(f"warning: {plain_http_warning(urlsplit(endpoint.url).hostname or '')}", file=sys.stderr, flush=True)
+        if on_ray and not args.tls_cert:  # a node's network address, whichever node Ray picked
+            print(f"warning: {CLUSTER_PLAIN_HTTP}", file=sys.stderr, flush=True)
         print(f"URL:     {endpoint.share_url}" + (f"   (on this machine: {endpoint.url})"
                                                      if endpoint.share_url != endpoint.url else ""))
         if endpoint.node:

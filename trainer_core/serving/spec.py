@@ -88,6 +88,13 @@ def plain_http_warning(host: str) -> str:
             "and reach it through the studio's shared URL (make share) or an SSH tunnel.")
 
 
+# A server on a Ray node listens on the node's network address: the advice above (keep it on 127.0.0.1) does not apply.
+CLUSTER_PLAIN_HTTP = ("On the cluster the endpoint listens on a node's network address and speaks plain HTTP: the API "
+                      "key and every prompt and answer cross the cluster's network unencrypted. Give it a TLS "
+                      "certificate (tls_certfile and tls_keyfile, on the shared storage; --tls-cert/--tls-key on the "
+                      "CLI) where that network is not trusted.")
+
+
 def consumer_token() -> str:
     """This process as a serve job's consumer: "host:pid:start time" (pids are reused; the start time is not)."""
     return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"

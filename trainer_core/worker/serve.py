@@ -43,7 +43,7 @@ from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
 from trainer_core.serving import infinity_app
-from trainer_core.serving.spec import (INFINITY, VLLM, WILDCARDS, ServeSpec, adapter_rank, choose_serve_engine,
+from trainer_core.serving.spec import (CLUSTER_PLAIN_HTTP, INFINITY, VLLM, WILDCARDS, ServeSpec, adapter_rank, choose_serve_engine,
                                       consumer_gone, embed_python, embedding_folder, plain_http_warning, served_names)
 
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
@@ -350,8 +350,9 @@ class ServeWorker(JobWorker):
         endpoint_file.write(self.run_dir, url=url, models=models, engine=self.engine, pid=os.getpid(),
                             share_url=share_url, node=node)
         self.log(f"serving at {url}: {', '.join(names)}" + (f" on Ray node {node}" if node else ""))
-        if not spec.tls_certfile and plain_http_warning(self.host):
-            self.warn(plain_http_warning(self.host))
+        warning = CLUSTER_PLAIN_HTTP if spec.launcher == "ray" else plain_http_warning(self.host)
+        if not spec.tls_certfile and warning:
+            self.warn(warning)
         self.events.emit(ev.ServeReadyEvent(url=url, models={m["name"]: m["label"] for m in models},
                                             engine=self.engine))
 
