@@ -5,9 +5,11 @@ import streamlit as st
 
 from trainer_core.auth.access import Action, allowed
 from trainer_core.jobs.orchestrator import RunRefused
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
+from ui.ray_run import render_ray
 from ui.samples import render_samples, sampling_configured
 from ui.state import get_orchestrator
 from ui.text import safe
@@ -97,6 +99,7 @@ def live_panel() -> None:
     # The "Other metrics" picker is drawn in the fragment: keys the run logs later are offered at the next refresh
     render_live(latest, options, alerts=latest.alerts if latest else (),
                 resources=orch.resources(run_id) if shown_active else None, specs=specs, picker="live")
+    render_ray(paths.run_dir(run_id))  # a run on the Ray cluster: its job, and each rank's node once placed
     samples_panel()
     if shown_active and latest is not None and RunStatus(latest.status).is_terminal():
         st.rerun()  # the run just ended: redraw the whole page so Stop/Cancel go away

@@ -8,6 +8,7 @@ import streamlit as st
 import yaml
 
 from trainer_core.views.charts import LOSS_KEYS, line_metrics
+from trainer_core.protocol import paths
 from trainer_core.protocol.metrics import WIDE_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.views.run_rules import run_name
@@ -17,6 +18,7 @@ from ui.entry import require_entrypoint
 from ui.samples import render_samples, sampling_configured
 from ui.evaluation import render_evaluation
 from ui.export_panel import render_export
+from ui.ray_run import render_ray
 from ui.serve_panel import render_serve
 from ui.state import get_orchestrator
 from ui.text import code, safe
@@ -77,6 +79,7 @@ cols[5].metric("Started", fmt.ago(started), help=fmt.timestamp(started), border=
 
 log_tail = orch.log_tail(run.id) if status is RunStatus.FAILED else ""
 render_outcome(status, run.error, log_tail or run.log_tail, run.output_dir)
+render_ray(paths.run_dir(run.id))  # a job on the Ray cluster: its Ray job, and each rank's node
 
 notices = st.container()  # the non-finite warning and the alerts, once the metrics are read below
 events = orch.events(run.id)

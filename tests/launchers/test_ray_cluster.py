@@ -20,6 +20,7 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import JobState
 from trainer_core.launchers import ray as ray_jobs
+from trainer_core.launchers import ray_record
 from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.ray_entry import PLACEMENT_FILE
@@ -129,6 +130,9 @@ def test_two_workers_train_one_run_with_one_rank_on_each_node(studio, cluster, t
     log = studio.log_text(run_id)
     assert all(f"Ray: rank {p['rank']} on node {p['address']} ({p['node_id'][:12]}), GPUs none\n" in log
                for p in placement)
+    record = ray_record.read_record(paths.run_dir(run_id))  # what Live and Run details show
+    assert [(r.rank, r.node_id) for r in record.ranks] == [(p["rank"], p["node_id"]) for p in placement]
+    assert record.dashboard == f"{cluster}/#/jobs/{ray_jobs.submission_id(run_id)}"
     assert job_of(cluster, run_id).status == "SUCCEEDED"
 
 

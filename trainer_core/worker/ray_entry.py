@@ -36,15 +36,13 @@ from types import SimpleNamespace
 
 from trainer_core.jobs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
+from trainer_core.launchers.ray_record import PLACEMENT_FILE, RESTARTS_FILE  # read by the pages too
 from trainer_core.planning.parallel import NPROC_ENV
 from trainer_core.protocol import events as ev, files, paths, secret_file
 from trainer_core.protocol.status import JobKind, read_kind
 from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
 from trainer_core.worker import ranks
 from trainer_core.worker.ray_placement import PlacementWatch
-
-PLACEMENT_FILE = "ray_ranks.json"
-RESTARTS_FILE = "ray_restarts.jsonl"  # one line per restart of the workers: which rank and node were lost, when
 
 
 def main(argv: list[str]) -> int:
