@@ -5,6 +5,7 @@ studio: both files published, hashed and verified (text answers, projector tenso
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -170,15 +171,22 @@ def test_a_tiny_idefics3_trains_and_exports_a_verified_gguf_with_its_mmproj(stud
     with capsys.disabled():
         print("\nvision gguf verify:", "; ".join(f"{v['format']} {v['identical']}/{v['total']}" for v in verify),
               {n: a.size for n, a in artifacts.items()})
-    assert [v["format"] for v in verify] == ["merged", "gguf f16", "mmproj idefics3 tensors"]
+    llama_cpp = ["gguf f16 (llama.cpp)", "gguf f16 + mmproj (llama.cpp)"] if importlib.util.find_spec("xllamacpp") else []
+    assert [v["format"] for v in verify] == ["merged", "gguf f16", *llama_cpp[:1], "mmproj idefics3 tensors",
+                                             *llama_cpp[1:]]
+    if llama_cpp:  # the llamacpp extra: llama.cpp itself answers the text prompts, and the image rows with the pair
+        text, images = verify.pop(2), verify.pop(-1)
+        assert (text["total"], images["total"]) == (2, 4)
+        with capsys.disabled():
+            print("llama.cpp:", text, images)
     assert verify[0]["total"] == 4 and verify[0]["identical"] >= 3  # the run's own image rows, float16 weights
     assert (verify[1]["identical"], verify[1]["total"]) == (2, 2)  # f16 GGUF = the float16 merged weights
     # 1 patch embedding (weight, bias), positions, 16 encoder tensors, 2 post norms, 1 connector projection
     assert verify[2] == {"format": "mmproj idefics3 tensors", "identical": 22, "total": 22, "first_difference": "",
                          "unit": "equal to the merged model's vision weights (22 in the same order)"}
     timeline = [e.message for e in studio.events(job_id) if e.kind == "verify"]
-    assert timeline[2] == ("verify mmproj idefics3 tensors: 22/22 equal to the merged model's vision weights "
-                           "(22 in the same order)")
+    assert ("verify mmproj idefics3 tensors: 22/22 equal to the merged model's vision weights (22 in the same "
+            "order)") in timeline
     card = (out / "README.md").read_text()
     assert "| mmproj idefics3 tensors | 22/22 | — |" in card  # the card lists the pair and how llama.cpp runs it
     assert "- `mmproj-shapes-vlm-f16.gguf`: llama\\.cpp\\'s vision projector \\(f16\\) for shapes\\-vlm\\-f16\\.gguf\\: " \

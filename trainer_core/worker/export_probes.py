@@ -168,3 +168,52 @@ def llama_cpp_answers(gguf: Path, prompts: list[str], max_new_tokens: int) -> li
         raise ExportError(f"llama.cpp cannot run the GGUF {gguf.name} ({type(exc).__name__}: {str(exc)[:300]}): "
                           "the export failed and nothing was published") from None
 
+
+
+def llama_cpp_image_answers(gguf: Path, mmproj: Path, prompts: list[tuple[list[dict], list]],
+                            max_new_tokens: int) -> list[str]:
+    """Greedy answers of llama.cpp itself (xllamacpp) to a vision run's (turns, images), the language GGUF run with
+    its mmproj projector: each image goes in as a PNG data URL where its part stands, under the GGUF's own template."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(gguf)
+    params.mmproj.path = str(mmproj)
+    params.n_ctx = 2048
+    params.n_predict = max_new_tokens
+    try:
+        server = xllamacpp.Server(params)
+        results = [server.handle_chat_completions({"messages": llama_cpp_messages(turns, images),
+                                                   "max_tokens": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                                                   "cache_prompt": False}) for turns, images in prompts]
+        return [r["choices"][0]["message"]["content"] for r in results]
+    except Exception as exc:  # noqa: BLE001 - llama.cpp refusing the pair fails the export, with its reason
+        raise ExportError(f"llama.cpp cannot run the GGUF {gguf.name} with its projector {mmproj.name} "
+                          f"({type(exc).__name__}: {str(exc)[:300]}): the export failed and nothing was "
+                          "published") from None
+
+
+def llama_cpp_messages(turns: list[dict], images: list) -> list[dict]:
+    """OpenAI-style messages for llama.cpp: the run's image parts, in order, as PNG data URLs."""
+    import base64
+    import io
+
+    from trainer_core.worker.vision import load_image
+
+    pictures = iter(images)
+    messages = []
+    for turn in turns:
+        content = turn.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.get("type") == "image":
+                    png = io.BytesIO()
+                    load_image(next(pictures)).save(png, format="PNG")
+                    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode("ascii")
+                    parts.append({"type": "image_url", "image_url": {"url": url}})
+                elif part.get("type") == "text":
+                    parts.append({"type": "text", "text": part.get("text", "")})
+            content = parts
+        messages.append({"role": turn.get("role", "user"), "content": content})
+    return messages

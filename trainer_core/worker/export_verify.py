@@ -10,7 +10,8 @@ from trainer_core.tryout import promptsets
 from trainer_core.protocol import events as ev
 from trainer_core.worker.export_plan import ExportError, Plan
 from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedding_texts, generate, generate_ids,
-                                               has_llama_cpp, llama_cpp_answers, processor_prompt, speak_sentences,
+                                               has_llama_cpp, llama_cpp_answers, llama_cpp_image_answers,
+                                               processor_prompt, speak_sentences,
                                                speech_clips, transcribe_clip, vision_prompts)
 
 # A vision model's language GGUF is compared with the merged model (itself compared with the adapter on image rows).
@@ -142,6 +143,15 @@ class Verification:
         if ggufs:
             self.verify_vision_gguf(plan, merged, merged_processor, ggufs)
             self.verify_mmproj(plan)
+            mmproj = next((s for s in plan.staged if s.artifact == "mmproj"), None)
+            if has_llama_cpp() and mmproj is not None:  # the pair as llama.cpp runs it, on the run's image rows
+                expected = [merged_processor.tokenizer.decode(a, skip_special_tokens=True) for a in answers]
+                for item in ggufs:
+                    self.check_control()
+                    said = llama_cpp_image_answers(plan.staging / item.name, plan.staging / mmproj.name, prompts,
+                                                   plan.spec.max_new_tokens)
+                    result = compare_texts(f"gguf {item.detail} + mmproj (llama.cpp)", names, expected, said)
+                    self.report_verify(plan, {**result, "unit": "image answers identical to the merged model's"})
 
     def verify_vision_gguf(self, plan: Plan, merged, processor, ggufs: list) -> None:
         """A vision-language model's language GGUF, loaded back with its own tokenizer, answers the prompt set's text
