@@ -25,12 +25,11 @@ from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
 from trainer_core.evaluation.spec import DEFAULT_METRICS, DEFAULT_RUBRIC, METRICS, EvalSpec
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
-from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 from ui.form import UPLOAD_TYPES
-from ui.ray_cluster import PLACES
+from ui.ray_run import job_place
 from ui.text import code, safe
 
 # metric key -> (label, higher is better)
@@ -386,7 +385,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                               key=K + "tasks")
     baseline = st.checkbox("Compare with the base model (computed once per test data and settings)", value=True,
                            key=K + "baseline", disabled=which == "base")
-    launcher = job_place(K + "launcher", "eval")
+    launcher = job_place(K + "launcher", "eval", "; its test file must be readable there too")
     if not st.button("Start evaluation", type="primary", icon="🧪", key=K + "start"):
         return
     data, problem = _data_value(data_kind, run.id)
@@ -414,16 +413,6 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         return
     st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
                icon="🧪")
-
-
-def job_place(key: str, what: str) -> str:
-    """"local" or "ray": where an eval or export job runs, offered when the server has a Ray cluster (the job is
-    then a single-worker Ray job, its folder on the shared storage: docs/ray.md)."""
-    if not ray_jobs.server_addresses():
-        return "local"
-    return st.radio("Where to run", list(PLACES), format_func=PLACES.get, horizontal=True, key=key,
-                    help=f"The Ray cluster: the {what} runs as a single-worker Ray job on a node of the server's "
-                         "cluster, its files on the shared storage; its test file must be readable there too")
 
 
 def _method(run_id: str) -> str:

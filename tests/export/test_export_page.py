@@ -111,3 +111,18 @@ def test_a_vision_run_is_offered_merged_alone(app_home, tmp_path):
     (tmp_path / "vlm" / "config.json").write_text(
         '{"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": {}}')
     assert default_targets({"method": "sft", "model_name": str(tmp_path / "vlm")}) == ["merged"]
+
+
+def test_with_a_cluster_the_form_offers_it_and_the_job_carries_launcher_ray(exported, monkeypatch):
+    at = open_page("pages/run.py", detail_run_id=RUN)
+    assert not [r for r in at.radio if r.key == f"export_launcher_{RUN}"]  # no cluster: nothing to choose
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    at = open_page("pages/run.py", detail_run_id=RUN)
+    at.radio(key=f"export_launcher_{RUN}").set_value("ray").run()
+    at.multiselect(key=f"export_targets_{RUN}").set_value(["adapter"])
+    at.button(key=f"export_start_{RUN}").click().run()
+    # the spec went to the cluster's checks: the run folders are not on storage the nodes share
+    assert any(e.value.startswith("launcher: launcher: ray: run folders must be on storage every node") for e in at.error), \
+        [e.value for e in at.error]
+    assert [r.id for r in exported.children(RUN)] == [JOB]  # nothing was recorded
