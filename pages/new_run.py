@@ -250,14 +250,16 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     if cfg.batch_size < 1 or cfg.max_seq_length < 1:
         st.caption("Set a batch size and a max sequence length of at least 1 to see the estimate.")
         return
-    device = "cuda" if hardware.cuda_available() else "cpu"
+    if cfg.launcher == "ray":  # the workers train on the cluster's nodes: their GPU or RAM, not this host's
+        device, dev = ray_cluster.worker_device(cfg)
+    else:
+        device, dev = ("cuda" if hardware.cuda_available() else "cpu"), memory.device_memory(cfg)
     shown = form.current_preview(st.session_state, cfg)
     longest = max(shown.lengths) if shown is not None and shown.lengths else None
     # On a Ray cluster num_processes is the number of workers (0 or 1: one), never this host's GPU count.
     processes = max(cfg.num_processes, 1) if cfg.launcher == "ray" else parallel.process_count(cfg)
-    engine = engines.choose_engine(processes)
+    engine = engines.choose_engine(processes) if device == "cuda" else memory.TRANSFORMERS
     est = memory.estimate_memory(info, cfg, device, longest_row=longest, engine=engine)
-    dev = memory.device_memory(cfg)
     table_col, fit_col = st.columns([2, 3])
     table = pd.DataFrame([(part, f"{gb:.2f}") for part, gb in est.rows()], columns=["part", "GB"])
     table_col.dataframe(table, hide_index=True, width="stretch")
@@ -266,7 +268,7 @@ def memory_panel(info: model_info.ModelInfo | None, cfg: TrainConfig | None) -> 
     sized = (f"sized from the longest row in the preview ({longest:,} tokens)" if longest and not cfg.packing
              else f"assuming rows of max_seq_length={cfg.max_seq_length}; Preview data sizes it from your data")
     fit_col.caption(f"{dev.label}: {free} · {est.trainable_params:,} trainable parameters · {sized} · "
-                    f"{engine} engine, per process")
+                    f"{engine} engine, per {'Ray worker' if cfg.launcher == 'ray' else 'process'}")
     fit_col.caption(f"{processes} data-parallel process(es): global batch {parallel.global_batch(cfg, processes):,} "
                     f"rows per step (batch {cfg.batch_size} × accumulation {cfg.gradient_accumulation_steps} × "
                     f"{processes})")

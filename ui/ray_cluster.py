@@ -12,7 +12,9 @@ import pandas as pd
 import streamlit as st
 
 from trainer_core.config import RAY_ADDRESS_ENV, SHARED_STORAGE_ENV, TrainConfig, ray_address_problem
-from trainer_core.launchers import ray as ray_jobs
+from trainer_core.launchers import ray as ray_jobs, ray_nodes
+from trainer_core.planning.memory import DeviceMemory
+from trainer_core.planning.ray_memory import NodeMemory
 from ui.form import K
 from ui.text import safe
 
@@ -112,6 +114,19 @@ def where_to_run(help_text=TrainConfig.help) -> None:
                                   key=K + "ray_max_failures", help=help_text("ray_max_failures"))
     capacity_panel(state.get(K + "ray_address", "") or own,
                    int(state.get(K + "num_processes") or 1), float(state.get(K + "ray_gpus_per_worker") or 0.0))
+
+
+@st.cache_data(ttl=CAPACITY_TTL_S, max_entries=8, show_spinner="Asking the Ray cluster for its nodes' memory...")
+def cached_cluster_memory(address: str) -> tuple[list[NodeMemory], str]:
+    return ray_nodes.cluster_memory(address)
+
+
+def worker_device(cfg: TrainConfig) -> tuple[str, DeviceMemory]:
+    """New run's memory estimate of a run on the cluster is for one Ray worker's device: "cuda" or "cpu" and the
+    GPU or RAM of the node that gives a worker the least (its label names the node and the GPU)."""
+    address = ray_nodes.run_address(cfg)
+    nodes, problem = cached_cluster_memory(address) if address else ([], "no cluster this server may use")
+    return ray_nodes.worker_device(cfg, nodes, problem)
 
 
 def capacity_panel(address: str, workers: int, gpus_per_worker: float) -> None:

@@ -1,9 +1,11 @@
 """A Ray run the cluster cannot place yet shows "waiting for the cluster: needs N, M free" on a real local cluster
 (tests/ray_support.py: two nodes of one CPU each): three workers wait for a third CPU until Cancel ends them; a
 single-worker run waits while two other jobs hold both CPUs, and starts by itself and trains once one of them
-ends. Skips without ray."""
+ends. The same cluster's nodes give New run's estimate of CPU workers its memory (their RAM as Ray's dashboard
+reports it; the GPU path is tests/launchers/test_ray_worker_memory.py). Skips without ray."""
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from tests.ray_support import local_cluster
@@ -11,7 +13,8 @@ from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core.__main__ import _status_text
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.launchers import ray as ray_jobs
+from trainer_core.launchers import ray as ray_jobs, ray_nodes
+from trainer_core.planning import memory
 from trainer_core.planning import hardware
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
@@ -100,3 +103,18 @@ def test_a_single_worker_waits_while_the_cpus_are_taken_and_starts_when_one_is_f
     timeline = [e.message for e in studio.events(run_id) if e.kind == "status"]
     waited = timeline.index("Starting: waiting for the cluster: needs 1 CPU, 0 free")
     assert any(m.startswith("Starting: ") and "waiting" not in m for m in timeline[waited + 1:])  # the wait ended
+
+
+def test_cpu_workers_are_estimated_against_the_ram_the_cluster_nodes_report(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", cluster)
+
+    def reported():  # Ray's reporter agent on each node sends its first reading a few seconds after the start
+        nodes, problem = ray_nodes.cluster_memory(cluster)
+        assert problem == ""
+        return nodes if len(nodes) == 2 and all(n.ram_total_gb > 0 for n in nodes) else None
+    wait_until(reported, timeout=60, what="both nodes' memory on Ray's dashboard")
+    device, dev = ray_nodes.run_worker_device(TrainConfig(launcher="ray", num_processes=3))
+    ram = psutil.virtual_memory()  # the two nodes are this machine: the same RAM as Ray reads it (psutil)
+    named = {f"RAM of Ray node {n.address} ({n.node_id[:12]})" for n in ray_jobs.cluster_info(cluster).nodes}
+    assert device == "cpu" and dev.label in named  # one CPU each: not shared with another worker
+    assert dev.total_gb == ram.total / memory.GB and 0 < dev.free_gb <= dev.total_gb

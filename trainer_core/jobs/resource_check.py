@@ -11,6 +11,7 @@ import math
 
 from trainer_core.planning import hardware, memory, model_info
 from trainer_core.config import FieldError, TrainConfig
+from trainer_core.launchers import ray_nodes
 
 CLEARLY_OVER = 2.0
 FIELD = "memory"  # not one field: the estimate depends on several; the message names the ones to change
@@ -24,9 +25,11 @@ def memory_problems(cfg: TrainConfig) -> list[FieldError]:
         info = model_info.inspect_model(cfg.model_name, token=cfg.hf_token or None)
     except model_info.ModelInfoError:
         return []  # nothing to estimate from (an unreachable hub id): the run reports what happens
-    device = "cuda" if hardware.cuda_available() else "cpu"
+    if cfg.launcher == "ray":  # the workers' nodes, not this host (unknown when the cluster does not say: not refused)
+        device, dev = ray_nodes.run_worker_device(cfg)
+    else:
+        device, dev = ("cuda" if hardware.cuda_available() else "cpu"), memory.device_memory(cfg)
     est = memory.estimate_memory(info, cfg, device)
-    dev = memory.device_memory(cfg)
     if not math.isfinite(dev.total_gb) or est.total_gb <= CLEARLY_OVER * dev.total_gb:
         return []
     _, verdict = memory.fit_message(est, dev, cfg, info)  # the estimate and what to lower, as the form shows it
