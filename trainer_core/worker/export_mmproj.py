@@ -7,7 +7,8 @@ vision tower and projector weights: the converter renames them, may reorder a te
 for Llama's attention heads) and stores them as f16 (matrices) or f32 (norms, biases, embeddings). So each mmproj
 tensor is matched to a merged tensor holding exactly the same values once cast to the mmproj tensor's type: the same
 values in the same order ("exact"), or the same multiset of values (sorted, compared element for element:
-"permuted"). Every merged vision tensor must find one mmproj tensor and every mmproj tensor one merged tensor."""
+"permuted"). Every merged vision tensor must find one mmproj tensor and every mmproj tensor one merged tensor. Both
+files are read with numpy alone (no torch)."""
 from __future__ import annotations
 
 import hashlib
@@ -83,17 +84,34 @@ def read_mmproj(path: Path) -> tuple[str, dict[str, object]]:
     return projector, tensors
 
 
+SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+
+
 def merged_vision_tensors(folder: Path) -> dict[str, object]:
-    """The merged model's vision tower and projector weights as float32 numpy arrays (safetensors shards read
-    with torch, as bfloat16 has no numpy type)."""
-    from safetensors import safe_open
+    """The merged model's vision tower and projector weights as float32 numpy arrays, read straight from the
+    safetensors shards (an 8-byte header length, a JSON header of dtype, shape and byte offsets, then the data):
+    bfloat16, which numpy has no type for, is widened by shifting its 16 bits into a float32's high half."""
+    import json
+
+    import numpy as np
 
     found = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as fh:
-            for key in fh.keys():
-                if any(part in key for part in VISION_PARTS):
-                    found[key] = fh.get_tensor(key).float().numpy()
+        with open(shard, "rb") as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(length))
+            for key, info in header.items():
+                if key == "__metadata__" or not any(part in key for part in VISION_PARTS):
+                    continue
+                if info["dtype"] not in SAFETENSORS_DTYPES:
+                    raise ExportError(f"the merged model's {key} is {info['dtype']}: the mmproj check reads 16- and "
+                                      "32-bit float weights only")
+                start, end = info["data_offsets"]
+                fh.seek(8 + length + start)
+                values = np.frombuffer(fh.read(end - start), dtype=SAFETENSORS_DTYPES[info["dtype"]])
+                if info["dtype"] == "BF16":
+                    values = (values.astype(np.uint32) << 16).view(np.float32)
+                found[key] = values.astype(np.float32).reshape(info["shape"])
     return found
 
 
