@@ -385,7 +385,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                               key=K + "tasks")
     baseline = st.checkbox("Compare with the base model (computed once per test data and settings)", value=True,
                            key=K + "baseline", disabled=which == "base")
-    launcher = job_place(K + "launcher", "eval", "; its test file must be readable there too")
+    launcher, gpus = job_place(K + "launcher", "eval", "; its test file must be readable there too")
     if not st.button("Start evaluation", type="primary", icon="🧪", key=K + "start"):
         return
     data, problem = _data_value(data_kind, run.id)
@@ -403,7 +403,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                         baseline=bool(baseline) and which != "base",
                         batch_size=32 if "retrieval" in metrics else EvalSpec.batch_size,  # texts encoded together
                         reward_run=run.id if "reward" in metrics else "",  # the base model scored with its rewards
-                        launcher=launcher)
+                        launcher=launcher, ray_gpus_per_worker=gpus)
         job_id, baseline_id = orch.start_eval(spec, actor=actor)
     except ConfigError as exc:
         st.error("  \n".join(f"**{safe(e.field)}**: {safe(e.message)}" for e in exc.errors))

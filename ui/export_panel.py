@@ -134,15 +134,15 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
             help="Without it, a repo id that already exists on the hub is refused. With it, the push goes into an "
                  "existing repo " + ("(as an admin: any repo the token can write)." if admin else
                                      "only if Finetune Studio created it (its model card says so)."))
-        launcher = job_place(f"export_launcher_{run.id}", "export",
-                             "; the artifacts land in the job folder there")
+        launcher, gpus = job_place(f"export_launcher_{run.id}", "export",
+                                   "; the artifacts land in the job folder there")
         if not st.button("Start export", icon="📦", key=f"export_start_{run.id}"):
             return
         spec = ExportSpec(source=jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
                           targets=targets, quantizations=quants, merged_dtype=dtype, verify=verify,
                           prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private,
                           push_update=update and bool(repo.strip()),
-                          push_update_any=update and admin and bool(repo.strip()), launcher=launcher)
+                          push_update_any=update and admin and bool(repo.strip()), launcher=launcher, ray_gpus_per_worker=gpus)
         try:
             job_id = orch.submit(spec, actor=current_actor())
         except ConfigError as exc:

@@ -18,14 +18,22 @@ from ui.text import code
 PLACES = {"local": "This host", "ray": "The Ray cluster"}
 
 
-def job_place(key: str, what: str, more: str = "") -> str:
-    """"local" or "ray": where an eval or export job runs, offered when the server has a Ray cluster (the job is
-    then a single-worker Ray job, its folder on the shared storage: docs/ray.md)."""
+def job_place(key: str, what: str, more: str = "") -> tuple[str, float]:
+    """("local" or "ray", GPUs on the node): where an eval or export job runs, offered when the server has a Ray
+    cluster (the job is then a single-worker Ray job, its folder on the shared storage: docs/ray.md), and the GPUs
+    Ray gives it there (a job that asks for none sees none on its node)."""
     if not server_cluster():  # eval and export jobs go to the server's own cluster
-        return "local"
-    return st.radio("Where to run", list(PLACES), format_func=PLACES.get, horizontal=True, key=key,
-                    help=f"The Ray cluster: the {what} runs as a single-worker Ray job on a node of the server's "
-                         f"cluster, its files on the shared storage{more}")
+        return "local", 0.0
+    cols = st.columns([2, 1])
+    where = cols[0].radio("Where to run", list(PLACES), format_func=PLACES.get, horizontal=True, key=key,
+                          help=f"The Ray cluster: the {what} runs as a single-worker Ray job on a node of the "
+                               f"server's cluster, its files on the shared storage{more}")
+    if where != "ray":
+        return "local", 0.0
+    gpus = cols[1].number_input("GPUs on the node (0: its CPU)", min_value=0.0, max_value=float(ray_jobs.RAY_GPUS_MAX),
+                                step=1.0, key=key + "_gpus",
+                                help="ray_gpus_per_worker: Ray places the job on a node with this many free GPUs")
+    return "ray", float(gpus)
 
 
 def ranks_frame(ranks: tuple[ray_record.RankPlace, ...]) -> pd.DataFrame:

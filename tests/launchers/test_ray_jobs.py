@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,6 +114,26 @@ def test_a_ray_job_goes_to_the_servers_cluster_and_never_waits_for_this_hosts_de
     monkeypatch.delenv("RAY_ADDRESS")  # the server lost its cluster while the job was queued
     with pytest.raises(OSError, match="launcher: ray: no Ray cluster is configured: set RAY_ADDRESS"):
         PlacingLauncher(WorkerLauncher()).start(run_dir, spec)
+
+
+def test_an_eval_or_export_on_ray_asks_for_the_gpus_it_names_on_its_node(shared, monkeypatch):
+    finished_run()
+    submitted = []
+    monkeypatch.setattr(ray_jobs, "job_client", lambda address: SimpleNamespace(
+        submit_job=lambda **kwargs: submitted.append(kwargs)))
+    for i, spec in enumerate((export_on_ray(ray_gpus_per_worker=1.0), eval_on_ray(shared, ray_gpus_per_worker=2.0),
+                              export_on_ray())):
+        assert spec.validate() == []
+        run_dir = paths.run_dir(f"job-{i}")
+        run_dir.mkdir(parents=True)
+        ray_jobs.RayLauncher("http://head:8265").start(run_dir, spec)
+    # none named: Ray gives the job no GPU (it runs on the node's CPU)
+    assert [(j["entrypoint_num_cpus"], j["entrypoint_num_gpus"]) for j in submitted] == [(1, 1.0), (1, 2.0), (1, None)]
+    for bad in (-1.0, float("nan"), float("inf"), 65.0, True, "1"):
+        assert [e.field for e in export_on_ray(ray_gpus_per_worker=bad).validate()] == ["ray_gpus_per_worker"], bad
+    assert export_on_ray(launcher="local", ray_gpus_per_worker=1.0).validate() == [FieldError(
+        "ray_gpus_per_worker", "only for launcher: ray (Ray gives the node's GPUs): on this host the job takes its GPU "
+                               "from gpu_ids; leave it 0")]
 
 
 def test_the_orchestrator_refuses_a_ray_export_before_recording_it(home, store, monkeypatch):

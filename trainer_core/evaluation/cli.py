@@ -48,6 +48,8 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object with a key per metric")
     parser.add_argument("--launcher", choices=("local", "ray"), default="local",
                         help="ray: a single-worker Ray job on the server's cluster (RAY_ADDRESS; docs/ray.md)")
+    parser.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
+                        help="with --launcher ray: the GPUs Ray gives the job on its node (default 0: its CPU)")
     parser.set_defaults(func=lambda args: cmd_eval(args, find, actor_of))
 
 
@@ -73,7 +75,8 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
                             max_samples=args.max_samples, max_new_tokens=args.max_new_tokens, lm_eval_tasks=args.lm_eval,
                             baseline=not (args.no_baseline or args.base),
                             # `--base --metrics reward`: the base model scored with RUN's rewards
-                            reward_run=run.id if args.base else "", launcher=args.launcher)
+                            reward_run=run.id if args.base else "", launcher=args.launcher,
+                            ray_gpus_per_worker=args.ray_gpus)
             actor = actor_of(orch.store)
             started = evals.submit(orch, spec, actor)
         except ConfigError as exc:

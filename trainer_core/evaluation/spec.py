@@ -87,6 +87,7 @@ class EvalSpec(JobSpec):
     # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), its job folder on
     # the shared storage (docs/ray.md). A judge with an API key runs on this host only: the key never goes to Ray.
     launcher: str = "local"
+    ray_gpus_per_worker: float = 0.0  # launcher ray: the GPUs Ray gives the job on its node (0: it runs on the CPU)
 
     @property
     def dataset_label(self) -> str:

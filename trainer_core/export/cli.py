@@ -46,6 +46,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "refused")
     export.add_argument("--launcher", choices=("local", "ray"), default="local",
                         help="ray: a single-worker Ray job on the server's cluster (RAY_ADDRESS; docs/ray.md)")
+    export.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
+                        help="with --launcher ray: the GPUs Ray gives the job on its node (default 0: its CPU)")
     return export
 
 
@@ -64,7 +66,7 @@ def build_spec(args, run_id: str, actor: Actor | None = None) -> ExportSpec:
                       verify=args.verify, prompt_set=args.prompt_set, push_repo_id=args.push or "",
                       push_private=not args.public, push_update=args.update_existing,
                       push_update_any=args.update_existing and actor is not None and actor.role is Role.ADMIN,
-                      launcher=args.launcher)
+                      launcher=args.launcher, ray_gpus_per_worker=args.ray_gpus)
 
 
 def cmd_export(args, find: Callable, actor_for: Callable) -> int:

@@ -84,6 +84,7 @@ class ExportSpec(JobSpec):
     # "local": on this host; "ray": a single-worker Ray job on the server's cluster (RAY_ADDRESS), the artifacts in
     # the job folder on the shared storage (docs/ray.md). A hub push runs on this host only: HF_TOKEN never goes to Ray.
     launcher: str = "local"
+    ray_gpus_per_worker: float = 0.0  # launcher ray: the GPUs Ray gives the job on its node (0: it runs on the CPU)
 
     @property
     def model_label(self) -> str:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from trainer_core.config import TrainConfig
     from trainer_core.jobs.jobspec import JobSpec
 
+RAY_GPUS_MAX = 64  # GPUs one job's worker may ask Ray for
 JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster it was submitted to
 GPUS_ENV = "FINETUNE_STUDIO_RAY_GPUS_PER_WORKER"  # read by trainer_core.worker.ray_entry
 MAX_FAILURES_ENV = "FINETUNE_STUDIO_RAY_MAX_FAILURES"  # config ray_max_failures, read by trainer_core.worker.ray_entry
@@ -101,15 +102,23 @@ def shared_storage_problem(folder: Path) -> str:
 def spec_problems(spec: JobSpec) -> list[FieldError]:
     """What keeps a job spec's ``launcher`` (eval, export, serve) from working: an unknown value, or for ``ray``: no
     ray, no cluster configured (the server's RAY_ADDRESS, as for training), run folders off the shared storage, or
-    GPUs named (Ray places the job). A secret the job needs (``env_names``: a hub push's HF_TOKEN, a judge's key)
-    goes through its run folder, never Ray's job table (``job_secrets``)."""
+    GPUs named (Ray places the job); and ``ray_gpus_per_worker``, the GPUs Ray gives the job on its node (a job that
+    asks for none sees none there: it runs on the node's CPU). A secret the job needs (``env_names``: a hub push's
+    HF_TOKEN, a judge's key) goes through its run folder, never Ray's job table (``job_secrets``)."""
     launcher = getattr(spec, "launcher", "local")
     if launcher not in LAUNCHERS:
         return [FieldError("launcher", f"choose {' or '.join(LAUNCHERS)} (this host, or the server's Ray cluster)")]
-    if launcher != "ray":
-        return []
-    here = "or run it on this host (launcher: local)"
     errors = []
+    gpus = getattr(spec, "ray_gpus_per_worker", 0.0)
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 <= gpus <= RAY_GPUS_MAX:
+        errors.append(FieldError("ray_gpus_per_worker", f"0 (the job runs on the node's CPU) or a number of GPUs up "
+                                                        f"to {RAY_GPUS_MAX}, not {gpus!r:.40}"))
+    elif gpus and launcher != "ray":
+        errors.append(FieldError("ray_gpus_per_worker", "only for launcher: ray (Ray gives the node's GPUs): on this "
+                                                        "host the job takes its GPU from gpu_ids; leave it 0"))
+    if launcher != "ray":
+        return errors
+    here = "or run it on this host (launcher: local)"
     if importlib.util.find_spec("ray") is None:
         errors.append(FieldError("launcher", f"launcher: ray needs ray, which is not installed: pip install -e "
                                              f"'.[ray]', {here}"))

@@ -358,14 +358,7 @@ class ServeSpec(JobSpec):
     def _ray_errors(self) -> list[FieldError]:
         """On the cluster: what spec_problems checks for every job (a cluster, the shared storage, no gpu_ids), a
         bind address a node can have, and TLS files the node can read. A serve job needs no secret (env_names)."""
-        errors = ray_jobs.spec_problems(self)
-        gpus = self.ray_gpus_per_worker
-        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 <= gpus <= 64:
-            errors.append(FieldError("ray_gpus_per_worker", f"0 (the server runs on the node's CPU) or a number of GPUs "
-                                                            f"up to 64, not {gpus!r:.40}"))
-        elif gpus and self.launcher != "ray":
-            errors.append(FieldError("ray_gpus_per_worker", "only for launcher: ray (Ray gives the node's GPUs): on "
-                                                            "this host the job takes its GPU from gpu_ids; leave it 0"))
+        errors = ray_jobs.spec_problems(self)  # ray_gpus_per_worker too
         if self.launcher != "ray":
             return errors
         if isinstance(self.host, str) and not (is_loopback(self.host) or self.host in WILDCARDS):
