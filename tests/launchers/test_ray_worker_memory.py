@@ -13,12 +13,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is a fixture
+from tests import test_new_run
 from trainer_core.config import TrainConfig
 from trainer_core.jobs import resource_check
 from trainer_core.launchers import ray as ray_jobs, ray_nodes
 from trainer_core.planning import memory, model_info
 from trainer_core.planning.ray_memory import NodeMemory, worker_memory
+
+fakes = test_new_run.fakes  # the New run page's fixture: model facts and the preview faked
 
 MIB = 1024 * 1024
 GB = 1e9
@@ -149,16 +151,16 @@ def test_a_cluster_that_does_not_answer_leaves_the_workers_memory_unknown(monkey
     assert dev.label.startswith("a Ray worker's RAM (http://127.0.0.1:9 did not report its nodes' memory (URLError")
 
 
-def test_new_run_shows_the_estimate_for_a_ray_workers_gpu_and_the_global_batch_of_its_workers(fakes, dashboard,  # noqa: F811
+def test_new_run_shows_the_estimate_for_a_ray_workers_gpu_and_the_global_batch_of_its_workers(fakes, dashboard,
                                                                                                monkeypatch):
     monkeypatch.setattr(ray_jobs, "cluster_info", lambda address, timeout_s=10.0: ray_jobs.ClusterInfo(address))
     fakes.free_gb = 0.5  # this host's memory, which must not be what the estimate is judged on
-    at = open_page(nr_launcher="ray", nr_ray_gpus_per_worker=1.0, nr_num_processes=2, nr_batch_size=3)
+    at = test_new_run.open_page(nr_launcher="ray", nr_ray_gpus_per_worker=1.0, nr_num_processes=2, nr_batch_size=3)
     assert "Estimated need on CUDA" in {m.label for m in at.metric}
-    captions = texts(at, "caption")
+    captions = test_new_run.texts(at, "caption")
     assert any(c.startswith("NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb): 23.1 GB free of 24.1 GB · ") and
                c.endswith("engine, per Ray worker") for c in captions), captions
     assert "2 data-parallel process(es): global batch 6 rows per step (batch 3 × accumulation 1 × 2)" in captions
-    [fits] = texts(at, "success")
+    [fits] = test_new_run.texts(at, "success")
     assert fits.startswith("Fits: needs about ") and fits.endswith(
         " GB of 23.1 GB free on NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb).")
