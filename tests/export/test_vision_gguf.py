@@ -254,3 +254,17 @@ def test_the_export_panel_says_how_llama_cpp_runs_the_pair(app_home, monkeypatch
     assert command in [c.value for c in at.code]
     assert any("Ollama gets no Modelfile for the pair" in c.value for c in at.caption)
     store.engine.dispose()
+
+
+def test_the_model_card_says_an_mmproj_row_counts_tensors_not_answers():
+    from trainer_core.export import card
+
+    text = card.render(title="shapes", source_label="shapes · final", base_model="tiny-idefics3", method="SFT · LoRA",
+                       data="shapes.jsonl", config={}, facts=card.RunFacts(losses=[(1, 2.0)], final_loss=2.0, steps=1),
+                       artifacts=[("shapes-f16.gguf", "GGUF"), ("mmproj-shapes-f16.gguf", "projector")],
+                       verify=[{"format": "gguf f16", "identical": 2, "total": 2, "first_difference": ""},
+                               {"format": "mmproj idefics3", "identical": 22, "total": 22, "first_difference": "",
+                                "unit": "tensors equal to the merged model's vision weights"}],
+                       chart_file=None)
+    assert "| gguf f16 | 2/2 | — |" in text
+    assert "| mmproj idefics3 | 22/22 tensors equal to the merged model\\'s vision weights | — |" in text  # escaped

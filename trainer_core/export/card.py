@@ -180,8 +180,9 @@ def render(*, title: str, source_label: str, base_model: str, method: str, data:
     if verify:
         intro, column = VERIFY_TEXT.get(output, DEFAULT_VERIFY_TEXT)
         lines += ["", "## Verification", "", intro, "", f"| format | {column} | first difference |", "|---|---:|---|"]
-        lines += [f"| {v['format']} | {v['identical']}/{v['total']} | {text(v['first_difference'] or '—')} |"
-                  for v in verify]
+        # a row that counts something else (an mmproj's tensors) says what: "22/22 tensors equal to ..."
+        lines += [f"| {v['format']} | {v['identical']}/{v['total']}{' ' + text(v['unit']) if v.get('unit') else ''} | "
+                  f"{text(v['first_difference'] or '—')} |" for v in verify]
     lines += ["", "## Training config (no secrets)", ""]
     lines += fenced(yaml.safe_dump(config, sort_keys=False).rstrip(), "yaml") + [""]
     return "\n".join(lines)
