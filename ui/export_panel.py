@@ -14,7 +14,7 @@ from trainer_core.tryout import promptsets
 from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
-from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec
+from trainer_core.export.spec import MERGED_DTYPES, TARGETS, ExportSpec, vision_gguf_offered
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
@@ -66,9 +66,10 @@ def quant_help() -> str:
 
 
 def default_targets(config: dict) -> list[str]:
-    """What the form offers first for a run: merged and GGUF for a text model; merged alone for one llama.cpp does not
-    run (speech, text-to-speech, embedding and vision models); the adapter for a reward model (merged loads a model
-    that writes answers). The export spec still checks whatever is picked."""
+    """What the form offers first for a run: merged and GGUF for a text model, and for a vision model whose language
+    model and projector llama.cpp's converter writes; merged alone for one llama.cpp does not run (speech,
+    text-to-speech, embedding models, other vision models); the adapter for a reward model (merged loads a model that
+    writes answers). The export spec still checks whatever is picked."""
     from trainer_core import methods
     from trainer_core.planning import model_info, modality
 
@@ -80,7 +81,7 @@ def default_targets(config: dict) -> list[str]:
         return ["merged"]
     try:
         if modality.detect_modality(str(config.get("model_name") or "")).is_vision:
-            return ["merged"]
+            return ["merged", "gguf"] if vision_gguf_offered(str(config.get("model_name") or "")) else ["merged"]
     except (model_info.ModelInfoError, OSError, ValueError):
         pass
     return ["merged", "gguf"]

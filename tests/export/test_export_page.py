@@ -2,6 +2,7 @@
 path with a copy-ready command for a large one, verify results, and a start refused with the field named."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -110,7 +111,18 @@ def test_a_vision_run_is_offered_merged_alone(app_home, tmp_path):
     (tmp_path / "vlm").mkdir()
     (tmp_path / "vlm" / "config.json").write_text(
         '{"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": {}}')
-    assert default_targets({"method": "sft", "model_name": str(tmp_path / "vlm")}) == ["merged"]
+    assert default_targets({"method": "sft", "model_name": str(tmp_path / "vlm")}) == ["merged"]  # a SigLIP LLaVA
+
+
+def test_a_vision_run_llama_cpp_converts_is_offered_gguf_too(app_home, tmp_path):
+    from ui.export_panel import default_targets
+
+    (tmp_path / "smolvlm").mkdir()  # its config alone (SmolVLM's layout, as tests/vision_support builds it)
+    (tmp_path / "smolvlm" / "config.json").write_text(json.dumps({
+        "architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "image_token_id": 49153,
+        "text_config": {"architectures": ["VLlama3ForCausalLM"], "model_type": "llama"},
+        "vision_config": {"model_type": "idefics3_vision", "image_size": 32, "patch_size": 8}}))
+    assert default_targets({"method": "sft", "model_name": str(tmp_path / "smolvlm")}) == ["merged", "gguf"]
 
 
 def test_with_a_cluster_the_form_offers_it_and_the_job_carries_launcher_ray(exported, monkeypatch):

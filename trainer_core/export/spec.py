@@ -53,6 +53,16 @@ def vision_gguf_problem(resolved) -> str | None:
             else None)
 
 
+def vision_gguf_offered(model_name: str) -> bool:
+    """Whether a vision run of ``model_name`` (a folder, or a hub id's cached config) exports to GGUF with its mmproj
+    file here: the Export form then offers GGUF first, as for a text model."""
+    try:
+        config = model_info._read_json(Path(modality._folder(model_name, None)) / "config.json")
+    except (model_info.ModelInfoError, OSError, ValueError):
+        return False
+    return tools.converter_script() is not None and tools.vision_gguf_problem(config) is None
+
+
 def export_folders() -> list[Path]:
     """Where a chosen out_dir may be: the ``exports/`` folder of the data root and of each allowed root. The
     rest of them (run folders, models, datasets, the project's own files) is no place for artifacts."""
