@@ -1,9 +1,13 @@
 """A Ray run the cluster cannot place yet shows "waiting for the cluster: needs N, M free" on a real local cluster
 (tests/ray_support.py: two nodes of one CPU each): three workers wait for a third CPU until Cancel ends them; a
-single-worker run waits while two other jobs hold both CPUs, and starts by itself and trains once one of them
-ends. The same cluster's nodes give New run's estimate of CPU workers its memory (their RAM as Ray's dashboard
-reports it; the GPU path is tests/launchers/test_ray_worker_memory.py). Skips without ray."""
+single worker waits while two other jobs hold both CPUs until Cancel ends it and stops its Ray job; two workers
+wait while another job holds a CPU and start by themselves once it ends. The same cluster's nodes give New run's
+estimate of CPU workers its memory (their RAM as Ray's dashboard reports it; the GPU path is
+tests/launchers/test_ray_worker_memory.py). Skips without ray."""
 from __future__ import annotations
+
+import contextlib
+import json
 
 import psutil
 import pytest
@@ -14,9 +18,12 @@ from trainer_core.__main__ import _status_text
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import ray as ray_jobs, ray_nodes
+from trainer_core.launchers.ray_waiting import PLACED
 from trainer_core.planning import memory
 from trainer_core.planning import hardware
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
+from trainer_core.worker.ray_entry import PLACEMENT_FILE
 from ui import format as fmt
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
@@ -84,25 +91,52 @@ def test_three_workers_on_two_cpus_wait_for_the_cluster_until_cancelled(studio, 
     assert f"Starting: {waiting}" in timeline
 
 
-def test_a_single_worker_waits_while_the_cpus_are_taken_and_starts_when_one_is_freed(studio, cluster, tiny_model):
+@contextlib.contextmanager
+def cpus_taken(cluster: str, count: int):
+    """``count`` other Ray jobs holding one CPU each (their submission ids), for the time of the ``with``."""
     client = JobSubmissionClient(cluster)
-    blockers = [client.submit_job(entrypoint="sleep 600", entrypoint_num_cpus=1) for _ in range(2)]
+    jobs = [client.submit_job(entrypoint="sleep 600", entrypoint_num_cpus=1) for _ in range(count)]
     try:
-        wait_until(lambda: all(client.get_job_status(b) == "RUNNING" for b in blockers), timeout=60,
-                   what="two jobs holding both CPUs")
-        run_id = studio.start(on_ray(tiny_model))
-        wait_for_phase(studio, run_id, "waiting for the cluster: needs 1 CPU, 0 free")
-        assert job_status(cluster, run_id) == "PENDING"
-        client.stop_job(blockers[0])  # a CPU becomes free: Ray starts the run by itself
-        snap = studio.wait(run_id, timeout=180)
+        wait_until(lambda: all(client.get_job_status(j) == "RUNNING" for j in jobs), timeout=60,
+                   what=f"{count} job(s) holding a CPU each")
+        yield jobs
     finally:
-        for blocker in blockers:
-            client.stop_job(blocker)
-    assert snap.status is RunStatus.COMPLETED, (snap.error, studio.log_tail(run_id))
-    assert list(studio.metrics(run_id).dropna(subset=["loss"])["step"]) == [1, 2]
-    timeline = [e.message for e in studio.events(run_id) if e.kind == "status"]
-    waited = timeline.index("Starting: waiting for the cluster: needs 1 CPU, 0 free")
-    assert any(m.startswith("Starting: ") and "waiting" not in m for m in timeline[waited + 1:])  # the wait ended
+        for job in jobs:
+            client.stop_job(job)
+
+
+def status_timeline(orch: Orchestrator, run_id: str) -> list[str]:
+    return [e.message for e in orch.events(run_id) if e.kind == "status"]
+
+
+def test_a_single_worker_waiting_for_a_cpu_is_cancelled_and_stopped_on_ray(studio, cluster, tiny_model):
+    with cpus_taken(cluster, 2):
+        run_id = studio.start(on_ray(tiny_model))
+        wait_for_phase(studio, run_id, "waiting for the cluster: needs 1 CPU, 0 free")  # Ray holds the job
+        assert job_status(cluster, run_id) == "PENDING"
+        studio.cancel(run_id)
+        snap = studio.wait(run_id, timeout=60)
+        assert snap.status is RunStatus.CANCELLED, (snap.error, studio.log_tail(run_id))
+        assert snap.error == "" and studio.metrics(run_id).empty
+    # Ray stops the job only once it would start it (its supervisor waits for the CPU too): then it is STOPPED
+    wait_until(lambda: job_status(cluster, run_id) == "STOPPED", timeout=60, what="Ray to stop the job")
+    assert not any("progress" in e.kind for e in studio.events(run_id))
+
+
+def test_two_workers_wait_for_a_cpu_and_start_by_themselves_when_it_is_freed(studio, cluster, tiny_model):
+    with cpus_taken(cluster, 1) as jobs:
+        run_id = studio.start(on_ray(tiny_model, num_processes=2))
+        wait_for_phase(studio, run_id, "waiting for the cluster: needs 2 CPUs, 1 free")
+        JobSubmissionClient(cluster).stop_job(jobs[0])  # the CPU is free again: Ray places the workers
+        wait_until(lambda: (paths.run_dir(run_id) / PLACEMENT_FILE).exists(), timeout=120,
+                   what="both ranks started")
+    timeline = status_timeline(studio, run_id)
+    waited = timeline.index("Starting: waiting for the cluster: needs 2 CPUs, 1 free")
+    assert f"Starting: {PLACED}" in timeline[waited + 1:]  # the wait is over, said at once
+    assert "waiting" not in studio.snapshot(run_id).phase
+    placement = json.loads((paths.run_dir(run_id) / PLACEMENT_FILE).read_text())
+    assert sorted(p["rank"] for p in placement) == [0, 1]
+    ray_jobs.RayLauncher(cluster).adopt(studio.store.get_run(run_id)).kill()  # training it is test_ray_cluster's
 
 
 def test_cpu_workers_are_estimated_against_the_ram_the_cluster_nodes_report(cluster, monkeypatch):

@@ -71,11 +71,12 @@ def test_placed_is_not_written_once_the_worker_wrote_its_own_status(tmp_path, mo
 def test_cancel_of_a_pending_job_records_it_cancelled_and_stops_it_on_ray(tmp_path):
     stopped = []
     job = rw.PendingJob(tmp_path, lambda: {"a": {"CPU": (0.0, 1.0)}}, stop_job=lambda: stopped.append(True))
+    assert job.follow("PENDING", {"CPU": 1}) is False  # no request: it waits on (and says so)
     control.request(tmp_path, control.Action.CANCEL)
-    job.follow("PENDING", {"CPU": 1})
-    job.follow("PENDING", {"CPU": 1})  # still pending: asked to stop again, recorded once
-    assert [(e.kind, e.status) for e in read_log(tmp_path)] == [("complete", "cancelled")]
-    assert stopped == [True, True]
+    assert job.follow("PENDING", {"CPU": 1}) is True  # over for the run, though Ray still holds the job
+    assert job.follow("PENDING", {"CPU": 1}) is True  # recorded and stopped once
+    assert [(e.kind, e.status) for e in read_log(tmp_path)] == [("status", "starting"), ("complete", "cancelled")]
+    assert stopped == [True]
 
 
 def test_history_and_the_cli_show_a_starting_jobs_phase():

@@ -171,8 +171,8 @@ class RayHandle(JobHandle):
             self._client = None
             return self._unreachable(exc)
         self._unreachable_since = None
-        if self.waiting is not None:
-            self.waiting.follow(info.status, job_needs(info))
+        if self.waiting is not None and self.waiting.follow(info.status, job_needs(info)):
+            return JobState(False, "was cancelled before Ray could place it (Ray stops the job when it would start it)")
         if info.status in ("PENDING", "RUNNING"):  # JobStatus is a str enum
             return ALIVE
         if info.status == "FAILED" and NODE_DIED in (info.message or ""):  # e.g. a serve job's node went away

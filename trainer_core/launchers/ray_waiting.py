@@ -104,8 +104,9 @@ class PendingJob:
         self.checked_at = float("-inf")
         self.answered = False
 
-    def follow(self, status: str, per_worker: Mapping[str, float]) -> None:
-        """Ray reports the job ``status``; ``per_worker``: what the job asked Ray for. The account of a wait is an
+    def follow(self, status: str, per_worker: Mapping[str, float]) -> bool:
+        """Ray reports the job ``status``; ``per_worker``: what the job asked Ray for. True once a Stop or Cancel
+        was answered: the job is over for the run, whatever Ray still says of it. The account of a wait is an
         extra: a failure to give it (the cluster's usage unreadable, the log's folder gone) is said on stderr and
         never stops the pump following the job."""
         try:
@@ -116,6 +117,7 @@ class PendingJob:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             print(f"[finetune-studio] the wait of the Ray job in {self.run_dir} could not be followed: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return self.answered
 
     def pending(self, per_worker: Mapping[str, float]) -> None:
         """Ray holds the job PENDING: answer a Stop or Cancel, else say what it waits for (when short)."""
@@ -147,12 +149,14 @@ class PendingJob:
         self.shown = ""
 
     def answer_request(self) -> None:
-        """Stop & save or Cancel before the job started: nothing was trained or written, so the job ends
-        cancelled (as a queued run does), and Ray stops it (it would otherwise start later, only to cancel)."""
+        """Stop & save or Cancel before the job started: nothing was trained or written, so the run ends
+        cancelled at once (as a queued run does). Ray's stop_job reaches a job's supervisor, which Ray has not
+        placed either: the request waits for it, and the job ends STOPPED as soon as Ray would start it (before
+        it trains: its control file says Cancel too)."""
         if not self.answered:
             append(self.run_dir, ev.CompleteEvent(status=RunStatus.CANCELLED.value))
+            self.stop_job()
             self.answered = True
-        self.stop_job()
 
 
 USAGE_LINE = re.compile(r"^\s*([0-9.]+)\s*/\s*([0-9.]+)\s+(CPU|GPU)\s*$")  # "0.0/2.0 GPU" in Ray's usage text

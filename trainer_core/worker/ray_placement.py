@@ -11,6 +11,8 @@ from trainer_core.launchers import ray_waiting
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 
+PLACED_EVERY_S = 5.0  # how often a run whose workers are placed is asked (each is a request to Ray's state API)
+
 
 class PlacementWatch(threading.Thread):
     """Says in the run's timeline while Ray cannot place the workers (this job's placement group waits:
@@ -30,8 +32,8 @@ class PlacementWatch(threading.Thread):
         from ray.util.state import list_placement_groups
 
         job = ray.get_runtime_context().get_job_id()
-        pending_before = False
-        while not self.done.wait(self.every_s):
+        pending_before, every = False, self.every_s
+        while not self.done.wait(every):
             try:  # this job's placement groups: Ray Train's workers' (its controller is an actor of this job)
                 states = {g.state for g in list_placement_groups(filters=[("creator_job_id", "=", job)],
                                                                  detail=True, raise_on_missing_output=False)}
@@ -48,6 +50,8 @@ class PlacementWatch(threading.Thread):
                 self.show(ray_waiting.PLACED)
                 self.shown = ""
             pending_before = pending
+            # Once placed, a wait can only come back with a restart of the workers: ask less often.
+            every = self.every_s if pending or "CREATED" not in states else PLACED_EVERY_S
 
     def show(self, phase: str) -> None:
         if phase != self.shown:
