@@ -268,3 +268,15 @@ def test_the_model_card_says_an_mmproj_row_counts_tensors_not_answers():
                        chart_file=None)
     assert "| gguf f16 | 2/2 | — |" in text
     assert "| mmproj idefics3 | 22/22 tensors equal to the merged model\\'s vision weights | — |" in text  # escaped
+
+
+@pytest.mark.parametrize("hostile", [{"architectures": 5}, {"architectures": {"a": 1}}, {"architectures": [None]},
+                                     {"architectures": "Idefics3ForConditionalGeneration"},
+                                     {"vision_config": {**IDEFICS3["vision_config"], "architectures": 7}},
+                                     {"text_config": {"model_type": "llama", "architectures": [["VLlama3ForCausalLM"]]}},
+                                     {"architectures": ["X" * 100_000]}])
+def test_a_hostile_config_json_is_refused_naming_it_never_a_traceback(hostile):
+    """config.json is a file in the user's model folder: any JSON shape is an answer, cut to a readable length."""
+    config = {**IDEFICS3, **hostile}
+    problem = tools.vision_gguf_problem(config)
+    assert problem is not None and problem.startswith("llama.cpp's converter writes ") and len(problem) < 2000

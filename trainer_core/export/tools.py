@@ -82,6 +82,7 @@ MMPROJ_TYPE = "f16"  # projector files stay 16-bit (llama.cpp's own advice: quan
 # A converter class that is in the map but takes only some vision towers (it raises "Unsupported model type" for the
 # others): conversion/llava.py converts Pixtral towers only, not LLaVA's usual CLIP or SigLIP towers.
 MMPROJ_TOWERS = {"LlavaForConditionalGeneration": ("pixtral",)}
+ARCHITECTURE_SHOWN = 100  # characters of an architecture name a message quotes (config.json is the user's file)
 # Names in MMPROJ_MODEL_MAP that are audio encoders (the same map holds them): left out of the vision list we name.
 _AUDIO_HINTS = ("Audio", "Speech", "ASR", "asr", "TTS", "Ultravox", "Voxtral", "MERaLiON")
 
@@ -127,12 +128,13 @@ def vision_architectures(mmproj: frozenset[str]) -> list[str]:
 
 
 def _architecture(config: dict, side: str) -> str:
-    """The architecture name the converter looks up for ``side`` ("text_config" or "vision_config")."""
+    """The architecture name the converter looks up for ``side`` ("text_config" or "vision_config"); "" when the
+    config (a file in the user's model folder) names none as a list of names, as transformers writes it."""
     names = config.get("architectures") or []
     sub = config.get(side) if isinstance(config.get(side), dict) else {}
     if sub.get("architectures"):
         names = sub["architectures"]
-    return str(names[0]) if names else ""
+    return names[0][:ARCHITECTURE_SHOWN] if isinstance(names, list) and names and isinstance(names[0], str) else ""
 
 
 def vision_gguf_problem(config: dict) -> str | None:
@@ -143,7 +145,7 @@ def vision_gguf_problem(config: dict) -> str | None:
         return None  # the missing converter is its own message (missing_converter_message)
     text, mmproj = maps
     text_arch, vision_arch = _architecture(config, "text_config"), _architecture(config, "vision_config")
-    tower = str((config.get("vision_config") or {}).get("model_type") or "") if \
+    tower = str((config.get("vision_config") or {}).get("model_type") or "")[:ARCHITECTURE_SHOWN] if \
         isinstance(config.get("vision_config"), dict) else ""
     if vision_arch not in mmproj:
         reason = f"writes no mmproj projector file for {vision_arch or 'a model without architectures'}"
