@@ -280,3 +280,16 @@ def test_a_hostile_config_json_is_refused_naming_it_never_a_traceback(hostile):
     config = {**IDEFICS3, **hostile}
     problem = tools.vision_gguf_problem(config)
     assert problem is not None and problem.startswith("llama.cpp's converter writes ") and len(problem) < 2000
+
+
+@pytest.mark.parametrize("architectures", [5, {"a": 1}, [None], "Idefics3ForConditionalGeneration"])
+def test_a_vision_run_whose_config_names_its_architectures_wrongly_is_refused_before_start(home, architectures):
+    """The modality is read from the same config.json first (planning/modality.py): any JSON shape is an answer."""
+    from trainer_core.planning.modality import from_configs
+
+    config = {**IDEFICS3, "architectures": architectures}
+    assert from_configs(config).architecture == "unknown"
+    vision_run(config)
+    [message] = target_errors(targets=["merged", "gguf"])
+    assert message.startswith("gguf: llama.cpp's converter writes no mmproj projector file for a model without "
+                              "architectures. It converts these vision-language architectures: ")

@@ -140,7 +140,8 @@ def _folder(name: str, token: str | None) -> Path:
 def from_configs(config: dict, processor: dict | None = None) -> ModalityInfo:
     """The modality from a model's config.json and its merged (pre)processor config (JSON dicts)."""
     processor = processor or {}
-    architecture = str((config.get("architectures") or ["unknown"])[0])
+    names = config.get("architectures")  # a list of class names as transformers writes it; the file is the user's
+    architecture = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "unknown"
     model_type = str(config.get("model_type") or "unknown")
     if model_type in _TTS_TYPES:
         codec = config.get("codec_config") if isinstance(config.get("codec_config"), dict) else {}
