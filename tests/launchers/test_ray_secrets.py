@@ -199,3 +199,23 @@ def test_the_worker_entry_takes_them_and_says_so_without_the_values(tmp_path, ho
     result = subprocess.run([sys.executable, "-m", "trainer_core.worker", str(run_dir)], capture_output=True,
                             text=True, env=env, cwd=ROOT, timeout=120)
     assert result.returncode == 2 and "readable by it alone" in result.stderr  # the job stops, saying why
+
+
+@pytest.mark.parametrize("name", ["judge_key", "PYTHON_JUDGE_KEY", "RAY_JUDGE_KEY"])
+def test_a_judge_key_the_run_folder_cannot_carry_is_named_before_start_and_fails_a_start_cleanly(shared, calls,
+                                                                                                 monkeypatch, name):
+    """An admin may declare any variable for judging (lower case, or one the worker never takes from the file:
+    it steers the runtime): on Ray it is refused by validation naming the field, and a start that meets it anyway
+    (a queued job.json) fails as a start that could not happen (OSError), submitting nothing and writing nothing."""
+    finished_run()
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", name)
+    monkeypatch.setenv(name, "judge_secret")
+    judged = eval_on_ray(shared, metrics=["judge"], judge_url="https://judge.example/v1", judge_model="m",
+                         judge_key_env=name)
+    [error] = [e for e in judged.validate() if e.field == "judge_key_env"]
+    assert name in error.message and "JUDGE_API_KEY" in error.message and "launcher: local" in error.message
+    run_dir = paths.run_dir("job-eval-bad")
+    run_dir.mkdir(parents=True)
+    with pytest.raises(OSError, match=name):
+        PlacingLauncher(WorkerLauncher()).start(run_dir, judged)
+    assert calls == [] and not list(run_dir.glob(".secrets*"))

@@ -16,7 +16,7 @@ from trainer_core.evaluation import samples as eval_samples
 from trainer_core.jobs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.methods import grpo
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, secret_file
 from trainer_core.protocol.status import JobKind
 from trainer_core.rewards import spec as reward_spec
 
@@ -233,6 +233,12 @@ class EvalSpec(JobSpec):
                                                       "(e.g. JUDGE_API_KEY), not the key itself"))
         elif self.judge_key_env and endpoint.key_env_problem(self.judge_key_env):
             errors.append(FieldError("judge_key_env", endpoint.key_env_problem(self.judge_key_env)))
+        elif self.judge_key_env and self.launcher == "ray" and not secret_file.acceptable(self.judge_key_env):
+            errors.append(FieldError("judge_key_env", f"launcher: ray: {self.judge_key_env} cannot reach a Ray job: "
+                                                      "its secrets travel in the run folder under names like "
+                                                      "JUDGE_API_KEY only (upper case, not a runtime variable such "
+                                                      "as PYTHON*, LD_*, RAY_*): have the admin declare such a "
+                                                      "variable, or run the eval on this host (launcher: local)"))
         missing = [f for f in RUBRIC_FIELDS if f not in (self.judge_rubric or "")]
         if missing:
             errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "

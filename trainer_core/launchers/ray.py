@@ -221,7 +221,13 @@ class RayLauncher(Launcher):
         (run_dir / JOB_FILE).write_text(json.dumps({"address": self.address, "job_id": job_id}) + "\n")
         entry = dict(entrypoint_num_cpus=1, entrypoint_num_gpus=gpus or None) if processes == 1 else {}
         env = self.environment(run_dir, processes, gpus, int(getattr(cfg, "ray_max_failures", 0)))
-        if secret_file.write(run_dir, job_secrets(cfg)):  # the values wait in the run folder; Ray sees only this
+        try:
+            written = secret_file.write(run_dir, job_secrets(cfg))
+        except ValueError as exc:  # a variable the worker never takes from the file (validation names it first)
+            raise OSError(f"{exc}: the job's secrets reach a Ray job only under names like JUDGE_API_KEY (upper "
+                          f"case, not a runtime variable such as PYTHON*, LD_*, RAY_*): rename the variable, or "
+                          f"run the job on this host (launcher: local)") from None
+        if written:  # the values wait in the run folder; Ray sees only this
             env[secret_file.FLAG_ENV] = "1"
         try:  # several processes: the driver only waits; TorchTrainer's workers hold the CPUs and GPUs
             RayHandle(self.address, job_id).client().submit_job(
