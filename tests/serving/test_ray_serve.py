@@ -335,3 +335,24 @@ def test_a_ray_serve_job_answers_through_its_endpoint_and_stop_ends_it(tmp_path,
                     ray_jobs.RayLauncher(cluster.address).adopt(run).kill()
                 orch.close()
             hardware.cuda_available.cache_clear()
+
+
+def test_tls_files_off_the_shared_storage_saved_in_settings_are_refused_too(home, tmp_path, monkeypatch):
+    """A cluster saved in Settings is the server's cluster when the environment names none (config.server_cluster):
+    its shared path is the one a node reads the TLS files from."""
+    from trainer_core.protocol import cluster_settings
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("FINETUNE_STUDIO_SHARED_STORAGE", raising=False)
+    monkeypatch.setattr(cluster_settings, "saved",
+                        lambda: cluster_settings.SavedCluster("http://head:8265", str(paths.data_root()), "ada", 1.0))
+    elsewhere = tmp_path / "local-disk"
+    elsewhere.mkdir()
+    (elsewhere / "cert.pem").write_text("-")
+    (elsewhere / "key.pem").write_text("-")
+    assert on_ray().validate() == []
+    errors = on_ray(tls_certfile=str(elsewhere / "cert.pem"), tls_keyfile=str(elsewhere / "key.pem")).validate()
+    assert errors == [FieldError(name, f"launcher: ray: the server reads it on a node of the cluster, and "
+                                       f"{elsewhere / file} is not on the shared storage {paths.data_root()} "
+                                       "(saved in Settings): put it under it")
+                      for name, file in (("tls_certfile", "cert.pem"), ("tls_keyfile", "key.pem"))]

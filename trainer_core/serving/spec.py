@@ -24,7 +24,7 @@ from typing import ClassVar
 import psutil
 
 from trainer_core.planning import hardware
-from trainer_core.config import SHARED_STORAGE_ENV, FieldError
+from trainer_core.config import FieldError
 from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
@@ -366,14 +366,15 @@ class ServeSpec(JobSpec):
                                              "there: leave 127.0.0.1 (it listens on the node's cluster address) or "
                                              "use 0.0.0.0 (every interface of the node), or run it on this host "
                                              "(launcher: local)"))
-        shared = os.environ.get(SHARED_STORAGE_ENV, "")  # unset: spec_problems said so already
+        shared, source = ray_jobs.shared_storage()  # the environment's, else Settings'; none: spec_problems said so
+        source = "saved in Settings" if source == "Settings" else source
         for name in ("tls_certfile", "tls_keyfile"):
             value = getattr(self, name)
             if shared and isinstance(value, str) and value and \
                     not Path(value).expanduser().resolve().is_relative_to(Path(shared).resolve()):
                 errors.append(FieldError(name, f"launcher: ray: the server reads it on a node of the cluster, and "
                                                f"{value[:200]} is not on the shared storage {shared} "
-                                               f"({SHARED_STORAGE_ENV}): put it under it"))
+                                               f"({source}): put it under it"))
         return errors
 
     def _tls_errors(self) -> list[FieldError]:
