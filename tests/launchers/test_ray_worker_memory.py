@@ -164,3 +164,16 @@ def test_new_run_shows_the_estimate_for_a_ray_workers_gpu_and_the_global_batch_o
     [fits] = test_new_run.texts(at, "success")
     assert fits.startswith("Fits: needs about ") and fits.endswith(
         " GB of 23.1 GB free on NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb).")
+
+
+def test_a_run_on_the_cluster_saved_in_settings_is_judged_on_its_nodes(dashboard, monkeypatch):
+    """With RAY_ADDRESS unset, the cluster saved in Settings is the server's (config.server_cluster): a run naming
+    no cluster goes there, and its estimate is its workers' device there, not 'no cluster this server may use'."""
+    from trainer_core.protocol import cluster_settings
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster_settings, "saved", lambda: cluster_settings.SavedCluster(dashboard, "/mnt", "ada", 1.0))
+    cfg = TrainConfig(launcher="ray", num_processes=2, ray_gpus_per_worker=1)
+    assert ray_nodes.run_address(cfg) == dashboard
+    device, dev = ray_nodes.run_worker_device(cfg)
+    assert device == "cuda" and dev.label == "NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb)"

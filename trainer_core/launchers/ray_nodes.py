@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import urllib.request
 from typing import Any
 
-from trainer_core.config import RAY_ADDRESS_ENV, TrainConfig, ray_address_problem
+from trainer_core.config import TrainConfig, ray_address_problem, server_cluster
 from trainer_core.planning.memory import GB, DeviceMemory
 from trainer_core.planning.ray_memory import NodeMemory, worker_memory
 
@@ -57,9 +56,9 @@ def nodes_memory(summary: list[dict[str, Any]]) -> list[NodeMemory]:
 
 
 def run_address(cfg: TrainConfig) -> str:
-    """The cluster a run goes to (as the launcher picks it: its ray_address, else the server's RAY_ADDRESS);
-    "" when none, or when the server does not allow it (never asked then)."""
-    address = cfg.ray_address.strip() or os.environ.get(RAY_ADDRESS_ENV, "").strip()
+    """The cluster a run goes to (as the launcher picks it: its ray_address, else the server's cluster: RAY_ADDRESS
+    or the one saved in Settings); "" when none, or when the server does not allow it (never asked then)."""
+    address = cfg.ray_address.strip() or server_cluster()
     return address if address and not ray_address_problem(address) else ""
 
 
