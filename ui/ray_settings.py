@@ -40,10 +40,26 @@ def save(store, actor: Actor, address: str, shared: str) -> SaveOutcome:
     if errors:
         return SaveOutcome(errors=tuple(errors))
     address, shared = ray_settings.normalized(address, shared)
+    before = settings_store.read_cluster(store.engine).address
+    held = ray_settings.runs_held_by(store, before) if before != address else ""
+    if held:
+        return SaveOutcome(refused=held)
     check = ray_settings.check_before_saving(address, shared)
     if check.problems:
         return SaveOutcome(check=check)
     return SaveOutcome(check=check, saved=settings_store.save_cluster(store, address, shared, actor.name))
+
+
+def clear(store, actor: Actor) -> SaveOutcome | str:
+    """Clear the saved cluster ("cleared"), unless a run on it is not over or ``actor`` is no admin."""
+    if not allowed(actor, Action.MAINTAIN):
+        return SaveOutcome(refused=f"Only an admin can clear the Ray cluster; {actor.name}'s role is "
+                                   f"{actor.role.value}.")
+    held = ray_settings.runs_held_by(store, settings_store.read_cluster(store.engine).address)
+    if held:
+        return SaveOutcome(refused=held)
+    settings_store.clear_cluster(store)
+    return "cleared"
 
 
 def settings_section(store, actor: Actor, may_check: bool) -> None:
@@ -133,8 +149,7 @@ def saved_cluster(store, actor: Actor, saved: SavedCluster) -> None:
             state[SAVE_RESULT] = save(store, actor, state["settings_ray_new_address"], state["settings_ray_new_shared"])
         st.rerun()
     if clear_col.button("Clear the saved cluster", icon="🗑️", disabled=not saved, key="settings_ray_clear"):
-        settings_store.clear_cluster(store)
-        state[SAVE_RESULT] = "cleared"
+        state[SAVE_RESULT] = clear(store, actor)
         st.rerun()
     show_outcome(outcome)
 

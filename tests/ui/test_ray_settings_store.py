@@ -233,3 +233,34 @@ def test_new_run_offers_the_saved_cluster_and_builds_a_run_on_it(fakes, page, mo
     built = fakes.preview[-1]
     assert (built.launcher, built.ray_address) == ("ray", ADDRESS)
     assert [e for e in built.validate() if e.field in ("ray_address", "launcher")] == []
+
+
+def test_the_saved_cluster_is_kept_while_runs_on_it_are_not_over(page, checked, monkeypatch):
+    """A run on the saved cluster is followed and stopped there only while the server may use that address (the
+    launcher re-checks a run's recorded address when it adopts it): clearing or replacing it under a live run would
+    leave the job running on the cluster with nobody able to stop it, and the run marked failed after a restart."""
+    import time
+
+    from db.entities import RunRecord
+    from db.store import Store
+    from trainer_core.protocol.status import RunStatus
+    from ui.ray_settings import clear, save
+
+    store = Store()
+    admin = auth.Actor("ada", Role.ADMIN)
+    settings_store.save_cluster(store, ADDRESS, str(page), "ada")
+    run_dir = paths.run_dir("20260301-000000-aaaaaa")
+    run_dir.mkdir(parents=True)
+    (run_dir / ray_jobs.JOB_FILE).write_text(f'{{"address": "{ADDRESS}", "job_id": "finetune-studio-x"}}\n')
+    store.create_run(RunRecord(id=run_dir.name, name="big run", status=RunStatus.RUNNING, created_at=time.time(),
+                               output_dir=str(run_dir)))
+    held = ("1 run on the saved cluster http://head.example:8265 is not over ('big run'): the dashboard follows and "
+            "stops a run there only while it may use that cluster. Stop it or wait until it ends, then change the "
+            "saved cluster (or allow the address in the server's FINETUNE_STUDIO_RAY_ADDRESSES)")
+    assert clear(store, admin).refused == held
+    assert save(store, admin, "http://other.example:8265", str(page)).refused == held
+    assert settings_store.read_cluster(store.engine).address == ADDRESS and checked[0] == []
+    assert save(store, admin, ADDRESS, str(page)).saved is not None  # the same cluster, checked again: kept
+    monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", ADDRESS)  # the environment allows it anyway
+    assert clear(store, admin) == "cleared" and settings_store.read_cluster(store.engine) == SavedCluster()
+    assert clear(store, auth.Actor("ann", Role.OPERATOR)).refused.startswith("Only an admin can")

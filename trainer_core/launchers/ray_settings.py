@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from trainer_core.config import RAY_ADDRESS_ENV, FieldError
+from trainer_core.config import RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, FieldError
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 
@@ -84,3 +84,22 @@ def check_before_saving(address: str, shared: str, timeout_s: float = 120.0) -> 
 def normalized(address: str, shared: str) -> tuple[str, str]:
     """The values as they are saved (and compared with a run's ray_address)."""
     return address.strip().rstrip("/"), str(Path(shared.strip()))
+
+
+def runs_held_by(store, address: str) -> str:
+    """Why the saved cluster ``address`` may not be cleared or replaced now ("" when it may): runs not over whose Ray
+    job went there, which the dashboard follows and stops only while it may use that address (the launcher re-checks
+    a run's recorded address when it adopts one), unless the server's environment allows it too."""
+    env = [os.environ.get(RAY_ADDRESS_ENV, ""), *os.environ.get(RAY_ADDRESSES_ENV, "").split(",")]
+    if not address or address in {a.strip().rstrip("/") for a in env}:
+        return ""
+    held = [run.name or run.id for run in store.active_runs()
+            if str(ray_jobs.read_job(paths.run_dir(run.id)).get("address", "")).strip().rstrip("/") == address]
+    if not held:
+        return ""
+    names = ", ".join(repr(name[:80]) for name in held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    one = len(held) == 1
+    return (f"{len(held)} run{'' if one else 's'} on the saved cluster {address} {'is' if one else 'are'} not over "
+            f"({names}): the dashboard follows and stops a run there only while it may use that cluster. Stop "
+            f"{'it' if one else 'them'} or wait until {'it ends' if one else 'they end'}, then change the saved "
+            f"cluster (or allow the address in the server's {RAY_ADDRESSES_ENV})")
