@@ -219,3 +219,17 @@ def test_a_judge_key_the_run_folder_cannot_carry_is_named_before_start_and_fails
     with pytest.raises(OSError, match=name):
         PlacingLauncher(WorkerLauncher()).start(run_dir, judged)
     assert calls == [] and not list(run_dir.glob(".secrets*"))
+
+
+def test_a_staging_file_left_by_a_dashboard_killed_mid_write_goes_with_the_secrets(tmp_path):
+    """write() fills a new file under a random name, then renames it into place: a dashboard killed in between left
+    the tokens in the run folder for good (removal knew only the final name). Every removal takes such leftovers."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    secret_file.write(run_dir, {"HF_TOKEN": "hf_x"})
+    left = run_dir / ".secrets-0123456789abcdef.tmp"
+    left.write_text('{"HF_TOKEN": "hf_y"}')
+    (run_dir / "notes.tmp").write_text("the user's")
+    secret_file.remove(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.tmp"]
+    secret_file.remove(tmp_path / "gone")  # a run folder deleted meanwhile: nothing to do

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 FILE = ".secrets.json"  # in the run folder
+STAGING_PREFIX = ".secrets-"  # + a random name + .tmp: written, then renamed to FILE
 FLAG_ENV = "FINETUNE_STUDIO_SECRETS_IN_RUN_FOLDER"  # "1" in a job's environment: its secrets wait in FILE
 NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 # Variables that steer the runtime rather than authenticate: never taken from the file, whatever it says.
@@ -41,7 +42,7 @@ def write(run_dir: Path, values: Mapping[str, str]) -> bool:
     bad = [name for name in wanted if not acceptable(name)]
     if bad:
         raise ValueError(f"not a secret's variable name: {bad[0][:40]!r}")
-    staging = run_dir / f".secrets-{pysecrets.token_hex(8)}.tmp"
+    staging = run_dir / f"{STAGING_PREFIX}{pysecrets.token_hex(8)}.tmp"
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -94,10 +95,12 @@ def load(run_dir: Path, environ: dict[str, str] | None = None, keep: bool = Fals
 
 
 def remove(run_dir: Path) -> None:
-    try:
-        (run_dir / FILE).unlink()
-    except FileNotFoundError:
-        pass
+    """The file, and any staging file a writer killed before its rename left behind (it holds the same values)."""
+    for path in (run_dir / FILE, *Path(run_dir).glob(f"{STAGING_PREFIX}*.tmp")):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def acceptable(name: object) -> bool:
