@@ -133,6 +133,11 @@ def test_a_node_that_cannot_see_the_storage_is_named_and_nothing_is_saved(page, 
                                      "base URL, e.g. http://head:8265"]),
     ("http://he\x00ad:8265", None, ["Cluster address: remove the spaces and control characters: an address is one "
                                     "word, e.g. http://head:8265"]),
+    ("http://head\uff1a8265", None, ["Cluster address: not an address that can be read (netloc 'head\uff1a8265' "
+                                     "contains invalid characters under NFKC normalization): enter the dashboard's "
+                                     "address, e.g. http://head:8265"]),
+    ("http://[::1", None, ["Cluster address: not an address that can be read (Invalid IPv6 URL): enter the "
+                           "dashboard's address, e.g. http://head:8265"]),
     ("http://" + "h" * 600, None, ["Cluster address: at most 500 characters (got 607): enter the dashboard's address, "
                                    "e.g. http://head:8265"]),
     ("", "", ["Cluster address: enter the cluster's dashboard address (Ray Jobs), e.g. http://head:8265",

@@ -31,7 +31,10 @@ def address_problems(address: str) -> list[str]:
                 "http://head:8265"]
     if any(ord(c) < 32 or c.isspace() for c in address):
         return ["remove the spaces and control characters: an address is one word, e.g. http://head:8265"]
-    parts = urlsplit(address)
+    try:
+        parts = urlsplit(address)  # ValueError: a bracket left open, characters NFKC would turn into a ':' or '/'
+    except ValueError as exc:
+        return [f"not an address that can be read ({exc}): enter the dashboard's address, e.g. http://head:8265"]
     if parts.scheme not in ("http", "https"):
         return [f"use the dashboard's http:// or https:// address, e.g. http://head:8265 (not {ray_jobs.shown_address(address)[:80]!r}: "
                 "ray:// and the head's GCS port 6379 are not the Jobs API)"]
