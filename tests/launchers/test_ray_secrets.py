@@ -233,3 +233,14 @@ def test_a_staging_file_left_by_a_dashboard_killed_mid_write_goes_with_the_secre
     secret_file.remove(run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.tmp"]
     secret_file.remove(tmp_path / "gone")  # a run folder deleted meanwhile: nothing to do
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_not_waited_on(tmp_path):
+    """A named pipe at the file's name (anyone who can write the run folder on the shared storage can make one):
+    opening it for reading waited forever for a writer, so the worker hung before it could refuse it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / secret_file.FILE, 0o600)
+    result = run_python(TAKE, str(run_dir), "once", "-", "flag", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "is not a file of this user readable by it alone" in json.loads(result.stdout.strip())["error"]

@@ -57,7 +57,8 @@ def write(run_dir: Path, values: Mapping[str, str]) -> bool:
 def read(run_dir: Path) -> dict[str, str]:
     """The secrets in ``run_dir``'s file ({} when there is none)."""
     try:
-        fd = os.open(run_dir / FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a named pipe in its place opens at once and is refused below (a blocking open waits for a writer)
+        fd = os.open(run_dir / FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return {}
     except OSError as exc:  # ELOOP: a link in its place
