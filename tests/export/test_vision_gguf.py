@@ -210,7 +210,8 @@ def test_a_tiny_idefics3_trains_and_exports_a_verified_gguf_with_its_mmproj(stud
     assert ("verify mmproj idefics3 tensors: 22/22 equal to the merged model's vision weights (22 in the same "
             "order)") in timeline
     card = (out / "README.md").read_text()
-    assert "| mmproj idefics3 tensors | 22/22 | — |" in card  # the card lists the pair and how llama.cpp runs it
+    assert ("| mmproj idefics3 tensors | 22/22 equal to the merged model\\'s vision weights \\(22 in the same order\\) "
+            "| — |") in card  # the card lists the pair and how llama.cpp runs it
     assert "- `mmproj-shapes-vlm-f16.gguf`: llama\\.cpp\\'s vision projector \\(f16\\) for shapes\\-vlm\\-f16\\.gguf\\: " \
            "run the pair with llama\\-server \\-m shapes\\-vlm\\-f16\\.gguf \\-\\-mmproj mmproj" in card
 
