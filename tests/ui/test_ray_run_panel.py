@@ -68,3 +68,33 @@ def test_what_a_node_wrote_is_read_as_untrusted(app_home, monkeypatch):
     assert ray_record.read_record(paths.run_dir("run-h")).dashboard == ""  # an id that is not a submission id
     (paths.run_dir("run-h") / ray_record.PLACEMENT_FILE).write_text("[" * 100_000)
     assert ray_record.ranks_of(paths.run_dir("run-h")) == ()
+
+
+FIFO_READ = """
+import json, sys
+from pathlib import Path
+from trainer_core.launchers import ray_record
+record = ray_record.read_record(Path(sys.argv[1]))
+print(json.dumps([record.job_id, len(record.ranks), record.restarts] if record else None))
+"""
+
+
+def test_named_pipes_in_place_of_a_nodes_files_are_not_waited_on(tmp_path):
+    """A named pipe at a record file's name (anyone who can write the run folder on the shared storage can make one):
+    opening it waited forever for a writer, hanging Live and Run details at every rerun."""
+    import os
+
+    from tests.support import run_python
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "ray_job.json").write_text(json.dumps({"address": CLUSTER, "job_id": "finetune-studio-x"}))
+    for name in (ray_record.PLACEMENT_FILE, ray_record.RESTARTS_FILE):
+        os.mkfifo(run_dir / name)
+    result = run_python(FIFO_READ, str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == ["finetune-studio-x", 0, 0]
+    os.remove(run_dir / "ray_job.json")
+    os.mkfifo(run_dir / "ray_job.json")
+    result = run_python(FIFO_READ, str(run_dir), timeout=60)
+    assert result.returncode == 0 and json.loads(result.stdout) is None, result.stderr[-2000:]

@@ -6,7 +6,9 @@ cut), and the Ray dashboard is linked only at an address this server may use."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,15 +68,23 @@ def ranks_of(run_dir: Path) -> tuple[RankPlace, ...]:
 
 def restarts_of(run_dir: Path) -> int:
     try:
-        with open(run_dir / RESTARTS_FILE, encoding="utf-8", errors="replace") as fh:
-            return sum(1 for line in fh.read(READ_MAX).splitlines() if line.strip())
+        return sum(1 for line in _text(run_dir / RESTARTS_FILE).splitlines() if line.strip())
     except OSError:
         return 0
 
 
 def _json(path: Path):
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return json.loads(fh.read(READ_MAX))
+        return json.loads(_text(path))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def _text(path: Path) -> str:
+    """The first READ_MAX bytes of a regular file (OSError for anything else: opened non-blocking, a named pipe in
+    its place would otherwise wait for a writer at every rerun of the page)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, encoding="utf-8", errors="replace") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return fh.read(READ_MAX)
