@@ -356,3 +356,33 @@ def test_tls_files_off_the_shared_storage_saved_in_settings_are_refused_too(home
                                        f"{elsewhere / file} is not on the shared storage {paths.data_root()} "
                                        "(saved in Settings): put it under it")
                       for name, file in (("tls_certfile", "cert.pem"), ("tls_keyfile", "key.pem"))]
+
+
+PIPES = """
+import json, sys
+from pathlib import Path
+from trainer_core.launchers import ray as ray_jobs
+from trainer_core.serving import endpoint
+print(json.dumps([endpoint.read(Path(sys.argv[1])), ray_jobs.read_job(Path(sys.argv[1]))]))
+"""
+
+
+def test_named_pipes_in_place_of_endpoint_json_and_ray_job_json_are_not_waited_on(tmp_path):
+    """endpoint.json is written by a node for a Ray serve job, ray_job.json is read when a job is adopted: a named
+    pipe at either name (anyone who can write the job folder on the shared storage can make one) made the Serve
+    panel, the CLI's wait and the pump's adoption wait forever for a writer."""
+    import os
+
+    from tests.support import run_python
+
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / endpoint_file.ENDPOINT_FILE)
+    os.mkfifo(run_dir / ray_jobs.JOB_FILE)
+    result = run_python(PIPES, str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == [None, {}]
+    os.remove(run_dir / ray_jobs.JOB_FILE)
+    for junk in ("[1, 2]", "[" * 100_000, "null"):
+        (run_dir / ray_jobs.JOB_FILE).write_text(junk)
+        assert ray_jobs.read_job(run_dir) == {}

@@ -42,7 +42,7 @@ from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, 
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.launchers.ray_waiting import PendingJob, node_usage
 from trainer_core.planning.parallel import NPROC_ENV
-from trainer_core.protocol import cluster_settings, paths, secret_file
+from trainer_core.protocol import cluster_settings, files, paths, secret_file
 from trainer_core.protocol import secrets as run_secrets
 
 if TYPE_CHECKING:
@@ -498,7 +498,8 @@ def ray_python() -> str:
 
 
 def read_job(run_dir: Path) -> dict[str, str]:
-    try:
-        return json.loads((run_dir / JOB_FILE).read_text())
-    except (OSError, ValueError):
+    try:  # on the shared storage: a pipe in its place is refused, never waited on by the pump's adoption
+        data = json.loads(files.read_regular(run_dir / JOB_FILE, 64 << 10))
+    except (OSError, ValueError, RecursionError):
         return {}
+    return data if isinstance(data, dict) else {}

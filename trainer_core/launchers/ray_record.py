@@ -6,13 +6,12 @@ cut), and the Ray dashboard is linked only at an address this server may use."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_core.config import ray_address_problem
+from trainer_core.protocol import files
 
 PLACEMENT_FILE = "ray_ranks.json"
 RESTARTS_FILE = "ray_restarts.jsonl"  # one line per restart of the workers: which rank and node were lost, when
@@ -68,23 +67,13 @@ def ranks_of(run_dir: Path) -> tuple[RankPlace, ...]:
 
 def restarts_of(run_dir: Path) -> int:
     try:
-        return sum(1 for line in _text(run_dir / RESTARTS_FILE).splitlines() if line.strip())
+        return sum(1 for line in files.read_regular(run_dir / RESTARTS_FILE, READ_MAX).splitlines() if line.strip())
     except OSError:
         return 0
 
 
 def _json(path: Path):
     try:
-        return json.loads(_text(path))
+        return json.loads(files.read_regular(path, READ_MAX))
     except (OSError, ValueError, RecursionError):
         return None
-
-
-def _text(path: Path) -> str:
-    """The first READ_MAX bytes of a regular file (OSError for anything else: opened non-blocking, a named pipe in
-    its place would otherwise wait for a writer at every rerun of the page)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, encoding="utf-8", errors="replace") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return fh.read(READ_MAX)

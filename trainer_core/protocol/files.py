@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,17 @@ def read_end(path: Path, max_bytes: int) -> str:
             return fh.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def read_regular(path: Path, max_chars: int) -> str:
+    """The first ``max_chars`` of a regular file as text (undecodable bytes replaced); OSError for anything else.
+    For files another host may have put in a run folder on the shared storage: opened non-blocking, so a named pipe
+    in a file's place is refused at once instead of waiting for a writer (a page's rerun, the pump's adoption)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, encoding="utf-8", errors="replace") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return fh.read(max_chars)
 
 
 def tail_lines(path: Path, lines: int, max_bytes: int = TAIL_BYTES) -> list[str]:

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer_core.protocol import files
+
 ENDPOINT_FILE = "endpoint.json"
 MAX_BYTES = 64 << 10
 # Set by trainer_core/worker/ray_entry.py for a serve job on the Ray cluster: the node's address as Ray knows it
@@ -57,9 +59,10 @@ def read(run_dir: Path) -> Endpoint | None:
     """The endpoint of the job in ``run_dir``; None when there is none, or the file is not one of ours."""
     path = Path(run_dir) / ENDPOINT_FILE
     try:
-        if path.stat().st_size > MAX_BYTES:
+        text = files.read_regular(path, MAX_BYTES + 1)  # a node writes it for a Ray job: a pipe there is refused
+        if len(text) > MAX_BYTES:
             return None
-        data = json.loads(path.read_text())
+        data = json.loads(text)
         models = tuple(ServedModel(str(m["name"]), str(m["label"]), str(m["source_key"])) for m in data["models"])
         return Endpoint(url=str(data["url"]), models=models, engine=str(data["engine"]), pid=int(data["pid"]),
                         share_url=str(data.get("share_url") or data["url"]), node=str(data.get("node") or ""))
