@@ -231,14 +231,9 @@ class EvalSpec(JobSpec):
         if self.judge_key_env and not ENV_NAME_RE.fullmatch(self.judge_key_env):
             errors.append(FieldError("judge_key_env", "the NAME of an environment variable holding the key "
                                                       "(e.g. JUDGE_API_KEY), not the key itself"))
-        elif self.judge_key_env and endpoint.key_env_problem(self.judge_key_env):
-            errors.append(FieldError("judge_key_env", endpoint.key_env_problem(self.judge_key_env)))
-        elif self.judge_key_env and self.launcher == "ray" and not secret_file.acceptable(self.judge_key_env):
-            errors.append(FieldError("judge_key_env", f"launcher: ray: {self.judge_key_env} cannot reach a Ray job: "
-                                                      "its secrets travel in the run folder under names like "
-                                                      "JUDGE_API_KEY only (upper case, not a runtime variable such "
-                                                      "as PYTHON*, LD_*, RAY_*): have the admin declare such a "
-                                                      "variable, or run the eval on this host (launcher: local)"))
+        elif self.judge_key_env and (why := endpoint.key_env_problem(self.judge_key_env) or (  # Ray: from the run folder
+                secret_file.name_problem(self.judge_key_env) if self.launcher == "ray" else "")):
+            errors.append(FieldError("judge_key_env", why))
         missing = [f for f in RUBRIC_FIELDS if f not in (self.judge_rubric or "")]
         if missing:
             errors.append(FieldError("judge_rubric", f"the rubric must contain {', '.join(missing)} (the texts the "

@@ -104,5 +104,14 @@ def remove(run_dir: Path) -> None:
             pass
 
 
+def name_problem(name: str) -> str:
+    """Why the variable ``name`` cannot carry a secret to a Ray job ("" when it can)."""
+    if acceptable(name):
+        return ""
+    return (f"launcher: ray: {str(name)[:40]} cannot reach a Ray job: its secrets travel in the run folder under "
+            "names like JUDGE_API_KEY only (upper case, not a runtime variable such as PYTHON*, LD_*, RAY_*): have "
+            "the admin declare such a variable, or run the job on this host (launcher: local)")
+
+
 def acceptable(name: object) -> bool:
     return isinstance(name, str) and NAME.fullmatch(name) is not None and not name.startswith(NOT_SECRETS)
