@@ -91,3 +91,16 @@ def test_a_wait_that_cannot_be_written_never_stops_the_pump(tmp_path, monkeypatc
     job = rw.PendingJob(tmp_path / "deleted", lambda: {"a": {"CPU": (0.0, 1.0)}}, stop_job=lambda: None)
     job.follow("PENDING", {"CPU": 1})  # the run folder is gone: said, not raised into the pump's tick
     assert "could not be followed: FileNotFoundError" in capsys.readouterr().err
+
+
+def test_junk_in_the_clusters_usage_text_is_skipped_not_raised(monkeypatch):
+    """Ray's dashboard answers the per-node usage as text lines ("1.0/2.0 CPU"): a line the pattern half-matches
+    ("1.2.3/4 CPU") raised ValueError out of node_usage, which New run's capacity line and free_resources call
+    without a guard. Such a line says nothing; the node's other lines still count."""
+    import io
+    import json
+
+    body = json.dumps({"data": {"nodeLogicalResources": {"n1": "1.2.3/4.0 CPU\n0.0/1.0 GPU", "n2": "1.0/2.0 CPU"}}})
+    monkeypatch.setattr(rw.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(body.encode()))
+    assert rw.node_usage("http://head:8265") == {"n1": {"GPU": (1.0, 1.0)}, "n2": {"CPU": (1.0, 2.0)}}
+    assert ray_jobs.free_resources("http://head:8265") == {"n1": {"GPU": 1.0}, "n2": {"CPU": 1.0}}

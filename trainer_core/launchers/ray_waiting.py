@@ -159,7 +159,8 @@ class PendingJob:
             self.answered = True
 
 
-USAGE_LINE = re.compile(r"^\s*([0-9.]+)\s*/\s*([0-9.]+)\s+(CPU|GPU)\s*$")  # "0.0/2.0 GPU" in Ray's usage text
+NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # what float() reads: "1.2.3" is no number, not a crash
+USAGE_LINE = re.compile(rf"^\s*{NUMBER}\s*/\s*{NUMBER}\s+(CPU|GPU)\s*$")  # "0.0/2.0 GPU" in Ray's usage text
 
 
 def node_usage(address: str, timeout_s: float = 10.0) -> dict[str, dict[str, tuple[float, float]]]:
