@@ -233,7 +233,8 @@ UNSLOTH_STUB = textwrap.dedent("""
         def get_peft_model(model, **kwargs):
             calls.append(["get_peft_model", kwargs])
             return model
-    trainer = types.SimpleNamespace(UnslothVisionDataCollator=None)  # the vision path's (tests/test_unsloth_vision.py)
+    # the vision path's collator, subclassed at import (tests/test_unsloth_vision.py fakes what it does)
+    trainer = types.SimpleNamespace(UnslothVisionDataCollator=type("UnslothVisionDataCollator", (), {}))
     sys.modules["unsloth"] = types.SimpleNamespace(FastLanguageModel=FastLanguageModel, FastVisionModel=None,
                                                    trainer=trainer)
     sys.modules["unsloth.trainer"] = trainer
