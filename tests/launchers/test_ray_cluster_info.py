@@ -70,3 +70,27 @@ def test_the_servers_addresses_are_its_own_first_then_the_admins_list(monkeypatc
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES")
     assert ray_jobs.server_addresses() == []
+
+
+def test_a_cluster_reporting_no_alive_node_is_asked_again_then_a_problem_not_a_vacuous_pass(monkeypatch):
+    """Under load Ray's state API once answered a one-node cluster's node list with no alive node, and Settings'
+    shared-storage check passed over no node at all (CI, tests/launchers/test_ray_settings_save.py)."""
+    pytest.importorskip("ray", reason="the node list is Ray's state API")
+    import ray.util.state
+
+    head = SimpleNamespace(node_id="h" * 56, node_ip="10.0.0.1", is_head_node=True, state="ALIVE",
+                           resources_total={"CPU": 2.0})
+    answers = [[], [SimpleNamespace(**{**vars(head), "state": "DEAD"})], [head]]
+    monkeypatch.setattr(ray_jobs, "job_client", lambda address: None)
+    monkeypatch.setattr(ray_jobs, "free_resources", lambda address, timeout_s=10.0: {})
+    monkeypatch.setattr(ray_jobs.time, "sleep", lambda s: None)
+    monkeypatch.setattr(ray.util.state, "list_nodes", lambda address, timeout: answers.pop(0))
+    info = ray_jobs.cluster_info("http://head:8265")
+    assert info.problem == "" and [n.node_id for n in info.nodes] == [head.node_id] and answers == []
+    answers[:] = [[], [], []]
+    info = ray_jobs.cluster_info("http://head:8265")
+    assert info.nodes == () and info.problem == ("the Ray cluster at http://head:8265 answers but reports no alive "
+                                                 "node: check `ray status` on its head, then check again")
+    answers[:] = [[], [], []]
+    check = ray_jobs.inspect_cluster("http://head:8265", shared="/mnt/shared")
+    assert check.problems == (info.problem,)  # the storage check does not pass over no node

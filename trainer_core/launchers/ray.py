@@ -60,6 +60,7 @@ PYTHON_ENV = "FINETUNE_STUDIO_RAY_PYTHON"  # the Python of the cluster's nodes, 
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds trainer_core/, for the job's PYTHONPATH
 STOP_WAIT_ENV, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 30  # read by Ray's job supervisor from the job's env
 STATE_EVERY_S = 1.0  # the pump asks several times a second; the cluster is asked at most once a second
+NO_NODE_TRIES = 3  # how often the node list is asked again when the cluster reports none alive
 UNREACHABLE_S = 60.0  # a cluster that does not answer for this long ends the run (not a hang)
 # Names of the allow-listed environment that describe this host, not the cluster's nodes.
 HOST_ONLY = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV",
@@ -388,9 +389,16 @@ def cluster_info(address: str, timeout_s: float = 10.0) -> ClusterInfo:
         job_client(address)  # the Jobs API answers (what every run needs), with Ray's own message when not
         from ray.util.state import list_nodes
 
-        alive = [n for n in list_nodes(address=address, timeout=int(max(timeout_s, 1))) if n.state == "ALIVE"]
+        for attempt in range(NO_NODE_TRIES):  # a cluster answering has its head at least: none is an answer cut short
+            alive = [n for n in list_nodes(address=address, timeout=int(max(timeout_s, 1))) if n.state == "ALIVE"]
+            if alive:
+                break
+            time.sleep(attempt + 1)
     except Exception as exc:  # noqa: BLE001 - no ray, or the cluster did not answer: said, never raised into a page
         return ClusterInfo(address, problem=unreachable(address, exc))
+    if not alive:  # a check over no node would pass vacuously: the shared storage would be "seen" by every node
+        return ClusterInfo(address, problem=f"the Ray cluster at {shown_address(address)} answers but reports no "
+                                            "alive node: check `ray status` on its head, then check again")
     free = free_resources(address, timeout_s)
     return ClusterInfo(address, tuple(node_of(n, free.get(n.node_id))
                                       for n in sorted(alive, key=lambda n: (not n.is_head_node, n.node_ip, n.node_id))))
