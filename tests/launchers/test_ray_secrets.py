@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.launchers import test_ray_hardening
 from tests.launchers.test_ray_jobs import RUN_ID, eval_on_ray, export_on_ray, finished_run
 from tests.support import ROOT, run_python
 from trainer_core.config import TrainConfig
@@ -20,7 +21,9 @@ from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths, secret_file
 
-SERVER = "http://head:8265"
+SERVER = test_ray_hardening.SERVER
+shared = test_ray_hardening.shared  # the fixture: the data root on the "shared storage", RAY_ADDRESS the server's
+
 
 
 class FakeJobs:
@@ -35,14 +38,6 @@ class FakeJobs:
 
     def get_job_info(self, job_id: str):
         return SimpleNamespace(status="RUNNING", message="")
-
-
-@pytest.fixture
-def shared(home, tmp_path, monkeypatch):
-    monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(tmp_path))
-    monkeypatch.setenv("RAY_ADDRESS", SERVER)
-    monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES", raising=False)
-    return tmp_path
 
 
 @pytest.fixture
