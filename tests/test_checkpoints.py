@@ -211,4 +211,5 @@ def test_allowed_data_roots(home, tmp_path, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{extra}{os.pathsep}")
     assert paths.allowed_data_roots() == [home.resolve(), extra]
     monkeypatch.delenv("FINETUNE_STUDIO_ALLOWED_ROOTS")
-    assert paths.allowed_data_roots() == [home.resolve(), Path.cwd()]
+    # the data root alone: the working directory (often the checkout: .streamlit/, .git, the code) is not data
+    assert paths.allowed_data_roots() == [home.resolve()]

@@ -381,6 +381,35 @@ def test_save_upload_refuses_bad_extension_and_oversized_data(data_home):
     assert not list(data_home.glob("datasets/*"))
 
 
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x002\xc8\x00\x002\xc8\x08\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("name, data, what", [
+    ("rows.csv", PNG + b"\x00" * 64, "a PNG image"),
+    ("rows.jsonl", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "a JPEG image"),
+    ("rows.json", b"RIFF\x24\x00\x00\x00WAVEfmt ", "a WAV clip"),
+    ("rows.csv", b"PK\x03\x04\x14\x00\x00\x00", "a ZIP archive"),
+    ("rows.parquet", b'{"text": "a"}\n', "text"),
+    ("rows.csv", b"a,b\n\x00\x01\x02\x03", "binary data"),
+], ids=["png-as-csv", "jpeg-as-jsonl", "wav-as-json", "zip-as-csv", "text-as-parquet", "binary-as-csv"])
+def test_an_upload_is_checked_by_its_content_not_its_extension(data_home, name, data, what):
+    """A 13000 x 13000 PNG uploaded as .csv was stored under the datasets folder, where a dataset's rows could name
+    it as an image and New run decoded it. What a file is comes from its bytes."""
+    with pytest.raises(DatasetError) as info:
+        sources.save_upload(name, data)
+    assert info.value.field == "local_datasets"
+    assert info.value.message.startswith(f"{name} is {what}, not a {name.rpartition('.')[2]} dataset file: "), \
+        info.value.message
+    assert not list(data_home.glob("datasets/*")) and not list(data_home.glob("datasets/.*"))
+
+
+def test_text_and_parquet_uploads_pass_the_content_check(data_home, tmp_path):
+    pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "t.parquet")
+    for name, data in (("t.csv", "name,text\nZoë,é\n".encode("latin-1")), ("t.jsonl", b'{"text": "a"}\n'),
+                       ("t.json", b"\xef\xbb\xbf[]"), ("t.parquet", (tmp_path / "t.parquet").read_bytes())):
+        assert sources.save_upload(name, data).read_bytes() == data
+
+
 def test_uploaded_file_name_resolves_from_the_datasets_folder(data_home):
     path = sources.save_upload("chat.jsonl", (FIXTURES / "chatml.jsonl").read_bytes())
     assert sources.resolve_source(path.name) == path

@@ -14,7 +14,8 @@ import soundfile
 from PIL import Image
 
 from trainer_core.config import TrainConfig
-from trainer_core.data import DatasetError, loading
+from trainer_core.data import DatasetError, audio, images, loading
+from trainer_core.protocol import paths
 
 BASE = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
 
@@ -153,3 +154,61 @@ def test_a_hub_image_path_outside_the_roots_is_refused(home, tmp_path, monkeypat
     stored = [{"image": {"bytes": picture.read_bytes(), "path": "p.png"}, "text": "a red square"}]  # parquet-style
     [row] = loading._resolve_files(stored, None, cfg, "hf_dataset")
     assert row["image"] == picture.read_bytes()
+
+
+# ---------------------------------------------------------------------- references lead only where user data lives
+def _not_data(home: Path, tmp_path: Path) -> dict[str, Path]:
+    """Files under the allowed roots that are not user data: the database and its WAL, another run's secrets and
+    clip, the dashboard's secrets and a git config beside the dataset, a hidden upload in progress."""
+    made = {"database": home / "studio.db", "wal": home / "studio.db-wal", "shm": home / "studio.db-shm",
+            "run secrets": home / "runs" / "r1" / ".secrets.json", "run clip": home / "runs" / "r1" / "c.wav",
+            "streamlit secrets": tmp_path / ".streamlit" / "secrets.toml", "git config": tmp_path / ".git" / "config",
+            "partial upload": home / "datasets" / ".rows.csv.1.ab.part"}
+    for path in made.values():
+        if path.suffix == ".wav":
+            tone(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"SECRET=hunter2\n")
+    return made
+
+
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_a_dataset_reference_to_the_database_a_run_or_a_secret_is_refused(home, tmp_path, kind):
+    """Before, any regular file under the allowed roots was a valid clip or image: the dataset's folder here holds
+    the data root, so a row could name studio.db, its WAL, another run's .secrets.json or .git/config, and New run
+    played (and /media served) its bytes."""
+    for label, target in _not_data(home, tmp_path).items():
+        for ref in (str(target), str(target.relative_to(tmp_path))):  # absolute, and relative to the dataset
+            rows = [{"image": ref, "text": "t"}] if kind == "image" else [{"audio": ref, "text": "t"}]
+            with pytest.raises(DatasetError) as info:
+                if kind == "image":
+                    images.resolve_rows(rows, tmp_path, "local_datasets")
+                else:
+                    audio.resolve_rows(rows, tmp_path, "local_datasets", {"audio": "audio", "text": "text"})
+            assert info.value.field == "local_datasets" and info.value.message.startswith("row 0: "), (label, ref)
+            assert "not user data" in info.value.message, (label, info.value.message)
+
+
+def test_a_reference_into_the_checkout_is_refused_even_when_the_checkout_is_an_allowed_root(home, tmp_path,
+                                                                                          monkeypatch):
+    """An admin who allows the checkout (to read its example files) still does not let a dataset's rows name the
+    code, its .git or the dashboard's .streamlit folder."""
+    checkout = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{checkout}")
+    for ref in (str(checkout / "pyproject.toml"), str(checkout / "docs" / "live-view.png")):
+        with pytest.raises(DatasetError) as info:
+            images.resolve_rows([{"image": ref, "text": "t"}], tmp_path, "local_datasets")
+        assert info.value.message.startswith("row 0: "), info.value.message
+
+
+def test_references_under_the_dataset_folder_and_the_uploads_folder_still_resolve(home, tmp_path):
+    picture = tmp_path / "data" / "pics" / "a.png"
+    picture.parent.mkdir(parents=True)
+    Image.new("RGB", (4, 4), "red").save(picture)
+    uploaded = paths.datasets_dir() / "b.png"
+    Image.new("RGB", (4, 4), "blue").save(uploaded)
+    rows = images.resolve_rows([{"image": "pics/a.png", "text": "t"}, {"image": str(uploaded), "text": "t"}],
+                               tmp_path / "data", "local_datasets")
+    assert [r["image"] for r in rows] == [str(picture.resolve()), str(uploaded.resolve())]
+

@@ -3,7 +3,11 @@ of every clip's duration against the model's window, and the clips past it count
 model facts faked (tests/test_new_run.py's fakes) and a Whisper config folder read for its window."""
 from __future__ import annotations
 
+import io
 import json
+
+import soundfile
+from streamlit.runtime.media_file_manager import MediaFileManager
 
 from tests.speech.test_stt_data import fake_whisper, tone, write_jsonl
 from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is a fixture
@@ -55,3 +59,35 @@ def test_a_text_run_shows_no_clip_panel(fakes, tmp_path):
     state[form.K + "method"] = "sft"
     at = open_page(**state)
     assert not at.get("audio")
+
+
+def served_media(monkeypatch) -> list:
+    """What the page hands Streamlit's media manager (which /media/<hash> serves): bytes, or a path it reads."""
+    served, add = [], MediaFileManager.add
+
+    def spy(self, path_or_data, mimetype, *args, **kwargs):
+        served.append((path_or_data, mimetype))
+        return add(self, path_or_data, mimetype, *args, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add", spy)
+    return served
+
+
+def test_a_player_gets_the_decoded_clip_and_a_clip_that_does_not_decode_gets_none(fakes, tmp_path, monkeypatch):
+    """Before, every one of the first clips got a player for its path, even rows the panel called unreadable, and
+    /media served the file's bytes as they were: here a text file named like a clip, and a WAV with a secret after
+    its audio. Now a player takes the samples soundfile decoded, written again as WAV; a clip that does not
+    decode gets none."""
+    served = served_media(monkeypatch)
+    ok = tone(tmp_path / "clips" / "ok.wav", 1.0)
+    with open(ok, "ab") as fh:
+        fh.write(b"SECRET=hunter2\n")  # past the RIFF chunk: soundfile reads the audio, the bytes carry the secret
+    (tmp_path / "clips" / "notes.wav").write_text("SECRET=hunter2\n")
+    rows = [{"audio": "notes.wav", "text": "not a clip"}, {"audio": "ok.wav", "text": "fine"}]
+    at = open_page(**speech_state(tmp_path, rows))
+    assert not at.exception, at.exception
+    assert len(at.get("audio")) == 1
+    clips = [data for data, mimetype in served if mimetype.startswith("audio/")]
+    assert len(clips) == 1 and isinstance(clips[0], bytes) and b"SECRET" not in clips[0]
+    assert soundfile.info(io.BytesIO(clips[0])).frames == 16000  # the whole second, decoded
+    assert any(w.startswith("1 clip(s) cannot be read") and "row 0" in w for w in texts(at, "warning"))

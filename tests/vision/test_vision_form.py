@@ -2,9 +2,14 @@
 only, no weights) and thumbnails of the chosen file's first image rows with their image tokens."""
 from __future__ import annotations
 
+import io
 import json
+import struct
+import zlib
 from pathlib import Path
 
+from PIL import Image, ImageFile
+from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
 from tests.support import ROOT
@@ -62,3 +67,84 @@ def test_text_model_gets_no_vision_line_and_a_url_is_named(app_home, tmp_path):
     assert not at.exception, at.exception
     assert not any("Vision-language model" in i.value for i in at.info)
     assert any(w.value.startswith("**local_datasets**: row 0: image") and "is a URL" in w.value for w in at.warning)
+
+
+def _with_dataset(data: Path) -> AppTest:
+    at = _page()
+    at.radio(key="nr_dataset_source").set_value("local")
+    at.text_input(key="nr_local_datasets").input(str(data)).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _served_images(monkeypatch) -> list:
+    """What the page hands Streamlit's media manager (which /media/<hash> serves): bytes, or a path it reads."""
+    served, add = [], MediaFileManager.add
+
+    def spy(self, path_or_data, mimetype, *args, **kwargs):
+        if mimetype.startswith("image/"):
+            served.append(path_or_data)
+        return add(self, path_or_data, mimetype, *args, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add", spy)
+    return served
+
+
+def _png_header_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` grey pixels (a 13000 x 13000 one compresses to 657 KB; the
+    header is what a decoder believes before it allocates)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * (width + 1))) + chunk(b"IEND", b""))
+
+
+def test_a_row_naming_a_file_that_is_not_an_image_is_that_rows_problem(app_home, tmp_path):
+    """Before, st.image raised on the text file and New run showed a traceback instead of the page."""
+    rows = shape_rows(tmp_path / "shapes", 3, seed=4)
+    (tmp_path / "shapes" / "notes.png").write_text("not a picture")
+    rows.insert(1, {"image": "notes.png", "question": "What colour is the shape?", "answer": "red"})
+    at = _with_dataset(write_jsonl(tmp_path / "shapes" / "train.jsonl", rows))
+    assert len(at.get("image")) == 3  # the three images that decode; the broken row gets none
+    assert ("**local_datasets**: row 1: image 'notes.png' is not an image that can be read: replace it with a "
+            "PNG, JPEG, WebP or GIF file, or remove the row") in [w.value for w in at.warning]
+
+
+def test_a_huge_image_is_refused_from_its_header_and_never_decoded(app_home, tmp_path, monkeypatch):
+    """A 13000 x 13000 PNG uploaded as .csv: before, the thumbnail decoded it in the dashboard (1.6 GB, 49 s at
+    every rerun). The header's size is checked against the Playground's pixel limit before any decoding."""
+    decoded = []
+    load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self.size) or load(self))
+    rows = shape_rows(tmp_path / "shapes", 1, seed=4)
+    (tmp_path / "shapes" / "rows.csv").write_bytes(_png_header_claiming(13000, 13000))  # named by content, not suffix
+    rows.append({"image": "rows.csv", "question": "What colour is the shape?", "answer": "grey"})
+    at = _with_dataset(write_jsonl(tmp_path / "shapes" / "train.jsonl", rows))
+    assert (13000, 13000) not in decoded
+    assert len(at.get("image")) == 1
+    assert ("**local_datasets**: row 1: image 'rows.csv' is 13,000 x 13,000 pixels; thumbnails and the models "
+            "here take at most 16,777,216: resize it, or remove the row") in [w.value for w in at.warning]
+
+
+def test_thumbnails_are_small_decoded_images_built_once(app_home, tmp_path, monkeypatch):
+    """The browser gets a thumbnail of what decoded (never the file as it is, never a path), built once per file:
+    a rerun of the page does not open the images again."""
+    served = _served_images(monkeypatch)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(2):
+        Image.new("RGB", (1200, 800), (200, 40 * i, 40)).save(folder / f"p{i}.jpg", quality=90)
+    rows = [{"image": f"p{i}.jpg", "question": "What colour is it?", "answer": "red"} for i in range(2)]
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda fp, *a, **k: opened.append(fp) or real_open(fp, *a, **k))
+    at = _with_dataset(write_jsonl(folder / "train.jsonl", rows))
+    assert len(at.get("image")) == 2
+    assert served and all(isinstance(data, bytes) for data in served)
+    for data in served:
+        with Image.open(io.BytesIO(data)) as thumb:
+            assert max(thumb.size) <= 192, thumb.size
+    before = len(opened)
+    at.run()
+    assert not at.exception and len(at.get("image")) == 2
+    assert len(opened) == before  # cached: the images are not opened (nor decoded) again
