@@ -348,7 +348,8 @@ BASE_KEY = f"base:{BUNDLED_MODEL}"
     ({"samples": 3, "partial": False}, RunStatus.COMPLETED, True),
     ({"samples": 0, "partial": False}, RunStatus.COMPLETED, False),  # from before 0 samples was a failure
     ({"partial": False}, RunStatus.COMPLETED, False),
-    (None, RunStatus.QUEUED, True), (None, RunStatus.RUNNING, True)])
+    (None, RunStatus.QUEUED, True), (None, RunStatus.STARTING, True), (None, RunStatus.RUNNING, True),
+    (None, RunStatus.STOPPING, False)])  # it ends stopped or cancelled, which never counts
 def test_which_baselines_are_reused(home, metrics, status, reusable):
     store = Store()
     add_eval(store, "base-1", BASE_KEY, metrics, status=status)

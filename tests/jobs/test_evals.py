@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,18 @@ def trained(orch, monkeypatch):
     return run_id
 
 
+def hold_workers(monkeypatch, tmp_path) -> Path:
+    """Fake workers started from now on hold after their first step until the returned file exists: a job under
+    way stays under way however busy the machine (a fake eval reports no scored samples, so once it has completed
+    it is rightly never reused: the old test relied on the second submission beating the baseline's worker)."""
+    release = tmp_path / "release-workers"
+    monkeypatch.setenv("FAKE_PAUSE_AT", "1")
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(release))
+    return release
+
+
 def test_the_baseline_is_queued_once_and_reused(orch, trained, home, tmp_path, monkeypatch):
+    hold_workers(monkeypatch, tmp_path)
     data = tmp_path / "test.jsonl"
     data.write_bytes((DATA / "alpaca.jsonl").read_bytes())
     spec = EvalSpec(source=ModelSource(run_id=trained), data=str(data), max_new_tokens=8)
@@ -95,18 +107,41 @@ def test_the_baseline_is_queued_once_and_reused(orch, trained, home, tmp_path, m
     assert (base_spec.source, base_spec.data, base_spec.baseline) == (ModelSource(model=BUNDLED_MODEL), str(data), False)
     assert orch.eval_result(first).base_model == BUNDLED_MODEL
     assert orch.eval_baseline(orch.eval_result(first)).job_id == baseline
-    # Other scored settings, or other data: another baseline.
+    # Other scored settings, or other data: another baseline; one waiting in the queue (the held baseline has the
+    # only device) is reused like one that runs.
     _, other = orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))
-    assert other not in (None, baseline)
+    assert other not in (None, baseline) and orch.store.get_run(other).status is RunStatus.QUEUED
+    _, queued = orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))
+    assert queued == other
     data.write_text(data.read_text() + '{"instruction": "x", "output": "y"}\n')
     _, changed = orch.start_eval(spec)
     assert changed not in (None, baseline, other)
-    # A failed baseline does not count: the next submission queues a new one.
+
+
+def test_a_failed_baseline_is_not_reused(orch, trained, tmp_path, monkeypatch):
+    data = tmp_path / "test.jsonl"
+    data.write_bytes((DATA / "alpaca.jsonl").read_bytes())
+    spec = EvalSpec(source=ModelSource(run_id=trained), data=str(data), max_new_tokens=10)
     fake(monkeypatch, mode="raise")
-    _, failing = orch.start_eval(dataclasses.replace(spec, max_new_tokens=10))
+    _, failing = orch.start_eval(spec)
     assert orch.wait(failing, timeout=60, interval=0.05).status is RunStatus.FAILED
-    _, retried = orch.start_eval(dataclasses.replace(spec, max_new_tokens=10))
+    _, retried = orch.start_eval(spec)
     assert retried not in (None, failing)
+
+
+def test_a_baseline_being_stopped_is_not_reused(orch, trained, tmp_path, monkeypatch):
+    """A stopped or cancelled eval never counts as a baseline, so one on its way there does not either."""
+    release = hold_workers(monkeypatch, tmp_path)
+    data = tmp_path / "test.jsonl"
+    data.write_bytes((DATA / "alpaca.jsonl").read_bytes())
+    spec = EvalSpec(source=ModelSource(run_id=trained), data=str(data), max_new_tokens=8)
+    _, baseline = orch.start_eval(spec)
+    orch.stop(baseline)  # the held worker reads the request only once released: the row says stopping until then
+    assert orch.store.get_run(baseline).status is RunStatus.STOPPING
+    _, fresh = orch.start_eval(spec)
+    assert fresh not in (None, baseline)
+    release.touch()
+    assert orch.wait(baseline, timeout=60, interval=0.05).status is RunStatus.STOPPED
 
 
 def test_start_eval_refuses_bad_input_with_every_problem(orch, trained, tmp_path):

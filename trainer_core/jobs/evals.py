@@ -130,8 +130,11 @@ def _baseline_lock() -> queue.FileLock:
 
 
 def reusable(found: EvalResultRecord) -> bool:
-    """A baseline under way, or one that completed with samples scored to the end (an eval of 0 samples, from
-    before that was a failure, or a partial one is never reused)."""
+    """A baseline under way (queued, starting or running), or one that completed with samples scored to the end
+    (an eval of 0 samples, from before that was a failure, or a partial one is never reused). One being stopped
+    or cancelled ends stopped or cancelled, which never counts: an eval waiting for it would get no baseline."""
+    if found.status is RunStatus.STOPPING:
+        return False
     if not found.status.is_terminal():
         return True
     metrics = found.metrics or {}
