@@ -387,7 +387,7 @@ PAGE_UPLOAD_CASES = [
      ["line 7 is not valid JSON"]),
     ("page-wrong-columns", "rows.jsonl", (FIXTURES / "unknown_columns.jsonl").read_bytes(), "format_type",
      ["could not tell the format", "custom_format_mapping"]),
-    ("page-not-parquet", "rows.parquet", b"not parquet", "local_datasets", ["is not a readable Parquet file"]),
+    ("page-not-parquet", "rows.parquet", b"PAR1 not parquet", "local_datasets", ["is not a readable Parquet file"]),
 ]
 
 

@@ -94,7 +94,7 @@ def resolve_rows(rows: list[dict], folder: Path | None, field_name: str,
     column = audio_column(rows, mapping)
     if column is None:
         return rows
-    roots = paths.allowed_data_roots() if folder is not None else paths.hub_data_roots()
+    roots = paths.data_ref_roots(folder)
     out = []
     for index, row in enumerate(rows):
         if isinstance(row, dict) and row.get(column) not in (None, ""):
@@ -126,11 +126,10 @@ def _resolve_ref(ref: Any, folder: Path | None, roots: list[Path], field_name: s
                                            "has no folder to take it from: use the datasets Audio feature (bytes)")
         candidate = folder / candidate
     try:
-        resolved = paths.resolve_inside(candidate, roots)
+        resolved = paths.resolve_data_ref(candidate, roots)
     except paths.UnsafePathError as exc:
-        raise DatasetError(field_name, f"row {index}: {exc}. Keep audio files (and what their links point to) under "
-                                       "the dataset's folder or an allowed root "
-                                       "(FINETUNE_STUDIO_ALLOWED_ROOTS).") from None
+        raise DatasetError(field_name, f"row {index}: {exc}. Keep audio files (and what their links point to) "
+                                       f"{paths.DATA_REF_PLACES}.") from None
     if not resolved.is_file():
         raise DatasetError(field_name, f"row {index}: audio {text[:80]!r} does not exist ({resolved}): check the "
                                        "path, which is taken from the dataset file's folder")

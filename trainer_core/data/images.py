@@ -72,7 +72,7 @@ def resolve_rows(rows: list[dict], folder: Path | None, field_name: str) -> list
     is a DatasetError naming the row. Rows without images are returned as they are."""
     if not has_images(rows):
         return rows
-    roots = paths.allowed_data_roots() if folder is not None else paths.hub_data_roots()
+    roots = paths.data_ref_roots(folder)
     out = []
     for index, row in enumerate(rows):
         def fix(ref: Any, index: int = index) -> Any:
@@ -138,10 +138,10 @@ def _resolve_ref(ref: Any, folder: Path | None, roots: list[Path], field_name: s
                                            "it from: use the datasets Image feature (bytes)")
         candidate = folder / candidate
     try:
-        resolved = paths.resolve_inside(candidate, roots)
+        resolved = paths.resolve_data_ref(candidate, roots)
     except paths.UnsafePathError as exc:
-        raise DatasetError(field_name, f"row {index}: {exc}. Keep images (and what their links point to) under "
-                                       "the dataset's folder or an allowed root (FINETUNE_STUDIO_ALLOWED_ROOTS).") from None
+        raise DatasetError(field_name, f"row {index}: {exc}. Keep images (and what their links point to) "
+                                       f"{paths.DATA_REF_PLACES}.") from None
     if not resolved.is_file():
         raise DatasetError(field_name, f"{where} does not exist ({resolved}): check the path, which is taken "
                                        "from the dataset file's folder")

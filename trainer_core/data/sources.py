@@ -68,6 +68,29 @@ def source_files(path: Path, field_name: str) -> list[Path]:
 
 # ---------------------------------------------------------------------- uploads
 UPLOAD_CHUNK = 1 << 20  # bytes copied at a time: an upload is never held twice in the server's memory
+# (first bytes, what the file is): an upload is what its bytes say, not what its name says (a PNG named rows.csv
+# would otherwise sit in the datasets folder, where a row may name it as an image)
+SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF87a", "a GIF image"),
+              (b"GIF89a", "a GIF image"), (b"OggS", "an Ogg clip"), (b"fLaC", "a FLAC clip"),
+              (b"PK\x03\x04", "a ZIP archive"), (b"%PDF-", "a PDF document"), (b"\x7fELF", "a program"),
+              (b"\x1f\x8b", "a gzip archive"), (b"PAR1", "a Parquet file"))
+RIFF_KINDS = {b"WAVE": "a WAV clip", b"WEBP": "a WebP image", b"AVI ": "a video"}
+
+
+def content_problem(name: str, suffix: str, head: bytes) -> str | None:
+    """Why the first bytes of an upload named ``name`` are not a ``suffix`` dataset file, or None: a Parquet file
+    starts with PAR1; .jsonl/.json/.csv are text (no NUL bytes, none of the binary formats' signatures)."""
+    what = next((kind for magic, kind in SIGNATURES if head.startswith(magic)), None)
+    if head.startswith(b"RIFF"):
+        what = RIFF_KINDS.get(head[8:12], "a RIFF media file")
+    if suffix == ".parquet":
+        what = None if head.startswith(b"PAR1") else what or ("binary data" if b"\x00" in head else "text")
+    elif what is None and b"\x00" in head:
+        what = "binary data"
+    if what is None:
+        return None
+    return (f"{name} is {what}, not a {suffix[1:]} dataset file: upload the rows themselves (.jsonl, .json, .csv "
+            "or .parquet); images and clips a dataset names go in its folder, next to it")
 
 
 def save_upload(filename: str, data: bytes | BinaryIO, max_bytes: int = 200 * 2**20) -> Path:
@@ -96,6 +119,9 @@ def save_upload(filename: str, data: bytes | BinaryIO, max_bytes: int = 200 * 2*
     try:
         with open(partial, "wb") as out:
             while chunk := stream.read(UPLOAD_CHUNK):
+                problem = None if size else content_problem(name, suffix, chunk)
+                if problem:
+                    raise DatasetError("local_datasets", problem)
                 size += len(chunk)
                 if size > max_bytes:
                     raise DatasetError("local_datasets", f"{name} is over {max_bytes / 2**20:.0f} MiB; uploads are "

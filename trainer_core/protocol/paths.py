@@ -95,16 +95,11 @@ def resolve_inside(path: str | os.PathLike, roots: list[Path]) -> Path:
 def allowed_data_roots() -> list[Path]:
     """Folders a user may point dataset and model paths at.
 
-    The data root always; extra roots from ``FINETUNE_STUDIO_ALLOWED_ROOTS`` (os.pathsep separated),
-    which defaults to the current working directory so local files next to the project work.
+    The data root always; extra roots from ``FINETUNE_STUDIO_ALLOWED_ROOTS`` (os.pathsep separated). The working
+    directory is not one by default: it is usually the checkout (the code, ``.git``, ``.streamlit/secrets.toml``).
     """
-    extra = os.environ.get("FINETUNE_STUDIO_ALLOWED_ROOTS")
-    roots = [data_root()]
-    if extra is None:
-        roots.append(Path.cwd())
-    else:
-        roots.extend(Path(p).expanduser() for p in extra.split(os.pathsep) if p)
-    return roots
+    extra = os.environ.get("FINETUNE_STUDIO_ALLOWED_ROOTS") or ""
+    return [data_root(), *(Path(p).expanduser() for p in extra.split(os.pathsep) if p)]
 
 
 def hub_data_roots() -> list[Path]:
@@ -115,6 +110,51 @@ def hub_data_roots() -> list[Path]:
         home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
         cache = os.path.join(home, "datasets")
     return [*allowed_data_roots(), Path(cache).expanduser()]
+
+
+# ---------------------------------------------------------------------- files named inside user data
+CHECKOUT = Path(__file__).resolve().parents[2]  # the code: never data, even where an allowed root holds it
+DATA_REF_PLACES = ("in the dataset's folder or the datasets folder (uploads); a hub split's, in the datasets cache "
+                   "or an allowed root (FINETUNE_STUDIO_ALLOWED_ROOTS)")
+NOT_DATA_NAMES = frozenset({"studio.db", ".secrets.json", "secrets.toml"})
+
+
+def data_ref_roots(folder: Path | None) -> list[Path]:
+    """Where a file named inside a dataset (an image, a clip, a document) may lie: under the dataset's own folder
+    and the datasets folder (uploads and generated datasets); for a hub split (``folder`` None), under the allowed
+    roots and the ``datasets`` cache. ``resolve_data_ref`` refuses what is not data even there."""
+    return [folder, datasets_dir()] if folder is not None else hub_data_roots()
+
+
+def resolve_data_ref(path: str | os.PathLike, roots: list[Path]) -> Path:
+    """``path``, named by a dataset's row, resolved (symlinks included) under ``roots`` and refused
+    (UnsafePathError) where it is not user data: the database and its -wal/-shm, the data root outside its datasets
+    folder (run folders, caches, locks), the checkout, any hidden file or folder (``.git``, ``.streamlit``,
+    ``.secrets.json``, an upload in progress)."""
+    resolved = resolve_inside(path, roots)
+    problem = _not_data(resolved, roots)
+    if problem:
+        raise UnsafePathError(f"{path} resolves to {problem}, which is not user data")
+    return resolved
+
+
+def _not_data(resolved: Path, roots: list[Path]) -> str | None:
+    name = resolved.name
+    if name in NOT_DATA_NAMES or name.startswith("studio.db-"):
+        return "the database or a secrets file"
+    root = max((r.resolve() for r in roots if r.resolve() == resolved or r.resolve() in resolved.parents),
+               key=lambda r: len(r.parts))
+    hidden = any(part.startswith(".") for part in resolved.relative_to(root).parts)
+    if hidden or {".git", ".streamlit"} & set(resolved.parts):
+        return "a hidden file or folder (.git, .streamlit, secrets)"
+    datasets = datasets_dir().resolve()
+    if resolved == datasets or datasets in resolved.parents:
+        return None
+    if resolved == data_root() or data_root() in resolved.parents:
+        return "the data root outside its datasets folder (run folders, caches)"
+    if resolved == CHECKOUT or CHECKOUT in resolved.parents:
+        return "the Finetune Studio checkout"
+    return None
 
 
 def inside_run(run_dir: str | os.PathLike, path: str | os.PathLike,
