@@ -18,7 +18,7 @@ from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import events as ev
-from trainer_core.protocol import paths
+from trainer_core.protocol import control, paths
 from trainer_core.protocol.status import JobKind, RunStatus
 
 DATA = ROOT / "tests" / "fixtures" / "datasets"
@@ -142,6 +142,42 @@ def test_a_baseline_being_stopped_is_not_reused(orch, trained, tmp_path, monkeyp
     assert fresh not in (None, baseline)
     release.touch()
     assert orch.wait(baseline, timeout=60, interval=0.05).status is RunStatus.STOPPED
+
+
+def test_an_eval_that_cannot_be_submitted_takes_back_the_baseline_it_launched(orch, trained, tmp_path, monkeypatch):
+    """Both or neither: the baseline is submitted first, and was left running unfollowed when the eval then failed."""
+    release = hold_workers(monkeypatch, tmp_path)
+    data = tmp_path / "test.jsonl"
+    data.write_bytes((DATA / "alpaca.jsonl").read_bytes())
+    spec = EvalSpec(source=ModelSource(run_id=trained), data=str(data), max_new_tokens=8)
+    submit = orch.submit
+
+    def no_room_for_the_eval(job, actor=None):
+        if job.baseline:  # the eval itself (its baseline is submitted with baseline=False, before it)
+            raise OSError(28, "No space left on device")
+        return submit(job, actor)
+
+    def baseline_of_failed(settings: EvalSpec) -> RunRecord:
+        before = {r.id for r in orch.list_runs()}
+        monkeypatch.setattr(orch, "submit", no_room_for_the_eval)
+        with pytest.raises(OSError, match="No space left"):
+            orch.start_eval(settings)
+        monkeypatch.setattr(orch, "submit", submit)
+        [baseline] = [r for r in orch.list_runs() if r.id not in before]
+        assert baseline.model == f"base:{BUNDLED_MODEL}"
+        return baseline
+
+    launched = baseline_of_failed(spec)  # launched at once (the device was free), then asked to cancel
+    assert control.read(paths.run_dir(launched.id)) is control.Action.CANCEL  # its worker, held, reads it once released
+    _, kept = orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))  # queued behind the held one
+    monkeypatch.setattr(orch, "submit", no_room_for_the_eval)
+    with pytest.raises(OSError, match="No space left"):
+        orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))  # found ``kept``: nothing of it to take back
+    monkeypatch.setattr(orch, "submit", submit)
+    assert orch.store.get_run(kept).status is RunStatus.QUEUED
+    assert baseline_of_failed(dataclasses.replace(spec, max_new_tokens=10)).status is RunStatus.CANCELLED  # dequeued
+    release.touch()
+    assert orch.wait(launched.id, timeout=60, interval=0.05).status is RunStatus.CANCELLED
 
 
 def test_start_eval_refuses_bad_input_with_every_problem(orch, trained, tmp_path):

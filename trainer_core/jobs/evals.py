@@ -121,7 +121,14 @@ def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> 
                                                 name=f"Baseline · {_source_label(base_source)}")
                 baseline_id = _submit(orch, base_spec, resolved.base_model, fingerprint, settings, actor)
                 baseline_new = True
-        job_id = _submit(orch, spec, resolved.base_model, fingerprint, settings, actor)
+        try:
+            job_id = _submit(orch, spec, resolved.base_model, fingerprint, settings, actor)
+        except Exception:
+            # Both or neither: a baseline launched for an eval that never got submitted would run unfollowed,
+            # holding the device. One found under way belongs to the evals that found it and stays.
+            if baseline_new:
+                _take_back(orch, baseline_id, actor)
+            raise
     return Started(job_id, baseline_id, baseline_new)
 
 
@@ -192,11 +199,22 @@ def _submit(orch: "Orchestrator", spec: EvalSpec, base_model: str, fingerprint: 
             actor: access.Actor | None) -> str:
     job_id = orch.submit(spec, actor)
     # The result row exists from now on (metrics NULL until the job reports them): a baseline under way is found.
-    orch.store.save_eval_result(job_id, source_key=spec.source.key, source_run_id=spec.source.run_id,
-                                checkpoint=spec.source.checkpoint, base_model=base_model,
-                                data_fingerprint=fingerprint, settings_hash=settings, data_label=spec.dataset_label,
-                                created_at=time.time())
+    try:
+        orch.store.save_eval_result(job_id, source_key=spec.source.key, source_run_id=spec.source.run_id,
+                                    checkpoint=spec.source.checkpoint, base_model=base_model,
+                                    data_fingerprint=fingerprint, settings_hash=settings,
+                                    data_label=spec.dataset_label, created_at=time.time())
+    except Exception:
+        _take_back(orch, job_id, actor)  # a job without its result row is never found, nor shown as an eval
+        raise
     return job_id
+
+
+def _take_back(orch: "Orchestrator", job_id: str, actor: access.Actor | None) -> None:
+    """Cancel a job this submission started and cannot finish submitting (a queued one leaves the queue), and
+    say why in its timeline; the caller re-raises the submission's own error."""
+    orch.cancel(job_id, actor=actor)
+    orch.store.add_event(job_id, "control", "cancelled: the submission it belonged to failed")
 
 
 def read_predictions(job_id: str, limit: int = PREDICTIONS_SHOWN) -> list[dict]:
