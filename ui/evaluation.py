@@ -9,7 +9,6 @@ speech, images), sharing the headline and worst-first ordering.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -20,6 +19,7 @@ from trainer_core.jobs import jobspec
 from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.config import ConfigError
 from trainer_core.data import DatasetError
+from trainer_core.data import audio as audio_data
 from trainer_core.data.sources import save_upload
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
@@ -307,7 +307,7 @@ def _clip_detail(shown: pd.DataFrame, key: str) -> None:
     row = shown[shown["index"] == pick].iloc[0]
     clip = playable_clip(row.get("audio"))
     if clip is not None:
-        st.audio(str(clip))
+        st.audio(clip, format="audio/wav")
     else:
         st.caption("The clip is not playable here (bytes in the test data, or its file is gone or outside the allowed "
                    "folders).")
@@ -318,16 +318,17 @@ def _clip_detail(shown: pd.DataFrame, key: str) -> None:
         st.code(row["alignment"], language=None)  # REF / HYP with S, D, I marks: plain text
 
 
-def playable_clip(value: Any) -> Path | None:
-    """A clip path read from predictions.jsonl, only when it still names a file under the allowed folders (the file
-    is written by the worker, but a page never serves a path it has not checked)."""
+def playable_clip(value: Any) -> bytes | None:
+    """A clip path read from predictions.jsonl, as the player's decoded WAV (data.audio.playable_wav), only when it
+    names a clip where user data lives (a worker wrote the file, but it may run user code: a page never serves a path
+    it has not checked, nor a file's own bytes); None otherwise."""
     if not isinstance(value, str) or not value:
         return None
     try:
-        found = paths.resolve_inside(value, paths.allowed_data_roots())
-    except paths.UnsafePathError:
+        found = paths.resolve_data_ref(value, paths.allowed_data_roots())
+        return audio_data.playable_wav(str(found)) if found.is_file() else None
+    except (paths.UnsafePathError, ValueError):
         return None
-    return found if found.is_file() else None
 
 
 def hits_table(hits: list) -> pd.DataFrame:

@@ -1,7 +1,9 @@
 """The New run page's speech panel (issue 22): for a dataset of clips, a player for the first ones with their
 transcript and duration, and a histogram of every clip's duration against the longest clip trained on (a speech-to-
-text model's window; a text-to-speech run's tts.max_clip_s): clips past it are left out of training, counted. Dashboard side: clip headers only (soundfile), paths resolved and checked by the
-data loader (allowed roots) before a clip is read or played."""
+text model's window; a text-to-speech run's tts.max_clip_s): clips past it are left out of training, counted.
+Dashboard side: clip headers only (soundfile), paths resolved and checked by the data loader (only where user data
+lives) before a clip is read. A player gets the clip as decoded and written again (data.audio.playable_wav), never a
+path or the file's own bytes; a clip that does not decode gets none."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +21,9 @@ HISTOGRAM_MAX = 5_000  # clips whose durations are read for the histogram (heade
 
 
 def clip_rows(rows: list[dict], folder: Path, mapping: dict[str, str] | None) -> tuple[list[dict], str]:
-    """Up to HISTOGRAM_MAX rows as {audio, text, seconds} with their clips resolved and checked ([] when the rows
-    hold no audio); or a problem (a URL, a path outside the allowed roots) as the loader words it."""
+    """Up to HISTOGRAM_MAX rows as {row, audio, text, seconds} (row: its index in the file) with their clips resolved
+    and checked ([] when the rows hold no audio); or a problem (a URL, a path outside the allowed roots) as the loader
+    words it."""
     sample = rows[:HISTOGRAM_MAX]
     if audio_data.audio_column(sample, mapping) is None or audio_data.text_column(sample, mapping) is None:
         return [], ""
@@ -30,7 +33,7 @@ def clip_rows(rows: list[dict], folder: Path, mapping: dict[str, str] | None) ->
         return [], exc.message
     column, text = audio_data.audio_column(resolved, mapping), audio_data.text_column(resolved, mapping)
     out = []
-    for row in resolved:
+    for index, row in enumerate(resolved):
         clip = row.get(column) if isinstance(row, dict) else None
         if clip in (None, "", b""):
             continue
@@ -38,8 +41,33 @@ def clip_rows(rows: list[dict], folder: Path, mapping: dict[str, str] | None) ->
             seconds = audio_data.duration_s(clip)
         except ValueError:
             seconds = None  # unreadable: the data check counts it
-        out.append({"audio": clip, "text": str(row.get(text) or ""), "seconds": seconds})
+        out.append({"row": index, "audio": clip, "text": str(row.get(text) or ""), "seconds": seconds})
     return out, ""
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _player_wav(path: str, stamp: tuple[int, int]) -> bytes | None:
+    """A clip file's player bytes, or None when it does not decode. ``stamp`` (mtime, size): an edited file is
+    decoded again."""
+    return _wav_or_none(path)
+
+
+def _wav_or_none(clip) -> bytes | None:
+    try:
+        return audio_data.playable_wav(clip)
+    except ValueError:
+        return None
+
+
+def player_wav(clip) -> bytes | None:
+    """What a player plays: the decoded clip as WAV (cached per file), or None when it does not decode."""
+    if isinstance(clip, str):
+        try:
+            stat = Path(clip).stat()
+        except OSError:
+            return None
+        return _player_wav(clip, (stat.st_mtime_ns, stat.st_size))
+    return _wav_or_none(clip)
 
 
 def clip_limit(config) -> float:
@@ -76,18 +104,18 @@ def clips_panel(rows: list[dict], source: Path | None, mapping: dict[str, str] |
     over = sum(s > window_s for s in readable)
     st.markdown(f"**Clips** ({len(clips):,} in the first file{' read' if len(rows) > HISTOGRAM_MAX else ''}: "
                 f"{sum(readable):.1f} s of speech)")
-    for column, clip in zip(st.columns(min(PLAYERS, len(clips))), clips[:PLAYERS]):
-        if isinstance(clip["audio"], str):
-            column.audio(clip["audio"])
-        elif isinstance(clip["audio"], (bytes, bytearray)):
-            column.audio(bytes(clip["audio"]))
-        length = f"{clip['seconds']:.1f} s" if clip["seconds"] is not None else "unreadable"
-        column.caption(f"{length} · {safe(clip['text'][:80])}")
+    tried = [c for c in clips if c["seconds"] is not None][:PLAYERS * 2]  # a clip that does not decode gets none
+    players = [(clip, wav) for clip, wav in ((c, player_wav(c["audio"])) for c in tried) if wav is not None][:PLAYERS]
+    for column, (clip, wav) in zip(st.columns(len(players)) if players else [], players):
+        column.audio(wav, format="audio/wav")
+        column.caption(f"{clip['seconds']:.1f} s · {safe(clip['text'][:80])}")
     if readable:
         st.altair_chart(duration_chart(readable, window_s), width="stretch")
     if over:
         st.warning(f"{over:,} clip(s) are longer than {window_s:g} s (the longest clip trained on) and will be left "
                    f"out: {audio_data.too_long_reason(window_s)}.")
-    if len(readable) < len(clips):
-        st.warning(f"{len(clips) - len(readable):,} clip(s) cannot be read (not WAV/FLAC/OGG/MP3 files soundfile "
-                   "decodes) and will be left out.")
+    unreadable = [c["row"] for c in clips if c["seconds"] is None]
+    if unreadable:
+        rows_named = ", ".join(f"row {r}" for r in unreadable[:5]) + (" and more" if len(unreadable) > 5 else "")
+        st.warning(f"{len(unreadable):,} clip(s) cannot be read (not WAV/FLAC/OGG/MP3 files soundfile decodes) and "
+                   f"will be left out: {rows_named}. Replace them with clips that play, or remove the rows.")

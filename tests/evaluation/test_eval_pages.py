@@ -13,7 +13,8 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
-from ui.evaluation import compare_table, headline, metric_rows, worst_first
+from tests.speech.test_stt_data import tone
+from ui.evaluation import compare_table, headline, metric_rows, playable_clip, worst_first
 from ui.text import safe
 
 BASE_KEY = f"base:{BUNDLED_MODEL}"
@@ -165,3 +166,15 @@ def test_with_a_cluster_the_form_offers_it_and_the_job_carries_launcher_ray(app_
     assert any("**launcher**: launcher: ray: run folders must be on storage every node of the Ray cluster mounts"
                in t for t in texts(at, "error")), texts(at, "error")
     assert [r.id for r in store.list_runs()] == ["run-a"]  # nothing queued
+
+
+def test_an_eval_clip_player_gets_decoded_audio_only_from_where_user_data_lives(home, tmp_path):
+    """Before, the picked clip's player was handed the path predictions.jsonl names (written by a worker, which runs
+    user code) when it lay anywhere under the allowed roots, and /media served the file: another run's clip, say."""
+    ours = tone(tmp_path / "clips" / "a.wav", 0.5)
+    theirs = tone(home / "runs" / "other-run" / "private.wav", 0.5)
+    wav = playable_clip(str(ours))
+    assert isinstance(wav, bytes) and wav.startswith(b"RIFF")  # the decoded clip, not a path
+    assert playable_clip(str(theirs)) is None
+    (tmp_path / "clips" / "notes.wav").write_text("not audio")
+    assert playable_clip(str(tmp_path / "clips" / "notes.wav")) is None

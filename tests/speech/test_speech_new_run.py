@@ -87,7 +87,8 @@ def test_a_player_gets_the_decoded_clip_and_a_clip_that_does_not_decode_gets_non
     at = open_page(**speech_state(tmp_path, rows))
     assert not at.exception, at.exception
     assert len(at.get("audio")) == 1
-    clips = [data for data, mimetype in served if mimetype.startswith("audio/")]
-    assert len(clips) == 1 and isinstance(clips[0], bytes) and b"SECRET" not in clips[0]
-    assert soundfile.info(io.BytesIO(clips[0])).frames == 16000  # the whole second, decoded
+    clips = [data for data, mimetype in served if mimetype.startswith("audio/")]  # one per run of the page
+    assert clips and all(isinstance(data, bytes) for data in clips), clips
+    [clip] = set(clips)
+    assert b"SECRET" not in clip and soundfile.info(io.BytesIO(clip)).frames == soundfile.info(ok).frames  # all of it
     assert any(w.startswith("1 clip(s) cannot be read") and "row 0" in w for w in texts(at, "warning"))

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import soundfile
 
 from trainer_core.data import DatasetError
@@ -154,6 +155,36 @@ def duration_s(ref: Any) -> float:
     except (soundfile.LibsndfileError, RuntimeError, TypeError, OSError) as exc:
         raise ValueError(str(exc).strip() or type(exc).__name__) from None
     return info.frames / float(info.samplerate)
+
+
+PLAYER_MAX_S = 60.0  # seconds of a clip a player gets (the longest window any model here takes is 30 s)
+PLAYER_MAX_SAMPLES = 4_000_000  # frames x channels decoded at most, whatever the sample rate claims (16 MB)
+
+
+def playable_wav(ref: Any) -> bytes:
+    """The first PLAYER_MAX_S seconds of a clip (a resolved path, bytes or a decoded array) decoded and written
+    again as 16-bit WAV: what a player may send the browser, never the file's own bytes (which could carry anything
+    after a valid header). Reads at most PLAYER_MAX_SAMPLES samples, never the whole file. ValueError when the
+    clip does not decode."""
+    if isinstance(ref, dict) and ref.get("array") is not None:
+        seconds = duration_s(ref)  # checks the sampling rate
+        rate = int(ref["sampling_rate"])
+        kept = ref["array"][:min(int(min(seconds, PLAYER_MAX_S) * rate), PLAYER_MAX_SAMPLES)]
+        samples = np.clip(np.asarray(kept, dtype=np.float32), -1.0, 1.0)
+    else:
+        source = io.BytesIO(bytes(ref)) if isinstance(ref, (bytes, bytearray)) else ref
+        try:
+            with soundfile.SoundFile(source) as clip:
+                rate = clip.samplerate
+                frames = min(clip.frames, int(PLAYER_MAX_S * rate), PLAYER_MAX_SAMPLES // max(clip.channels, 1))
+                samples = clip.read(frames, dtype="int16")
+        except (soundfile.LibsndfileError, RuntimeError, TypeError, OSError) as exc:
+            raise ValueError(str(exc).strip() or type(exc).__name__) from None
+    if not len(samples):
+        raise ValueError("the clip holds no samples")
+    out = io.BytesIO()
+    soundfile.write(out, samples, rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()
 
 
 # ---------------------------------------------------------------------- normalisation
