@@ -20,6 +20,7 @@ from sqlmodel import Session
 
 from db.models import Metric
 from tests.support import ROOT, fake, orphan_run, run_python, wait_for_step, wait_until
+from trainer_core.__main__ import main as cli
 from trainer_core.jobs import adoption
 from trainer_core.protocol import control, paths
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, TrainConfig
@@ -214,6 +215,32 @@ def test_stop_request_survives_a_restart_and_the_watchdog_still_fires(make_orch,
     snap = second.wait(run_id, timeout=30, interval=0.1)
     assert snap.status is RunStatus.FAILED
     assert second.get_run(run_id).error.startswith("The worker did not stop within 1s and was terminated")
+
+
+@pytest.mark.parametrize("action", ["stop", "cancel"])
+def test_a_request_made_by_another_process_is_enforced_by_whoever_pumps(store, fake_worker, monkeypatch, action):
+    """The `stop`/`cancel` CLI (like a second dashboard) only writes control.json and the row: the orchestrator that
+    pumps the run shows the request and terminates a worker that ignores it once the same timeout runs out."""
+    monkeypatch.setattr(adoption, "STOP_TIMEOUT_S", 3600.0)  # nothing is terminated before the test says so
+    monkeypatch.setattr(adoption, "KILL_GRACE_S", 0.0)
+    pumping = Orchestrator(store=store, launcher=fake_worker, start_pump=False)  # pumped by hand, tick by tick
+    try:
+        run_id = pumping.start(fake(monkeypatch, mode="ignore", steps=2))
+        wait_until(lambda: pumping.pump_once() or pumping.snapshot(run_id).step >= 2, what="step 2")
+        monkeypatch.setenv("DATABASE_URL", store.url)  # the CLI's own orchestrator, on the same database
+        assert cli([action, run_id]) == 0
+        pumping.pump_once()
+        assert pumping.snapshot(run_id).status is RunStatus.STOPPING
+        monkeypatch.setattr(adoption, "STOP_TIMEOUT_S", 0.0)  # the timeout runs out
+        wait_until(lambda: pumping.pump_once() or store.get_run(run_id).status.is_terminal(), timeout=30,
+                   what="the watchdog to end the worker")
+    finally:
+        pumping.close()
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error.startswith("The worker did not stop within 0s and was terminated"), run.error
+    assert "no response after 0s: sent SIGTERM" in [e.message for e in store.get_events(run_id) if e.kind == "control"]
+    assert fake_worker.spawned[-1].returncode == -signal.SIGKILL  # SIGTERM was ignored, SIGKILL ended it
 
 
 # ====================================================================== restart and adoption

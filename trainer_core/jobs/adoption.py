@@ -88,6 +88,27 @@ def exited(t: Tracker) -> tuple[bool, str]:
     return not state.alive, state.reason
 
 
+def stopping_phase(action: control.Action) -> str:
+    return "stopping (saving)" if action is control.Action.STOP else "cancelling"
+
+
+def notice_request(t: Tracker) -> None:
+    """A Stop or Cancel that another process made (the `stop` CLI, a second dashboard) reaches the worker through
+    control.json only: whoever pumps the run enforces it like its own. Its live state says so, the row is set
+    to stopping again at the next flush (a status event read while the request was made had set it back), and
+    the watchdog's clock starts at the request's time. Costs one failed open() per tick and job without one."""
+    if t.stop_requested_at is not None or t.terminal is not None:
+        return
+    action = control.read(t.run_dir)
+    if action is None:
+        return
+    now = time.time()
+    t.stop_requested_at = min(control.requested_at(t.run_dir) or now, now)  # never later than now: another
+    # host's clock (a run folder on shared storage) must not postpone the timeout
+    t.live.update(status=RunStatus.STOPPING, phase=stopping_phase(action))
+    t.run_values.update(status=RunStatus.STOPPING.value, phase=stopping_phase(action))
+
+
 def watchdog(t: Tracker, store: Store) -> None:
     """Terminate, then kill, a worker that ignores Stop/Cancel for STOP_TIMEOUT_S."""
     if t.stop_requested_at is None or t.terminal is not None:

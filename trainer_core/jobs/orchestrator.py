@@ -306,10 +306,9 @@ class Orchestrator(Queries, Pumping, Servers):
                 if recreated:
                     adoption.relock(tracked)
                 tracked.stop_requested_at = tracked.stop_requested_at or time.time()
-                tracked.live.update(status=RunStatus.STOPPING,
-                                    phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
-        self.store.update_run(run_id, status=RunStatus.STOPPING.value,
-                              phase="stopping (saving)" if action is control.Action.STOP else "cancelling")
+                tracked.live.update(status=RunStatus.STOPPING, phase=adoption.stopping_phase(action))
+        # Not pumped here (the CLI, a second dashboard): whoever pumps it sees control.json (adoption.notice_request)
+        self.store.update_run(run_id, status=RunStatus.STOPPING.value, phase=adoption.stopping_phase(action))
         self.store.add_event(run_id, "control", f"{action.value} requested" + by_actor(actor))
 
 

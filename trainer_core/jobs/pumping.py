@@ -129,6 +129,7 @@ class Pumping:
                     error = (f"The worker did not stop within {adoption.STOP_TIMEOUT_S:.0f}s and was terminated "
                              f"({exit_desc}).")
                 pump.set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
+        adoption.notice_request(t)  # also a request another process made: whoever pumps enforces it
         adoption.watchdog(t, self.store)
         if pump.flush_due(t):
             pump.flush(t, self.store)
