@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
-from PIL import Image, UnidentifiedImageError
 
 from db.entities import RunRecord
 from trainer_core import methods
@@ -35,6 +33,7 @@ from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
 from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem
+from ui import image_check
 
 MAX_COLUMNS = 3
 OFFERED = (RunStatus.COMPLETED, RunStatus.STOPPED)  # runs that ended with weights to talk to
@@ -226,10 +225,9 @@ def check_image(name: str, data: bytes, turns: list["Turn"] | None = None) -> tu
     """The attachment for an uploaded image, or the problems (field ``image``): not an image Pillow reads, too
     large in bytes or pixels (the serve gate's own limits), or one image too many for the conversation."""
     try:
-        with Image.open(io.BytesIO(data)) as image:  # the header only
-            fmt = image.format
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return None, [FieldError("image", f"{name!r} is not an image that can be read: attach a PNG, JPEG or WebP")]
+        fmt, _ = image_check.header(data)
+    except ValueError:
+        return None, [FieldError("image", f"{name!r} {image_check.NOT_AN_IMAGE}: attach a PNG, JPEG or WebP")]
     if fmt not in IMAGE_FORMATS:
         return None, [FieldError("image", f"{name!r} is a {fmt} image: attach a PNG, JPEG or WebP")]
     attachment = Attachment(name, f"image/{fmt.lower()}", data)
