@@ -91,3 +91,23 @@ def test_function_problem_reads_without_running():
     assert function_problem("def other(): pass\n", "r") == "the file defines no top-level function 'r'"
     assert function_problem("def r(:\n", "r").startswith("the file does not parse: line 1")
     assert function_problem("async def r(p, c): pass\n", "r") == "r is async: a reward function must be a plain def"
+
+
+def nested_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_a_json_schema_nested_too_deep_is_a_field_error_not_a_recursion_error():
+    # 200 levels made jsonschema's check_schema raise RecursionError out of validation (issue 31)
+    _, problems = parse_rewards([{"type": "json_valid", "schema": nested_schema(200)}])
+    assert problems == [("grpo.rewards[0].schema", "nested 401 levels deep: at most 64 (flatten it, or name repeated "
+                                                   "parts under $defs and point to them with $ref)")]
+    assert parse_rewards([{"type": "json_valid", "schema": nested_schema(20)}])[1] == []
+
+
+def test_a_completion_too_deep_to_validate_scores_zero_instead_of_raising():
+    recursive = {"type": "array", "items": {"$ref": "#"}}
+    assert builtin.json_valid([], ["[" * 400 + "]" * 400, "[[]]"], schema=recursive) == [0.0, 1.0]

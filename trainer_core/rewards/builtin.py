@@ -4,6 +4,10 @@ Every reward is called the way TRL's GRPOTrainer calls a reward function,
 ``fn(prompts, completions, **columns) -> list[float | None]``, with ``completions`` either strings or
 conversational completions (a list of ``{"role", "content"}`` messages). The parameters of each are the
 keyword-only arguments after ``completions``; ``PARAMS`` documents them for the config reference and the form.
+
+User patterns (``format``'s pattern, a ``json_valid`` schema's ``pattern``, ``patternProperties`` and
+``propertyNames``) run on the ``regex`` module with a time limit: ``re`` has none, and a pattern such as
+``(a|aa)+b`` backtracks for hours on a long completion, in the reward check and in every training step.
 """
 from __future__ import annotations
 
@@ -13,9 +17,28 @@ import unicodedata
 from collections import Counter
 from typing import Any, Callable
 
+import regex
+
 THINK_ANSWER = r"\s*<think>.+?</think>\s*<answer>.+?</answer>\s*"
 FORMAT_PRESETS = {"think_answer": THINK_ANSWER}
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+PATTERN_TIMEOUT_S = 1.0  # per match: a sane pattern takes microseconds on a completion
+
+
+class PatternTimeout(TimeoutError):
+    """A user's pattern ran past PATTERN_TIMEOUT_S on one string; the message says why and how to rewrite it."""
+
+
+def _timed(pattern: Any, text: str, how: str = "search") -> Any:
+    """``pattern.search`` (or fullmatch) of ``text`` within PATTERN_TIMEOUT_S; PatternTimeout past it."""
+    compiled = pattern if isinstance(pattern, regex.Pattern) else regex.compile(pattern)
+    try:
+        return getattr(compiled, how)(text, timeout=PATTERN_TIMEOUT_S)
+    except TimeoutError:
+        raise PatternTimeout(
+            f"the pattern {compiled.pattern!r} took longer than {PATTERN_TIMEOUT_S:g} s on a completion of "
+            f"{len(text):,} characters: it backtracks without end (a repeat inside a repeat, such as (a|aa)+ or "
+            "(a+)+); rewrite it so that each character can match in one way only") from None
 
 
 def completion_text(completion: Any) -> str:
@@ -48,8 +71,8 @@ def length(prompts: list, completions: list, *, target: int = 20, unit: str = "w
 def format_match(prompts: list, completions: list, *, pattern: str = "", preset: str = "", **_: Any) -> list[float]:
     """1.0 when the whole completion matches the regex (``preset: think_answer`` for
     ``<think>...</think><answer>...</answer>``), else 0.0."""
-    regex = re.compile(pattern or FORMAT_PRESETS[preset or "think_answer"], re.DOTALL)
-    return [1.0 if regex.fullmatch(text) else 0.0 for text in _texts(completions)]
+    compiled = regex.compile(pattern or FORMAT_PRESETS[preset or "think_answer"], regex.DOTALL)
+    return [1.0 if _timed(compiled, text, "fullmatch") else 0.0 for text in _texts(completions)]
 
 
 def _normalise(text: str) -> str:
@@ -118,20 +141,50 @@ def _json_part(text: str) -> str:
 def json_valid(prompts: list, completions: list, *, schema: dict | None = None, **_: Any) -> list[float]:
     """1.0 when the completion (or its first fenced block) parses as JSON and, with ``schema``, validates
     against that JSON schema; else 0.0."""
-    validator = None
-    if schema:
-        import jsonschema  # altair's own dependency: always installed with the dashboard
-
-        validator = jsonschema.Draft202012Validator(schema)
+    validator = schema_validator(schema) if schema else None
     out = []
     for text in _texts(completions):
         try:
             value = json.loads(_json_part(text))
-        except (ValueError, RecursionError):
+            out.append(1.0 if validator is None or validator.is_valid(value) else 0.0)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse or to validate
             out.append(0.0)
-            continue
-        out.append(1.0 if validator is None or validator.is_valid(value) else 0.0)
     return out
+
+
+def schema_validator(schema: dict):
+    """A JSON-schema (2020-12) validator whose patterns run with the time limit. jsonschema matches with ``re``
+    in ``pattern``, ``patternProperties`` and ``additionalProperties`` (which patterns exempt), replaced here;
+    ``unevaluatedProperties`` with ``patternProperties`` is refused when the reward is validated (spec.py)."""
+    import jsonschema  # altair's own dependency: always installed with the dashboard
+    from jsonschema.exceptions import ValidationError
+
+    def pattern(validator, patrn, instance, schema):
+        if validator.is_type(instance, "string") and not _timed(patrn, instance):
+            yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def pattern_properties(validator, patterns, instance, schema):
+        if validator.is_type(instance, "object"):
+            for patrn, subschema in patterns.items():
+                for key, value in instance.items():
+                    if _timed(patrn, key):
+                        yield from validator.descend(value, subschema, path=key, schema_path=patrn)
+
+    def additional_properties(validator, allowed, instance, schema):
+        if not validator.is_type(instance, "object"):
+            return
+        patterns = list(schema.get("patternProperties", {}))
+        extras = sorted((key for key in instance if key not in schema.get("properties", {})
+                         and not any(_timed(patrn, key) for patrn in patterns)), key=str)
+        if validator.is_type(allowed, "object"):
+            for extra in extras:
+                yield from validator.descend(instance[extra], allowed, path=extra)
+        elif not allowed and extras:
+            yield ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} unexpected)")
+
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, {
+        "pattern": pattern, "patternProperties": pattern_properties,
+        "additionalProperties": additional_properties})(schema)
 
 
 def _keyword_fraction(text: str, keywords: list[str], case_sensitive: bool) -> float:

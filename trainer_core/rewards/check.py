@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,9 +64,29 @@ class RewardCheck:
         return not self.errors and not any(r.error for r in self.rewards)
 
 
-def check_rewards(cfg: TrainConfig, rows: int = 4, generations: int = 0, timeout_s: float = 300) -> RewardCheck:
+_CHECKING: set[str] = set()  # who has a check running in this process (the dashboard serves everyone)
+_CHECKING_LOCK = threading.Lock()
+
+
+def check_rewards(cfg: TrainConfig, rows: int = 4, generations: int = 0, timeout_s: float = 300,
+                  who: str = "") -> RewardCheck:
     """Run the check for ``cfg`` (a GRPO config). ``generations``: base-model answers per prompt (0: only the
-    data's reference answers, which needs no model load)."""
+    data's reference answers, which needs no model load). ``who`` (the person's name) runs one check at a time:
+    a second one while the first runs is refused, so repeated clicks cannot pile up child processes; checks
+    given no name share one turn."""
+    with _CHECKING_LOCK:
+        if who in _CHECKING:
+            return RewardCheck((), errors=(FieldError("reward_check", "your previous reward check is still running: "
+                                                                      "wait for its result, then check again"),))
+        _CHECKING.add(who)
+    try:
+        return _check_in_child(cfg, rows, generations, timeout_s)
+    finally:
+        with _CHECKING_LOCK:
+            _CHECKING.discard(who)
+
+
+def _check_in_child(cfg: TrainConfig, rows: int, generations: int, timeout_s: float) -> RewardCheck:
     env = {**access.child_env(os.environ),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false"}

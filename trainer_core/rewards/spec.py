@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from trainer_core.rewards.builtin import BUILTINS, CHOICES, PARAMS
 
 MAX_REWARDS = 16
 MAX_REWARD_FILE = 1 << 20  # bytes: a reward module is code, not data
+MAX_SCHEMA_DEPTH = 64  # dicts and lists nested in a json_valid schema: real schemas stay far below it
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
@@ -118,21 +121,62 @@ def _check_params(kind: str, given: dict, at: str, problems: list) -> dict:
             problems.append((f"{at}.pattern", "give pattern or preset, not both"))
         elif params.get("pattern"):
             try:
-                re.compile(params["pattern"])
-            except re.error as exc:
+                regex.compile(params["pattern"])  # the engine the reward runs it on (builtin.py: with a time limit)
+            except regex.error as exc:
                 problems.append((f"{at}.pattern", f"not a valid regex ({exc})"))
     if kind in ("contains", "not_contains"):
         words = params.get("keywords", [])
         if not words or not all(isinstance(w, str) and w for w in words):
             problems.append((f"{at}.keywords", "a non-empty list of non-empty strings"))
     if kind == "json_valid" and params.get("schema"):
-        import jsonschema
-
-        try:
-            jsonschema.Draft202012Validator.check_schema(params["schema"])
-        except jsonschema.SchemaError as exc:
-            problems.append((f"{at}.schema", f"not a valid JSON schema ({exc.message})"))
+        problem = _schema_problem(params["schema"])
+        if problem:
+            problems.append((f"{at}.schema", problem))
     return params
+
+
+def _depth(value: Any) -> int:
+    """How many dicts and lists are nested in ``value`` (1: a flat one), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _schema_problem(schema: dict) -> str | None:
+    import jsonschema  # altair's own dependency: always installed with the dashboard
+
+    depth = _depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:  # jsonschema checks (and validates) recursively: 200 levels raised RecursionError
+        return (f"nested {depth} levels deep: at most {MAX_SCHEMA_DEPTH} (flatten it, or name repeated parts under "
+                "$defs and point to them with $ref)")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"not a valid JSON schema ({exc.message})"
+    except RecursionError:  # within the depth limit on a small stack (a worker thread): still a field error
+        return "too deeply nested to check: flatten it, or name repeated parts under $defs and point to them with $ref"
+    return _pattern_problem(schema)
+
+
+def _pattern_problem(schema: dict) -> str | None:
+    """Why the schema's patterns cannot all run in builtin.schema_validator (with a time limit), or None."""
+    keywords, stack = set(), [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            keywords.update(key for key in node if isinstance(key, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    if {"patternProperties", "unevaluatedProperties"} <= keywords:  # jsonschema matches those with re, untimed
+        return ("patternProperties with unevaluatedProperties cannot be checked with a time limit: use "
+                "additionalProperties instead of unevaluatedProperties")
+    return None
 
 
 def _parse_python(entry: dict, at: str, weight: float, name: str | None, problems: list) -> RewardSpec | None:
