@@ -16,11 +16,13 @@ NOT_AN_IMAGE = "is not an image that can be read"
 
 def header(source: bytes | str | Path) -> tuple[str, tuple[int, int]]:
     """(format, (width, height)) from the image's header alone; ValueError(NOT_AN_IMAGE) when Pillow cannot read
-    one (a header claiming billions of pixels included: Pillow's own guard)."""
+    one, or naming the pixels when the header claims so many that Pillow's own guard refuses it."""
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             return image.format or "", image.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+    except Image.DecompressionBombError:
+        raise ValueError(f"claims far more pixels than the {MAX_IMAGE_PIXELS:,} the dashboard decodes") from None
+    except (UnidentifiedImageError, OSError, ValueError):
         raise ValueError(NOT_AN_IMAGE) from None
 
 

@@ -119,9 +119,13 @@ def test_a_huge_image_is_refused_from_its_header_and_never_decoded(app_home, tmp
     rows = shape_rows(tmp_path / "shapes", 1, seed=4)
     (tmp_path / "shapes" / "rows.csv").write_bytes(_png_header_claiming(13000, 13000))  # named by content, not suffix
     rows.append({"image": "rows.csv", "question": "What colour is the shape?", "answer": "grey"})
+    (tmp_path / "shapes" / "vast.png").write_bytes(_png_header_claiming(20000, 20000))  # past Pillow's own guard
+    rows.append({"image": "vast.png", "question": "What colour is the shape?", "answer": "grey"})
     at = _with_dataset(write_jsonl(tmp_path / "shapes" / "train.jsonl", rows))
-    assert (13000, 13000) not in decoded
+    assert (13000, 13000) not in decoded and (20000, 20000) not in decoded
     assert len(at.get("image")) == 1
+    assert ("**local_datasets**: row 2: image 'vast.png' claims far more pixels than the 16,777,216 the dashboard "
+            "decodes: resize it, or remove the row") in [w.value for w in at.warning]
     assert ("**local_datasets**: row 1: image 'rows.csv' is 13,000 x 13,000 pixels, more than the 16,777,216 the "
             "dashboard decodes (the serve gate's limit too): resize it, or remove the row") in [w.value for w in at.warning]
 
