@@ -76,3 +76,54 @@ def test_a_config_that_is_not_grpo_is_refused(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: method: rewards are checked for method grpo, this config trains sft: "
                                      "set method: grpo")
+
+
+MISBEHAVING_PY = '''
+import os
+import sys
+
+
+def sometimes_inf(prompts, completions, **_):
+    return [float("inf")] + [1.0] * (len(completions) - 1)
+
+
+def always_nan(prompts, completions, **_):
+    return [float("nan")] * len(completions)
+
+
+def words(prompts, completions, **_):
+    return ["good"] * len(completions)
+
+
+def quits(prompts, completions, **_):
+    sys.exit(3)
+
+
+def hard_quits(prompts, completions, **_):
+    os._exit(4)
+'''
+
+
+def test_misbehaving_rewards_are_each_named_in_their_own_row_and_the_check_goes_on(tmp_path):
+    # before: inf/NaN crashed the report with a traceback, and sys.exit/os._exit ended the check naming no reward
+    (tmp_path / "bad.py").write_text(MISBEHAVING_PY)
+    names = ["sometimes_inf", "always_nan", "words", "quits", "hard_quits"]
+    config = write_case(tmp_path, [{"python": str(tmp_path / "bad.py"), "function": name} for name in names]
+                        + [{"type": "contains", "keywords": ["1"]}])
+    result = check(tmp_path, config)
+    assert result.returncode == 1, result.stderr[-2000:]
+    rows = {line.split(" ")[0]: line for line in result.stdout.splitlines()}
+    assert rows["sometimes_inf"].endswith("; scores [None, 1, 1, 1]")
+    assert rows["always_nan"].endswith("ERROR returned non-finite scores (NaN or inf) for 4 of its 4 scores so far, "
+                                       "more than half: make it return finite floats (None for a completion it does "
+                                       "not score)")
+    assert rows["words"].endswith("ERROR returned a str ('good') for completion 0: each score is a float, or None for "
+                                  "a completion it does not score")
+    assert rows["quits"].endswith("ERROR called sys.exit(3): a reward returns its scores and never ends the worker "
+                                  "(line 19: sys.exit(3))")
+    assert rows["hard_quits"].endswith("ERROR called os._exit(4): a reward returns its scores and never ends the "
+                                       "worker (line 23: os._exit(4))")
+    assert rows["contains"].startswith("contains (contains, weight 1): mean 0.25")  # the rewards after them ran
+    assert ("warning: reward 'sometimes_inf' returned inf for 1 of 4 completions: those scores are left out (as None) "
+            "and training goes on; past half of its scores the run stops. Make it return finite floats (None for a "
+            "completion it does not score).") in result.stdout.splitlines()

@@ -6,6 +6,7 @@ line), and a constant reward (a group whose completions all score the same teach
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,26 +29,35 @@ class RewardResult:
     weight: float
     scores: tuple[float | None, ...]
     error: str | None = None
+    alerts: tuple[str, ...] = ()  # what rewards.guard warned of: a few NaN/inf scores, no completion scored
+
+    @property
+    def finite(self) -> list[float]:
+        return [v for v in self.scores if v is not None and math.isfinite(v)]
 
     @property
     def spread(self) -> float:
-        values = [v for v in self.scores if v is not None]
+        values = self.finite
         return statistics.pstdev(values) if len(values) > 1 else 0.0
 
     @property
     def mean(self) -> float | None:
-        values = [v for v in self.scores if v is not None]
+        values = self.finite
         return sum(values) / len(values) if values else None
 
-    def warning(self) -> str | None:
+    def warnings(self) -> list[str]:
+        found = list(self.alerts)
+        non_finite = sum(1 for v in self.scores if v is not None and not math.isfinite(v))
         if self.error:
-            return f"{self.name} raised {self.error}"
-        if not [v for v in self.scores if v is not None]:
-            return f"{self.name} scored no completion (every score was None)"
-        if self.spread == 0.0 and len(self.scores) > 1:
-            return (f"{self.name} gave every completion the same score ({self.mean:.4g}): a group with zero spread "
-                    "teaches nothing; check its parameters against these completions")
-        return None
+            found.append(f"{self.name} raised {self.error}")
+        elif non_finite:
+            found.append(f"{self.name} scored {non_finite} completions NaN or inf: they are left out of training")
+        elif not self.finite:
+            found.append(f"{self.name} scored no completion (every score was None)")
+        elif self.spread == 0.0 and len(self.scores) > 1:
+            found.append(f"{self.name} gave every completion the same score ({self.mean:.4g}): a group with zero "
+                         "spread teaches nothing; check its parameters against these completions")
+        return found
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ class RewardCheck:
     errors: tuple[FieldError, ...] = field(default_factory=tuple)
 
     def warnings(self) -> list[str]:
-        return [w for w in (r.warning() for r in self.rewards) if w]
+        return [w for r in self.rewards for w in r.warnings()]
 
     @property
     def ok(self) -> bool:
@@ -104,7 +114,7 @@ def _check_in_child(cfg: TrainConfig, rows: int, generations: int, timeout_s: fl
     if "errors" in reply:
         return RewardCheck((), errors=tuple(FieldError(e["field"], e["message"]) for e in reply["errors"]))
     results = tuple(RewardResult(name=r["name"], kind=r["kind"], weight=r["weight"], scores=tuple(r["scores"]),
-                                 error=r["error"]) for r in reply["rewards"])
+                                 error=r["error"], alerts=tuple(r.get("alerts", ()))) for r in reply["rewards"])
     return RewardCheck(results, samples=tuple(reply.get("samples", ())))
 
 

@@ -19,6 +19,7 @@ from trainer_core.data.loading import load_for_training
 from trainer_core.methods.grpo import rewards_of
 from trainer_core.methods.preference import settings_of
 from trainer_core.rewards.builtin import completion_text
+from trainer_core.rewards.guard import RewardError, guard
 from trainer_core.rewards.spec import RewardSpec
 
 REFERENCE_COLUMNS = ("answer", "completion", "chosen", "solution", "output")
@@ -67,14 +68,23 @@ def _generate(cfg: TrainConfig, rows: list[dict], per_prompt: int) -> list[tuple
 
 
 def _error_line(exc: BaseException, spec: RewardSpec) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if spec.kind == "python" and f.filename.endswith(".py") and "trainer_core" not in f.filename]
+    """What went wrong, for the reward's own row: the reward's exception as it raised it, or what the guard found
+    (an exit, a wrong return, too many non-finite scores), with the line in the reward's file where there is one."""
+    shown = exc.__cause__ or exc.__context__ if isinstance(exc, RewardError) else exc
+    if isinstance(exc, RewardError) and not (isinstance(shown, Exception) and not isinstance(shown, MemoryError)):
+        text = exc.reason  # names no reward: the row does
+    else:
+        text = f"{type(shown).__name__}: {str(shown)[:500]}"
+    frames = traceback.extract_tb(shown.__traceback__) if shown is not None else []
+    mine = [f for f in frames
+            if spec.kind == "python" and f.filename.endswith(".py") and "trainer_core" not in f.filename]
     frame = (mine or frames or [None])[-1]
     where = f" (line {frame.lineno}: {frame.line})" if frame is not None else ""
-    return f"{type(exc).__name__}: {str(exc)[:500]}{where}"
+    return f"{text}{where}"
 
 
-def _functions(specs: list[RewardSpec]) -> list:
+def _functions(specs: list[RewardSpec], alerts: dict[str, list[str]]) -> list:
+    """Each reward, guarded as in training (its warnings into ``alerts``), or the exception that loading raised."""
     from pathlib import Path
 
     from trainer_core.rewards import files
@@ -82,14 +92,15 @@ def _functions(specs: list[RewardSpec]) -> list:
 
     out = []
     for spec in specs:
+        warn = alerts.setdefault(spec.name, []).append
         try:
             if spec.kind == "python":
                 path, problem = files.source_problem(spec)
                 if problem:
                     raise ValueError(problem)
-                out.append(grpo.load_function(Path(path), spec))
+                out.append(guard(grpo.load_function(Path(path), spec), spec.name, warn))
             else:
-                out.append(grpo.reward_functions([spec], Path("."), None)[0])
+                out.append(grpo.guarded([spec], grpo.reward_functions([spec], Path("."), None), warn)[0])
         except Exception as exc:  # noqa: BLE001 - a reward that cannot load is the check's finding
             out.append(exc)
     return out
@@ -107,22 +118,18 @@ def check(cfg: TrainConfig, rows_wanted: int, generations: int) -> dict[str, Any
     texts = [c for _, c, _ in completions]
     columns = {key: [rows[i].get(key) for i, _, _ in completions]
                for key in dict.fromkeys(k for row in rows for k in row if k != "prompt")}
-    results = []
-    for spec, fn in zip(specs, _functions(specs)):
+    results, alerts = [], {}
+    for spec, fn in zip(specs, _functions(specs, alerts)):
         entry: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "weight": spec.weight, "scores": [],
                                  "error": None}
         if isinstance(fn, BaseException):
             entry["error"] = _error_line(fn, spec)
         else:
-            try:
-                scores = fn(prompts, texts, **columns)
-                if not isinstance(scores, (list, tuple)) or len(scores) != len(texts):
-                    raise TypeError(f"returned {type(scores).__name__} of length "
-                                    f"{len(scores) if hasattr(scores, '__len__') else '?'}; a reward returns a list "
-                                    f"with one float (or None) per completion ({len(texts)} here)")
-                entry["scores"] = [None if v is None else float(v) for v in scores]
+            try:  # the guard checks what comes back: one finite float (or None) per completion
+                entry["scores"] = fn(prompts, texts, **columns)
             except Exception as exc:  # noqa: BLE001 - the user's reward raising is what the check is for
                 entry["error"] = _error_line(exc, spec)
+        entry["alerts"] = alerts[spec.name]
         results.append(entry)
     samples = [{"row": i, "source": source, "prompt": completion_text(rows[i]["prompt"])[-500:],
                 "completion": completion_text(c)[:1000]} for i, c, source in completions]

@@ -3,7 +3,9 @@
 Rewards are the built-ins (trainer_core.rewards.builtin, their parameters bound), the user's own Python
 functions loaded from the copies made at submit (``rewards/`` in the run folder, hashed there: the file
 the run used, not the one edited since), and reward models (sequence classifiers TRL scores with). Each is
-named after its spec, so TRL logs ``rewards/<name>/mean`` and ``/std``, which the open metrics carry.
+named after its spec, so TRL logs ``rewards/<name>/mean`` and ``/std``, which the open metrics carry. Every
+function's calls are guarded (trainer_core.rewards.guard): a reward that raises, exits, returns the wrong thing
+or too many NaN/inf scores fails the run with an error naming it; a few non-finite scores are a warning.
 Every ``sample_every`` steps a few of the step's completions, with each reward's score, become sample
 events (Live and Run details show them; ``db rebuild`` restores them).
 """
@@ -23,6 +25,7 @@ from trainer_core.methods.preference import settings_of
 from trainer_core.protocol import events as ev
 from trainer_core.rewards import files
 from trainer_core.rewards.builtin import BUILTINS, completion_text
+from trainer_core.rewards.guard import guard, run_reward, trap_exit
 from trainer_core.rewards.spec import RewardSpec, parse_rewards
 from trainer_core.worker.methods.preference import preview  # noqa: F401 - GRPO's preview: the prompts
 
@@ -45,9 +48,10 @@ def _named(fn: Callable, name: str) -> Callable:
 def load_function(path: Path, spec: RewardSpec) -> Callable:
     """``spec.function`` from the Python file at ``path``, named after the spec. Runs the user's module: only
     in the worker and in the reward check's child (trainer_core.rewards.spec says who may start either)."""
+    trap_exit()  # before the module runs: an `from os import _exit` in it binds the trap
     module_spec = importlib.util.spec_from_file_location(f"studio_reward_{spec.name}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    run_reward(spec.name, module_spec.loader.exec_module, module)  # what loading raises (or exits) names the reward
     fn = getattr(module, spec.function, None)
     if not callable(fn):
         raise TypeError(f"{spec.python} defines no function {spec.function}")
@@ -71,6 +75,11 @@ def reward_functions(specs: list[RewardSpec], run_dir: Path, token: str | None) 
         else:
             out.append(_named(functools.partial(BUILTINS[spec.kind], **spec.params), spec.name))
     return out
+
+
+def guarded(specs: list[RewardSpec], functions: list, warn: Callable[[str], None]) -> list:
+    """The reward functions as TRL calls them, each guarded; reward models (TRL scores them itself) as they are."""
+    return [fn if spec.kind == "model" else guard(fn, spec.name, warn) for spec, fn in zip(specs, functions)]
 
 
 def grpo_args(cfg: TrainConfig, args: dict[str, Any], weights: list[float]) -> GRPOConfig:
@@ -127,14 +136,15 @@ def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: d
     specs, _ = parse_rewards(s.rewards)  # validated at submit; parsed again for the objects
     run_dir = Path(args["output_dir"]).parent
     emit = next((c.emit for c in callbacks if hasattr(c, "emit")), None)
+    warn = next((c.warn for c in callbacks if hasattr(c, "warn")), print)
     train_ds, left_out = drop_long_prompts(train_ds, tokenizer, s.max_prompt_length)
     if left_out:
-        warn = next((c.warn for c in callbacks if hasattr(c, "warn")), print)
         warn(f"Left out {left_out:,} training prompts longer than grpo.max_prompt_length ({s.max_prompt_length} "
              "tokens); raise it, or shorten those prompts.")
     if eval_ds is not None:
         eval_ds, _ = drop_long_prompts(eval_ds, tokenizer, s.max_prompt_length)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(specs, run_dir, os.environ.get("HF_TOKEN") or None),
+    rewards = guarded(specs, reward_functions(specs, run_dir, os.environ.get("HF_TOKEN") or None), warn)
+    trainer = GRPOTrainer(model=model, reward_funcs=rewards,
                           args=grpo_args(cfg, args, [spec.weight for spec in specs]), train_dataset=train_ds,
                           eval_dataset=eval_ds if eval_ds is not None and len(eval_ds) else None,
                           processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
