@@ -31,7 +31,7 @@ EMBED_SERVER := torch==2.13.0 infinity-emb[server,torch]==0.0.78 transformers==4
 	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0 \
 	optimum[onnxruntime]==2.1.0 optimum-onnx==0.1.0 onnx==1.23.2 onnxruntime==1.32.0
 
-.PHONY: install run share test test-fast clean-venv
+.PHONY: install sandbox-tool run share test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -51,7 +51,15 @@ $(EMBED_VENV)/.installed: Makefile
 	$(EMBED_VENV)/bin/python -m pip install -q $(EMBED_SERVER)
 	touch $@
 
-install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed $(EMBED_VENV)/.installed
+install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed $(EMBED_VENV)/.installed sandbox-tool
+
+# bubblewrap: every job's worker runs in its sandbox (trainer_core/protocol/sandbox.py; docs/sharing.md). Installed
+# from Debian's packages when this runs as root; otherwise it says what to do (jobs refuse to start without it).
+sandbox-tool:
+	@command -v bwrap >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	else echo "make: bubblewrap is missing: install it (sudo apt-get install bubblewrap), or set FINETUNE_STUDIO_SANDBOX=off" \
+		"to run jobs unsandboxed on a single-user host"; fi; }
 
 # `streamlit run streamlit_app.py` with the orchestrator built at server start (ui/serve.py says why)
 run: install

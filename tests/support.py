@@ -126,6 +126,10 @@ class FakeLauncher(WorkerLauncher):
         env.update({k: v for k, v in os.environ.items() if k.startswith("FAKE_")})
         return env
 
+    def sandbox_inputs(self, run_dir: Path, cfg, env: dict[str, str]) -> list[Path]:
+        # the files a test scripts the fake with (FAKE_PAUSE_UNTIL's marker) lie in its tmp_path: shown read-only
+        return [Path(env["FAKE_PAUSE_UNTIL"]).parent] if env.get("FAKE_PAUSE_UNTIL", "").startswith("/") else []
+
     def spawn(self, run_dir: Path, cfg: TrainConfig) -> subprocess.Popen:
         proc = super().spawn(run_dir, cfg)
         self.spawned.append(proc)

@@ -104,6 +104,9 @@ def test_deleting_the_event_log_while_training_loses_nothing(home, store, fake_l
 
 
 def test_stop_works_after_the_whole_run_folder_was_deleted(home, store, fake_launcher, monkeypatch):
+    # Unsandboxed: a sandboxed worker sees its folder through a bind mount, so a folder recreated under the same name
+    # is not its own and the request cannot reach it (the watchdog ends it: test_sandbox.py)
+    monkeypatch.setenv("FINETUNE_STUDIO_SANDBOX", "off")
     monkeypatch.setenv("FAKE_STEPS", "100000")
     monkeypatch.setenv("FAKE_DELAY", "0.01")
     orch = Orchestrator(store=store, launcher=fake_launcher, start_pump=False)

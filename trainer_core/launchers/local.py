@@ -19,6 +19,7 @@ import psutil
 
 from trainer_core.planning import parallel
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
+from trainer_core.protocol import sandbox
 
 if TYPE_CHECKING:
     from db.entities import RunRecord
@@ -32,9 +33,11 @@ NEVER_STARTED = JobState(alive=False, reason="never started (no process id recor
 class LocalHandle(JobHandle):
     """A worker process of this host: its Popen when this process started it, else its pid and start time."""
 
-    def __init__(self, pid: int | None, started_at: float | None, proc: subprocess.Popen | None = None):
+    def __init__(self, pid: int | None, started_at: float | None, proc: subprocess.Popen | None = None,
+                 sandboxed: bool = False):
         self.pid, self.started_at, self.proc = pid, started_at, proc
         self.started_here = proc is not None
+        self.sandboxed = sandboxed  # the process is bubblewrap, which exits 128+N for a command killed by signal N
 
     def record(self) -> dict[str, Any]:
         return {"pid": self.pid, "pid_started_at": self.started_at}
@@ -42,6 +45,8 @@ class LocalHandle(JobHandle):
     def state(self) -> JobState:
         if self.proc is not None:
             code = self.proc.poll()
+            if code is not None and self.sandboxed:
+                code = sandbox.exit_reason(code)
             return ALIVE if code is None else JobState(False, describe_exit(code))
         if self.pid is None:
             return NEVER_STARTED
@@ -67,17 +72,41 @@ class LocalLauncher(Launcher):
     def spawn(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> subprocess.Popen:
         processes = parallel.process_count(cfg)
         env = self.environment(run_dir, cfg, processes)
+        command = self.command(run_dir, processes)
+        sandboxed = sandbox.enabled()  # SandboxError (an OSError: the start fails, saying why) when it must and cannot
         with open(run_dir / "worker.log", "ab") as log:
+            if sandboxed:
+                command = self.sandboxed(command, run_dir, cfg, env)
+            else:
+                log.write((sandbox.UNSANDBOXED_WARNING + "\n").encode())
+                log.flush()
             return subprocess.Popen(
-                self.command(run_dir, processes),
+                command,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=run_dir,
                 start_new_session=True,  # own session: Ctrl-C or a restart of the server does not reach it
                 close_fds=True)
 
+    def sandboxed(self, command: list[str], run_dir: Path, cfg: TrainConfig | JobSpec,
+                  env: dict[str, str]) -> list[str]:
+        """``command`` inside the sandbox: its own folder writable (and an export's target), what its config names
+        read-only, the network when it needs it, the host's PIDs only for a serve job tied to a process here."""
+        config = cfg.to_dict() if hasattr(cfg, "KIND") else cfg.to_public_dict()
+        readable, runs, network = sandbox.job_inputs(config, own_run=run_dir.name)
+        kind = getattr(getattr(cfg, "KIND", None), "value", "train")
+        out_dir = getattr(cfg, "out_dir", "")
+        writable = [run_dir] + ([Path(out_dir)] if isinstance(out_dir, str) and out_dir.strip() else [])
+        readable += runs + self.sandbox_inputs(run_dir, cfg, env)
+        return sandbox.wrap(command, writable=writable, readable=readable, env=env, chdir=run_dir,
+                            network=network or kind == "serve", share_pids=bool(getattr(cfg, "consumer", "")))
+
+    def sandbox_inputs(self, run_dir: Path, cfg: TrainConfig | JobSpec, env: dict[str, str]) -> list[Path]:
+        """More folders a subclass's worker reads (none for the real one: its config names all it reads)."""
+        return []
+
     def start(self, run_dir: Path, cfg: TrainConfig | JobSpec) -> LocalHandle:
         proc = self.spawn(run_dir, cfg)
         # None: it died at once; the pump reports its exit and log
-        return LocalHandle(proc.pid, started_at(proc.pid), proc)
+        return LocalHandle(proc.pid, started_at(proc.pid), proc, sandboxed=sandbox.is_wrapped(proc.args))
 
     def adopt(self, run: RunRecord) -> LocalHandle:
         return LocalHandle(run.pid, run.pid_started_at)
