@@ -43,6 +43,17 @@ def test_latest_checkpoint_is_the_highest_completed_step(outputs):
     assert latest_checkpoint(out) == out / "checkpoint-10"
 
 
+@pytest.mark.parametrize("state", ["", '{"global_step": 12, "log_hist', "[]", b"\xff\xfe"])
+def test_a_checkpoint_whose_trainer_state_was_cut_short_is_not_completed(outputs, state):
+    """transformers writes trainer_state.json last, straight into the folder: a kill -9 during that write leaves
+    the file empty or cut short, and resuming from it would fail (or resume the wrong step)."""
+    _, out = outputs
+    make_checkpoint(out, "checkpoint-4")
+    torn = make_checkpoint(out, "checkpoint-12", complete=False)
+    (torn / "trainer_state.json").write_bytes(state if isinstance(state, bytes) else state.encode())
+    assert latest_checkpoint(out) == out / "checkpoint-4"
+
+
 def test_symlinked_checkpoint_is_not_a_completed_checkpoint(outputs, tmp_path):
     _, out = outputs
     elsewhere = make_checkpoint(tmp_path / "elsewhere", "checkpoint-99")
@@ -71,14 +82,21 @@ def test_cleanup_removes_only_partials(outputs):
     (out / "tmp-checkpoint-10").write_text("a file")
     (out / "adapter_config.json").write_text("{}")
 
+    torn = make_checkpoint(out, "checkpoint-7", complete=False)
+    (torn / "trainer_state.json").write_text('{"global_step": 7, "log_hi')  # killed while writing the state
+    odd_unfinished = make_checkpoint(out, "checkpoint-best", complete=False)
+    (out / "checkpoint-11").write_text("a file")
+
     removed = remove_partial_checkpoints(out, root)
 
-    assert sorted(removed) == sorted([tmp8.resolve(), tmp9.resolve()])
-    assert not tmp8.exists() and not tmp9.exists()
+    # Incomplete checkpoint-<int> folders (a save killed before trainer_state.json was whole) go like the
+    # tmp-checkpoint-<int> partials: resuming never picks them, and nothing else ever removed them.
+    assert sorted(removed) == sorted([tmp8.resolve(), tmp9.resolve(), unfinished.resolve(), torn.resolve()])
+    assert not tmp8.exists() and not tmp9.exists() and not unfinished.exists() and not torn.exists()
     assert (done / "trainer_state.json").read_text() == "{}"
     assert (done / "adapter_model.safetensors").read_bytes() == b"weights"
-    assert (unfinished / "adapter_model.safetensors").exists()
-    assert odd.exists()
+    assert odd.exists() and odd_unfinished.exists()  # numeric suffixes only
+    assert (out / "checkpoint-11").read_text() == "a file"
     assert (out / "tmp-checkpoint-10").read_text() == "a file"
     assert (out / "adapter_config.json").exists()
     assert remove_partial_checkpoints(out, root) == []
@@ -94,6 +112,17 @@ def test_cleanup_does_not_follow_a_symlinked_partial(outputs, tmp_path):
 
     assert remove_partial_checkpoints(out, root) == []
     assert (precious / "keep.txt").read_text() == "mine"
+    assert link.is_symlink()
+
+
+def test_cleanup_does_not_follow_a_symlinked_incomplete_checkpoint(outputs, tmp_path):
+    root, out = outputs
+    elsewhere = make_checkpoint(tmp_path / "elsewhere", "checkpoint-6", complete=False)
+    link = out / "checkpoint-6"
+    link.symlink_to(elsewhere, target_is_directory=True)
+
+    assert remove_partial_checkpoints(out, root) == []
+    assert (elsewhere / "adapter_model.safetensors").read_bytes() == b"weights"
     assert link.is_symlink()
 
 

@@ -63,6 +63,18 @@ def test_final_adapter_and_checkpoints_resolve_to_their_folders(home):
     assert jobspec.checkpoint_steps("r1") == [10, 20]
 
 
+def test_a_checkpoint_still_being_saved_is_no_source(home):
+    """Its weights are written before trainer_state.json: until that is whole, eval, export or serve would read a
+    checkpoint that is still being written (or that a killed save left half-written)."""
+    make_run("saving", steps=(10,))
+    saving = paths.run_dir("saving") / "checkpoints" / "checkpoint-20"
+    saving.mkdir()
+    (saving / "adapter_config.json").write_text("{}")
+    with pytest.raises(SourceError, match=r"no checkpoint at step 20: its checkpoints are at steps 10") as info:
+        resolve(ModelSource(run_id="saving", checkpoint=20))
+    assert info.value.field == "checkpoint"
+
+
 def test_a_full_fine_tune_resolves_to_its_model_folder(home):
     make_run("full1", lora=False)
     resolved = resolve(ModelSource(run_id="full1"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from db.store import Store
-from tests.support import MODELS_CACHE, ROOT, build_tiny_model, wait_until
+from tests.support import MODELS_CACHE, ROOT, build_tiny_model, fake, wait_for_step, wait_until
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
@@ -211,6 +211,42 @@ def test_backlog_larger_than_one_read_is_drained_before_deciding(home, store, fa
 
 # ====================================================================== a real worker (slow)
 @pytest.mark.train
+def test_a_checkpoint_half_written_by_a_killed_worker_is_removed_and_never_resumed_from(orch, fake_worker, tmp_path,
+                                                                                           monkeypatch):
+    """kill -9 during a checkpoint write left checkpoint-N without (or with half of) its trainer_state.json for
+    ever. Once the worker is gone, whoever pumps the run removes it as the worker removes tmp-checkpoint-N
+    partials: numeric suffixes only, never through a symlink, never outside the run."""
+    monkeypatch.setenv("FAKE_PAUSE_AT", "2")  # held mid-run until killed
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(tmp_path / "never"))
+    run_id = orch.start(fake(monkeypatch, steps=5, checkpoints=""))
+    wait_for_step(orch, run_id, 2)
+    folder = paths.run_dir(run_id) / "checkpoints"
+    done = folder / "checkpoint-1"
+    half = folder / "checkpoint-2"  # killed before trainer_state.json
+    torn = folder / "checkpoint-3"  # killed while writing it
+    for checkpoint in (done, half, torn, folder / "tmp-checkpoint-4"):
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "adapter_model.safetensors").write_bytes(b"weights")
+    (done / "trainer_state.json").write_text('{"global_step": 1}')
+    (torn / "trainer_state.json").write_text('{"global_step": 3, "log_hi')
+    elsewhere = tmp_path / "elsewhere" / "checkpoint-9"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "keep.bin").write_bytes(b"mine")
+    (folder / "checkpoint-9").symlink_to(elsewhere, target_is_directory=True)
+    (folder / "checkpoint-final").mkdir()
+
+    _kill(orch.get_run(run_id).pid)
+    assert orch.wait(run_id, timeout=30, interval=0.05).status is RunStatus.FAILED
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-1", "checkpoint-9", "checkpoint-final"]
+    assert (elsewhere / "keep.bin").read_bytes() == b"mine"
+    assert any("checkpoint-2" in e.message and "checkpoint-3" in e.message for e in orch.events(run_id))
+
+    monkeypatch.delenv("FAKE_PAUSE_AT")
+    resumed = orch.resume(run_id)
+    assert orch.run_config(resumed)["resume_from_checkpoint"] == str(done)
+    orch.wait(resumed, timeout=30, interval=0.05)
+
+
 def test_real_worker_killed_mid_training(tmp_path, monkeypatch, store):
     monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))

@@ -21,6 +21,7 @@ import psutil
 from db.entities import RunRecord
 from db.store import Store
 from trainer_core.export import staging as export_staging
+from trainer_core.jobs import checkpoints
 from trainer_core.jobs.alerts import AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal
@@ -28,7 +29,7 @@ from trainer_core.jobs.remote_view import RemoteView
 from trainer_core.launchers import Launcher
 from trainer_core.launchers.local import pid_alive, started_at  # noqa: F401 - started_at: callers' import
 from trainer_core.protocol import control, paths
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus
 
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
@@ -120,6 +121,23 @@ def watchdog(t: Tracker, store: Store) -> None:
         store.add_event(t.run_id, "control", f"no response after {STOP_TIMEOUT_S:.0f}s: sent SIGTERM")
     elif t.terminated_at and time.time() - t.terminated_at > KILL_GRACE_S:
         t.handle.kill()
+
+
+def clean_after_exit(t: Tracker, store: Store) -> None:
+    """A training worker killed while saving (kill -9, the out-of-memory killer, a lost node) leaves a
+    ``checkpoint-<step>`` it never finished and maybe a ``tmp-checkpoint-<step>``, which nothing else removes.
+    Its process has exited, so no save is under way: remove them as its own Cancel would, and say so."""
+    if t.kind is not JobKind.TRAIN:
+        return
+    try:
+        removed = checkpoints.remove_partial_checkpoints(t.run_dir / "checkpoints", t.run_dir)
+    except (OSError, paths.UnsafePathError) as exc:
+        store.add_event(t.run_id, "warning", f"unfinished checkpoints were left in place: {exc}")
+        return
+    if removed:
+        names = ", ".join(sorted(p.name for p in removed))
+        store.add_event(t.run_id, "checkpoint", f"removed {names}: the worker ended while saving, so "
+                                                f"{'it is' if len(removed) == 1 else 'they are'} incomplete")
 
 
 # ====================================================================== locks

@@ -1,6 +1,11 @@
-"""Checkpoint folders: finding the latest completed one, and removing in-flight partials safely."""
+"""Checkpoint folders: finding the latest completed one, and removing in-flight partials safely.
+
+Complete means transformers finished its save: it writes the weights, optimizer, scheduler and RNG state, and
+trainer_state.json last, straight into ``checkpoint-<step>``; a kill -9 at any point before that write ended
+leaves a folder without that file, or with a cut-short one."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -14,15 +19,26 @@ TMP_CHECKPOINT_RE = re.compile(r"^tmp-checkpoint-(\d+)$")
 RESUME_ENV = "FINETUNE_STUDIO_RESUME_FROM"
 
 
+def is_complete(folder: Path) -> bool:
+    """Whether a checkpoint folder's save finished: a real folder whose trainer_state.json is a whole JSON object
+    (read in full: a few hundred KB at most, and only when checkpoints are listed)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        return isinstance(json.loads((folder / "trainer_state.json").read_bytes()), dict)
+    except (OSError, ValueError):  # missing, unreadable, cut short, or not text
+        return False
+
+
 def completed_checkpoints(output_dir: Path) -> list[Path]:
-    """Completed ``checkpoint-<int>`` folders (with trainer_state.json), oldest step first."""
+    """Completed ``checkpoint-<int>`` folders (``is_complete``), oldest step first."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
     found = []
     for child in output_dir.iterdir():
         match = CHECKPOINT_RE.match(child.name)
-        if match and child.is_dir() and not child.is_symlink() and (child / "trainer_state.json").exists():
+        if match and is_complete(child):
             found.append((int(match.group(1)), child))
     return [path for _, path in sorted(found)]
 
@@ -33,10 +49,13 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 def remove_partial_checkpoints(output_dir: Path, outputs_root: Path) -> list[Path]:
-    """Delete in-flight ``tmp-checkpoint-<int>`` folders under ``output_dir``; return what was removed.
+    """Delete in-flight ``tmp-checkpoint-<int>`` folders and the ``checkpoint-<int>`` folders whose save never
+    finished (not ``is_complete``: a worker killed while saving) under ``output_dir``; return what was removed.
+    Call it only when no save is under way (the worker's training loop has ended, or its process has exited).
 
-    Completed ``checkpoint-<int>`` folders are never touched, symlinks are never followed or removed,
-    a missing folder is a no-op, and an ``output_dir`` outside ``outputs_root`` is refused.
+    Completed ``checkpoint-<int>`` folders are never touched, other names never (numeric suffixes only),
+    symlinks are never followed or removed, a missing folder is a no-op, and an ``output_dir`` outside
+    ``outputs_root`` is refused.
     """
     output_dir = Path(output_dir)
     root = Path(outputs_root).resolve()
@@ -49,7 +68,9 @@ def remove_partial_checkpoints(output_dir: Path, outputs_root: Path) -> list[Pat
         return []
     removed = []
     for child in resolved.iterdir():
-        if not TMP_CHECKPOINT_RE.match(child.name) or child.is_symlink() or not child.is_dir():
+        if child.is_symlink() or not child.is_dir():
+            continue
+        if not (TMP_CHECKPOINT_RE.match(child.name) or (CHECKPOINT_RE.match(child.name) and not is_complete(child))):
             continue
         shutil.rmtree(child)  # rmtree does not follow symlinks inside the tree (it unlinks them)
         removed.append(child)

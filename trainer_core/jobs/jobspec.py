@@ -247,7 +247,7 @@ def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
         label = f"{name} · final"
     else:
         folder = paths.run_dir(source.run_id) / "checkpoints" / f"checkpoint-{source.checkpoint}"
-        if not has_weights(folder):
+        if not has_weights(folder) or not checkpoints.is_complete(folder):  # still being saved, or a killed save
             steps = checkpoint_steps(source.run_id)
             known = f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps else "it has no checkpoints"
             raise SourceError(f"run '{name}' has no checkpoint at step {source.checkpoint}: {known}", "checkpoint")

@@ -134,6 +134,8 @@ class Pumping:
         if pump.flush_due(t):
             pump.flush(t, self.store)
         if t.terminal is not None and (exited or not t.handle.started_here):
+            if exited:
+                adoption.clean_after_exit(t, self.store)  # checkpoints a kill -9 left half-written
             self._finish(t)
             return True
         return False
