@@ -19,8 +19,9 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run as torchrun
 
-from trainer_core.protocol import events as ev, paths
+from trainer_core.protocol import events as ev, paths, secrets
 from trainer_core.planning.parallel import NPROC_ENV
+from trainer_core.worker.bounded_log import BoundedOutput
 from trainer_core.worker.ranks import rank_log_tail, root_cause
 
 
@@ -49,11 +50,15 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = paths.resolve_inside(argv[1], [paths.runs_dir()])
     processes = int(os.environ.get(NPROC_ENV, "2"))
+    # worker.log gets every rank's output (torchrun's tee): capped here, each rank's own file in its worker
+    output = BoundedOutput([value for value in secrets.from_env(os.environ).values() if value])
     try:
         torchrun(parse_args(torchrun_args(run_dir, processes)))
     except ChildFailedError as exc:  # process boundary: one rank failed and torchrun stopped the others
         report_failure(run_dir, exc.failures, processes)
         return 1
+    finally:
+        output.close()
     return 0
 
 
