@@ -384,7 +384,7 @@ def preview_panel(cfg: TrainConfig | None, errors: list[FieldError]) -> None:
     st.subheader("Data preview")
     st.caption("Tokenizes the data exactly as training will (takes a few seconds the first time).")
     if st.button("Preview data", key=K + "preview_button", icon="🔍"):
-        problems = errors + form.remote_code_errors(st.session_state)
+        problems = errors + form.remote_code_errors(st.session_state, current_actor().role is Role.ADMIN)
         if cfg is None or problems:
             st.session_state[PREVIEW] = (None, problems)
         else:
@@ -437,7 +437,7 @@ def render_preview(p: preview.Preview) -> None:
 def start_run() -> None:
     orch = get_orchestrator()
     cfg, errors = form.build_config(st.session_state)
-    errors += form.remote_code_errors(st.session_state)
+    errors += form.remote_code_errors(st.session_state, current_actor().role is Role.ADMIN)
     if cfg is not None and errors:
         # Report the rest of the form too, so one click shows every problem.
         reported = {e.field for e in errors}
@@ -492,7 +492,11 @@ method_section(chosen_method)
 settings_section(chosen_method)
 with st.expander("Access and remote code"):
     st.text_input("Hugging Face token", type="password", key=K + "hf_token", help=H("hf_token"))
-    trust = st.checkbox("Trust remote code", key=K + "trust_remote_code", help=H("trust_remote_code"))
+    may_trust = current_actor().role is Role.ADMIN
+    trust = st.checkbox("Trust remote code", key=K + "trust_remote_code", help=H("trust_remote_code"),
+                        disabled=not may_trust and not st.session_state.get(K + "trust_remote_code"))
+    if not may_trust:
+        st.caption("🔒 Only an admin may trust remote code (it runs Python from the model's repository on this host).")
     if trust:
         st.checkbox("I have read this model's code and trust its author", key=K + "trust_remote_code_confirm")
     st.caption("⚠️ Trusting remote code runs Python from the model's repository on this machine, "

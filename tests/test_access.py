@@ -1,6 +1,7 @@
 """Roles, run ownership, API tokens and the fail-closed authentication settings."""
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import time
@@ -364,3 +365,41 @@ def test_only_admins_may_rebuild_the_database(shared_store, monkeypatch, name, m
     button = next(b for b in at.button if b.label == "Rebuild the database from the run folders")
     assert button.disabled is not may_rebuild
     assert ("Only an admin can rebuild the database." in [i.value for i in at.info]) is not may_rebuild
+
+
+# ---- trust_remote_code is an admin's, like a custom Python reward (issue 31, item 1)
+def test_only_an_admin_starts_or_resumes_a_run_that_trusts_remote_code(orch, monkeypatch):
+    cfg = dataclasses.replace(fake(monkeypatch, steps=1), trust_remote_code=True)
+    with pytest.raises(RunRefused, match="only an admin may start a run with it"):
+        orch.start(cfg, actor=ANN)
+    assert orch.list_runs() == []
+    run_id = orch.start(cfg, actor=ADA)
+    assert orch.wait(run_id, timeout=60, interval=0.1).status is RunStatus.COMPLETED
+
+
+def test_jobs_that_load_a_run_trusting_remote_code_are_an_admins(home):
+    from tests.test_jobspec import make_run
+    from trainer_core.evaluation.spec import EvalSpec
+    from trainer_core.export.spec import ExportSpec
+    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.serving.spec import ServeSpec
+
+    make_run("20260101-000000-trusts")
+    make_run("20260101-000000-plain0")
+    config = paths.run_dir("20260101-000000-trusts") / "config.yaml"
+    config.write_text(dataclasses.replace(TrainConfig.from_yaml(config.read_text()), trust_remote_code=True).to_yaml())
+    trusting, plain = ModelSource(run_id="20260101-000000-trusts"), ModelSource(run_id="20260101-000000-plain0")
+    reason = ("source: run 20260101-000000-trusts loads code shipped with its model (trust_remote_code), which runs "
+              "on this host: only an admin may load it; ask an admin")
+    assert EvalSpec(source=trusting, data="x.jsonl").admin_only() == [reason]
+    assert ExportSpec(source=trusting).admin_only() == [reason]
+    assert ServeSpec(sources=[plain, trusting]).admin_only() == [reason]
+    assert EvalSpec(source=plain, data="x.jsonl").admin_only() == ExportSpec(source=plain).admin_only() == []
+
+
+def test_the_form_says_trust_remote_code_is_an_admins():
+    from ui import form
+
+    state = {form.K + "trust_remote_code": True, form.K + "trust_remote_code_confirm": True}
+    assert [e.message for e in form.remote_code_errors(state, admin=False)] == [form.REMOTE_CODE_ADMIN_ONLY]
+    assert form.remote_code_errors(state, admin=True) == []

@@ -170,7 +170,7 @@ def test_an_eval_that_never_reported_keeps_its_row_and_its_baseline_is_found_aft
     orch.wait(trained, timeout=60, interval=0.05)
     (paths.run_dir(trained) / "adapter").mkdir()
     (paths.run_dir(trained) / "adapter" / "adapter_config.json").write_text("{}")
-    pause = home / "go"
+    pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
     monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # a run holds the device: the eval and its baseline wait
     monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(pause))
     blocker = orch.start(fake(monkeypatch, steps=3))

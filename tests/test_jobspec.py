@@ -161,7 +161,7 @@ def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after
     import trainer_core.jobs.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
     monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
     make_run("src", steps=(2,))
-    pause = home / "go"
+    pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
     cfg = fake(monkeypatch, steps=3)
     monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # the training run holds the device until the test says so
     monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(pause))

@@ -330,7 +330,15 @@ def build_config(state: MutableMapping, with_secrets: bool = True) -> tuple[Trai
     return cfg, errors
 
 
-def remote_code_errors(state: Mapping) -> list[FieldError]:
+REMOTE_CODE_ADMIN_ONLY = ("only an admin may trust remote code: it runs Python from the model's repository on this "
+                          "host; turn Trust remote code off, or ask an admin to start the run")
+
+
+def remote_code_errors(state: Mapping, admin: bool = True) -> list[FieldError]:
+    """Trust remote code needs its confirmation, and an admin (the orchestrator refuses it from anyone else too;
+    the preview and prompt children that would load the code are never started for the form)."""
+    if state.get(K + "trust_remote_code") and not admin:
+        return [FieldError("trust_remote_code", REMOTE_CODE_ADMIN_ONLY)]
     if state.get(K + "trust_remote_code") and not state.get(K + "trust_remote_code_confirm"):
         return [FieldError("trust_remote_code", "tick 'I have read this model's code and trust its author' to run "
                                                 "code from the model's repository, or turn Trust remote code off")]

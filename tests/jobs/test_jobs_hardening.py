@@ -24,7 +24,7 @@ def test_a_queued_job_whose_job_json_was_spoiled_fails_alone_and_the_queue_moves
     from trainer_core.export.spec import ExportSpec
 
     make_run("20260101-000000-srcsrc")
-    pause = home / "go"
+    pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
     cfg = fake(monkeypatch, steps=3)
     monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # the first run holds the device until the test says so
     monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(pause))

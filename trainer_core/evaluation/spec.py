@@ -106,19 +106,19 @@ class EvalSpec(JobSpec):
         return [self.judge_key_env] if wanted else []
 
     def admin_only(self) -> list[str]:
-        """Scoring with a GRPO run's rewards runs them in the eval worker: a custom Python reward is code run on this
-        host, which only an admin may start (the rule that guards starting such a run). Held by the spec, so every
-        way an eval is submitted (the page, the CLI, a baseline, a queued job.json) meets it."""
+        """A custom Python reward (scoring with a GRPO run's rewards) is code run on this host, which only an admin may
+        start; held by the spec, so every route (the page, the CLI, a baseline, a queued job.json) meets it."""
+        remote = super().admin_only()
         if not (isinstance(self.metrics, list) and "reward" in self.metrics and isinstance(self.reward_run, str)):
-            return []
+            return remote
         try:
             rewards = grpo.rewards_of(jobspec.run_config(self.reward_run.strip() or self.source.run_id))
         except (jobspec.SourceError, OSError, ValueError):
-            return []  # validate() names the missing or unreadable run
+            return remote  # validate() names the missing or unreadable run
         if reward_spec.needs_admin(rewards):
-            return ["metrics: the run's rewards include a custom Python reward, which runs its code on this host: "
-                    "only an admin may evaluate with it; drop 'reward', or ask an admin"]
-        return []
+            return remote + ["metrics: the run's rewards include a custom Python reward, which runs its code on this "
+                             "host: only an admin may evaluate with it; drop 'reward', or ask an admin"]
+        return remote
 
     def validate(self) -> list[FieldError]:
         text_fields = ("name", "data", "hub_split", "hub_subset", "format_type", "system_prompt", "judge_url",

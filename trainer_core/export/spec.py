@@ -179,9 +179,10 @@ class ExportSpec(JobSpec):
 
     def admin_only(self) -> list[str]:
         if self.push_update_any is True:
-            return ["push_update_any: only an admin may update a hub repo this studio did not create; push to a "
-                    "new repo id, or update one whose model card Finetune Studio wrote"]
-        return []
+            return super().admin_only() + [
+                "push_update_any: only an admin may update a hub repo this studio did not create; push to a "
+                "new repo id, or update one whose model card Finetune Studio wrote"]
+        return super().admin_only()
 
     def validate(self) -> list[FieldError]:
         errors = super().validate()

@@ -226,6 +226,20 @@ def _links_in(folder: Path, limit: int = 10_000) -> list[Path]:
     return links
 
 
+def remote_code_sources(sources: list[ModelSource]) -> list[str]:
+    """The runs among ``sources`` whose model runs code from its repository (trust_remote_code): loading it runs that
+    code, which only an admin may start (the rule of a custom Python reward)."""
+    names = []
+    for source in sources:
+        try:
+            config = resolve(source).config if source.run_id else None
+        except (SourceError, OSError, ValueError):
+            continue  # validate() names a missing or unreadable run
+        if config is not None and config.trust_remote_code is True:
+            names.append(f"run {source.run_id}")
+    return names
+
+
 def resolve(source: ModelSource, run_name: str = "") -> ResolvedSource:
     """Where the weights of ``source`` are, or SourceError naming what is missing and the fix."""
     if source.is_base:
@@ -313,10 +327,15 @@ class JobSpec:
     def env_names(self) -> list[str]:
         return []
 
+    def model_sources(self) -> list[ModelSource]:
+        """The models this job loads (a serve job: several)."""
+        return [self.source]
+
     def admin_only(self) -> list[str]:
         """Why this spec needs an admin (settings only an admin may submit); the orchestrator refuses it
-        from anyone else. Empty: any operator may submit it."""
-        return []
+        from anyone else. Empty: any operator may submit it. A subclass adds its own reasons to these."""
+        return [f"source: {name} loads code shipped with its model (trust_remote_code), which runs on this host: only "
+                "an admin may load it; ask an admin" for name in remote_code_sources(self.model_sources())]
 
     def validate(self) -> list[FieldError]:
         """Every problem at once (field errors), like TrainConfig.validate. Checks the source exists."""

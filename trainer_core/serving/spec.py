@@ -260,6 +260,9 @@ class ServeSpec(JobSpec):
     launcher: str = "local"
     ray_gpus_per_worker: float = 0.0  # launcher ray: the GPUs Ray gives the server on its node (0: it serves on CPU)
 
+    def model_sources(self) -> list[ModelSource]:
+        return list(self.sources) if isinstance(self.sources, list) else []
+
     def __post_init__(self) -> None:
         if self.sources and isinstance(self.sources[0], ModelSource):
             self.source = self.sources[0]
