@@ -104,6 +104,9 @@ class Orchestrator(Queries, Pumping, Servers):
         if actor is not None and actor.role is not access.Role.ADMIN and reward_spec.needs_admin(rewards):
             raise RunRefused("Not allowed: a custom Python reward runs its code on this host, so only an admin may "
                              "start a run with one; use the built-in rewards, or ask an admin to start it.")
+        if actor is not None and actor.role is not access.Role.ADMIN and cfg.trust_remote_code is True:
+            raise RunRefused("Not allowed: trust_remote_code runs Python from the model's repository on this host, so "
+                             "only an admin may start a run with it; turn it off, or ask an admin to start the run.")
         errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
