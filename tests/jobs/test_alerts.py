@@ -9,9 +9,12 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.support import fake, wait_until
+from trainer_core.jobs import adoption
 from trainer_core.jobs.alerts import (
     EVAL_RISING,
     GRAD_SPIKE,
+    NO_STEP,
     NONFINITE_GRAD_NORM,
     NONFINITE_LOSS,
     Alert,
@@ -19,6 +22,8 @@ from trainer_core.jobs.alerts import (
     replay,
     rows_from_frame,
 )
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol.status import RunStatus
 from ui.views import ALERTS_SHOWN, alert_badge
 
 
@@ -170,3 +175,37 @@ def test_render_alerts_shows_a_badge_and_the_latest_first():
 def test_render_alerts_draws_nothing_without_alerts():
     at = AppTest.from_function(_render_alerts, args=([],), default_timeout=30).run()
     assert not at.markdown and not at.dataframe
+
+
+# ---------------------------------------------------------------------- a step that never ends
+def test_a_step_that_never_ends_raises_one_no_step_alert(store, fake_worker, monkeypatch, tmp_path):
+    """The heartbeat is a thread of its own: a step blocked for ever (a reward that never returns) left the run
+    "running" with a fresh heartbeat and nothing said. Pumped by hand; the limit is lowered only while held."""
+    monkeypatch.setattr(adoption, "STALL_S", 3600.0)
+    release = tmp_path / "release"
+    monkeypatch.setenv("FAKE_PAUSE_AT", "2")
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(release))
+    orch = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
+
+    def no_step_alerts() -> list[str]:
+        return [a.message for a in orch.snapshot(run_id).alerts if a.kind == NO_STEP]
+
+    try:
+        run_id = orch.start(fake(monkeypatch, steps=4, nan_step="0"))
+        wait_until(lambda: orch.pump_once() or orch.snapshot(run_id).step >= 2, what="step 2")
+        orch.pump_once()
+        assert no_step_alerts() == []  # within the limit
+        monkeypatch.setattr(adoption, "STALL_S", 0.0)  # the limit has passed
+        for _ in range(3):
+            orch.pump_once()
+        expected = ("No new step for 0 minutes after step 2, though the worker is alive: a step, an evaluation or a "
+                    "save is taking that long, or is blocked (a reward or data loader that never returns). Stop or "
+                    "Cancel ends it.")
+        assert no_step_alerts() == [expected]  # once, however many ticks see the same step
+        monkeypatch.setattr(adoption, "STALL_S", 3600.0)
+        release.touch()
+        wait_until(lambda: orch.pump_once() or store.get_run(run_id).status.is_terminal(), what="the run to end")
+    finally:
+        orch.close()
+    assert store.get_run(run_id).status is RunStatus.COMPLETED
+    assert [e.message for e in store.get_events(run_id) if e.kind == "alert"] == [expected]

@@ -22,7 +22,7 @@ from db.entities import RunRecord
 from db.store import Store
 from trainer_core.export import staging as export_staging
 from trainer_core.jobs import checkpoints
-from trainer_core.jobs.alerts import AlertMonitor
+from trainer_core.jobs.alerts import NO_STEP, Alert, AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal
 from trainer_core.jobs.remote_view import RemoteView
@@ -33,6 +33,9 @@ from trainer_core.protocol.status import JobKind, RunStatus
 
 STOP_TIMEOUT_S = float(os.environ.get("FINETUNE_STUDIO_STOP_TIMEOUT", "120"))
 KILL_GRACE_S = 10.0
+# A training run that reports no new step for this long while its worker lives raises the no_step alert (a step,
+# an in-training evaluation or a save may legitimately take minutes on a large model; a blocked one never ends).
+STALL_S = float(os.environ.get("FINETUNE_STUDIO_STALL_MINUTES", "15")) * 60
 PRESENCE_LOCK = ".orchestrators.lock"  # shared by every pumping orchestrator; `db rebuild` needs it exclusively
 _OPEN_HOLDERS: set[str] = set()  # holder tokens of this process's orchestrators that are not closed
 
@@ -108,6 +111,30 @@ def notice_request(t: Tracker) -> None:
     # host's clock (a run folder on shared storage) must not postpone the timeout
     t.live.update(status=RunStatus.STOPPING, phase=stopping_phase(action))
     t.run_values.update(status=RunStatus.STOPPING.value, phase=stopping_phase(action))
+
+
+def notice_stall(t: Tracker) -> None:
+    """The heartbeat is a thread of its own, so a step blocked for ever (a reward that never returns) keeps a run
+    "running" with a fresh heartbeat: raise the no_step alert once per stall, when a run training has shown no new
+    step for STALL_S (by this process's clock: a worker's on another host may differ)."""
+    if t.kind is not JobKind.TRAIN or t.terminal is not None or t.live.status is not RunStatus.RUNNING \
+            or t.live.phase != "training":
+        t.stall_step = None  # loading, saving, stopping: not a stalled step; the clock starts again in training
+        return
+    now, step = time.monotonic(), t.live.step
+    if step != t.stall_step:
+        t.stall_step, t.stall_since, t.stall_alerted = step, now, False
+        return
+    if t.stall_alerted or now - t.stall_since < STALL_S:
+        return
+    t.stall_alerted = True
+    after = f"after step {step}" if step else "before the first step"
+    alert = Alert(NO_STEP, step, f"No new step for {STALL_S / 60:g} minutes {after}, though the worker is alive: a "
+                                 "step, an evaluation or a save is taking that long, or is blocked (a reward or data "
+                                 "loader that never returns). Stop or Cancel ends it.")
+    t.live.add_alert(alert)
+    t.timeline.append((time.time(), "alert", alert.message))
+    t.urgent = True
 
 
 def watchdog(t: Tracker, store: Store) -> None:

@@ -25,6 +25,9 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
 * ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
   during training was flagged degenerate (``trainer_core.tryout.samples_check``); once per kind per run.
 
+* ``no_step`` is not a rule on rows but on time: the pump raises it when a run training has reported no new step
+  for ``FINETUNE_STUDIO_STALL_MINUTES`` while its worker lives (trainer_core/jobs/adoption.py, ``notice_stall``).
+
 Each metric of a step is taken once: a field is only read from a row whose step is later than the last
 step that field was read at, so a train row and an eval row of one step, or a row sent twice, never
 count twice. Missing values are None (use ``rows_from_frame`` for DataFrames, where missing is NaN).
@@ -49,12 +52,13 @@ EVAL_RISING = "eval_rising"
 NO_LEARNING_SIGNAL = "no_learning_signal"
 ALWAYS_CLIPPED = "always_clipped"
 LENGTH_COLLAPSE = "length_collapse"
+NO_STEP = "no_step"
 KINDS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_SPIKE, EVAL_RISING, NO_LEARNING_SIGNAL, ALWAYS_CLIPPED,
-         LENGTH_COLLAPSE)
+         LENGTH_COLLAPSE, NO_STEP)
 LABELS = {NONFINITE_LOSS: "non-finite loss", NONFINITE_GRAD_NORM: "non-finite grad norm",
           GRAD_SPIKE: "grad-norm spike", EVAL_RISING: "eval loss rising",
           NO_LEARNING_SIGNAL: "no learning signal (GRPO)", ALWAYS_CLIPPED: "completions always clipped (GRPO)",
-          LENGTH_COLLAPSE: "reward rising while completions collapse (GRPO)"}
+          LENGTH_COLLAPSE: "reward rising while completions collapse (GRPO)", NO_STEP: "no new step"}
 
 
 @dataclass(frozen=True)

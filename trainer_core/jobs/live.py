@@ -82,6 +82,16 @@ class LiveRun:
         with self._lock:
             return self._state["status"]
 
+    @property
+    def step(self) -> int:
+        with self._lock:
+            return self._state.get("step") or 0
+
+    @property
+    def phase(self) -> str:
+        with self._lock:
+            return self._state.get("phase") or ""
+
     def add_warning(self, message: str) -> None:
         with self._lock:
             self._warnings.append(message)

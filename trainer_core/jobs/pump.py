@@ -83,6 +83,9 @@ class Tracker:
     terminal: tuple[RunStatus, dict] | None = None
     stop_requested_at: float | None = None
     terminated_at: float | None = None
+    stall_step: int | None = None  # the step last seen by the stall check, since when (monotonic), and whether
+    stall_since: float = field(default_factory=time.monotonic)  # it was alerted on (adoption.notice_stall)
+    stall_alerted: bool = False
     best_eval_loss: float | None = None
     flushed_at: float = field(default_factory=time.monotonic)
     monitor: AlertMonitor = field(default_factory=AlertMonitor)

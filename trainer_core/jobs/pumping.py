@@ -130,6 +130,7 @@ class Pumping:
                              f"({exit_desc}).")
                 pump.set_terminal(t, RunStatus.FAILED, error=error, log_tail=tail)
         adoption.notice_request(t)  # also a request another process made: whoever pumps enforces it
+        adoption.notice_stall(t)
         adoption.watchdog(t, self.store)
         if pump.flush_due(t):
             pump.flush(t, self.store)
