@@ -28,6 +28,7 @@ try:  # the PostgreSQL extra; without it PostgreSQL frames are read row by row (
 except ImportError:
     adbc_postgresql = None
 _TERMINAL_VALUES = tuple(s.value for s in RunStatus if s.is_terminal())
+_BEFORE_STOPPING = (RunStatus.QUEUED.value, RunStatus.STARTING.value, RunStatus.RUNNING.value)
 
 
 class MetricsStore:
@@ -58,6 +59,9 @@ class MetricsStore:
                     if event_offset is not None:
                         run.event_offset = event_offset
                     if not RunStatus(run.status).is_terminal():
+                        if run.status == RunStatus.STOPPING.value and run_values.get("status") in _BEFORE_STOPPING:
+                            # a status read before Stop/Cancel was written, flushed after: the request stands
+                            run_values = {k: v for k, v in run_values.items() if k not in ("status", "phase")}
                         for key, value in run_values.items():
                             setattr(run, key, value)
                     session.add(run)

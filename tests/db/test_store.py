@@ -284,6 +284,18 @@ def test_append_metrics_never_changes_a_terminal_run_but_still_advances_offset(s
     assert store.metrics_frame("r1")["step"].tolist() == [8]
 
 
+def test_a_stopping_run_is_not_set_back_to_running_by_a_status_read_before_the_request(store):
+    """The pump may read the worker's "running" event just before a Stop or Cancel is written (by this dashboard or
+    another process); its next flush set the row back to running, where it stayed while the worker ignored it."""
+    make_run(store, status=RunStatus.STOPPING, steps_done=0, phase="cancelling")
+    store.append_metrics("r1", [{"step": 1, "loss": 0.4}], event_offset=10, steps_done=1, status="running",
+                         phase="training")
+    run = store.get_run("r1")
+    assert (run.status, run.phase, run.steps_done, run.event_offset) == (RunStatus.STOPPING, "cancelling", 1, 10)
+    store.append_metrics("r1", [], status="stopping", phase="saving")  # what the worker says once it stops
+    assert (store.get_run("r1").status, store.get_run("r1").phase) == (RunStatus.STOPPING, "saving")
+
+
 def test_metrics_for_an_unknown_run_are_refused(store):
     with pytest.raises(IntegrityError):
         store.append_metrics("ghost", [{"step": 1, "loss": 1.0}])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from db.entities import RunRecord
-from tests.support import ROOT, fake
+from tests.support import ROOT, fake, wait_until
 from trainer_core.jobs import jobspec
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, ConfigError
@@ -136,6 +136,7 @@ def test_a_baseline_being_stopped_is_not_reused(orch, trained, tmp_path, monkeyp
     data.write_bytes((DATA / "alpaca.jsonl").read_bytes())
     spec = EvalSpec(source=ModelSource(run_id=trained), data=str(data), max_new_tokens=8)
     _, baseline = orch.start_eval(spec)
+    wait_until(lambda: orch.snapshot(baseline).step >= 1, what="the baseline's first step")  # held from now on
     orch.stop(baseline)  # the held worker reads the request only once released: the row says stopping until then
     assert orch.store.get_run(baseline).status is RunStatus.STOPPING
     _, fresh = orch.start_eval(spec)
@@ -169,13 +170,14 @@ def test_an_eval_that_cannot_be_submitted_takes_back_the_baseline_it_launched(or
 
     launched = baseline_of_failed(spec)  # launched at once (the device was free), then asked to cancel
     assert control.read(paths.run_dir(launched.id)) is control.Action.CANCEL  # its worker, held, reads it once released
-    _, kept = orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))  # queued behind the held one
+    _, kept = orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))  # queued, or held once the first ended
     monkeypatch.setattr(orch, "submit", no_room_for_the_eval)
     with pytest.raises(OSError, match="No space left"):
         orch.start_eval(dataclasses.replace(spec, max_new_tokens=9))  # found ``kept``: nothing of it to take back
     monkeypatch.setattr(orch, "submit", submit)
-    assert orch.store.get_run(kept).status is RunStatus.QUEUED
-    assert baseline_of_failed(dataclasses.replace(spec, max_new_tokens=10)).status is RunStatus.CANCELLED  # dequeued
+    assert control.read(paths.run_dir(kept)) is None and not orch.store.get_run(kept).status.is_terminal()
+    # ``kept`` is ahead of it (queued, or held by its worker): this one waits in the queue, and leaves it at once
+    assert baseline_of_failed(dataclasses.replace(spec, max_new_tokens=10)).status is RunStatus.CANCELLED
     release.touch()
     assert orch.wait(launched.id, timeout=60, interval=0.05).status is RunStatus.CANCELLED
 
