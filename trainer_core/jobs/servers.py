@@ -9,7 +9,7 @@ import secrets as pysecrets
 
 from trainer_core.auth import access
 from trainer_core.jobs import jobspec
-from trainer_core.protocol import paths
+from trainer_core.protocol import paths, sandbox
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving import spec as serve_spec
@@ -64,7 +64,8 @@ class Servers:
         if found is None:
             return None
         # This host's worker wrote it (its pid), or, for a job on the Ray cluster (no pid here), one on a node did.
-        written = found.pid == run.pid if run.pid is not None else bool(found.node)
+        # A sandboxed worker reports its pid in its own PID namespace: any pid of the job's process tree counts.
+        written = found.pid in sandbox.job_pids(run.pid) if run.pid is not None else bool(found.node)
         return found if written and self._handle_of(run).state().alive else None
 
     def _handle_of(self, run):

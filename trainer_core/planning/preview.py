@@ -23,7 +23,7 @@ from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig, looks_li
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
 from trainer_core.methods import METHODS
-from trainer_core.protocol import files
+from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 # Fields that change what the preview shows; others (learning rate, logging...) do not re-run it. The
@@ -120,8 +120,12 @@ def _run_child(cfg: TrainConfig, rows_shown: int, timeout_s: float) -> Preview:
         env["HF_TOKEN"] = cfg.hf_token  # secrets travel by environment only, never on stdin or argv
     request = json.dumps({"config": cfg.to_public_dict(), "rows_shown": rows_shown})
     try:
-        done = subprocess.run([sys.executable, "-m", "trainer_core.worker.preview_child"], check=False, input=request, capture_output=True,
-                              text=True, env=env, timeout=timeout_s, cwd=os.getcwd())
+        command = sandbox.child_command([sys.executable, "-m", "trainer_core.worker.preview_child"], json.loads(request),
+                                        env)
+        done = subprocess.run(command, check=False, input=request, capture_output=True, text=True, env=env,
+                              timeout=timeout_s, cwd=os.getcwd())
+    except sandbox.SandboxError as exc:
+        raise PreviewError([FieldError("preview", str(exc))]) from None
     except subprocess.TimeoutExpired:
         raise PreviewError([FieldError("preview", f"took longer than {timeout_s:.0f} s (a large dataset or a slow "
                                                   "hub download); try a row slice, or start the run directly")]) from None

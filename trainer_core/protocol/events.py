@@ -29,6 +29,7 @@ from typing import IO, Any, ClassVar, NamedTuple
 import orjson
 
 from trainer_core.protocol import metrics as open_metrics
+from trainer_core.protocol import sandbox
 from trainer_core.protocol.event_rules import InvalidEvent, validate_event
 from trainer_core.protocol.status import RunStatus
 
@@ -463,18 +464,19 @@ class LogFollower:
         """/proc paths of the worker's descriptors on this log (Linux; none elsewhere or when not ours)."""
         if not self.pid:
             return []
-        fd_dir = f"/proc/{self.pid}/fd"
         wanted = {str(self.path), f"{self.path} (deleted)"}
         found = []
-        try:
-            for name in os.listdir(fd_dir):
-                try:
-                    if os.readlink(f"{fd_dir}/{name}") in wanted:
-                        found.append(f"{fd_dir}/{name}")
-                except OSError:
-                    continue
-        except OSError:
-            return []
+        for pid in sandbox.process_tree(self.pid):  # a sandboxed worker is a descendant of the recorded process
+            fd_dir = f"/proc/{pid}/fd"
+            try:
+                for name in os.listdir(fd_dir):
+                    try:
+                        if os.readlink(f"{fd_dir}/{name}") in wanted:
+                            found.append(f"{fd_dir}/{name}")
+                    except OSError:
+                        continue
+            except OSError:
+                continue
         return found
 
     def _check_path(self, offset: int) -> list[LogLine]:

@@ -15,6 +15,8 @@ bubblewrap (Debian's ``bubblewrap``) gives each job:
 
 ``FINETUNE_STUDIO_SANDBOX=off`` runs jobs unsandboxed on a single-user host only, with a warning in each job's
 log; shared mode (``FINETUNE_STUDIO_SHARED=1``) never does, and refuses jobs when the sandbox cannot start.
+
+Kept whole: it is one rule, what a job may see, and a review of that rule reads all of it at once.
 """
 from __future__ import annotations
 
@@ -155,6 +157,8 @@ def job_inputs(config: dict, own_run: str = "") -> tuple[list[Path], list[Path],
                 network = True
             if not text:
                 continue
+            if text.startswith("run:"):  # a model source's key (run:<id> or run:<id>@<step>)
+                text = text[4:].split("@", 1)[0]
             if paths.RUN_ID_RE.fullmatch(text) and text not in seen and (runs_root / text / "events.jsonl").exists():
                 seen.add(text)
                 runs.append(runs_root / text)
@@ -303,6 +307,19 @@ def _masks(env: dict[str, str]) -> list[str]:
     return args
 
 
+def child_command(command: list[str], request: dict, env: dict[str, str], writable: Iterable[Path] = ()) -> list[str]:
+    """A dashboard child (preview, prompt renderer, reward check, search, speak) in the sandbox: what its request names
+    read-only, the working directory when it lies under an allowed root (relative paths), ``writable`` for its output.
+    Unchanged when the sandbox is off; SandboxError when it must run and cannot."""
+    if not enabled():
+        return command
+    readable, runs, network = job_inputs(request)
+    cwd = Path.cwd().resolve()
+    here = _inside(cwd, [r.resolve() for r in paths.allowed_data_roots()]) and cwd != paths.data_root()
+    return wrap(command, readable=readable + runs + ([cwd] if here else []), writable=writable, network=network,
+                env=env, chdir=cwd if here else None)
+
+
 def exit_reason(code: int) -> int:
     """bubblewrap exits with 128+N when its command was killed by signal N: the negative code Popen would report."""
     return -(code - 128) if 128 < code < 128 + 65 else code
@@ -310,3 +327,39 @@ def exit_reason(code: int) -> int:
 
 def is_wrapped(command: list[str]) -> bool:
     return len(command) > 5 and command[0] == "env" and command[3:5] == ["-c", WAITER]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc; [pid] elsewhere): a sandboxed job's worker is a descendant of the
+    process recorded for it (the shell that waits for bubblewrap)."""
+    found, pending = [], [pid]
+    while pending and len(found) < 4096:
+        current = pending.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    pending.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def job_pids(pid: int) -> set[int]:
+    """Every pid a process of the job recorded as ``pid`` may report as its own: the host's, and inside the sandbox's
+    PID namespace its namespace pid (NSpid in /proc/<pid>/status)."""
+    pids: set[int] = set()
+    for member in process_tree(pid):
+        pids.add(member)
+        try:
+            with open(f"/proc/{member}/status") as fh:
+                for line in fh:
+                    if line.startswith("NSpid:"):
+                        pids.update(int(p) for p in line.split()[1:])
+        except (OSError, ValueError):
+            continue
+    return pids

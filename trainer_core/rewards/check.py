@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainer_core.auth import access
 from trainer_core.config import FieldError, TrainConfig
-from trainer_core.protocol import files
+from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,8 +102,12 @@ def _check_in_child(cfg: TrainConfig, rows: int, generations: int, timeout_s: fl
            "TOKENIZERS_PARALLELISM": "false"}
     request = json.dumps({"config": cfg.to_public_dict(), "rows": rows, "generations": generations})
     try:
-        done = subprocess.run([sys.executable, "-m", "trainer_core.worker.reward_check_child"], input=request,
-                              capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+        command = sandbox.child_command([sys.executable, "-m", "trainer_core.worker.reward_check_child"],
+                                        json.loads(request), env)
+        done = subprocess.run(command, input=request, capture_output=True, text=True, env=env, timeout=timeout_s,
+                              check=False)
+    except sandbox.SandboxError as exc:
+        return RewardCheck((), errors=(FieldError("reward_check", str(exc)),))
     except subprocess.TimeoutExpired:
         return RewardCheck((), errors=(FieldError("reward_check", f"took longer than {timeout_s:.0f} s: check "
                                                                   "with fewer rows or no generations"),))

@@ -18,7 +18,7 @@ from trainer_core.auth import access
 from trainer_core.jobs.bounded_cache import BoundedCache
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.jobspec import ResolvedSource
-from trainer_core.protocol import files
+from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0
@@ -57,8 +57,12 @@ def render(resolved: ResolvedSource, messages: list[dict[str, str]], timeout_s: 
     if os.environ.get("HF_TOKEN"):
         env["HF_TOKEN"] = os.environ["HF_TOKEN"]
     try:
-        done = subprocess.run([sys.executable, "-m", "trainer_core.worker.prompt_child"], input=request, text=True,
-                              capture_output=True, env=env, timeout=timeout_s, check=False, cwd=os.getcwd())
+        command = sandbox.child_command([sys.executable, "-m", "trainer_core.worker.prompt_child"], json.loads(request),
+                                        env)
+        done = subprocess.run(command, input=request, text=True, capture_output=True, env=env, timeout=timeout_s,
+                              check=False, cwd=os.getcwd())
+    except sandbox.SandboxError as exc:
+        raise PromptRenderError(str(exc)) from None
     except subprocess.TimeoutExpired:
         raise PromptRenderError(f"loading the tokenizer of {cfg.model_label} took longer than {timeout_s:.0f} s "
                                 "(a slow hub download?): try again later") from None

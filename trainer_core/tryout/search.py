@@ -16,7 +16,7 @@ from pathlib import Path
 from trainer_core.auth import access
 from trainer_core.jobs import jobspec
 from trainer_core.data import DatasetError, loading
-from trainer_core.protocol import files
+from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSAGES_MAX = 2_000  # passages one search embeds (each model embeds them all)
@@ -108,8 +108,11 @@ def search(request: Request, timeout_s: float = SEARCH_TIMEOUT_S) -> list[Rankin
                        "query_prompt": request.query_prompt, "document_prompt": request.document_prompt,
                        "max_seq_length": request.max_seq_length})
     try:
-        done = subprocess.run([sys.executable, "-m", "trainer_core.worker.search_child"], input=body, text=True,
-                              capture_output=True, env=env, timeout=timeout_s, check=False, cwd=os.getcwd())
+        command = sandbox.child_command([sys.executable, "-m", "trainer_core.worker.search_child"], json.loads(body), env)
+        done = subprocess.run(command, input=body, text=True, capture_output=True, env=env, timeout=timeout_s,
+                              check=False, cwd=os.getcwd())
+    except sandbox.SandboxError as exc:
+        raise SearchError(str(exc)) from None
     except subprocess.TimeoutExpired:
         raise SearchError(f"the search took longer than {timeout_s:.0f} s: search fewer passages") from None
     reply = files.last_json_line(done.stdout)

@@ -22,7 +22,7 @@ from trainer_core.auth import access
 from trainer_core.jobs import jobspec
 from trainer_core.methods import tts
 from trainer_core.protocol.errors import FieldError
-from trainer_core.protocol import files
+from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_MAX = 500  # characters one request speaks (as tts.sample_texts)
@@ -181,8 +181,13 @@ def _run_child(request: Request, resolved: list[jobspec.ResolvedSource], labels:
                            "speaker": request.speaker, "max_seconds": float(request.max_seconds), "seed": SEED,
                            "out_dir": folder})
         try:
-            done = subprocess.run([sys.executable, "-m", "trainer_core.worker.speak_child"], input=body, text=True,
-                                  capture_output=True, env=_env(), timeout=timeout_s, check=False, cwd=os.getcwd())
+            env = _env()
+            command = sandbox.child_command([sys.executable, "-m", "trainer_core.worker.speak_child"],
+                                            json.loads(body), env, writable=[Path(folder)])
+            done = subprocess.run(command, input=body, text=True, capture_output=True, env=env, timeout=timeout_s,
+                                  check=False, cwd=os.getcwd())
+        except sandbox.SandboxError as exc:
+            raise SpeakError(str(exc)) from None
         except subprocess.TimeoutExpired:
             raise SpeakError(f"speaking took longer than {timeout_s:.0f} s: speak shorter text, lower the cap, or "
                              "pick fewer models") from None
