@@ -153,7 +153,7 @@ def reward_check_panel() -> None:
                    "Use the built-in rewards, or ask an admin.", icon="🔒")
         return
     with st.spinner("Scoring the rewards on 4 rows"):
-        result = reward_check.check_rewards(cfg)
+        result = reward_check.check_rewards(cfg, who=current_actor().name)  # one check per person at a time
     if result.errors:
         show_errors(list(result.errors), "The rewards were not checked")
         return
