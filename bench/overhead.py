@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo|whisper-demo|tts-demo|vision-demo|
                                        embedding-demo] [--steps 20] [--pairs 3] [--threads N] [--models DIR]
+                                       [--sandbox]
+
+With --sandbox, (a) is the studio's run with its worker outside the sandbox (FINETUNE_STUDIO_SANDBOX=off) and (b) the
+same run inside it: what the sandbox costs in start-up seconds and steps/s.
 
 (a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess (for dpo-demo TRL's
     DPOTrainer, for grpo-demo its GRPOTrainer, for whisper-demo transformers' Seq2SeqTrainer with the studio's
@@ -53,6 +57,7 @@ if str(ROOT) not in sys.path:
 from db.store import Store
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol import sandbox
 from trainer_core.protocol.status import RunStatus
 from tests.methods.test_embedding_train import jargon
 from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows, write_jsonl
@@ -78,6 +83,7 @@ class Result:
     launch_to_done_s: float  # process start to result, for information: includes loading and saving
     parent_cpu_s: float  # CPU seconds of this process during the run: for (b) the orchestrator, pump and store
     child_cpu_s: float  # CPU seconds of the training process, loading and saving included
+    first_step_s: float = math.nan  # start to the first logged step: process start, imports, loading, data
 
     @property
     def cpu_s(self) -> float:
@@ -184,7 +190,7 @@ def run_bare(cfg: TrainConfig, work: Path, index: int) -> Result:
         raise RuntimeError(f"bare run {index} exited with {code}; log:\n{_tail(out / 'bare.log')}")
     data = json.loads((out / "result.json").read_text())
     return Result("a", data["steps"], data["times"], data["losses"], data["final_loss"], time.time() - started,
-                  *cpu_since(cpu))
+                  *cpu_since(cpu), first_step_s=data["times"][0] - started if data["times"] else math.nan)
 
 
 def run_studio(orch: Orchestrator, cfg: TrainConfig, index: int) -> Result:
@@ -197,8 +203,31 @@ def run_studio(orch: Orchestrator, cfg: TrainConfig, index: int) -> Result:
     frame = orch.metrics(run_id)
     train = frame[frame["loss"].notna()].sort_values("step")
     run = orch.get_run(run_id)
-    return Result("b", [int(s) for s in train["step"]], [float(t) for t in train["wall_time"]],
-                  [float(v) for v in train["loss"]], run.final_loss, done - started, *cpu)
+    times = [float(t) for t in train["wall_time"]]
+    return Result("b", [int(s) for s in train["step"]], times, [float(v) for v in train["loss"]], run.final_loss,
+                  done - started, *cpu, first_step_s=times[0] - started if times else math.nan)
+
+
+def run_unsandboxed(orch: Orchestrator, cfg: TrainConfig, index: int) -> Result:
+    """--sandbox's side (a): the same studio run with the worker outside the sandbox."""
+    os.environ[sandbox.SANDBOX_ENV] = "off"
+    try:
+        return replace(run_studio(orch, cfg, index), side="a")
+    finally:
+        os.environ.pop(sandbox.SANDBOX_ENV, None)
+
+
+def sandbox_start_cost(repeats: int = 10) -> tuple[float, float]:
+    """Median seconds of ``python -c pass`` bare and inside the sandbox (what wrapping adds to every start)."""
+    command = [sys.executable, "-c", "pass"]
+    wrapped = sandbox.wrap(command, env=dict(os.environ))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(repeats * 2):
+        inside = i % 2 == 1
+        started = time.perf_counter()
+        subprocess.run(wrapped if inside else command, check=True, capture_output=True)
+        times[inside].append(time.perf_counter() - started)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def compare_losses(a: Result, b: Result) -> tuple[bool, float]:
@@ -225,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=str(ROOT / ".test-cache" / "models"),
                         help="converted-model cache shared with the tests (FINETUNE_STUDIO_MODELS)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data root")
+    parser.add_argument("--sandbox", action="store_true",
+                        help="compare the studio run unsandboxed (a) with the same run in the worker sandbox (b) "
+                             "instead of bare TRL with the studio; also times a bare interpreter start in both")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.pairs < 1:
         parser.error("--steps must be at least 2 and --pairs at least 1")
@@ -266,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             order = ("a", "b") if i % 2 == 0 else ("b", "a")  # alternate who goes first: cancels drift
             done: dict[str, Result] = {}
             for side in order:
-                done[side] = run_bare(cfg, work, i) if side == "a" else run_studio(orch, cfg, i)
+                if side == "b":
+                    done[side] = run_studio(orch, cfg, i)
+                else:
+                    done[side] = run_unsandboxed(orch, cfg, i) if args.sandbox else run_bare(cfg, work, i)
             a, b = done["a"], done["b"]
             pairs.append((a, b))
             ratios.append(b.steps_per_s / a.steps_per_s)
@@ -275,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"b/a {ratios[-1]:.4f} | median step a {a.median_step_s:.3f}s b {b.median_step_s:.3f}s | "
                   f"CPU a {a.cpu_s:.1f}s b {b.cpu_s:.1f}s (parent {b.parent_cpu_s:.2f}s) | "
                   f"launch->done a {a.launch_to_done_s:.1f}s "
-                  f"b {b.launch_to_done_s:.1f}s | final loss a {a.final_loss!r} b {b.final_loss!r} "
+                  f"b {b.launch_to_done_s:.1f}s | start->first step a {a.first_step_s:.1f}s "
+                  f"b {b.first_step_s:.1f}s | final loss a {a.final_loss!r} b {b.final_loss!r} "
                   f"equal={equal} max|diff|={diff:.3g}", flush=True)
     finally:
         # Workers outlive their orchestrator by design: an interrupted bench must cancel its own.
@@ -296,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median-step b/a (a step / b step, median over pairs): "
           f"{median(a.median_step_s / b.median_step_s for a, b in pairs):.4f}; "
           f"CPU b/a (median over pairs): {median(b.cpu_s / a.cpu_s for a, b in pairs):.4f}")
+    print(f"start->first step b-a (median over pairs): "
+          f"{median(b.first_step_s - a.first_step_s for a, b in pairs):+.2f}s")
+    if args.sandbox:
+        bare, inside = sandbox_start_cost()
+        print(f"python -c pass: bare {bare * 1000:.0f} ms, in the sandbox {inside * 1000:.0f} ms "
+              f"(+{(inside - bare) * 1000:.0f} ms a start)")
     print(f"losses equal a vs b in every pair: {all_equal}; identical across all runs: {same_across}; "
           f"final loss {pairs[0][0].final_loss!r}")
     return 0 if all_equal else 1

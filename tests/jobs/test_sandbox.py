@@ -140,3 +140,24 @@ def test_bubblewrap_exit_codes_read_as_the_signal_that_killed_the_command(home):
     assert sandbox.exit_reason(0) == 0 and sandbox.exit_reason(2) == 2
     done = subprocess.run(sandbox.wrap(["sh", "-c", "kill -9 $$"], env=dict(os.environ)), capture_output=True)
     assert sandbox.exit_reason(done.returncode) == -9
+
+
+def test_a_path_in_any_field_never_shows_the_database_secrets_or_the_data_root(home, tmp_path):
+    root = paths.data_root()
+    (root / "studio.db").write_text("x")
+    other = paths.run_dir("20260101-000000-other1")
+    other.mkdir(parents=True)
+    (other / "events.jsonl").write_text("")
+    (other / ".secrets.json").write_text("{}")
+    (tmp_path / ".streamlit").mkdir()
+    (tmp_path / ".streamlit" / "secrets.toml").write_text("x")
+    (root / "elsewhere").mkdir()
+    named = {"system_prompt": str(root / "studio.db"), "run_name": str(tmp_path / ".streamlit" / "secrets.toml"),
+             "data": str(root), "note": str(other / ".secrets.json"), "x": str(root / "elsewhere")}
+    readable, runs, _ = sandbox.job_inputs(named)
+    assert readable == [] and runs == []
+    readable, runs, _ = sandbox.job_inputs({"source": {"run_id": other.name}})
+    assert readable == [] and runs == [other]
+    command = sandbox.wrap(["true"], readable=runs, env=dict(os.environ))
+    at = command.index(str(other / ".secrets.json"))  # the run is shown, its staged secrets file is an empty one
+    assert command[at - 2:at + 1] == ["--ro-bind", "/dev/null", str(other / ".secrets.json")]

@@ -37,6 +37,9 @@ UNSANDBOXED_WARNING = ("WARNING: this job runs WITHOUT the sandbox (FINETUNE_STU
                        "(rewards, remote model code) can read every file and process of this user")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow")  # readable by root, who runs CI and many single-user hosts
+HIDDEN_DIRS = ("/etc/ssl/private",)  # TLS keys (the gateway's may live there)
+# Never shown, whatever a config names (a free-text field may hold any path): the database, secrets, history.
+NEVER_SHOWN = frozenset({".git", ".streamlit", "secrets.toml", ".secrets.json"})
 HIDDEN_NAMES = (".git", ".streamlit")  # in the checkout and the working directory: history, secrets.toml
 HUB_TOKEN_FILES = ("token", "stored_tokens")
 # Job fields whose non-empty value reaches out of this host (a job naming none of them runs offline).
@@ -165,6 +168,8 @@ def job_inputs(config: dict, own_run: str = "") -> tuple[list[Path], list[Path],
                 pending.append(_run_config(runs_root / text))
                 continue
             found = _local_path(text)
+            if found is not None and not _showable(found, data, runs_root):
+                continue
             if found is not None and _inside(found, roots) and not _inside(found, [runs_root]):
                 # a file's folder too (a dataset names its images and clips relative to it), unless that folder
                 # holds the data root (the database, every run): then the file alone
@@ -175,6 +180,17 @@ def job_inputs(config: dict, own_run: str = "") -> tuple[list[Path], list[Path],
             elif key in MODEL_FIELDS and found is None and _hub_name(text):
                 network = True
     return inputs, runs, network
+
+
+def _showable(path: Path, data: Path, runs_root: Path) -> bool:
+    """Whether a path a config names may be shown: never the database, a secrets file or a repository's history,
+    and in the data root only the uploads, prompt sets, presets, caches and run folders."""
+    if NEVER_SHOWN & set(path.parts) or path.name.startswith(("studio.db", ".secrets")):
+        return False
+    if not _inside(path, [data]) or path == data:
+        return path != data
+    return _inside(path, [paths.datasets_dir(), data / "prompt_sets", data / "presets", paths.models_dir(),
+                          data / "cache", runs_root]) and path != runs_root
 
 
 def _local_path(text: str) -> Path | None:
@@ -235,6 +251,9 @@ def wrap(command: list[str], *, writable: Iterable[Path] = (), readable: Iterabl
     for path in _dedupe(readable):
         if _inside(path, [data]) and path != data:  # re-shown over the hidden data root, never the whole of it
             args += ["--ro-bind", str(path), str(path)]
+    for path in _dedupe(readable):  # a run read by this job: its staged secrets are not this job's
+        for secret in sorted(path.glob(".secrets*")) if path.is_dir() and _inside(path, [paths.runs_dir()]) else []:
+            args += ["--ro-bind", "/dev/null", str(secret)]
     for path in _dedupe(writable):
         path.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(path), str(path)]
@@ -304,6 +323,9 @@ def _masks(env: dict[str, str]) -> list[str]:
     for name in HIDDEN_FILES:
         if os.path.exists(name):
             args += ["--ro-bind", "/dev/null", name]
+    for name in HIDDEN_DIRS:
+        if os.path.isdir(name):
+            args += ["--tmpfs", name]
     return args
 
 
