@@ -4,6 +4,9 @@ run's own passages; the base model, which cannot know the words, does not rank i
 requests are named before a process starts."""
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
 from tests.methods.test_embedding_run import jargon_files, run_config
@@ -29,6 +32,40 @@ def test_a_request_is_checked_before_any_process_starts():
     with pytest.raises(search.SearchError, match="more than the 2,000"):
         search.search(search.Request(sources=base, query="q", passages=too_many))
     assert search.pasted_passages("one\n\n two \none\n") == ["one", "two"]
+
+
+def test_the_search_child_runs_on_the_cpu_without_secrets(monkeypatch):
+    """Hostile review (issue 31 #8): on a CUDA host each click loaded models onto a GPU a training run had reserved;
+    the Playground's search is no job the queue gives a device, so its child sees no GPU (as Speak's)."""
+    sent = {}
+
+    def child(argv, input, env, **kwargs):  # plays the child: one ranking per source
+        sent.update(json.loads(input), argv=argv, env=env)
+        return subprocess.CompletedProcess(argv, 0, json.dumps({"rankings": [
+            {"label": "base", "similarity": "cosine", "hits": [{"index": 0, "score": 0.5}]}]}) + "\n", "")
+
+    monkeypatch.setattr(subprocess, "run", child)
+    monkeypatch.setenv("FINETUNE_STUDIO_SANDBOX", "off")  # the sandbox's own tests run it; this one reads the env
+    monkeypatch.delenv("FINETUNE_STUDIO_FORCE_CPU", raising=False)  # a CUDA host's server: not forced itself
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    rankings = search.search(search.Request(sources=(ModelSource(model=BUNDLED_MODEL),), query="q", passages=("a",)))
+    assert rankings == [search.Ranking(label="base", hits=(search.Hit(0, 0.5),), similarity="cosine")]
+    assert sent["env"]["FINETUNE_STUDIO_FORCE_CPU"] == "1" and sent["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert "HF_TOKEN" not in sent["env"] and not any("hf_secret" in a for a in sent["argv"])
+
+
+def test_a_second_search_while_one_runs_is_refused_naming_why(monkeypatch):
+    """Each search loads every model it compares in a child: one at a time per server (hostile review: concurrent
+    clicks each loaded their models), as Speak."""
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a second search started a child"))
+    assert search._BUSY.acquire(blocking=False)
+    try:
+        with pytest.raises(search.SearchError, match="^another search is running on this server: try again when "
+                                                     "it ends$"):
+            search.search(search.Request(sources=(ModelSource(model=BUNDLED_MODEL),), query="q", passages=("a",)))
+    finally:
+        search._BUSY.release()
 
 
 @pytest.mark.train

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,8 @@ PASSAGES_MAX = 2_000  # passages one search embeds (each model embeds them all)
 TEXT_MAX = 4_000  # characters of a passage or the query
 TOP_K = 5
 SEARCH_TIMEOUT_S = 300.0
+
+_BUSY = threading.Lock()
 
 
 class SearchError(ValueError):
@@ -96,13 +99,29 @@ def problems(request: Request) -> list[str]:
     return found
 
 
+def _env() -> dict[str, str]:
+    """The child's environment: no secret, and on the CPU with no GPU visible: a GPU is a device the queue reserves
+    for jobs, which the Playground's search is not (as Speak's child)."""
+    return {**access.child_env(os.environ), "TOKENIZERS_PARALLELISM": "false", "FINETUNE_STUDIO_FORCE_CPU": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def search(request: Request, timeout_s: float = SEARCH_TIMEOUT_S) -> list[Ranking]:
     """Each source's top passages for the query (SearchError when the child cannot run at all)."""
     wrong = problems(request)
     if wrong:
         raise SearchError("; ".join(wrong))
-    env = {**access.child_env(os.environ), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if not _BUSY.acquire(blocking=False):  # one search child per server: each loads every model it compares
+        raise SearchError("another search is running on this server: try again when it ends")
+    try:
+        return _search(request, timeout_s)
+    finally:
+        _BUSY.release()
+
+
+def _search(request: Request, timeout_s: float) -> list[Ranking]:
+    env = _env()
     body = json.dumps({"sources": [s.key for s in request.sources], "labels": list(request.labels),
                        "query": request.query, "passages": list(request.passages), "top_k": request.top_k,
                        "query_prompt": request.query_prompt, "document_prompt": request.document_prompt,
