@@ -52,12 +52,35 @@ def test_pairs_become_a_retrieval_set_with_every_passage_in_the_corpus():
     assert ir.relevant == {"q0": {"d0"}, "q1": {"d1"}}
 
 
-def test_carved_eval_rows_share_no_anchor_or_positive_with_training():
+def test_held_out_queries_leave_training_but_their_passages_still_train():
+    rows = [{"anchor": f"q{i}", "positive": f"p{i % 5}"} for i in range(20)]  # four queries per passage
+    train, held = pairs.carve_eval(rows, 0.1, seed=3)
+    assert (len(held), len(train)) == (2, 18)  # all rows but the held-out queries
+    assert {r["anchor"] for r in train}.isdisjoint(r["anchor"] for r in held)
+    assert {r["positive"] for r in held} <= {r["positive"] for r in train}
+    assert sorted(map(str, train + held)) == sorted(map(str, rows))
+
+
+def test_a_held_out_query_text_asked_again_in_another_row_is_not_trained_on():
+    rows = [{"anchor": f"q{i // 2}", "positive": f"p{i}"} for i in range(20)]  # each query has two passages
+    train, held = pairs.carve_eval(rows, 0.1, seed=3)
+    asked = {r["anchor"] for r in held}
+    assert len(held) == 2 and not any(r["anchor"] in asked for r in train)
+    assert len(train) == 20 - len(held) - sum(r["anchor"] in asked for r in rows if r not in held)
+
+
+def test_the_holdout_note_says_exactly_what_is_held_out_and_what_still_trains():
     rows = [{"anchor": f"q{i}", "positive": f"p{i % 5}"} for i in range(20)]
     train, held = pairs.carve_eval(rows, 0.1, seed=3)
-    assert len(held) == 2
-    held_texts = {r["anchor"] for r in held} | {r["positive"] for r in held}
-    assert train and not any(r["anchor"] in held_texts or r["positive"] in held_texts for r in train)
+    assert pairs.holdout_note(rows, train, held, 0.1) == (
+        "no eval set: 2 of the 20 pairs are held out as the evaluator's queries (embedding.ir_holdout 0.1); "
+        "their passages stay in training, so 18 pairs train")
+    asked_twice = [{"anchor": f"q{i // 2}", "positive": f"p{i}"} for i in range(20)]
+    train, held = pairs.carve_eval(asked_twice, 0.1, seed=3)
+    assert pairs.holdout_note(asked_twice, train, held, 0.1) == (
+        "no eval set: 2 of the 20 pairs are held out as the evaluator's queries (embedding.ir_holdout 0.1); "
+        "their passages stay in training, and 2 more pairs that ask a held-out query again are left out, "
+        "so 16 pairs train")
 
 
 def test_beir_files_are_read_with_tsv_or_jsonl_qrels(tmp_path):

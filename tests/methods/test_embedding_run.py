@@ -61,6 +61,17 @@ def test_the_preview_shows_texts_as_the_model_sees_them_with_lengths_and_batch_d
         preview.format_reason
 
 
+@pytest.mark.subprocess
+def test_the_preview_says_which_queries_are_held_out_when_no_eval_set_is_given(studio, tmp_path):
+    train, _ = jargon_files(tmp_path)
+    cfg = run_config(train, "", local_eval_datasets=[], embedding={"ir_holdout": 0.1})
+    preview = build_preview(cfg, rows_shown=1)
+    # three questions per passage: the 12 held-out questions leave training, their passages do not
+    assert (preview.total_rows, preview.eval_rows, len(preview.lengths)) == (108, 12, 108)
+    assert ("no eval set: 12 of the 120 pairs are held out as the evaluator's queries (embedding.ir_holdout 0.1); "
+            "their passages stay in training, so 108 pairs train") in preview.format_reason
+
+
 @pytest.mark.train
 def test_a_run_through_the_orchestrator_lifts_retrieval_far_above_step0_and_saves_a_loadable_model(studio, tmp_path):
     train, held_out = jargon_files(tmp_path)

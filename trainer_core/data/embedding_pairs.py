@@ -258,17 +258,27 @@ def ir_from_pairs(eval_rows: list[dict], distractors: list[dict] = ()) -> IRSet:
 
 
 def carve_eval(rows: list[dict], fraction: float, seed: int, minimum: int = 1) -> tuple[list[dict], list[dict]]:
-    """(train, held-out): a fixed-seed share of the rows held out for the evaluator; training rows that share an
-    anchor or a positive with a held-out row are left out of training too (no answer seen in training)."""
+    """(train, held-out): a fixed-seed share of the rows held out as the evaluator's queries. Their passages stay
+    in training (several queries usually share a passage, and leaving them out starves training); what must stay
+    unseen is the query text, so only another row asking a held-out query again leaves training too."""
     if len(rows) < 2:
         return list(rows), []
     count = min(max(minimum, round(len(rows) * fraction)), len(rows) - 1)
     held_idx = set(random.Random(seed).sample(range(len(rows)), count))
     held = [row for i, row in enumerate(rows) if i in held_idx]
-    first = _columns_of(held[0])
-    seen = {row.get(c) for row in held for c in first[:2]}
-    train = [row for i, row in enumerate(rows) if i not in held_idx and not ({row.get(c) for c in first[:2]} & seen)]
+    query = _columns_of(held[0])[0]
+    asked = {row.get(query) for row in held}
+    train = [row for i, row in enumerate(rows) if i not in held_idx and row.get(query) not in asked]
     return train, held
+
+
+def holdout_note(rows: list[dict], train: list[dict], held: list[dict], fraction: float) -> str:
+    """What carve_eval held out, in the words New run's preview and the worker log use."""
+    again = len(rows) - len(train) - len(held)
+    left_out = f", and {again} more pairs that ask a held-out query again are left out," if again else ","
+    return (f"no eval set: {len(held)} of the {len(rows)} pairs are held out as the evaluator's queries "
+            f"(embedding.ir_holdout {fraction}); their passages stay in training{left_out} so {len(train)} pairs "
+            "train")
 
 
 def _columns_of(row: dict) -> tuple[str, ...]:

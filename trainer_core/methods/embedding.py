@@ -37,8 +37,9 @@ class EmbeddingSettings:
                                  choices=("no_duplicates", "batch_sampler"))
     columns: dict = setting({}, "Your column names for the canonical ones, e.g. {anchor: question, positive: answer}.")
     eval_on_start: bool = setting(True, "Evaluate before the first step: the base model's score, the baseline.")
-    ir_holdout: float = setting(0.1, "Share of pairs held out as retrieval queries when no eval set is given "
-                                     "(their positives join the corpus).", low=0, high=0.5)
+    ir_holdout: float = setting(0.1, "Share of pairs held out as retrieval queries when no eval set is given: "
+                                     "their query texts are never trained on, their passages still are (and join "
+                                     "the corpus).", low=0, high=0.5)
     eval_corpus: str = setting("", "BEIR-like corpus.jsonl ({_id, title, text}) to evaluate retrieval on.")
     eval_queries: str = setting("", "BEIR-like queries.jsonl ({_id, text}).")
     eval_qrels: str = setting("", "Relevance judgements: qrels .tsv (query-id, corpus-id, score) or .jsonl.")

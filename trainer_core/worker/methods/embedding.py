@@ -154,11 +154,10 @@ def build_trainer(cfg: TrainConfig, model: SentenceTransformer, tokenizer, train
     if problems:
         raise ValueError(f"{problems[0].field}: {problems[0].message}")
     eval_rows = eval_ds.to_list() if eval_ds is not None else []
-    if not eval_rows and not s.eval_corpus and s.ir_holdout > 0:
-        train_rows, eval_rows = pairs.carve_eval(train_rows, s.ir_holdout, cfg.random_seed)
-        train_ds = Dataset.from_list(train_rows)
-        warn(f"No eval set given: {len(eval_rows)} of the pairs are held out as the evaluator's queries "
-             f"(embedding.ir_holdout {s.ir_holdout}), {len(train_rows)} train")
+    carved, eval_rows, note = held_out(cfg, train_rows, eval_rows)
+    if note:
+        train_rows, train_ds = carved, Dataset.from_list(carved)
+        warn(note[0].upper() + note[1:])
     evaluator = make_evaluator(shape, train_rows, eval_rows, s, args.get("per_device_eval_batch_size") or 32)
     if peft_config is not None or getattr(cfg, "effective_use_lora", False):
         _lora(model, cfg, s)
@@ -182,6 +181,16 @@ def build_trainer(cfg: TrainConfig, model: SentenceTransformer, tokenizer, train
 
 
 # ---------------------------------------------------------------------- preview (the New run form's)
+def held_out(cfg: TrainConfig, train_rows: list[dict], eval_rows: list[dict]) -> tuple[list[dict], list[dict], str]:
+    """(train, eval, note): without an eval set, the queries embedding.ir_holdout holds out for the evaluator, and
+    the note saying so ("" when nothing is held out); the preview and the trainer carve the same rows."""
+    s = settings_of(cfg)
+    if eval_rows or s.eval_corpus or s.ir_holdout <= 0:
+        return train_rows, eval_rows, ""
+    train, held = pairs.carve_eval(train_rows, s.ir_holdout, cfg.random_seed)
+    return train, held, pairs.holdout_note(train_rows, train, held, s.ir_holdout) if held else ""
+
+
 def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
     """The data preview of an embedding run: each text as the model sees it (the query/document prompt before
     it, tokenized with its special tokens, cut at the model's maximum length), token lengths against that
@@ -193,6 +202,7 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     s = settings_of(cfg)
     rows, dropped = shape_rows(data.rows, cfg)
     eval_rows, _ = shape_rows(data.eval_rows, cfg)
+    rows, eval_rows, holdout = held_out(cfg, rows, eval_rows)
     limit = max_length(cfg, _model_max_length(cfg, tokenizer)) or cfg.max_seq_length
     seen = pairs.preview_rows(rows, s.query_prompt, s.document_prompt, limit=len(rows))
     shown, lengths = [], []
@@ -214,7 +224,8 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     repeats = pairs.batch_duplicates(rows, cfg.batch_size)
     sampler = ("the no_duplicates sampler keeps them apart" if s.batch_sampler == "no_duplicates"
                else "each is a false in-batch negative: set embedding.batch_sampler no_duplicates")
-    notes = [f"texts cut at {limit} tokens (the model's maximum or max_seq_length)"]
+    notes = [holdout] if holdout else []
+    notes.append(f"texts cut at {limit} tokens (the model's maximum or max_seq_length)")
     notes.append(f"{repeats} texts repeat within a batch of {cfg.batch_size} in file order ({sampler})" if repeats
                  else f"no text repeats within a batch of {cfg.batch_size}")
     processes = parallel.process_count(cfg)
