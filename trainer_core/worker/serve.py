@@ -408,9 +408,9 @@ def build_transformers_app(device: str):
         from transformers.cli.serving.response import ResponseHandler
         from transformers.cli.serving.server import build_server
         from transformers.cli.serving.systemone import SystemOneHandler
-        from transformers.cli.serving.transcription import TranscriptionHandler
 
         from trainer_core.worker.serve_generate import CancellableGenerationState
+        from trainer_core.worker.serve_transcribe import ClipTranscriptionHandler
     except ImportError as exc:
         raise RuntimeError(f"transformers {transformers.__version__} has no usable serving app ({exc}): install "
                            "'transformers[serving]>=5.24', or the vllm extra on a CUDA host") from None
@@ -423,7 +423,8 @@ def build_transformers_app(device: str):
         manager, ChatCompletionHandler(model_manager=manager, generation_state=state),
         completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
         response_handler=ResponseHandler(model_manager=manager, generation_state=state),
-        transcription_handler=TranscriptionHandler(manager, state),
+        # the clip decoded from its bytes, never opened by the name its base64 spells (serve_transcribe.py)
+        transcription_handler=ClipTranscriptionHandler(manager, state),
         systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
         generation_state=state)
     return app, manager
