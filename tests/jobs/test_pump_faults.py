@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import psutil
@@ -37,11 +39,13 @@ def terminal(store, run_id: str) -> bool:
 # ====================================================================== forged and ill-typed lines (9.3.3)
 def test_invalid_lines_become_timeline_warnings_and_nothing_else_is_lost(home, store):
     """A live run whose log holds a forged complete line, an ill-typed step and garbage between valid
-    events: each bad line is skipped on its own, named in the timeline, and the run ends as its log says."""
+    events: each bad line is skipped on its own, named in the timeline, and the run ends as its log says once its
+    worker has exited."""
     run_id = "forged"
-    me = psutil.Process()
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     store.create_run(RunRecord(id=run_id, name="forged log", status=RunStatus.RUNNING.value, created_at=time.time(),
-                         started_at=time.time(), total_steps=3, pid=me.pid, pid_started_at=me.create_time()))
+                         started_at=time.time(), total_steps=3, pid=worker.pid,
+                         pid_started_at=psutil.Process(worker.pid).create_time()))
     run_dir = paths.run_dir(run_id)
     run_dir.mkdir(parents=True)
     lines = [
@@ -59,9 +63,14 @@ def test_invalid_lines_become_timeline_warnings_and_nothing_else_is_lost(home, s
     (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
     orch = Orchestrator(store=store, start_pump=False)
     try:
+        pump_until(orch, lambda: orch.snapshot(run_id).status is RunStatus.COMPLETED, "the complete event read")
+        worker.stdin.close()  # the worker exits
+        worker.wait()
         pump_until(orch, lambda: terminal(store, run_id), "the forged run to end")
     finally:
         orch.close()
+        worker.kill()
+        worker.wait()
     run = store.get_run(run_id)
     assert run.status == RunStatus.COMPLETED.value, run.error
     assert run.final_loss == 1.5 and run.steps_done == 3

@@ -267,9 +267,9 @@ class Orchestrator(Queries, Pumping, Servers):
             tracked = list(self._tracked.values())
         for item in tracked:
             pump.flush(item, self.store)
-            if item.terminal is not None:
+            if item.terminal is not None and adoption.exited(item)[0]:
                 self._finish(item)  # its terminal line is behind the saved offset: settle it now
-            else:
+            else:  # a worker still exiting after its final event is settled by the next to adopt it, once it has exited
                 item.lock_fh.close()
                 item.log.close()
         with self._lock:

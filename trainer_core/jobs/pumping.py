@@ -134,9 +134,10 @@ class Pumping:
         adoption.watchdog(t, self.store)
         if pump.flush_due(t):
             pump.flush(t, self.store)
-        if t.terminal is not None and (exited or not t.handle.started_here):
-            if exited:
-                adoption.clean_after_exit(t, self.store)  # checkpoints a kill -9 left half-written
+        # Settled once its worker has exited, whoever started it: an adopted worker still tearing down after its
+        # final event holds its memory (a GPU's VRAM), and a settled run frees its devices for the queue.
+        if t.terminal is not None and exited:
+            adoption.clean_after_exit(t, self.store)  # checkpoints a kill -9 left half-written
             self._finish(t)
             return True
         return False
@@ -152,6 +153,16 @@ class Pumping:
             self._finished.put(t.run_id, t.live)
         t.lock_fh.close()
         t.log.close()
+
+    def catch_up(self) -> None:
+        """Read, once, the log of every active job that nobody pumps, and settle those whose worker has exited:
+        what `runs` and `runs show` do when no dashboard follows the jobs. For an orchestrator made with
+        start_pump=False; closing it leaves the jobs still under way to whoever pumps next."""
+        self._adopt_orphans()
+        with self._lock:
+            tracked = list(self._tracked.values())
+        for t in tracked:
+            self._pump_run(t)
 
     # ================================================================== adoption
     def _adopt_orphans(self) -> None:
