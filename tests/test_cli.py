@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
 from db.entities import RunRecord
 from db.store import Store
+from tests.support import fake
 from tests.test_pages import insert_finished_run
 from trainer_core.__main__ import main
+from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
 
@@ -31,8 +36,9 @@ def test_runs_show_prints_no_stale_phase_of_a_finished_run(runs, capsys):
     # rows finished before finish_run cleared the phase still say "saving"
     runs.create_run(RunRecord(id="20260101-000000-cccccc", name="old row", status=RunStatus.COMPLETED.value,
                         phase="saving"))
+    paths.run_dir("20260101-000000-dddddd").mkdir(parents=True)  # under way: its worker is alive (this process)
     runs.create_run(RunRecord(id="20260101-000000-dddddd", name="training", status=RunStatus.RUNNING.value,
-                        phase="saving"))
+                        phase="saving", pid=os.getpid(), pid_started_at=psutil.Process().create_time()))
     assert main(["runs", "show", "20260101-000000-cccccc"]) == 0
     assert "status          Completed\n" in capsys.readouterr().out
     assert main(["runs", "show", "20260101-000000-dddddd"]) == 0  # under way: the phase is news
@@ -99,3 +105,37 @@ def test_runs_show_says_resumed_only_for_a_resumed_training_run(runs, capsys):
                               resumed_from_step=2, status=RunStatus.COMPLETED.value))
     assert main(["runs", "show", "20260101-000000-hhhhhh"]) == 0
     assert "resumed from    20260101-000000-aaaaaa at step 2\n" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- runs nobody follows
+def started_then_left(store, fake_worker, monkeypatch, steps: int = 3) -> str:
+    """A run whose `run` command died at once: its worker goes on, and no dashboard or CLI reads its log."""
+    first = Orchestrator(store=store, launcher=fake_worker, start_pump=False)
+    run_id = first.start(fake(monkeypatch, steps=steps))
+    first.close()
+    monkeypatch.setenv("DATABASE_URL", store.url)  # the CLI's commands, on the same database
+    return run_id
+
+
+def test_runs_follow_follows_a_run_again_after_its_run_command_died(home, store, fake_worker, monkeypatch, capsys):
+    run_id = started_then_left(store, fake_worker, monkeypatch)
+    assert main(["runs", "follow", run_id]) == 0
+    out = capsys.readouterr().out
+    assert "final status: completed" in out and "[" + "█" * 30 + "] 3/3" in out
+    assert store.get_run(run_id).status is RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("command", ["runs", "runs show"])
+def test_runs_read_the_log_of_a_run_that_ended_while_nobody_followed_it(home, store, fake_worker, monkeypatch,
+                                                                        capsys, command):
+    run_id = started_then_left(store, fake_worker, monkeypatch)
+    fake_worker.spawned[-1].wait(timeout=60)  # its worker finished; nobody has read its log
+    assert not store.get_run(run_id).status.is_terminal()
+    assert main(command.split() + ([run_id] if command == "runs show" else [])) == 0
+    out = capsys.readouterr().out
+    if command == "runs":
+        assert [line.split()[1] for line in out.splitlines() if line.startswith(run_id)] == ["completed"]
+    else:
+        assert "status          Completed\n" in out
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.COMPLETED and run.steps_done == 3

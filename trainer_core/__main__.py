@@ -2,7 +2,7 @@
 
     python -m trainer_core run --config run.yaml [--set key=value ...]
     python -m trainer_core validate --config run.yaml
-    python -m trainer_core runs [show RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
+    python -m trainer_core runs [show RUN | follow RUN | export RUN --format csv|jsonl|yaml [-o FILE]]
     python -m trainer_core db rebuild     (rebuild the database from the run folders)
     python -m trainer_core chat RUN [--checkpoint STEP | --base] [--prompt TEXT] ...   (chat with a run's model)
     python -m trainer_core serve RUN [--checkpoint STEP] [--host H] [--port P] [--launcher ray]  (an endpoint)
@@ -150,6 +150,14 @@ def cmd_run(args) -> int:
             orch.cancel(run_id, actor=actor)
 
     signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return follow(orch, run_id)
+    finally:
+        orch.close()
+
+
+def follow(orch, run_id: str) -> int:
+    """Print a job's progress until it ends, then its outcome; the exit code says how it ended."""
     tty = sys.stdout.isatty()
     last = {"line": "", "at": 0.0}
 
@@ -162,7 +170,6 @@ def cmd_run(args) -> int:
             last.update(line=line, at=time.monotonic())
 
     snap = orch.wait(run_id, on_tick=tick)
-    orch.close()
     if tty:
         print()
     print(progress_line(snap))
@@ -239,6 +246,9 @@ def cmd_rewards(args) -> int:
 def cmd_runs(args) -> int:
     from db.store import Store
 
+    if args.runs_command == "follow":
+        return _follow_again(args.run)
+    _catch_up()
     store = Store()
     if args.runs_command == "show":
         return _show(store, args.run)
@@ -255,6 +265,40 @@ def cmd_runs(args) -> int:
         loss = f"{run.final_loss:.4f}" if run.final_loss is not None else "—"
         print(f"{run.id:<24} {run.status:<10} {f'{run.steps_done}/{run.total_steps}':>11} {loss:>10}  {run.name}")
     return 0
+
+
+def _catch_up() -> None:
+    """Jobs that nobody follows (no dashboard, the `run` that followed them gone) are read from their own logs
+    first, as a dashboard's pump would: without this a job whose worker ended long ago still shows "running"."""
+    from trainer_core.jobs import adoption
+    from trainer_core.jobs.orchestrator import Orchestrator
+
+    with adoption.hold_presence():  # it writes to the database: `db rebuild` waits, and is waited for
+        orch = Orchestrator(start_pump=False)
+        try:
+            orch.catch_up()
+        finally:
+            orch.close()
+
+
+def _follow_again(ref: str) -> int:
+    """`runs follow RUN`: follow a job to its end again (after its `run` died, or one a dashboard started); this
+    process pumps it when nobody else does. Ctrl-C stops following, not the job."""
+    from trainer_core.jobs.orchestrator import Orchestrator
+
+    orch = Orchestrator()
+    try:
+        run = _find(orch.store, ref)
+        if run is None:
+            return 2
+        print(f"following {run.name} ({run.id}); Ctrl-C stops following, the job goes on")
+        return follow(orch, run.id)
+    except KeyboardInterrupt:
+        print(f"\nstopped following {ref}; the job goes on (`runs follow {ref}` again, `stop {ref}` to stop it)",
+              file=sys.stderr)
+        return 130
+    finally:
+        orch.close()
 
 
 def _warn_unknown_folders(store) -> None:
@@ -411,11 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--generations", type=int, default=0,
                        help="base-model answers sampled per prompt besides the references (default 0: no model load)")
     check.set_defaults(func=cmd_rewards)
-    runs = sub.add_parser("runs", help="list runs; `runs show RUN`, `runs export RUN --format csv`")
+    runs = sub.add_parser("runs", help="list runs; `runs show RUN`, `runs follow RUN`, `runs export RUN --format csv`")
     runs.add_argument("--limit", type=int, default=50)
     runs.set_defaults(func=cmd_runs, runs_command="list")
     runs_sub = runs.add_subparsers(dest="runs_command")
     runs_sub.add_parser("list", help="list runs, newest first")
+    follow_again = runs_sub.add_parser("follow", help="follow a run to its end again (after its `run` died)")
+    follow_again.add_argument("run", help="run id, unique id prefix, or name")
     show = runs_sub.add_parser("show", help="print a run's summary")
     show.add_argument("run", help="run id, unique id prefix, or name")
     export = runs_sub.add_parser("export", help="write a run's metrics (csv/jsonl) or config (yaml, no secrets)")
