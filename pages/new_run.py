@@ -39,6 +39,7 @@ from ui import form, ray_cluster, speech_panel, vision
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
+from ui.server_paths import shown
 from ui.form import BASE, DATASET_SOURCES, K, MAP_AS, MODEL_SOURCES, MODULE_CHOICES, NOT_MAPPED, PREVIEW, SAVED
 from ui.state import get_orchestrator
 from ui.text import code, safe
@@ -85,7 +86,7 @@ def apply_preset() -> None:
 def show_errors(errors: list[FieldError], headline: str = "The run was not started") -> None:
     st.error(f"{headline}: {len(errors)} problem(s) to fix.", icon="🚫")
     for error in errors:
-        st.error(f"**{safe(error.field)}**: {safe(error.message)}")
+        st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}")
 
 
 # ---------------------------------------------------------------------- presets
@@ -225,7 +226,7 @@ def model_panel(name: str) -> model_info.ModelInfo | None:
         return None
     info, problem = inspect_cached(name, st.session_state.get(K + "hf_token", "").strip() or None)
     if info is None:
-        st.warning(f"**model_name**: {safe(problem)}", icon="🔎")
+        st.warning(f"**model_name**: {safe(shown(problem))}", icon="🔎")
         return None
     cols = st.columns(4)
     cols[0].metric("Architecture", info.architecture, help=f"model_type: {info.model_type}")
@@ -313,7 +314,7 @@ def mapping_panel() -> None:
     state = st.session_state
     rows, problem, label = dataset_sample()
     if problem:
-        st.error(f"**local_datasets**: {safe(problem)}")
+        st.error(f"**local_datasets**: {safe(shown(problem))}")
         return
     if not rows:
         st.caption("Column pickers appear once a local file is chosen or uploaded. For hub datasets, map columns "
@@ -336,7 +337,7 @@ def mapping_panel() -> None:
         map_as = guess
         st.caption(f"Auto-detected format: **{safe(guess)}** ({safe(reason)}).")
     else:
-        st.warning(f"**format_type**: {safe(reason)}", icon="🧭")
+        st.warning(f"**format_type**: {safe(shown(reason))}", icon="🧭")
         map_as = st.radio("Map the columns as", list(form.ROLE_SLOTS), horizontal=True, key=K + "map_as_choice")
     state[MAP_AS] = map_as
     slots = form.ROLE_SLOTS[map_as]

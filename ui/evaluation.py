@@ -30,6 +30,7 @@ from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 from ui.form import UPLOAD_TYPES
 from ui.ray_run import job_place
+from ui.server_paths import shown
 from ui.text import code, safe
 
 # metric key -> (label, higher is better)
@@ -391,7 +392,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         return
     data, problem = _data_value(data_kind, run.id)
     if problem:
-        st.error(safe(problem))
+        st.error(safe(shown(problem, actor)))
         return
     try:
         source = (jobspec.ModelSource(model=jobspec.run_config(run.id).model_name) if which == "base" else
@@ -407,10 +408,10 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
                         launcher=launcher, ray_gpus_per_worker=gpus)
         job_id, baseline_id = orch.start_eval(spec, actor=actor)
     except ConfigError as exc:
-        st.error("  \n".join(f"**{safe(e.field)}**: {safe(e.message)}" for e in exc.errors))
+        st.error("  \n".join(f"**{safe(e.field)}**: {safe(shown(e.message, actor))}" for e in exc.errors))
         return
     except (jobspec.SourceError, RunRefused) as exc:
-        st.error(safe(exc))
+        st.error(safe(shown(exc, actor)))
         return
     st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
                icon="🧪")

@@ -21,6 +21,7 @@ from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.ray_run import job_place
+from ui.server_paths import shown
 from ui.text import code, safe
 
 DOWNLOAD_MAX_BYTES = 100 << 20  # larger artifacts are not pushed through the browser: path + command instead
@@ -148,7 +149,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
             job_id = orch.submit(spec, actor=current_actor())
         except ConfigError as exc:
             for error in exc.errors:
-                st.error(f"{safe(error.field)}: {safe(error.message)}")
+                st.error(f"{safe(error.field)}: {safe(shown(error.message))}")
             return
         except RunRefused as exc:
             st.warning(safe(exc), icon="⏳")

@@ -20,6 +20,7 @@ from trainer_core.serving.spec import (DEFAULT_IDLE_S, DEFAULT_MAX_TOKENS_CAP, D
 from ui import format as fmt
 from ui import ray_cluster
 from ui.auth import current_actor
+from ui.server_paths import shown
 from ui.text import code, safe
 
 HOSTS = {"127.0.0.1": "This machine only (127.0.0.1)", "0.0.0.0": "Every interface: teammates can call it (0.0.0.0)"}
@@ -88,7 +89,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                             ray_gpus_per_worker=gpus)
         except ConfigError as exc:
             for error in exc.errors:
-                st.error(f"{safe(error.field)}: {safe(error.message)}")
+                st.error(f"{safe(error.field)}: {safe(shown(error.message))}")
             return
         except RunRefused as exc:
             st.warning(safe(exc), icon="🚫")
