@@ -7,6 +7,8 @@
 With --sandbox, (a) is the studio's run with its worker outside the sandbox (FINETUNE_STUDIO_SANDBOX=off) and (b) the
 same run inside it: what the sandbox costs in start-up seconds and steps/s.
 
+Kept whole: one benchmark, read top to bottom; its two comparisons share every step and every printed figure.
+
 (a) ``bench/bare_trl.py``: the engine's trainer with one timing callback, in a subprocess (for dpo-demo TRL's
     DPOTrainer, for grpo-demo its GRPOTrainer, for whisper-demo transformers' Seq2SeqTrainer with the studio's
     SpeechCollator, for tts-demo the FramesTrainer over cached codec frames, for vision-demo TRL's SFTTrainer on the
