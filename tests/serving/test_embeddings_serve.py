@@ -1,13 +1,16 @@
 """Embedding models served through infinity-emb (its own venv, .venv-embed, built by `make install`) behind the
 key gate: the openai client's embeddings.create gets sentence-transformers' own vectors from the bundled
-all-MiniLM-L6-v2 and from a full embedding run's saved folder; a wrong or missing key is a 401, an unknown model a
-404 naming the served ones; the gate passes the engine only a checked text request; ServeSpec refuses mixing
-embedding and chat models."""
+all-MiniLM-L6-v2 and from a full embedding run's saved folder — a copy of the bundled one, and one a run trained
+here wrote with the studio's sentence-transformers, served through a view that names its modules as infinity's
+3.x does; a wrong or missing key is a 401, an unknown model a 404 naming the served ones; the gate passes the
+engine only a checked text request; ServeSpec refuses mixing embedding and chat models."""
 from __future__ import annotations
 
 import json
 import math
 import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import openai
@@ -21,7 +24,8 @@ from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.methods import embedding
 from trainer_core.protocol import paths
-from trainer_core.protocol.status import JobKind, write_kind
+from trainer_core.protocol.status import JobKind, RunStatus, write_kind
+from trainer_core.serving import infinity_app
 from trainer_core.serving.gate import MAX_EMBEDDING_INPUTS, GateConfig, KeyGate
 from trainer_core.serving.spec import EMBED_INSTALL_FIX, ServeSpec, embed_python, hash_key
 
@@ -108,6 +112,7 @@ def fake_full_embedding_run(folder) -> None:
     run_dir = paths.run_dir(RUN_ID)
     run_dir.mkdir(parents=True)
     write_kind(run_dir, JobKind.TRAIN)
+    (run_dir / "events.jsonl").touch()  # a run's folder has its event log (the sandbox shows a serve job such runs)
     cfg = TrainConfig(model_name=embedding.BUNDLED_MODEL, run_name="my embedder", method="embedding", adapter="full")
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     shutil.copytree(folder, run_dir / "model")
@@ -176,3 +181,133 @@ def test_the_openai_client_gets_sentence_transformers_vectors_behind_the_key(tmp
             orch.wait(job_id, timeout=60)
         orch.close()
         hardware.cuda_available.cache_clear()
+
+
+# What the studio's sentence-transformers (>= 5) writes for all-MiniLM-L6-v2: module types and settings 3.x lacks
+NEW_LAYOUT = {
+    "modules.json": [{"idx": 0, "name": "0", "path": "",
+                      "type": "sentence_transformers.base.modules.transformer.Transformer"},
+                     {"idx": 1, "name": "1", "path": "1_Pooling",
+                      "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"},
+                     {"idx": 2, "name": "2", "path": "2_Normalize",
+                      "type": "sentence_transformers.base.modules.normalize.Normalize"}],
+    "sentence_bert_config.json": {"transformer_task": "feature-extraction", "module_output_name": "token_embeddings",
+                                  "modality_config": {"text": {"method": "forward",
+                                                               "method_output_name": "last_hidden_state"}}},
+    "1_Pooling/config.json": {"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": True},
+    "2_Normalize/config.json": {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"},
+}
+
+
+def write_folder(folder: Path, files: dict) -> Path:
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(content))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def test_a_folder_in_the_new_module_layout_is_served_from_a_view_naming_the_modules_infinity_knows(tmp_path):
+    run_model = write_folder(tmp_path / "run" / "model", NEW_LAYOUT)
+    view = infinity_app.legacy_view(run_model, tmp_path / "job" / "st3-models" / "0")
+    assert view == tmp_path / "job" / "st3-models" / "0"
+    assert [m["type"] for m in json.loads((view / "modules.json").read_text())] == [
+        "sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
+        "sentence_transformers.models.Normalize"]
+    assert json.loads((view / "sentence_bert_config.json").read_text()) == {"do_lower_case": False}
+    assert json.loads((view / "1_Pooling" / "config.json").read_text()) == {
+        "word_embedding_dimension": 384, "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_tokens": True, "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}
+    # the run's files are linked, never copied or edited
+    assert (view / "model.safetensors").readlink() == run_model / "model.safetensors"
+    assert (view / "2_Normalize" / "config.json").readlink() == run_model / "2_Normalize" / "config.json"
+    assert {name: json.loads((run_model / name).read_text()) for name in NEW_LAYOUT} == NEW_LAYOUT
+    assert infinity_app.legacy_view(view, tmp_path / "again") == view  # 3.x's layout: served as it is
+    folder = embedding.bundled_model_dir()
+    if folder is not None:
+        assert infinity_app.legacy_view(folder, tmp_path / "bundled") == folder
+
+
+def test_a_module_infinity_has_no_counterpart_for_is_refused_naming_it(tmp_path):
+    layout = {**NEW_LAYOUT, "modules.json": NEW_LAYOUT["modules.json"] + [
+        {"idx": 3, "name": "3", "path": "3_Router", "type": "sentence_transformers.base.modules.router.Router"}]}
+    with pytest.raises(infinity_app.LegacyFolderError, match="its module sentence_transformers.base.modules.router."
+                                                             "Router has no sentence-transformers 3.x counterpart"):
+        infinity_app.legacy_view(write_folder(tmp_path / "a", layout), tmp_path / "view-a")
+    layout = {**NEW_LAYOUT, "1_Pooling/config.json": {"embedding_dimension": 384, "pooling_mode": ["mean", "late"]}}
+    with pytest.raises(infinity_app.LegacyFolderError, match="its pooling mode late is unknown"):
+        infinity_app.legacy_view(write_folder(tmp_path / "b", layout), tmp_path / "view-b")
+
+
+# the studio's sentence-transformers saves all-MiniLM-L6-v2 with a Dense layer on top, and encodes with it
+SAVE_NEW_LAYOUT = """
+import json, sys
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules.dense import Dense
+torch.manual_seed(0)
+base = SentenceTransformer(sys.argv[1], device="cpu")
+model = SentenceTransformer(modules=list(base) + [Dense(384, 32)], device="cpu")
+model.save(sys.argv[2])
+print(json.dumps(model.encode(json.loads(sys.argv[3])).tolist()))
+"""
+ENCODE = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+print(json.dumps(SentenceTransformer(sys.argv[1], device="cpu").encode(json.loads(sys.argv[2])).tolist()))
+"""
+
+
+@pytest.mark.subprocess
+def test_the_view_of_a_folder_the_studio_wrote_gives_the_same_vectors_in_infinitys_sentence_transformers(tmp_path):
+    assert embed_python().exists(), EMBED_INSTALL_FIX
+    folder = embedding.bundled_model_dir()
+    assert folder is not None, embedding.BUNDLED_FIX
+    saved = run_python(SAVE_NEW_LAYOUT, str(folder), str(tmp_path / "model"), json.dumps(TEXTS))
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    view = infinity_app.legacy_view(tmp_path / "model", tmp_path / "view")
+    assert view == tmp_path / "view"
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # the embedding venv's own packages
+    loaded = subprocess.run([str(embed_python()), "-c", ENCODE, str(view), json.dumps(TEXTS)], capture_output=True,
+                            text=True, env=env, timeout=600)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    expected, got = (json.loads(done.stdout.strip().splitlines()[-1]) for done in (saved, loaded))
+    assert [len(v) for v in got] == [32, 32, 32]
+    assert [cosine(v, e) >= 0.9999 for v, e in zip(got, expected)] == [True, True, True]
+
+
+@pytest.mark.train
+@pytest.mark.subprocess
+def test_the_openai_client_gets_a_full_embedding_run_trained_here_with_its_own_vectors(studio, tmp_path):
+    assert embed_python().exists(), EMBED_INSTALL_FIX
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"anchor": f"What is item {i}?", "positive": f"Item {i} is a {word}."}) + "\n"
+                            for i, word in enumerate(["cat", "boat", "lamp", "drum", "kite", "rope", "coin", "jar"])))
+    cfg = TrainConfig(run_name="tiny embedder", method="embedding", adapter="full", model_name=embedding.BUNDLED_MODEL,
+                      local_datasets=[str(data)], max_steps=2, batch_size=4, learning_rate=1e-4, warmup_steps=0,
+                      logging_steps=1, save_steps=0, max_seq_length=64, random_seed=1,
+                      embedding={"ir_holdout": 0.0, "eval_on_start": False})
+    run_id = studio.start(cfg)
+    snap = studio.wait(run_id, timeout=600)
+    assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
+    output = Path(studio.get_run(run_id).output_dir)
+    assert "sentence_transformers.models." not in (output / "modules.json").read_text()  # the layout 3.x lacks
+    job_id, key = studio.start_server([ModelSource(run_id=run_id)])
+    try:
+        reference = run_python(REFERENCE, str(output), json.dumps(TEXTS))  # while infinity loads
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        wait_until(lambda: studio.endpoint(job_id) is not None or studio.get_run(job_id).status.is_terminal(),
+                   timeout=180, what="the embedding server to listen")
+        endpoint = studio.endpoint(job_id)
+        assert endpoint is not None, (studio.get_run(job_id).error, studio.log_tail(job_id))
+        client = openai.OpenAI(base_url=endpoint.url, api_key=key)
+        answer = client.embeddings.create(model="tiny-embedder", input=TEXTS)
+        vectors = [item.embedding for item in sorted(answer.data, key=lambda d: d.index)]
+        expected = json.loads(reference.stdout.strip().splitlines()[-1])
+        assert [cosine(v, e) >= 0.999 for v, e in zip(vectors, expected)] == [True, True, True]
+        assert "tiny-embedder: serving" in studio.log_tail(job_id, 200)
+    finally:
+        if not studio.get_run(job_id).status.is_terminal():
+            studio.cancel(job_id)
+            studio.wait(job_id, timeout=60)
