@@ -287,10 +287,12 @@ def test_the_openai_client_gets_a_full_embedding_run_trained_here_with_its_own_v
     cfg = TrainConfig(run_name="tiny embedder", method="embedding", adapter="full", model_name=embedding.BUNDLED_MODEL,
                       local_datasets=[str(data)], max_steps=2, batch_size=4, learning_rate=1e-4, warmup_steps=0,
                       logging_steps=1, save_steps=0, max_seq_length=64, random_seed=1,
-                      embedding={"ir_holdout": 0.0, "eval_on_start": False})
+                      eval_steps=2, embedding={"eval_on_start": False})  # the default ir_holdout, as a user runs it
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
+    assert ("No eval set: 1 of the 8 pairs are held out as the evaluator's queries (embedding.ir_holdout 0.1); their "
+            "passages stay in training, so 7 pairs train") in studio.log_tail(run_id, 200)
     output = Path(studio.get_run(run_id).output_dir)
     assert "sentence_transformers.models." not in (output / "modules.json").read_text()  # the layout 3.x lacks
     job_id, key = studio.start_server([ModelSource(run_id=run_id)])
