@@ -68,7 +68,7 @@ def test_every_kind_handles_every_lifecycle_event_and_training_its_own():
     for kind, table in HANDLERS.items():
         assert set(LIFECYCLE) <= set(table), kind
     assert set(HANDLERS[JobKind.TRAIN]) == {"status", "warning", "complete", "error", "heartbeat", "progress",
-                                            "eval", "checkpoint", "sample"}
+                                            "eval", "checkpoint", "sample", "data"}
 
 
 def _tracker(tmp_path, kind: JobKind) -> Tracker:
@@ -96,3 +96,11 @@ def test_handlers_fill_the_tracker_from_events(tmp_path):
     assert (row["step"], row["loss"], row["eval_loss"]) == (3, 0.5, 0.75)
     assert t.run_values["steps_done"] == 3 and t.run_values["best_eval_loss"] == 0.75
     assert t.terminal == (RunStatus.COMPLETED, {"final_loss": 0.5, "steps_done": 3, "output_dir": out})
+
+
+def test_the_data_a_worker_loaded_becomes_the_runs_recorded_fingerprint(tmp_path):
+    """Resume compares against what the worker trained on (issue 31 #15), not against what was checked at submit."""
+    t = _tracker(tmp_path, JobKind.TRAIN)
+    pump.handle(t, ev.DataEvent(fingerprint="f" * 32, rows=3, eval_rows=1, ts=5.0))
+    assert t.run_values["data_fingerprint"] == "f" * 32
+    assert t.timeline == [(5.0, "data", "loaded 3 training rows and 1 eval row (data fingerprint ffffffffffff)")]

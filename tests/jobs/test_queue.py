@@ -18,7 +18,9 @@ import pytest
 
 from db.entities import RunRecord
 from tests.support import fake, orphan_run, run_python, wait_until
+from trainer_core.data import fingerprint as data_fp
 from trainer_core.jobs import queue as scheduling
+from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
@@ -336,6 +338,49 @@ def test_resume_is_refused_with_a_reason(orch, monkeypatch, data_file, case):
     with pytest.raises(RunRefused, match=expected):
         orch.resume("nope" if case == "unknown" else old)
     assert len(orch.list_runs()) == before  # a refusal leaves nothing behind
+
+
+def test_resume_checks_the_data_against_what_the_worker_loaded(orch, monkeypatch, data_file, tmp_path):
+    """Issue 31 #15: the file was cut to 3 rows while the model loaded, so the worker trained on those 3; resuming on
+    them is honest (it was refused), and resuming on the 20 rows checked at submit would mix data (it was accepted)."""
+    gate = tmp_path / "go"
+    cfg = dataclasses.replace(fake(monkeypatch, steps=1000, delay=0.05, checkpoints=""), local_datasets=[str(data_file)])
+    monkeypatch.setenv("FAKE_PAUSE_AT", "1")
+    monkeypatch.setenv("FAKE_PAUSE_UNTIL", str(gate))
+    old = orch.start(cfg)
+    submitted = data_file.read_text()
+    assert orch.get_run(old).data_fingerprint == data_fp.data_fingerprint(cfg)
+    wait_until(lambda: orch.snapshot(old).step >= 1, what="step 1")
+    data_file.write_text("".join(submitted.splitlines(keepends=True)[:3]))
+    loaded = data_fp.take(cfg)
+    writer = ev.EventWriter(paths.run_dir(old) / "events.jsonl")  # what the worker reports (the fake is held)
+    writer.emit(ev.DataEvent(fingerprint=loaded.digest, rows=loaded.rows))
+    writer.close()
+    gate.touch()
+    wait_until(lambda: orch.get_run(old).data_fingerprint == loaded.digest, what="the loaded data's fingerprint")
+    orch.stop(old)
+    assert orch.wait(old, timeout=30, interval=0.1).status is RunStatus.STOPPED
+    fake_checkpoint(old, 2)
+    new = orch.resume(old)
+    orch.cancel(new)
+    orch.wait(new, timeout=30, interval=0.1)
+    data_file.write_text(submitted)
+    with pytest.raises(RunRefused, match="training data of run 'fake train' changed"):
+        orch.resume(old)
+
+
+def test_a_queued_run_takes_its_data_fingerprint_again_when_its_turn_comes(orch, monkeypatch, data_file):
+    running = orch.start(fake(monkeypatch, steps=2000, delay=0.05))
+    cfg = dataclasses.replace(fake(monkeypatch, steps=2, checkpoints=""), local_datasets=[str(data_file)])
+    queued = orch.start(cfg)
+    assert orch.get_run(queued).status == "queued"
+    data_file.write_text(data_file.read_text() + '{"messages": [{"role": "user", "content": "late"}, '
+                                                 '{"role": "assistant", "content": "row"}]}\n')
+    orch.stop(running)
+    assert orch.wait(queued, timeout=60, interval=0.1).status is RunStatus.COMPLETED
+    now = data_fp.take(cfg)
+    assert orch.get_run(queued).data_fingerprint == now.digest
+    assert data_fp.read_checked(paths.run_dir(queued)) == now  # what the worker compares what it loads with
 
 
 def test_resume_of_an_active_run_is_refused(orch, monkeypatch):

@@ -20,6 +20,7 @@ BASE = {  # the required fields of each kind, with good values
     "sample": {"step": 1, "index": 0, "prompt": "p", "text": "t"},
     "artifact": {"artifact": "gguf", "path": "/r/a", "size": 10, "sha256": "ab" * 32},
     "verify": {"format": "merged", "identical": 2, "total": 2},
+    "data": {"fingerprint": "0123abcd" * 4},
 }
 
 
@@ -41,6 +42,8 @@ def test_every_kind_has_rules_and_good_values_pass():
     ("eval_sample", {"tokens": -3}, "eval_sample event: 'tokens' is -3, expected a whole number from 0 to 2,147,483,647"),
     ("eval_sample", {"judge": 11}, "eval_sample event: 'judge' is 11, expected a number from 1 to 10"),
     ("eval_sample", {"bleu": 101.0}, "eval_sample event: 'bleu' is 101.0, expected a number from 0 to 100"),
+    ("data", {"fingerprint": "../../x"}, "data event: 'fingerprint' is '../../x', expected a digest of 1 to 64 "
+                                         "lower-case hex digits"),
     ("verify", {"identical": 5, "total": 2}, "verify event: 'identical' is 5, expected at most total (2)"),
     ("verify", {"total": -1, "identical": -2}, "verify event: 'identical' is -2, expected a whole number from 0 to "
                                                "2,147,483,647"),

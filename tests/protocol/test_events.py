@@ -30,11 +30,12 @@ ALL_EVENTS = [
     ev.ArtifactEvent(artifact="gguf", path="/runs/x/artifacts/m-q8_0.gguf", size=144810848, sha256="ab" * 32,
                      source_run_id="r1", detail="q8_0", ts=9.0),
     ev.VerifyEvent(format="gguf q8_0", identical=2, total=3, first_difference="prompt 2, token 4", ts=10.0),
+    ev.DataEvent(fingerprint="0123abcd" * 4, rows=300, eval_rows=30, ts=11.0),
 ]
 
 
 def test_every_event_kind_is_registered_once():
-    assert sorted(ev.EVENT_TYPES) == ["artifact", "checkpoint", "complete", "error", "eval", "eval_result",
+    assert sorted(ev.EVENT_TYPES) == ["artifact", "checkpoint", "complete", "data", "error", "eval", "eval_result",
                                       "eval_sample", "heartbeat", "progress", "sample", "serve_ready", "status",
                                       "verify", "warning"]
     assert sorted(type(e).kind for e in ALL_EVENTS) == sorted(ev.EVENT_TYPES)

@@ -81,6 +81,13 @@ def resolve_rows(rows: list[dict], folder: Path | None, field_name: str) -> list
     return out
 
 
+def refs_of(row: dict) -> list:
+    """The images a row names (file paths once resolved, or bytes), in order."""
+    found: list = []
+    _map_refs(row, lambda ref: found.append(ref) or ref)
+    return found
+
+
 def _map_refs(row: dict, fix) -> dict:
     row = dict(row)
     for column in IMAGE_COLUMNS:

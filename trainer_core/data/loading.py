@@ -43,6 +43,25 @@ def _resolve_files(rows: list[dict], folder: Path | None, cfg: TrainConfig, fiel
     return images.resolve_rows(rows, folder, field_name)
 
 
+def read_file(file: Path, cfg: TrainConfig, field_name: str) -> list[dict]:
+    """One dataset file's rows as a run reads them, its clip and image references resolved (data.fingerprint)."""
+    return _resolve_files(read_rows(file, field_name), file.parent, cfg, field_name)
+
+
+def media_refs(rows: list[dict], cfg: TrainConfig) -> list:
+    """Every clip and image the resolved rows name, in row order: file paths, or the bytes a row holds."""
+    speech = _speech_columns(cfg)
+    column = audio.audio_column(rows, speech) if speech is not None else None
+    found: list = []
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        if column is not None and row.get(column) not in (None, ""):
+            found.append(row[column])
+        found += images.refs_of(row)
+    return found
+
+
 def _read_sources(sources: list[str], cfg: TrainConfig,
                   field_name: str) -> tuple[list[_Part], list[tuple], list[DatasetError]]:
     """Every source's files read, with their cache keys; problems are collected, not raised."""
@@ -53,7 +72,7 @@ def _read_sources(sources: list[str], cfg: TrainConfig,
         try:
             files = source_files(resolve_source(source, field_name), field_name)
             for file in files:
-                rows = _resolve_files(read_rows(file, field_name), file.parent, cfg, field_name)  # paths from here
+                rows = read_file(file, cfg, field_name)  # paths from here
                 stat = file.stat()
                 parts.append((file.name, rows))
                 keys.append((str(file), stat.st_mtime_ns, stat.st_size))

@@ -36,6 +36,7 @@ from trainer_core.jobs import checkpoints, jobspec
 from trainer_core.jobs.bounded_cache import BoundedCache
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError, loading
+from trainer_core.data import fingerprint as data_fingerprints
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
 from trainer_core.methods import grpo
@@ -112,13 +113,14 @@ class Orchestrator(Queries, Pumping, Servers):
             raise ConfigError(errors)
         cfg = with_absolute_paths(cfg)
         name = cfg.run_name or f"{cfg.method_label} · {{stamp}}"
+        checked = data_fingerprints.take(cfg)  # taken again when a queued run's turn comes; the worker records its own
         row = dict(model=cfg.model_label, dataset=cfg.dataset_label, method=cfg.method_label,
                    total_steps=cfg.max_steps, config_json=_json(cfg.to_public_dict()),
-                   data_fingerprint=data_fingerprint(cfg), needs_secrets=tuple(cfg.secrets()),
+                   data_fingerprint=checked.digest, needs_secrets=tuple(cfg.secrets()),
                    parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
                    steps_done=resumed_from_step or 0)
         run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
-                              lambda run_dir: _write_train_job(run_dir, cfg, rewards),
+                              lambda run_dir: _write_train_job(run_dir, cfg, rewards, checked),
                               note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + by_actor(actor))
                               if parent is not None else "")
         return run_id
@@ -343,7 +345,10 @@ def _json(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def _write_train_job(run_dir: Path, cfg: TrainConfig, rewards: list) -> None:
-    """config.yaml, and a copy of each custom reward file with its sha256 (the worker loads only the copy)."""
+def _write_train_job(run_dir: Path, cfg: TrainConfig, rewards: list,
+                     checked: data_fingerprints.Fingerprint) -> None:
+    """config.yaml, the data fingerprint checked now (the worker compares what it loads with it), and a copy of each
+    custom reward file with its sha256 (the worker loads only the copy)."""
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    data_fingerprints.write_checked(run_dir, checked)
     reward_files.snapshot(rewards, run_dir)

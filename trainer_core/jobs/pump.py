@@ -266,6 +266,14 @@ def _on_error(t: Tracker, e: ev.ErrorEvent) -> None:
     set_terminal(t, RunStatus.FAILED, error=e.message, log_tail=tail(t.run_dir / "worker.log", LOG_TAIL_LINES))
 
 
+def _on_data(t: Tracker, e: ev.DataEvent) -> None:
+    """What the worker loaded is the run's data fingerprint from now on: Resume checks the files against it."""
+    t.run_values["data_fingerprint"] = e.fingerprint
+    t.timeline.append((e.ts, "data", f"loaded {e.rows} training rows and {e.eval_rows} eval "
+                                     f"row{'' if e.eval_rows == 1 else 's'} (data fingerprint {e.fingerprint[:12]})"))
+    t.urgent = True
+
+
 def _on_heartbeat(t: Tracker, e: ev.HeartbeatEvent) -> None:
     t.run_values["heartbeat_at"] = e.ts
 
@@ -340,7 +348,7 @@ LIFECYCLE: dict[str, Handler] = {
 # A new kind of job adds its own events next to the lifecycle ones here.
 HANDLERS: dict[JobKind, dict[str, Handler]] = {
     JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint,
-                    "sample": _on_sample},
+                    "sample": _on_sample, "data": _on_data},
     JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
     JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress, "eval_sample": eval_results.on_sample,
                    "eval_result": eval_results.on_result},

@@ -11,6 +11,7 @@ from typing import IO
 
 from db.entities import RunRecord
 from trainer_core.config import TrainConfig
+from trainer_core.data import fingerprint as data_fingerprints
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun
@@ -77,12 +78,18 @@ class Pumping:
         if cfg is None:
             return False
         run_dir = paths.run_dir(run.id)
+        # the files may have changed while it waited: check what it will read now (unreadable: it fails alone)
+        checked = data_fingerprints.take(cfg) if isinstance(cfg, TrainConfig) else None
         lock_fh = adoption.try_lock(run_dir)
         if lock_fh is None:
             return False  # another orchestrator holds it (it cannot be launching it: we hold the start lock)
         started = time.time()
+        retaken = {}
+        if checked is not None:
+            data_fingerprints.write_checked(run_dir, checked)
+            retaken = {"data_fingerprint": checked.digest}
         self.store.update_run(run.id, status=RunStatus.STARTING.value, phase="launching worker",
-                              started_at=started, queue_position=None)
+                              started_at=started, queue_position=None, **retaken)
         self.store.add_event(run.id, "status", "Starting: left the queue")
         self._secrets.pop(run.id, None)
         self._launch(run.replace(started_at=started), cfg, lock_fh)

@@ -48,6 +48,11 @@ def sha256_hex(value: Any) -> str:
     return "" if isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64 else "64 lower-case hex digits"
 
 
+def hex_digest(value: Any) -> str:
+    ok = isinstance(value, str) and 0 < len(value) <= 64 and set(value) <= _HEX64
+    return "" if ok else "a digest of 1 to 64 lower-case hex digits"
+
+
 def identifier(value: Any) -> str:
     ok = isinstance(value, str) and 0 < len(value) <= 40 and all(c.isascii() and (c.isalnum() or c in "_-.") for c in value)
     return "" if ok else "a short name (letters, digits, _ - .)"
@@ -117,6 +122,7 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
     "sample": {"step": whole(), "index": whole(), "new_tokens": whole()},
     "artifact": {"artifact": identifier, "size": whole(0, BYTES_MAX), "sha256": sha256_hex},
     "verify": {"identical": whole(), "total": whole()},
+    "data": {"fingerprint": hex_digest, "rows": whole(), "eval_rows": whole()},
 }
 # Rules between two fields of one event: (the field named, its rule given the event).
 EVENT_RULES: dict[str, tuple[tuple[str, Callable[[Any], str]], ...]] = {

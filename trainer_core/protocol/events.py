@@ -187,6 +187,20 @@ class SampleEvent(Event):
 EVENT_TYPES[SampleEvent.kind] = SampleEvent
 
 
+@dataclass
+class DataEvent(Event):
+    """The data a training worker loaded: the fingerprint of those files and the media their rows name (what Resume
+    checks against), the rows read from the training files and the eval rows it holds out."""
+
+    kind: ClassVar[str] = "data"
+    fingerprint: str
+    rows: int = 0
+    eval_rows: int = 0
+
+
+EVENT_TYPES[DataEvent.kind] = DataEvent
+
+
 def clean_numbers(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Replace non-finite floats with None at any depth (in dicts, lists and tuples; tuples become lists);
     return the cleaned payload and {field: 'nan'|'inf'|'-inf'}, a nested field named by its dotted path

@@ -29,7 +29,7 @@ from trainer_core.planning import hardware, parallel
 from trainer_core.protocol import control, events as ev, secrets
 from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path
-from trainer_core.data.loading import load_for_training
+from trainer_core.data import fingerprint
 from trainer_core.worker import ranks
 from trainer_core.worker.engines import TRANSFORMERS, UnslothCannotLoad, choose_engine
 from trainer_core.worker.redaction import OutputRedactor
@@ -227,8 +227,13 @@ class Worker:
         return sharded
 
     def load_data(self, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-        data = load_for_training(cfg)  # the preview picks rows through the same function
+        data, loaded = fingerprint.load_with_fingerprint(cfg)  # rows chosen as the preview chooses them
         self.log(f"Dataset: {len(data.train.rows)} rows, format {data.train.format} ({data.train.reason})")
+        # Resume checks the files against what was loaded here, not against what was checked before the model loaded
+        self.events.emit(ev.DataEvent(fingerprint=loaded.digest, rows=len(data.rows), eval_rows=len(data.eval_rows)))
+        changed = fingerprint.change_warning(fingerprint.read_checked(self.run_dir), loaded)
+        if changed:
+            self.warn(changed)
         dropped = data.train.drop_warning()
         if dropped:
             self.warn(dropped)  # one warning, however many rows and reasons
