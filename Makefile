@@ -69,8 +69,12 @@ run: install
 share: install
 	$(PY) -m gateway --port $(SHARE_PORT)
 
+# Two workers (pytest-xdist): a test waits on a subprocess, a model load or a cluster much of its time, and the other
+# worker uses that core. A file's tests stay on one worker, and every Ray test on one (tests/conftest.py). The 30
+# slowest tests are listed at the end: where the CI time goes (docs/testing.md keeps the budget per tier).
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q --durations=30  # the 30 slowest: where the CI time goes
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

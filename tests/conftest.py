@@ -117,7 +117,28 @@ def studio(tmp_path, monkeypatch):
     orch.close()
 
 
-POSTGRES_URL = os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL")  # .ci/run sets it after starting a server
+def worker_database(url: str | None) -> str | None:
+    """``url`` for this test process: with pytest-xdist (``make test`` runs two workers) each worker gets a database of
+    its own, since the store tests drop and create every table; created on first use (the CI role may create them)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return url
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            if not conn.execute(text("select 1 from pg_database where datname = :n"), {"n": name}).scalar():
+                conn.execute(text(f'create database "{name}"'))
+    finally:
+        engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+POSTGRES_URL = worker_database(os.environ.get("FINETUNE_STUDIO_TEST_POSTGRES_URL"))  # .ci/run starts the server
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)] if POSTGRES_URL else ["sqlite"]
 
 # What a test needs (markers registered in pyproject.toml); `slow` is their union, so `-m "not slow"` leaves out
@@ -131,6 +152,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in NEEDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        # pytest-xdist (``--dist loadgroup``): a file's tests stay on one worker, so its module fixtures (a trained
+        # run, a served model) are made once; every test that starts a local Ray cluster shares one worker, so two
+        # clusters never start at once on this machine.
+        item.add_marker(pytest.mark.xdist_group("ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -15,7 +15,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.support import ROOT, run_python
+from tests.support import ROOT, built_once, run_python
 
 TINY_WHISPER = ROOT / ".test-cache" / "tiny-whisper"
 WINDOW_S = 4  # the tiny model's feature extractor window (chunk_length)
@@ -72,6 +72,7 @@ BUILD_TINY_WHISPER = textwrap.dedent("""
 """)
 
 
+@built_once
 def build_tiny_whisper(target: Path = TINY_WHISPER) -> Path:
     """The tiny Whisper folder (config, weights, generation config, processor), built once per checkout."""
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
@@ -152,6 +153,7 @@ BUILD_TINY_CSM = textwrap.dedent("""
 """)
 
 
+@built_once
 def build_tiny_csm(target: Path = TINY_CSM) -> Path:
     """A tiny Sesame CSM (backbone 64 wide, 2 layers; depth decoder 1 layer; a Mimi codec with Mimi's strides and
     4 codebooks of 64 codes drawn from espeak-ng speech; a byte-level BPE tokenizer with CSM's special tokens and

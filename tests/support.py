@@ -2,6 +2,9 @@
 the test process plays the dashboard server, which must never import the ML stack."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import inspect
 import os
 import signal
@@ -69,6 +72,30 @@ def run_in_child(function, *args: str, timeout: int = 900) -> str:
     return result.stdout
 
 
+@contextlib.contextmanager
+def cache_lock(target: Path):
+    """Parallel test workers (pytest-xdist) share .test-cache: one builds a cached model while the others wait."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.build-lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def built_once(build):
+    """A builder of a cached model under ``cache_lock`` of its ``target``: its own check for a finished folder runs
+    inside the lock, so a worker never takes a folder another is still writing."""
+    signature = inspect.signature(build)
+
+    @functools.wraps(build)
+    def locked(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        with cache_lock(Path(bound.arguments["target"])):
+            return build(*args, **kwargs)
+    return locked
+
+
+@built_once
 def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACHE) -> Path:
     """A 2-layer Llama with the bundled SmolLM2 tokenizer: real training, a fraction of a second per step."""
     if (target / "config.json").exists():
@@ -90,10 +117,10 @@ CONVERT_BUNDLED = textwrap.dedent("""
 
 def bundled_model_folder() -> Path:
     """The converted bundled model in the test models cache, converted now (once) when a fresh clone has none yet.
-    For tests that load it directly rather than through a worker, which converts it itself."""
+    For tests that load it directly rather than through a worker, which converts it itself (under its own lock)."""
     folder = MODELS_CACHE / "SmolLM2-135M-Instruct"
     if not (folder / "config.json").exists():
-        result = run_python(CONVERT_BUNDLED, str(folder))
+        result = run_python(CONVERT_BUNDLED, str(folder))  # model_files.convert_gguf locks and writes atomically
         assert result.returncode == 0, result.stderr[-3000:]
     return folder
 

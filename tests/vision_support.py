@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from tests.support import MODELS_CACHE, ROOT, run_python
+from tests.support import MODELS_CACHE, ROOT, built_once, run_python
 
 TINY_VLM = ROOT / ".test-cache" / "tiny-llava"
 IMAGE_SIZE, PATCH_SIZE = 32, 8
@@ -64,6 +64,7 @@ BUILD_TINY_VLM = textwrap.dedent("""
 """)
 
 
+@built_once
 def build_tiny_vlm(target: Path = TINY_VLM, models_cache: Path = MODELS_CACHE) -> Path:
     """A 3M-parameter LLaVA (SigLIP 32 px / 8 px patches: 16 image tokens; 2-layer Llama) that loads with
     AutoModelForImageTextToText and AutoProcessor. Built once per checkout. The language model's weights are drawn
@@ -119,6 +120,7 @@ BUILD_TINY_IDEFICS3 = textwrap.dedent("""
 """)
 
 
+@built_once
 def build_tiny_idefics3(target: Path = TINY_IDEFICS3, models_cache: Path = MODELS_CACHE) -> Path:
     """A 3M-parameter Idefics3 (SmolVLM's architecture) that llama.cpp's converter turns into a language GGUF and an
     mmproj projector file, as it does not for the SigLIP LLaVA above. Built once per checkout."""
