@@ -84,7 +84,9 @@ def test_a_trained_whisper_is_scored_per_clip_against_its_base_on_unheard_clips(
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     orch = get_orchestrator()
-    run_id = orch.start(speech_config(tmp_path, run_name="spoken commands"))
+    # stt.language left empty, as the form allows: the run detects it and trains with it, so its own eval job frames
+    # transcripts as training did (before, it trained without a language token and evaluated with one: garbage)
+    run_id = orch.start(speech_config(tmp_path, run_name="spoken commands", stt={"language": ""}))
     snap = orch.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{orch.log_tail(run_id, 80)}"
 
@@ -104,6 +106,7 @@ def test_a_trained_whisper_is_scored_per_clip_against_its_base_on_unheard_clips(
           f"CER base {base['cer']:.3f} -> tuned {tuned['cer']:.3f}")
     assert tuned["clips"] == base["clips"] == len(PHRASES)
     assert base["wer"] >= 0.9 and tuned["wer"] <= 0.3 and tuned["cer"] < base["cer"]
+    assert "the clips' language was detected as 'en'" in orch.log_tail(run_id, 200)
 
     lines = [json.loads(line) for line in (paths.run_dir(started.job_id) / "predictions.jsonl").read_text().splitlines()]
     assert [(line["prompt"], line["reference"]) for line in lines] == [(f"u{i}.wav", p) for i, p in enumerate(PHRASES)]

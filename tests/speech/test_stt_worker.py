@@ -83,6 +83,35 @@ def collator_checks(model: str, wav: str) -> None:
     print("collator ok")
 
 
+def test_an_empty_language_is_detected_from_the_training_clips_and_trained_with(tmp_path):
+    model = build_tiny_whisper()
+    t = np.arange(16000) / 16000
+    soundfile.write(tmp_path / "tone.wav", (np.sin(2 * np.pi * 440 * t) * 0.3).astype(np.float32), 16000)
+    print(run_in_child(language_checks, str(model), str(tmp_path / "tone.wav")))
+
+
+def language_checks(model: str, wav: str) -> None:
+    from datasets import Dataset
+    from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
+
+    from trainer_core.methods.stt import SttSettings
+    from trainer_core.worker.methods.stt import SpeechCollator, detect_language, set_language
+
+    processor = AutoProcessor.from_pretrained(model)
+    whisper = AutoModelForSpeechSeq2Seq.from_pretrained(model)
+    notes: list[str] = []
+    set_language(whisper, processor, SttSettings(language=""), warn=notes.append)
+    rows = Dataset.from_list([{"audio": wav, "text": "open the door"}] * 3)
+    chosen = detect_language(whisper, processor, rows, SttSettings(language=""), warn=notes.append)
+    assert chosen.language == "en" and whisper.generation_config.language == "en"
+    assert notes == ["stt.language is empty: the clips' language was detected as 'en' (3 of the first 3 training "
+                     "clips), and training writes its token, as evaluation and the endpoint will detect it. Set "
+                     "stt.language to choose it yourself."]
+    labels = SpeechCollator(processor, whisper.config.decoder_start_token_id)([rows[0]])["labels"][0].tolist()
+    assert labels[:3] == processor.tokenizer.convert_tokens_to_ids(["<|en|>", "<|transcribe|>", "<|notimestamps|>"])
+    assert detect_language(whisper, processor, rows, SttSettings(language="de")).language == "de"  # a choice stays
+
+
 def test_the_preview_lists_transcripts_with_prefix_tokens_and_durations(home, tmp_path, monkeypatch):
     model = build_tiny_whisper()
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{model.parent}")

@@ -17,8 +17,8 @@ FORMAT = "speech"  # the data shape (trainer_core.data.audio): {"audio": path | 
 
 @dataclass
 class SttSettings:
-    language: str = setting("", "The spoken language as Whisper names it (en, de, french...); empty: the model "
-                                "detects it when it generates, and training leaves the language token out.")
+    language: str = setting("", "The spoken language as Whisper names it (en, de, french...); empty: detected once "
+                                "from the first training clips and trained with, as the model will detect it.")
     task: str = setting("transcribe", "transcribe (text in the spoken language) or translate (English text).",
                         choices=("transcribe", "translate"))
     columns: dict = setting({}, "Your column names for the canonical ones, e.g. {audio: clip, text: sentence}.")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jiwer
@@ -69,13 +70,39 @@ def set_language(model, processor, s: SttSettings, warn=print) -> None:
             raise ValueError("model_name: the model's generation_config.json has no lang_to_id/task_to_id (a Whisper "
                              "generation config from before transformers 4.38): take the model's current files from "
                              "the hub, or copy generation_config.json from the openai/whisper checkpoint of its size")
-        if language is None:
-            warn("stt.language is empty: transcripts are trained without a language token, while evaluation lets "
-                 "the model detect the language and writes one. Set stt.language (e.g. en) when the clips share one.")
     if hasattr(tokenizer, "set_prefix_tokens"):
         tokenizer.language, tokenizer.task = language, task  # set_prefix_tokens reads None as "keep the old one"
         tokenizer.set_prefix_tokens(language=language, task=task, predict_timestamps=False)
     config.language, config.task = language, task
+
+
+def detect_language(model, processor, train_ds: Dataset | None, s: SttSettings, warn=print,
+                    clips: int = 8) -> SttSettings:
+    """stt.language empty on a multilingual Whisper: the clips' language, detected once from the first training clips
+    and trained with. Evaluation, samples, the Playground and the endpoint let the model detect a language and write
+    its token; a run trained without one decoded its held-out clips as garbage (issue 31 #22). Trained with the
+    detected token, the model detects it again wherever it transcribes, so every path frames transcripts as training
+    did. The settings are returned with the language; the model's generation config and the tokenizer carry it."""
+    config = model.generation_config
+    if s.language or not getattr(config, "is_multilingual", True) or not getattr(config, "lang_to_id", None) \
+            or train_ds is None or not len(train_ds):
+        return s
+    rate = processor.feature_extractor.sampling_rate
+    audio = [decode(train_ds[i]["audio"], rate) for i in range(min(clips, len(train_ds)))]
+    features = processor.feature_extractor(audio, sampling_rate=rate, return_tensors="pt").input_features
+    with torch.no_grad():
+        found = model.detect_language(input_features=features.to(model.device, model.dtype)).view(-1).tolist()
+    names = {token_id: token.strip("<|>") for token, token_id in config.lang_to_id.items()}
+    votes = Counter(names[t] for t in found if t in names)
+    if not votes:
+        return s
+    language, count = votes.most_common(1)[0]
+    warn(f"stt.language is empty: the clips' language was detected as {language!r} ({count} of the first "
+         f"{len(audio)} training clips), and training writes its token, as evaluation and the endpoint will detect "
+         "it. Set stt.language to choose it yourself.")
+    chosen = replace(s, language=language)
+    set_language(model, processor, chosen, warn)
+    return chosen
 
 
 def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str, int]]:
@@ -182,6 +209,7 @@ def make_compute_metrics(tokenizer):
 def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> Seq2SeqTrainer:
     s = settings_of(cfg)
+    detect_language(model, processor, train_ds, s)  # before the collator writes any prefix, and before LoRA
     dtype = model.dtype  # the base's (before LoRA adds fp32 adapters)
     if cfg.effective_use_lora:  # Whisper's own attention names; the engine's causal-LM LoRA config does not fit
         model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
