@@ -4,6 +4,7 @@ reward's scores, stop the run naming it; a reward that scores nothing is a warni
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support import ROOT
+from trainer_core.rewards import guard as guard_module
 from trainer_core.rewards.guard import RewardError, guard
 
 COMPLETIONS = ["a", "b", "c", "d"]
@@ -150,3 +152,21 @@ def test_the_reward_checks_report_reads_non_finite_scores_and_alerts_without_a_t
                               "mine (python, weight 1): mean 1, spread 0; scores [1, inf, nan, None]",
                               "warning: reward 'mine' x",
                               "warning: mine scored 2 completions NaN or inf: they are left out of training"]
+
+
+def test_a_reward_call_that_never_ends_is_ended_naming_the_reward(monkeypatch):
+    import time
+
+    monkeypatch.setenv(guard_module.TIMEOUT_ENV, "0.5")
+
+    def stuck(prompts, completions, **kwargs):
+        try:
+            time.sleep(3600)
+        except Exception:  # noqa: BLE001 - a reward that swallows errors cannot hold the time limit either
+            time.sleep(3600)
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"^reward 'stuck' took longer than 0.5 s for one call and was ended"):
+        guard(stuck, "stuck", lambda message: None)(["p"], ["c"])
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no timer left to fire later
+    assert guard(lambda prompts, completions, **kw: [0.5], "quick", print)(["p"], ["c"]) == [0.5]

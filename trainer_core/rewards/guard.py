@@ -11,7 +11,10 @@ reward ended the worker naming nothing. ``guard`` wraps one reward so that:
 * NaN/inf scores are left out (None, which TRL leaves out of the sum) with one warning per reward, and once they
   are more than ``NON_FINITE_SHARE`` of the reward's scores so far, the run stops naming it;
 * a call that scores no completion is one warning per reward; a reward that scored none in its first
-  ``EMPTY_CALLS`` calls stops the run (a reward scoring only some rows, e.g. math rows, is fine).
+  ``EMPTY_CALLS`` calls stops the run (a reward scoring only some rows, e.g. math rows, is fine);
+* a call that runs longer than ``FINETUNE_STUDIO_REWARD_TIMEOUT_S`` (default 120 s; it scores a whole batch) is
+  ended and stops the run naming the reward, instead of holding the step, the device and the queue for ever
+  (a SIGALRM timer, so in the main thread only, where TRL calls rewards; elsewhere the stall alert and Stop remain).
 
 Pure Python: no ML import, so the dashboard's tests use it as it is.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import signal
 import threading
 import traceback
 from typing import Any, Callable
@@ -27,6 +31,8 @@ from typing import Any, Callable
 NON_FINITE_SHARE = 0.5  # past this share of a reward's scores so far, NaN/inf scores stop the run
 EMPTY_CALLS = 3  # calls in a row, from the first, that score no completion: the reward is broken, not selective
 _ENDS = "a reward returns its scores and never ends the worker"
+TIMEOUT_ENV = "FINETUNE_STUDIO_REWARD_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0
 
 
 class RewardError(RuntimeError):
@@ -57,6 +63,23 @@ def _trapped_exit(code: int) -> None:
     _real_exit(code)
 
 
+class _TimedOut(BaseException):
+    """The reward call ran past its time limit (a BaseException: the reward's ``except Exception`` cannot hold it)."""
+
+
+def time_limit() -> float:
+    """Seconds one reward call may take (0: no limit)."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def _on_alarm(signum, frame) -> None:
+    raise _TimedOut()
+
+
 def trap_exit() -> None:
     """Install the os._exit trap (idempotent; every other caller and thread still gets the real one). Call it
     before loading a reward module, so that ``from os import _exit`` there binds the trap."""
@@ -73,8 +96,15 @@ def run_reward(name: str, fn: Callable, *args, **kwargs) -> Any:
     """``fn(*args, **kwargs)`` as reward ``name``'s code (a call, or loading its module): whatever it raises, exit
     included, comes out as a RewardError naming the reward."""
     _inside.reward = name
+    limit = time_limit() if threading.current_thread() is threading.main_thread() else 0.0
+    previous = signal.signal(signal.SIGALRM, _on_alarm) if limit else None
+    if limit:
+        signal.setitimer(signal.ITIMER_REAL, limit)
     try:
         return fn(*args, **kwargs)
+    except _TimedOut:
+        raise RewardError(name, f"took longer than {limit:g} s for one call and was ended: make it faster (it scores a "
+                                f"whole batch of completions at once), or raise {TIMEOUT_ENV}") from None
     except _ExitCalled as exc:
         raise RewardError(name, f"called os._exit({exc.code}): {_ENDS}", _where(exc)) from None
     except SystemExit as exc:
@@ -87,6 +117,9 @@ def run_reward(name: str, fn: Callable, *args, **kwargs) -> Any:
     except Exception as exc:  # noqa: BLE001 - user code: whatever it raises is the reward's fault, named
         raise RewardError(name, f"raised {type(exc).__name__}: {str(exc)[:500]}", _where(exc)) from exc
     finally:
+        if limit:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
         _inside.reward = None
 
 
