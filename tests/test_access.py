@@ -403,3 +403,25 @@ def test_the_form_says_trust_remote_code_is_an_admins():
     state = {form.K + "trust_remote_code": True, form.K + "trust_remote_code_confirm": True}
     assert [e.message for e in form.remote_code_errors(state, admin=False)] == [form.REMOTE_CODE_ADMIN_ONLY]
     assert form.remote_code_errors(state, admin=True) == []
+
+
+def test_a_methods_admin_reasons_hook_refuses_an_operator_and_its_job_files_land_in_the_run(orch, monkeypatch, tmp_path):
+    """GRPO's Python reward through MethodSpec's hooks (no method name in the orchestrator): refused for an operator
+    naming the reason, and for an admin the reward's file is copied into the run folder with its hash."""
+    from trainer_core.methods import METHODS
+
+    reward = tmp_path / "mine.py"
+    reward.write_text("def score(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    cfg = dataclasses.replace(fake(monkeypatch, steps=1), method="grpo",
+                              grpo={"rewards": [{"python": str(reward), "function": "score"}]})
+    assert METHODS["grpo"].admin_reasons(cfg) == [METHODS["grpo"].admin_reasons.__globals__["ADMIN_REASON"]]
+    assert all(spec.admin_reasons is None or spec.admin_reasons(fake(monkeypatch, steps=1)) == []
+               for spec in METHODS.values())
+    with pytest.raises(RunRefused, match="^Not allowed: a custom Python reward runs its code on this host"):
+        orch.start(cfg, actor=ANN)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    METHODS["grpo"].job_files(cfg, folder)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == [
+        "rewards", "rewards/manifest.json", "rewards/score.py"]
+    assert (folder / "rewards" / "score.py").read_text() == reward.read_text()

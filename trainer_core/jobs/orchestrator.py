@@ -39,9 +39,7 @@ from trainer_core.data import DatasetError, loading
 from trainer_core.data import fingerprint as data_fingerprints
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.sources import resolve_source
-from trainer_core.methods import grpo
-from trainer_core.rewards import files as reward_files
-from trainer_core.rewards import spec as reward_spec
+from trainer_core.methods import METHODS
 from trainer_core.jobs import adoption, evals, pump, queue, resource_check
 from trainer_core.jobs.pumping import Pumping
 from trainer_core.jobs.queries import Queries
@@ -101,13 +99,10 @@ class Orchestrator(Queries, Pumping, Servers):
         Queued runs start by themselves (also after a server restart) when the runs before them end.
         ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
         authorize(actor, access.Action.START, "")
-        rewards = grpo.rewards_of(cfg) if cfg.method == "grpo" else []
-        if actor is not None and actor.role is not access.Role.ADMIN and reward_spec.needs_admin(rewards):
-            raise RunRefused("Not allowed: a custom Python reward runs its code on this host, so only an admin may "
-                             "start a run with one; use the built-in rewards, or ask an admin to start it.")
-        if actor is not None and actor.role is not access.Role.ADMIN and cfg.trust_remote_code is True:
-            raise RunRefused("Not allowed: trust_remote_code runs Python from the model's repository on this host, so "
-                             "only an admin may start a run with it; turn it off, or ask an admin to start the run.")
+        if actor is not None and actor.role is not access.Role.ADMIN:
+            refused = admin_reasons(cfg)  # code the run would run on this host: its method's hook, remote code
+            if refused:
+                raise RunRefused("Not allowed: " + " ".join(refused))
         errors = self.validate(cfg)
         if errors:
             raise ConfigError(errors)
@@ -120,7 +115,7 @@ class Orchestrator(Queries, Pumping, Servers):
                    parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
                    steps_done=resumed_from_step or 0)
         run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
-                              lambda run_dir: _write_train_job(run_dir, cfg, rewards, checked),
+                              lambda run_dir: _write_train_job(run_dir, cfg, checked),
                               note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + by_actor(actor))
                               if parent is not None else "")
         return run_id
@@ -345,10 +340,22 @@ def _json(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def _write_train_job(run_dir: Path, cfg: TrainConfig, rewards: list,
-                     checked: data_fingerprints.Fingerprint) -> None:
-    """config.yaml, the data fingerprint checked now (the worker compares what it loads with it), and a copy of each
-    custom reward file with its sha256 (the worker loads only the copy)."""
+def admin_reasons(cfg: TrainConfig) -> list[str]:
+    """Why only an admin may start ``cfg``: code it would run on this host (its method's own reasons, e.g. GRPO's
+    Python rewards; trust_remote_code). A method says its reasons through its spec's hook, never by name here."""
+    method = METHODS.get(cfg.method)
+    reasons = list(method.admin_reasons(cfg)) if method is not None and method.admin_reasons is not None else []
+    if cfg.trust_remote_code is True:
+        reasons.append("trust_remote_code runs Python from the model's repository on this host, so only an admin may "
+                       "start a run with it; turn it off, or ask an admin to start the run.")
+    return reasons
+
+
+def _write_train_job(run_dir: Path, cfg: TrainConfig, checked: data_fingerprints.Fingerprint) -> None:
+    """config.yaml, the data fingerprint checked now (the worker compares what it loads with it), and the files the
+    run's method needs beside them (GRPO: a copy of each custom reward file with its sha256, which the worker loads)."""
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     data_fingerprints.write_checked(run_dir, checked)
-    reward_files.snapshot(rewards, run_dir)
+    method = METHODS.get(cfg.method)
+    if method is not None and method.job_files is not None:
+        method.job_files(cfg, run_dir)

@@ -7,6 +7,7 @@ half's types; ``trainer_core.methods`` holds the one registry (name -> MethodSpe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from trainer_core.methods.embedding_shapes import SHAPES as _EMBEDDING_SHAPES
@@ -127,6 +128,12 @@ class MethodSpec:
     # The metric specs of a run from its stored config (a dict: GRPO's per-reward keys depend on the reward
     # names); None: ``metric_specs``.
     metrics_for: Callable[[dict], tuple[MetricSpec, ...]] | None = None
+    # Why only an admin may start a run of this method with these settings (code it runs on this host: GRPO's Python
+    # rewards); the orchestrator refuses such a run from anyone else, naming each reason. None: any operator may.
+    admin_reasons: Callable[[Any], list[str]] | None = None
+    # Files a run needs beside its config.yaml, written into its folder at submit (GRPO: a copy of each Python reward,
+    # hashed, which the worker loads instead of the user's file). None: none.
+    job_files: Callable[[Any, Path], None] | None = None
 
     # What the trained model is, and so what the studio can do with it after training: "text" writes answers
     # (Playground, serve, eval by generation, merged and GGUF export); "reward" scores answers (a GRPO run's

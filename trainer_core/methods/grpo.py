@@ -18,7 +18,7 @@ from trainer_core.methods.preference import section_problems, settings_of
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 from trainer_core.rewards import files
-from trainer_core.rewards.spec import RewardSpec, parse_rewards
+from trainer_core.rewards.spec import RewardSpec, needs_admin, parse_rewards
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
@@ -113,6 +113,18 @@ def metric_specs(reward_names: list[str]) -> tuple[MetricSpec, ...]:
     )
 
 
+ADMIN_REASON = ("a custom Python reward runs its code on this host, so only an admin may start a run with one; use "
+                "the built-in rewards, or ask an admin to start it.")
+
+
+def admin_reasons(cfg: Any) -> list[str]:
+    return [ADMIN_REASON] if needs_admin(rewards_of(cfg)) else []
+
+
+def job_files(cfg: Any, run_dir: Path) -> None:
+    files.snapshot(rewards_of(cfg), run_dir)
+
+
 SPEC = MethodSpec(
     name="grpo", label="GRPO (reinforcement learning from rewards)",
     help="Group Relative Policy Optimization: the model answers each prompt several times, reward functions "
@@ -122,4 +134,4 @@ SPEC = MethodSpec(
     data_fix="use a prompt column (text or messages), or chat rows (the last assistant turn is left out and "
              "kept as the 'answer' column)",
     validate=validate, activation_factor=4.0, activations=activations, metric_specs=metric_specs([]),
-    metrics_for=metrics_for, settings=GRPOSettings)
+    metrics_for=metrics_for, settings=GRPOSettings, admin_reasons=admin_reasons, job_files=job_files)
