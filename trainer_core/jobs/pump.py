@@ -27,7 +27,7 @@ from trainer_core.launchers import JobHandle
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import files, paths
 from trainer_core.protocol.metrics import merge_metric, thin
-from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.protocol.status import JOB_KINDS, JobKind, RunStatus
 
 READS_PER_TICK = 4  # chunks of the event log per job and tick, so one busy job cannot starve the others
 IDLE_FLUSH_S = 5.0  # heartbeats during model loading or a long eval still reach the database
@@ -345,15 +345,14 @@ LIFECYCLE: dict[str, Handler] = {
     "status": _on_status, "warning": _on_warning, "complete": _on_complete, "error": _on_error,
     "heartbeat": _on_heartbeat,
 }
-# A new kind of job adds its own events next to the lifecycle ones here.
-HANDLERS: dict[JobKind, dict[str, Handler]] = {
-    JobKind.TRAIN: {**LIFECYCLE, "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint,
-                    "sample": _on_sample, "data": _on_data},
-    JobKind.SERVE: {**LIFECYCLE, "serve_ready": _on_serve_ready},
-    JobKind.EVAL: {**LIFECYCLE, "progress": _on_progress, "eval_sample": eval_results.on_sample,
-                   "eval_result": eval_results.on_result},
-    JobKind.EXPORT: {**LIFECYCLE, "progress": _on_progress, "artifact": _on_artifact, "verify": _on_verify},
+# The events some kinds of job have of their own; which kind has which is its row of JOB_KINDS.
+EVENT_HANDLERS: dict[str, Handler] = {
+    "progress": _on_progress, "eval": _on_eval, "checkpoint": _on_checkpoint, "sample": _on_sample, "data": _on_data,
+    "serve_ready": _on_serve_ready, "eval_sample": eval_results.on_sample, "eval_result": eval_results.on_result,
+    "artifact": _on_artifact, "verify": _on_verify,
 }
+HANDLERS: dict[JobKind, dict[str, Handler]] = {
+    kind: {**LIFECYCLE, **{name: EVENT_HANDLERS[name] for name in entry.events}} for kind, entry in JOB_KINDS.items()}
 
 
 def tail(path: Path, lines: int) -> str:

@@ -1,6 +1,7 @@
 """The closed set of run states. Display text is derived from it, never parsed back."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -54,8 +55,7 @@ _ICONS = {
 
 class JobKind(StrEnum):
     """What a job does. Every kind shares the queue, device reservations, the event log, the control file,
-    the worker log and RunStatus; each has its own worker entry point (trainer_core.worker.ENTRY_POINTS),
-    its own event handlers (trainer_core.jobs.pump) and its own page."""
+    the worker log and RunStatus; what is its own is its row of ``JOB_KINDS`` below."""
 
     TRAIN = "train"
     SERVE = "serve"
@@ -64,18 +64,39 @@ class JobKind(StrEnum):
 
     @property
     def label(self) -> str:
-        return _KIND_LABELS[self]
+        return JOB_KINDS[self].label
 
     def status_label(self, status: RunStatus) -> str:
         """A status as people read it for a job of this kind: a running server is "Serving", not "Training"."""
         if status is RunStatus.RUNNING:
-            return _RUNNING_LABELS[self]
+            return JOB_KINDS[self].running
         return status.label
 
 
-_RUNNING_LABELS = {"train": "Training", "serve": "Serving", "eval": "Evaluating", "export": "Exporting"}
-_KIND_LABELS = {JobKind.TRAIN: "Training", JobKind.SERVE: "Serving", JobKind.EVAL: "Evaluation",
-                JobKind.EXPORT: "Export"}
+@dataclass(frozen=True)
+class JobKindEntry:
+    """A kind of job, as every layer needs it: the one table of job kinds. A new kind is its modules (settings, worker
+    entry point, pump handlers for its own events, page) and one row of ``JOB_KINDS``; tests/jobs/test_job_kinds.py
+    checks every row against the modules it names. Dotted paths, imported where they are used (the worker imports
+    only its entry point; the dashboard never imports a worker module)."""
+
+    label: str  # History's Kind column
+    running: str  # its status while it runs ("Serving", not "Training")
+    worker: str  # the module whose main(run_dir) -> int runs it: python -m trainer_core.worker RUN_DIR picks it
+    settings: str  # the module of its settings (a JobSpec subclass registered for the kind; training: TrainConfig)
+    events: tuple[str, ...]  # its own events besides the lifecycle ones; each has a handler in trainer_core.jobs.pump
+
+
+JOB_KINDS: dict[JobKind, JobKindEntry] = {
+    JobKind.TRAIN: JobKindEntry("Training", "Training", "trainer_core.worker.train", "trainer_core.config",
+                                ("progress", "eval", "checkpoint", "sample", "data")),
+    JobKind.SERVE: JobKindEntry("Serving", "Serving", "trainer_core.worker.serve", "trainer_core.serving.spec",
+                                ("serve_ready",)),
+    JobKind.EVAL: JobKindEntry("Evaluation", "Evaluating", "trainer_core.worker.evaluate",
+                               "trainer_core.evaluation.spec", ("progress", "eval_sample", "eval_result")),
+    JobKind.EXPORT: JobKindEntry("Export", "Exporting", "trainer_core.worker.export", "trainer_core.export.spec",
+                                 ("progress", "artifact", "verify")),
+}
 
 
 KIND_FILE = "kind.txt"  # in the run folder; a folder without one (recorded before kinds existed) is a train job

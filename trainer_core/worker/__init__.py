@@ -1,18 +1,12 @@
 """The worker side: the only package that imports torch, transformers, peft, trl, unsloth and Hugging Face
 datasets. One process per job, started as ``python -m trainer_core.worker RUN_DIR``; it picks the entry
-point of the job's kind below. A new kind of job is a module here with ``main(run_dir) -> int``, its event
-handlers in trainer_core.jobs.pump and its page.
+point of the job's kind (its row of ``trainer_core.protocol.status.JOB_KINDS``, the one table of job kinds).
 
 Importing this package (or ``worker.engines``) imports no part of the ML stack: entry points import it
 when they run.
 """
 from __future__ import annotations
 
-from trainer_core.protocol.status import JobKind
+from trainer_core.protocol.status import JOB_KINDS, JobKind
 
-ENTRY_POINTS: dict[JobKind, str] = {
-    JobKind.TRAIN: "trainer_core.worker.train",
-    JobKind.SERVE: "trainer_core.worker.serve",
-    JobKind.EVAL: "trainer_core.worker.evaluate",
-    JobKind.EXPORT: "trainer_core.worker.export",
-}
+ENTRY_POINTS: dict[JobKind, str] = {kind: entry.worker for kind, entry in JOB_KINDS.items()}
