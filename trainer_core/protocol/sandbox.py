@@ -50,6 +50,9 @@ STOP_SIGNALS = "TERM,INT"
 WAITER = '"$@"; status=$?; exit $status'  # not `exec`: the shell stays bubblewrap's parent
 
 
+_run = subprocess.run  # the probe's own handle: a test that plays a child by replacing subprocess.run plays no probe
+
+
 class SandboxError(OSError):
     """The sandbox cannot start and the job may not run without it; the message says why and what to do."""
 
@@ -65,7 +68,7 @@ def _probe() -> str:
     if not bwrap:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
     try:
-        done = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--proc", "/proc",
+        done = _run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--proc", "/proc",
                                "--dev", "/dev", "true"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap did not start: {exc}"
