@@ -117,6 +117,14 @@ def studio(tmp_path, monkeypatch):
     orch.close()
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two test workers on two cores: one OpenMP thread each (and so for the workers and children they start, which
+    # inherit OMP_*). Two torch processes with two threads each stall whenever the other takes a core: a GRPO demo
+    # step took 13-35 s instead of about 1 s.
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+
+
 def worker_database(url: str | None) -> str | None:
     """``url`` for this test process: with pytest-xdist (``make test`` runs two workers) each worker gets a database of
     its own, since the store tests drop and create every table; created on first use (the CI role may create them)."""
