@@ -165,7 +165,7 @@ def job_inputs(config: dict, own_run: str = "") -> tuple[list[Path], list[Path],
                 continue
             if text.startswith("run:"):  # a model source's key (run:<id> or run:<id>@<step>)
                 text = text[4:].split("@", 1)[0]
-            if paths.RUN_ID_RE.fullmatch(text) and text not in seen and (runs_root / text / "events.jsonl").exists():
+            if paths.RUN_ID_RE.fullmatch(text) and text not in seen and (runs_root / text).is_dir():
                 seen.add(text)
                 runs.append(runs_root / text)
                 pending.append(_run_config(runs_root / text))
@@ -174,10 +174,9 @@ def job_inputs(config: dict, own_run: str = "") -> tuple[list[Path], list[Path],
             if found is not None and not _showable(found, data, runs_root):
                 continue
             if found is not None and _inside(found, roots) and not _inside(found, [runs_root]):
-                # a file's folder too (a dataset names its images and clips relative to it), unless that folder
-                # holds the data root (the database, every run): then the file alone
-                folder = found if found.is_dir() else found.parent
-                inputs.append(found if _inside(data, [folder]) else folder)
+                # a file's folder (a dataset names its images and clips relative to it; a task file its data): a
+                # folder that holds the data root is shown too, and the data root is hidden in it (wrap's masks)
+                inputs.append(found if found.is_dir() else found.parent)
             elif found is not None and _inside(found, [runs_root]):
                 inputs.append(found)  # a checkpoint of a run (resume): read-only like the run
             elif key in MODEL_FIELDS and found is None and _hub_name(text):
