@@ -161,3 +161,20 @@ def test_a_path_in_any_field_never_shows_the_database_secrets_or_the_data_root(h
     command = sandbox.wrap(["true"], readable=runs, env=dict(os.environ))
     at = command.index(str(other / ".secrets.json"))  # the run is shown, its staged secrets file is an empty one
     assert command[at - 2:at + 1] == ["--ro-bind", "/dev/null", str(other / ".secrets.json")]
+
+
+def test_a_serve_job_may_write_only_its_source_runs_merge_cache(home):
+    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.jobs.launcher import WorkerLauncher
+    from trainer_core.serving.spec import ServeSpec
+
+    source, other = paths.run_dir("20260101-000000-source"), paths.run_dir("20260101-000000-unread")
+    own = paths.run_dir("20260101-000000-server")
+    for folder in (source, other, own):
+        folder.mkdir(parents=True)
+    command = WorkerLauncher().sandboxed(["true"], own, ServeSpec(sources=[ModelSource(run_id=source.name)]),
+                                         dict(os.environ))
+    binds = [(command[i], command[i + 1]) for i, arg in enumerate(command) if arg in ("--bind", "--ro-bind")]
+    assert ("--ro-bind", str(source)) in binds and ("--bind", str(source / "serving")) in binds
+    assert ("--bind", str(own)) in binds and not any(str(other) in path for _, path in binds)
+    assert "--unshare-net" not in command  # a server listens

@@ -256,8 +256,10 @@ def wrap(command: list[str], *, writable: Iterable[Path] = (), readable: Iterabl
     for path in _dedupe(readable):  # a run read by this job: its staged secrets are not this job's
         for secret in sorted(path.glob(".secrets*")) if path.is_dir() and _inside(path, [paths.runs_dir()]) else []:
             args += ["--ro-bind", "/dev/null", str(secret)]
+    writable = list(writable)
+    for path in writable:  # made first: _dedupe keeps only paths that exist
+        Path(path).mkdir(parents=True, exist_ok=True)
     for path in _dedupe(writable):
-        path.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(path), str(path)]
     if chdir is not None:
         args += ["--chdir", str(chdir)]
