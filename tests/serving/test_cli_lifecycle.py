@@ -74,8 +74,12 @@ def serve_jobs(store) -> list:
 def signal_when(condition, sig: int) -> threading.Thread:
     """Send ``sig`` to this process (its main thread runs the CLI) once ``condition()`` holds."""
     def run() -> None:
-        wait_until(condition, what="the moment to signal")
-        os.kill(os.getpid(), sig)
+        try:
+            # patient: on a loaded machine a sandboxed worker takes a while to say it is loading, and a thread that
+            # gave up would leave the command waiting for a server that never comes (the test then hung 900 s)
+            wait_until(condition, timeout=300, what="the moment to signal")
+        finally:
+            os.kill(os.getpid(), sig)  # even when the moment never came: the command ends, the asserts say why
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

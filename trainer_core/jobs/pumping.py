@@ -151,6 +151,9 @@ class Pumping:
 
     def _finish(self, t: pump.Tracker) -> None:
         status, values = t.terminal
+        if "log_tail" in values:  # read again now the worker has exited: what it printed after its error event (the
+            # traceback) passes through worker/bounded_log.py's pipe and may have reached worker.log only since
+            values = {**values, "log_tail": pump.tail(t.run_dir / "worker.log", pump.LOG_TAIL_LINES)}
         secret_file.remove(t.run_dir)  # a Ray job's secrets, whatever ended it (its worker or driver removes them)
         self.store.finish_run(t.run_id, status, **values)
         t.live.update(status=status, finished_at=time.time(), phase=values.get("phase", ""),
