@@ -34,6 +34,7 @@ from ui.playground_server import server_panel
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.state import get_orchestrator
+from ui.server_paths import shown
 from ui.text import safe
 
 require_entrypoint("pages/playground.py")
@@ -63,7 +64,7 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
         try:
             return pg.base_source(of or None)
         except SourceError as exc:
-            st.error(safe(exc), icon="🚫")
+            st.error(safe(shown(exc)), icon="🚫")
             return None
     if not runs:
         st.info("No completed or stopped training run yet: train one on New run, or pick a base model.")
@@ -104,7 +105,7 @@ for i, col in enumerate(st.columns(count)):
         picked.append(source_picker(i, runs_by_id, run_names))
 columns, problems = pg.check_sources(picked)
 for problem in problems:
-    st.error(safe(problem), icon="🚫")
+    st.error(safe(shown(problem)), icon="🚫")
 
 server = st.session_state.get(SERVER)  # {"job", "key", "columns"} of this session's server
 batch_info = st.session_state.get(BATCH)  # {"kind": "chat"|"set", "batch": Batch, ...} while answers come in
@@ -128,9 +129,9 @@ if st.button("Load models", icon="▶️", type="primary", help=load_help,
             job_id, api_key = orch.start_server(sources, actor=actor, purpose="playground")
     except ConfigError as exc:
         for error in exc.errors:
-            st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
+            st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
     except (SourceError, RunRefused) as exc:
-        st.error(safe(exc), icon="🚫")
+        st.error(safe(shown(exc)), icon="🚫")
     else:
         server = st.session_state[SERVER] = {"job": job_id, "key": api_key, "columns": columns}
         st.session_state.pop(TABLE, None)
@@ -187,7 +188,7 @@ with st.expander("System prompt and sampling", icon="⚙️"):
     )
 setting_errors = sampling.validate() + pg.check_message(system, "system prompt")
 for error in setting_errors:
-    st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
+    st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
 
 placeholders: dict[str, object] = {}
 
@@ -207,9 +208,9 @@ def answer_block(answer: pg.Answer) -> None:
     if answer.stats:
         st.caption(pg.stats_line(answer))
     if answer.status == pg.INTERRUPTED:
-        st.warning(safe(f"Interrupted: {answer.error}"), icon="✂️")
+        st.warning(safe(shown(f"Interrupted: {answer.error}")), icon="✂️")
     elif answer.status == pg.FAILED:
-        st.error(safe(answer.error), icon="🛑")
+        st.error(safe(shown(answer.error)), icon="🛑")
     elif answer.status == pg.STOPPED:
         st.caption("Stopped.")
 
@@ -248,7 +249,7 @@ def add_to_set(n: int, text: str) -> None:
             try:
                 promptsets.add_prompt(name, text)
             except promptsets.PromptSetError as exc:
-                st.error(safe(exc), icon="🚫")
+                st.error(safe(shown(exc)), icon="🚫")
             else:
                 st.success(safe(f"Added to '{name}'"), icon="✅")
 
@@ -288,7 +289,7 @@ if tools[2].toggle("Show prompt", key=K + "show_prompt", disabled=not turns,
                     rendered = chat_prompt.render(jobspec.resolve(ModelSource.from_key(c.key)),
                                                   pg.messages_for(system, turns[:-1], c.key, turns[-1].user))
             except (SourceError, chat_prompt.PromptRenderError) as exc:
-                st.error(safe(exc), icon="🚫")
+                st.error(safe(shown(exc)), icon="🚫")
             else:
                 st.caption(safe(f"{rendered.tokens:,} tokens · {rendered.tokenizer}"))
                 st.code(rendered.text, language=None, wrap_lines=True)
@@ -308,7 +309,7 @@ if user_text:
     if upload is not None and not message_errors:
         image, message_errors = pg.check_image(upload.name, upload.getvalue(), turns)
     for error in message_errors:
-        st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
+        st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
     if not message_errors:
         batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling, image)
         st.session_state[BATCH] = {"kind": "chat", "user": user_text, "system": system, "sampling": sampling,
@@ -324,7 +325,7 @@ pick = st.selectbox("Prompt set", set_names, key=K + "set")
 try:
     chosen_set = promptsets.load(pick) if pick else None
 except promptsets.PromptSetError as exc:
-    st.error(safe(exc), icon="🚫")
+    st.error(safe(shown(exc)), icon="🚫")
     chosen_set = None
 if chosen_set:
     st.caption(safe(f"{len(chosen_set.prompts)} prompts" + (" (built in)" if chosen_set.builtin else "")))
@@ -351,7 +352,7 @@ with st.expander("Edit prompt sets", icon="📝"):
     try:
         current = promptsets.load(edit).prompts if edit else ()
     except promptsets.PromptSetError as exc:  # a hand-edited file: say so; saving replaces it, Delete removes it
-        st.error(safe(exc), icon="🚫")
+        st.error(safe(shown(exc)), icon="🚫")
         current = ()
     name = st.text_input("Name", value=edit, key=f"{K}edit_name_{edit}")
     prompts_text = st.text_area("Prompts, one per line", value="\n".join(current), key=f"{K}edit_prompts_{edit}")
@@ -360,7 +361,7 @@ with st.expander("Edit prompt sets", icon="📝"):
         try:
             promptsets.save(name, prompts_text.splitlines())
         except promptsets.PromptSetError as exc:
-            st.error(f"**{safe(exc.field)}**: {safe(exc)}", icon="🚫")
+            st.error(f"**{safe(exc.field)}**: {safe(shown(exc))}", icon="🚫")
         else:
             st.session_state[K + "edited"] = f"Saved '{name.strip()}'"
             st.rerun()  # the pickers above list the new set

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import streamlit as st
 
 from db import settings_store
-from trainer_core.auth.access import Action, Actor, allowed
+from trainer_core.auth.access import Action, Actor, Role, allowed
 from trainer_core.config import RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, SHARED_STORAGE_ENV, FieldError
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers import ray_settings
 from trainer_core.protocol.cluster_settings import SavedCluster
 from ui.ray_cluster import CHECK, HOW_TO, own_and_other_addresses, show_check
+from ui.auth import current_actor
 from ui.text import code, safe
 
 SAVE_RESULT = "settings_ray_save_result"  # session key: the last Save's SaveOutcome (or "cleared")
@@ -89,11 +90,12 @@ def in_force(addresses: list[str], saved: SavedCluster) -> None:
         lines.append(f"Saved in Settings, also allowed for runs: {code(saved.address)}" if own else
                      f"Saved in Settings, the server's cluster (runs without a cluster of their own, and eval, export "
                      f"and serve jobs on Ray, go there): {code(saved.address)}")
+    folder = code if current_actor().role is Role.ADMIN else (lambda _: "set (admins see its path)")  # issue 31 #9
     if source == "Settings":
-        lines.append(f"Shared storage: {code(shared)} (saved in Settings; `{SHARED_STORAGE_ENV}` is not set)")
+        lines.append(f"Shared storage: {folder(shared)} (saved in Settings; `{SHARED_STORAGE_ENV}` is not set)")
     else:
-        lines.append(f"Shared storage: {code(shared) if shared else 'not set'} (`{SHARED_STORAGE_ENV}`)"
-                     + (f", in force: the saved {code(saved.shared_storage)} applies only while it is unset"
+        lines.append(f"Shared storage: {folder(shared) if shared else 'not set'} (`{SHARED_STORAGE_ENV}`)"
+                     + (f", in force: the saved {folder(saved.shared_storage)} applies only while it is unset"
                         if shared and saved.shared_storage and saved.shared_storage != shared else ""))
     st.markdown("  \n".join(lines))
     st.caption("The server's environment wins over what is saved here; to change it, " + HOW_TO + ".")

@@ -269,13 +269,16 @@ def render_resources(sample: ResourceSample | None) -> None:
 
 def render_outcome(status: RunStatus, error: str, log_tail: str, output_dir: str) -> None:
     """What happened at the end: the error and log when failed, the output folder when saved."""
+    from ui.server_paths import shown  # server paths as the viewer's role may see them (issue 31 #9)
+
     if status is RunStatus.FAILED:
-        st.error(safe(error) if error else "The run failed without an error message; see the worker log.", icon="❌")
+        st.error(safe(shown(error)) if error else "The run failed without an error message; see the worker log.",
+                 icon="❌")
         if log_tail:
             with st.expander("Worker log (last lines)", expanded=True):
-                st.code(log_tail, language="text")
+                st.code(shown(log_tail), language="text")
     elif status in (RunStatus.COMPLETED, RunStatus.STOPPED):
-        st.success(f"Saved to {code(output_dir)}" if output_dir else "Finished.", icon=status.icon)
+        st.success(f"Saved to {code(shown(output_dir))}" if output_dir else "Finished.", icon=status.icon)
     elif status is RunStatus.CANCELLED:
         st.info("Cancelled: nothing was saved from this run.", icon=status.icon)
 

@@ -53,3 +53,26 @@ def test_new_run_names_the_allowed_roots_instead_of_their_paths_to_non_admins(sh
     assert all((str(tmp_path) in e) is absolute for e in errors), errors
     if not absolute:
         assert any("the data root" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("name, absolute", [("ann", False), ("ada", True)])
+def test_run_details_show_a_failed_runs_error_and_log_with_server_paths_to_admins_only(shared_store, monkeypatch,
+                                                                                      name, absolute):
+    import time
+
+    from db.entities import RunRecord
+    from trainer_core.protocol.status import RunStatus
+
+    where = paths.datasets_dir() / "secret-layout" / "x.jsonl"
+    shared_store.create_run(RunRecord(id="20250101-000000-failed", name="failed run", owner="ann",
+                                      status=RunStatus.FAILED.value, created_at=time.time(), finished_at=time.time(),
+                                      error=f"DatasetError: {where} does not exist",
+                                      log_tail=f"Traceback ...\nFileNotFoundError: {where}"))
+    paths.run_dir("20250101-000000-failed").mkdir(parents=True, exist_ok=True)
+    _as_user(monkeypatch, name)
+    at = _app("pages/run.py", run="20250101-000000-failed")
+    error = next(e.value for e in at.error if "DatasetError" in e.value)
+    log = next(c.value for c in at.code if "FileNotFoundError" in c.value)
+    assert (str(paths.data_root()) in error) is absolute and (str(paths.data_root()) in log) is absolute
+    if not absolute:
+        assert "datasets/secret-layout/x.jsonl in the data root" in error and "in the data root" in log
