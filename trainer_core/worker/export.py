@@ -26,7 +26,6 @@ from trainer_core.export.spec import HUB_TOKEN_ENV, TTS_NO_GGUF, ExportSpec
 from trainer_core.protocol import control, events as ev, paths, secrets
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.job import JobWorker
-from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.worker.export_plan import ExportError, Interrupted, Plan, Staged
 from trainer_core.worker.export_merge import Merging
 from trainer_core.worker.export_mmproj import Projector
@@ -68,7 +67,6 @@ class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verifi
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        redactor = OutputRedactor(self.secrets) if self.secrets else None
         self.begin()
         plan: Plan | None = None
         lock: int | None = None
@@ -114,8 +112,6 @@ class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verifi
             if lock is not None:
                 os.close(lock)
             self.end()
-            if redactor is not None:
-                redactor.close()
 
     def work(self, plan: Plan) -> None:
         spec = plan.spec

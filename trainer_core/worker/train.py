@@ -32,7 +32,6 @@ from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.data import fingerprint
 from trainer_core.worker import ranks
 from trainer_core.worker.engines import TRANSFORMERS, UnslothCannotLoad, choose_engine
-from trainer_core.worker.redaction import OutputRedactor
 from trainer_core.protocol.status import RunStatus
 
 HEARTBEAT_S = 2.0
@@ -107,7 +106,6 @@ class Worker:
             # One process: SIGTERM means cancel. Under torchrun SIGTERM is the launcher stopping this rank
             # because another one died; the default action (exit) is right, and the launcher reports.
             signal.signal(signal.SIGTERM, lambda *_: self.sigterm.set())
-        redactor = OutputRedactor(self.secrets) if self.secrets else None
         if self.rank == 0:
             threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat").start()
         if self.distributed:
@@ -205,8 +203,6 @@ class Worker:
         finally:
             self._stop_heartbeat.set()
             self.events.close()
-            if redactor is not None:
-                redactor.close()
 
     def shard_model(self, cfg: TrainConfig, model_ref: str) -> bool:
         """FSDP instead of DDP when the memory estimate says one GPU cannot hold a data-parallel copy."""
