@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper,  # noqa: E402
                                   spoken_rows, write_jsonl)
 from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
-from trainer_core.planning import hardware  # noqa: E402  (after the path: runnable as a plain script)
+from trainer_core.host import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 from trainer_core.worker.engines import ENGINE_ENV  # noqa: E402  (no torch: the engine choice only)
 from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER,  # noqa: E402

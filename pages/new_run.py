@@ -21,9 +21,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trainer_core.planning import hardware, memory, model_info, parallel, preview
+from trainer_core.planning import memory, model_info
+from trainer_core.host import parallel
+from trainer_core.data import preview
+from trainer_core.host import hardware
 from trainer_core.config import presets
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.views.charts import length_chart
 from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,

@@ -17,7 +17,8 @@ import time
 
 import streamlit as st
 
-from trainer_core.tryout import chat_prompt, promptsets
+from trainer_core.tryout import chat_prompt
+from trainer_core.config import promptsets
 from trainer_core.jobs import jobspec
 from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError

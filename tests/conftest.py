@@ -12,7 +12,7 @@ from sqlmodel import SQLModel
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT, FakeLauncher, build_tiny_model, fake
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.jobs.orchestrator import Orchestrator
 from ui.state import get_orchestrator
 

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core.tryout import samples_check
+from trainer_core.evaluation import samples_check
 from trainer_core.protocol import control
 from trainer_core.protocol import events as ev
 

@@ -32,7 +32,7 @@ BUILD_TINY = textwrap.dedent("""
     import sys
     from pathlib import Path
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.worker import model_files
     from trainer_core.protocol import paths
     import torch
@@ -108,7 +108,7 @@ def build_tiny_model(target: Path = TINY_MODEL, models_cache: Path = MODELS_CACH
 CONVERT_BUNDLED = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.worker import model_files
 
     model_files.convert_gguf(hardware.bundled_gguf_path(), Path(sys.argv[1]))

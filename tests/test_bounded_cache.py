@@ -1,9 +1,9 @@
-"""trainer_core.jobs.bounded_cache: least recently used entries go first, by count and by weight."""
+"""trainer_core.data.bounded_cache: least recently used entries go first, by count and by weight."""
 from __future__ import annotations
 
 import pytest
 
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 
 
 def test_the_least_recently_used_entry_goes_first():

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trainer_core import methods
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.methods import METHODS
 from trainer_core.config import (ATTENTION_MODULES, DEFAULT_TARGET_MODULES, MLP_MODULES, ConfigError, FieldError,
                                  TrainConfig)

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support import FakeLauncher, run_python
-from trainer_core.planning import hardware, parallel
+from trainer_core.host import parallel
+from trainer_core.host import hardware
 from trainer_core.jobs import queue as scheduling
 from trainer_core.worker import engines, ranks, train
 from trainer_core.protocol import paths

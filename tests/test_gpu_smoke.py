@@ -24,7 +24,7 @@ SCRIPT = ROOT / "bench" / "gpu_smoke.py"
 def load_script():
     spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # imports trainer_core.planning.hardware and config only: dashboard-safe
+    spec.loader.exec_module(module)  # imports trainer_core.host.hardware and config only: dashboard-safe
     return module
 
 

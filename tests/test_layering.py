@@ -53,7 +53,7 @@ print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules))
 
 def test_only_the_worker_imports_the_ml_stack():
     modules = project_modules() + script_imports()
-    assert "trainer_core.jobs.orchestrator" in modules and "db.store" in modules and "trainer_core.planning.preview" in modules
+    assert "trainer_core.jobs.orchestrator" in modules and "db.store" in modules and "trainer_core.data.preview" in modules
     assert not any(m.startswith("trainer_core.worker.") for m in project_modules())
     result = run_python(IMPORT_ALL, json.dumps(modules), json.dumps(ML_STACK))
     assert result.returncode == 0, result.stderr[-3000:]

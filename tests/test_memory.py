@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from trainer_core.planning import hardware, memory
+from trainer_core.planning import memory
+from trainer_core.host import hardware
 from trainer_core.config import TrainConfig
 from trainer_core.planning.memory import DeviceMemory, estimate_memory, fit_message
 from trainer_core.planning.model_info import ModelInfo

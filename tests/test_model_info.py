@@ -143,7 +143,7 @@ def test_hub_id_offline_and_not_cached_says_so(tmp_path, monkeypatch):
 
 
 def test_modules_do_not_import_the_ml_stack():
-    code = ("import sys; from trainer_core.planning import model_info, memory, preview;"
+    code = ("import sys; from trainer_core.planning import model_info, memory; from trainer_core.data import preview;"
             "model_info.inspect_model('bundled:SmolLM2-135M-Instruct');"
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules))")
     done = run_python(code)

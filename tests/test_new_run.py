@@ -12,7 +12,8 @@ from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
 from db.store import Store
-from trainer_core.planning import memory, model_info, preview
+from trainer_core.planning import memory, model_info
+from trainer_core.data import preview
 from trainer_core.config import presets
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.jobs.orchestrator import RunRefused

@@ -18,7 +18,7 @@ from db.entities import RunRecord
 from db.store import Store
 from tests.fake_openai import FAKE_JOB_ID, FakeOpenAI, FakeServeJob
 from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.auth.access import Role
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.jobspec import ModelSource

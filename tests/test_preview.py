@@ -1,4 +1,4 @@
-"""trainer_core.planning.preview and trainer_core.worker.token_cache: the data exactly as the trainer sees it, and the
+"""trainer_core.data.preview and trainer_core.worker.token_cache: the data exactly as the trainer sees it, and the
 tokenized-data cache. Anything that tokenizes runs in a subprocess (this process plays the dashboard)."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import MODELS_CACHE, build_tiny_model, run_python
-from trainer_core.planning import parallel, preview
+from trainer_core.host import parallel
+from trainer_core.data import preview
 from trainer_core.config import TrainConfig
-from trainer_core.planning.preview import PreviewError, build_preview
+from trainer_core.data.preview import PreviewError, build_preview
 
 BUNDLED_DIR = MODELS_CACHE / "SmolLM2-135M-Instruct"
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -7,8 +7,8 @@ import threading
 import pytest
 import yaml
 
-from trainer_core.tryout import promptsets
-from trainer_core.tryout.promptsets import PromptSetError
+from trainer_core.config import promptsets
+from trainer_core.config.promptsets import PromptSetError
 
 
 def test_builtin_sets_load_and_are_listed(home):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_core.tryout import samples_check
-from trainer_core.tryout.samples_check import EMPTY, REPETITION, TEMPLATE_LEAK, check
+from trainer_core.evaluation import samples_check
+from trainer_core.evaluation.samples_check import EMPTY, REPETITION, TEMPLATE_LEAK, check
 
 HEALTHY = [
     "The capital of France is Paris.",

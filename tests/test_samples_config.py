@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.config import ConfigError, FieldError, TrainConfig, sample_prompts_of
 from ui import form
 

@@ -20,7 +20,7 @@ import yaml
 
 from db.store import Store
 from tests.support import MODELS_CACHE, ROOT
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.protocol import paths
 from trainer_core.config import SECRET_FIELDS, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import ROOT, run_python
 from tests.vision_support import build_tiny_vlm, shape_rows
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.worker import engines
 
 
@@ -181,7 +181,7 @@ def test_the_unsloth_engine_passes_the_switches_the_adapter_and_the_vision_train
 
 WORKER = FAKE_UNSLOTH + textwrap.dedent("""
     from pathlib import Path
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.worker import train
     hardware.unsloth_usable = lambda: True  # a CUDA host with the gpu extra, to the engine choice
     os.environ["FAKE_UNSLOTH_FAIL"] = "1"

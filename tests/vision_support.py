@@ -36,7 +36,7 @@ BUILD_TINY_VLM = textwrap.dedent("""
     from transformers import (AutoTokenizer, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor, SiglipVisionConfig)
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.protocol import paths
     from trainer_core.worker import model_files
 
@@ -91,7 +91,7 @@ BUILD_TINY_IDEFICS3 = textwrap.dedent("""
     from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
                               Idefics3VisionConfig, LlamaConfig)
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.protocol import paths
     from trainer_core.worker import model_files
 

@@ -19,7 +19,7 @@ Exit codes: 0 completed, 1 failed, 2 invalid config or refused, 3 stopped or can
 4 the database cannot be used (the message says how to rebuild it).
 
 Kept whole: the CLI's one argument parser and the bodies of its commands, each a few lines over the orchestrator;
-the commands with logic of their own live in their packages (evaluation/cli.py, cli_export.py, serving/cli.py).
+the commands with logic of their own live in trainer_core/cli/ (evaluate.py, export.py, serve.py).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from trainer_core.auth.access import Actor, Role
 from trainer_core.config import (SECRET_FIELDS, ConfigError, FieldError, TrainConfig, load_yaml, read_training_type,
                                  secrets_in_file)
 from trainer_core.data import loading
-from trainer_core.evaluation import cli as eval_cli
+from trainer_core.cli import evaluate as eval_cli
 from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.status import RunStatus
 
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_serving_commands(sub)
     _add_control_commands(sub)
     eval_cli.add_parser(sub, _find, cli_actor)
-    from trainer_core.export import cli as cli_export  # `export RUN --to ...` (issue 11): its own module
+    from trainer_core.cli import export as cli_export  # `export RUN --to ...` (issue 11): its own module
 
     cli_export.add_parser(sub).set_defaults(func=lambda args: cli_export.cmd_export(args, _find, cli_actor))
     args = parser.parse_args(argv)
@@ -534,8 +534,8 @@ def cmd_control(args) -> int:
 
 
 def _add_serving_commands(sub) -> None:
-    """`chat` and `serve`: a serve job for a run's model (trainer_core/serving/cli.py)."""
-    from trainer_core.serving import cli as serving_cli
+    """`chat` and `serve`: a serve job for a run's model (trainer_core/cli/serve.py)."""
+    from trainer_core.cli import serve as serving_cli
     from trainer_core.serving.spec import DEFAULT_MAX_TOKENS_CAP, DEFAULT_REQUEST_TIMEOUT_S
 
     def model_args(p, base: bool) -> None:

@@ -10,7 +10,7 @@ import streamlit as st
 
 from db.entities import ArtifactRecord, RunRecord
 from trainer_core.jobs import jobspec
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.config import ConfigError
 from trainer_core.export import tools

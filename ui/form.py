@@ -35,7 +35,7 @@ from trainer_core.methods.cpt import EMBEDDING_MODULES
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
 from trainer_core.methods import ADAPTERS, METHODS, embedding
-from trainer_core.planning.preview import PREVIEW_FIELDS
+from trainer_core.data.preview import PREVIEW_FIELDS
 
 K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
 BASE = K + "base"  # the loaded preset: fields without a widget keep its values

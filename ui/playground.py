@@ -27,7 +27,7 @@ from db.entities import RunRecord
 from trainer_core import methods
 from trainer_core.jobs import jobspec
 from trainer_core.planning import model_info, modality
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
 from trainer_core.jobs.jobspec import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus

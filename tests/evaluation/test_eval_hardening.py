@@ -400,7 +400,7 @@ def test_a_baseline_another_eval_waits_for_or_not_ours_stays(home):
 
 # ====================================================================== cosmetic truths
 def test_the_cli_prints_the_rows_evaluated_and_the_baselines_progress(capsys):
-    from trainer_core.evaluation import cli
+    from trainer_core.cli import evaluate as cli
 
     def snap(status, step=0, total=200):
         return SimpleNamespace(status=status, step=step, total_steps=total, error="")

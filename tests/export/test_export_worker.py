@@ -15,7 +15,7 @@ import pytest
 from tests.export_support import make_run
 from tests.support import ROOT, run_python
 from trainer_core.jobs import jobspec
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec

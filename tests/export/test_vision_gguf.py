@@ -20,7 +20,7 @@ from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs.jobspec import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 
 pytestmark = pytest.mark.skipif(tools.converter_script() is None,
                                 reason="llama.cpp's converter is not installed (make install)")

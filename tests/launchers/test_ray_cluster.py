@@ -15,7 +15,7 @@ import yaml
 from db.store import Store
 from tests.ray_support import local_cluster
 from tests.support import MODELS_CACHE, ROOT, wait_until
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import JobState

@@ -180,7 +180,7 @@ def test_an_export_and_an_eval_run_as_ray_jobs_with_results_on_the_shared_storag
 
     from tests.export_support import make_run
     from tests.support import MODELS_CACHE, ROOT
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.data.sources import bundled_demo_path
     from trainer_core.protocol.status import RunStatus
 
@@ -236,7 +236,7 @@ def test_stop_reaches_a_ray_eval_adopted_by_a_restarted_dashboard(cluster, tmp_p
     from ray.job_submission import JobSubmissionClient
 
     from tests.support import MODELS_CACHE, ROOT, wait_until
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.data.sources import bundled_demo_path
     from trainer_core.protocol.status import RunStatus
 

@@ -20,7 +20,7 @@ from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import ray as ray_jobs, ray_nodes
 from trainer_core.launchers.ray_waiting import PLACED
 from trainer_core.planning import memory
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.ray_entry import PLACEMENT_FILE

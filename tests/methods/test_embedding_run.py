@@ -16,7 +16,7 @@ from tests.support import ROOT, run_python
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.methods.embedding import BUNDLED_MODEL
-from trainer_core.planning.preview import build_preview
+from trainer_core.data.preview import build_preview
 from trainer_core.protocol.status import RunStatus
 
 NDCG = "eval_ir_cosine_ndcg@10"

@@ -15,7 +15,7 @@ import pytest
 from trainer_core import methods
 from trainer_core.config import BUNDLED_PAIRS, TrainConfig
 from trainer_core.data import loading
-from trainer_core.planning.preview import build_preview
+from trainer_core.data.preview import build_preview
 from trainer_core.protocol.status import RunStatus
 
 RAW_TEXT = ["The tide tables of the northern harbour list two high waters a day.",

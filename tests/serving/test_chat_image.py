@@ -10,7 +10,7 @@ from PIL import Image
 from tests.serving.test_serve_job import cli_runs  # noqa: F401 - a fixture
 from trainer_core import __main__ as cli
 from trainer_core.protocol.status import JobKind
-from trainer_core.serving.cli import CliError, image_message
+from trainer_core.cli.serve import CliError, image_message
 
 
 def png(path, size=(8, 8)):

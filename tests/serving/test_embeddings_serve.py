@@ -18,7 +18,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.support import ROOT, run_python, wait_until
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobs.jobspec import ModelSource

@@ -265,7 +265,7 @@ def test_a_ray_serve_job_answers_through_its_endpoint_and_stop_ends_it(tmp_path,
 
     from tests.ray_support import local_cluster
     from tests.support import MODELS_CACHE, ROOT, wait_until
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
 
     began = time.monotonic()
     with local_cluster(cpus_per_node=1, nodes=1) as cluster:

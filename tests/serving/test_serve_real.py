@@ -16,7 +16,7 @@ from db.entities import RunRecord
 from db.store import Store
 from tests.serving.serve_support import fake_trained_run
 from tests.support import MODELS_CACHE, ROOT, wait_until
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobs.jobspec import ModelSource

@@ -13,7 +13,7 @@ import soundfile
 from tests.speech_support import build_tiny_whisper
 from tests.support import run_in_child
 from trainer_core.config import TrainConfig
-from trainer_core.planning.preview import build_preview
+from trainer_core.data.preview import build_preview
 
 pytestmark = pytest.mark.subprocess
 

@@ -14,7 +14,7 @@ from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is 
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.planning.modality import TTS, detect_modality
-from trainer_core.planning.preview import build_preview
+from trainer_core.data.preview import build_preview
 from ui import form
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer_core.planning import preview
+from trainer_core.data import preview
 from trainer_core.config import BUNDLED_DATASET, BUNDLED_MODEL, FieldError, TrainConfig
 from ui import form
 from ui.form import K, NOT_MAPPED

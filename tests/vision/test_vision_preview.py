@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.vision_support import IMAGE_TOKENS, build_tiny_vlm, shape_rows, write_jsonl
-from trainer_core.planning import preview
+from trainer_core.data import preview
 from trainer_core.config import TrainConfig
 
 pytestmark = pytest.mark.subprocess

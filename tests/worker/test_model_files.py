@@ -13,7 +13,7 @@ CONVERT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.worker import model_files
 
     gguf, target, elsewhere = hardware.bundled_gguf_path(), Path(sys.argv[1]), Path(sys.argv[2])
@@ -41,7 +41,7 @@ CONVERT = textwrap.dedent("""
 WRONG_EOS = textwrap.dedent("""
     import json, sys
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trainer_core.planning import hardware
+    from trainer_core.host import hardware
     from trainer_core.worker import model_files
 
     # transformers 5.17 read the bundled GGUF's EOS as <|im_start|> (id 1) and set no pad token: repair

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.subprocess
 SCRIPT = r"""
 import json, os, sys
 from types import SimpleNamespace
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.config import SAMPLE_PROMPTS_MAX, TrainConfig
 from trainer_core.worker import samples
 

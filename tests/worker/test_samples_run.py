@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_core.tryout import samples_check
+from trainer_core.evaluation import samples_check
 from trainer_core.config import TrainConfig
 from trainer_core.protocol import events as ev
 from trainer_core.protocol.status import RunStatus

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer_core.planning import hardware
-from trainer_core.tryout import promptsets
+from trainer_core.host import hardware
+from trainer_core.config import promptsets
 from trainer_core.methods import ADAPTERS, METHODS
 from trainer_core.methods import embedding
 from trainer_core.protocol import cluster_settings, paths

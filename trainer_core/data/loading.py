@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data import audio, embedding_pairs, images, preference

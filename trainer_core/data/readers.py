@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.data import DatasetError, quoted
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, source_files
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.config import FieldError
 from trainer_core.export import tools
 from trainer_core.jobs.jobspec import JobSpec, SourceError, register, resolve
@@ -83,7 +83,7 @@ class ExportSpec(JobSpec):
     merged_dtype: str = "bfloat16"
     out_dir: str = ""  # empty: the job folder's artifacts/; else a new (or empty) folder under export_folders()
     verify: bool = True  # reload the merged model and the GGUF and replay prompts next to the adapter
-    prompt_set: str = "quick-check"  # trainer_core.tryout.promptsets
+    prompt_set: str = "quick-check"  # trainer_core.config.promptsets
     max_new_tokens: int = 24
     push_repo_id: str = ""  # a hub repo id (org/name); the token comes from HF_TOKEN in the environment
     push_private: bool = True  # applies to a repo the push creates; an updated repo keeps its visibility

@@ -23,7 +23,7 @@ the same rules over stored rows (e.g. after a server restart). The rules, exactl
   once per run.
 
 * ``sample_empty`` / ``sample_repetition`` / ``sample_template_leak`` (``SampleAlerts``): a sample answer taken
-  during training was flagged degenerate (``trainer_core.tryout.samples_check``); once per kind per run.
+  during training was flagged degenerate (``trainer_core.evaluation.samples_check``); once per kind per run.
 
 * ``no_step`` is not a rule on rows but on time: the pump raises it when a run training has reported no new step
   for ``FINETUNE_STUDIO_STALL_MINUTES`` while its worker lives (trainer_core/jobs/adoption.py, ``notice_stall``).
@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainer_core.tryout import samples_check
+from trainer_core.evaluation import samples_check
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
@@ -256,7 +256,7 @@ def rows_from_frame(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------- samples during training
-# Degenerate sample answers (the worker finds them with trainer_core.tryout.samples_check and sends them as a
+# Degenerate sample answers (the worker finds them with trainer_core.evaluation.samples_check and sends them as a
 # sample event's flags): one alert per kind per run, at the first sample that shows it.
 SAMPLE_EMPTY = "sample_empty"
 SAMPLE_REPETITION = "sample_repetition"

@@ -389,7 +389,8 @@ def memory_errors(sources: list[ModelSource], gpu_ids: list[int], doing: str) ->
     """The weights of ``sources`` (each loaded as one model: 16-bit on a GPU, 32-bit on a CPU) must fit the
     device's free memory (the GPUs in ``gpu_ids``, or RAM on a CPU host), so a job is refused with the figures
     and what to change instead of dying while it loads. ``doing`` names the job in the message."""
-    from trainer_core.planning import hardware, memory, model_info  # model_info reads configs only: no ML stack
+    from trainer_core.planning import memory, model_info
+    from trainer_core.host import hardware  # model_info reads configs only: no ML stack
 
     params, names = 0, []
     for source in sources:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer_core.auth import access
-from trainer_core.planning import parallel
+from trainer_core.host import parallel
 from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem, server_cluster
 from trainer_core.jobs.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher

@@ -33,7 +33,7 @@ from db.entities import RunRecord
 from db.store import Store
 from trainer_core.auth import access
 from trainer_core.jobs import checkpoints, jobspec
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError, loading
 from trainer_core.data import fingerprint as data_fingerprints

@@ -15,7 +15,8 @@ from typing import IO, Any
 
 from db.entities import RunRecord
 from db.store import Store
-from trainer_core.planning import hardware, parallel
+from trainer_core.host import parallel
+from trainer_core.host import hardware
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import loading
 from trainer_core.jobs import adoption

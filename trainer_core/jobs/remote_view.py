@@ -14,7 +14,7 @@ import pandas as pd
 
 from db.entities import RunRecord
 from db.store import Store
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts, rows_from_frame
 from trainer_core.jobs.live import LiveRun, LiveSnapshot
 from trainer_core.protocol.status import RunStatus

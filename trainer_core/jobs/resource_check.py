@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from trainer_core.planning import hardware, memory, model_info
+from trainer_core.planning import memory, model_info
+from trainer_core.host import hardware
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.launchers import ray_nodes
 

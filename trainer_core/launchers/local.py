@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from trainer_core.planning import parallel
+from trainer_core.host import parallel
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.protocol import sandbox
 

@@ -41,7 +41,7 @@ from trainer_core.config import (LAUNCHERS, RAY_ADDRESS_ENV, RAY_ADDRESSES_ENV, 
                                  ray_address_problem, server_cluster)
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState, Launcher
 from trainer_core.launchers.ray_waiting import PendingJob, node_usage
-from trainer_core.planning.parallel import NPROC_ENV
+from trainer_core.host.parallel import NPROC_ENV
 from trainer_core.protocol import cluster_settings, files, paths, secret_file
 from trainer_core.protocol import secrets as run_secrets
 

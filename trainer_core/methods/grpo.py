@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware, parallel
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
 from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.methods.preference import section_problems, settings_of
@@ -43,8 +43,6 @@ def _model_problem(spec: RewardSpec) -> str | None:
 
 
 def generation_batch(cfg: Any) -> int:
-    from trainer_core.planning import parallel  # imports config; here only when validating
-
     return parallel.global_batch(cfg, parallel.process_count(cfg))
 
 

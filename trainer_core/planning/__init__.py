@@ -1,4 +1,4 @@
-"""What the New run form works out before a run starts, without loading a model: the host's devices (hardware), what a
-model is from its files (model_info, modality), the memory estimate (memory), processes and batches (parallel) and
-the data preview (preview).
+"""What the New run form works out before a run starts, without loading a model: what a model is from its files
+(model_info, modality) and the memory estimate (memory, ray_memory). The host's devices and a run's processes are
+trainer_core.host's; the data preview is trainer_core.data.preview.
 """

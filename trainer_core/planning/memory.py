@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.config import TrainConfig
 from trainer_core.planning.model_info import ModelInfo
 

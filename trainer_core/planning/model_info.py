@@ -21,7 +21,7 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import errors as hf_errors
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.protocol import paths
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
 from trainer_core.methods import embedding

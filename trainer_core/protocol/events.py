@@ -172,7 +172,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 @dataclass
 class SampleEvent(Event):
     """One greedy answer to a sample prompt at a training step (samples during training). ``flags`` maps each
-    degeneration found (trainer_core.tryout.samples_check kinds) to what was found."""
+    degeneration found (trainer_core.evaluation.samples_check kinds) to what was found."""
 
     kind: ClassVar[str] = "sample"
     step: int

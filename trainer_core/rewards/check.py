@@ -14,10 +14,14 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer_core.auth import access
-from trainer_core.config import FieldError, TrainConfig
 from trainer_core.protocol import files, sandbox
+from trainer_core.protocol.errors import FieldError
+
+if TYPE_CHECKING:  # the run's settings, read by attribute: config sits above rewards (tests/test_layering.py)
+    from trainer_core.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import psutil
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.config import FieldError
 from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
 from trainer_core.launchers import ray as ray_jobs

@@ -1,4 +1,4 @@
-"""Trying a model without training it: the prompt a chat model sees (chat_prompt), prompt sets (promptsets), searching
-passages with an embedding model (search), speaking with a text-to-speech model (speak), and the checks of sample
-answers (samples_check).
+"""Trying a model without training it: the prompt a chat model sees (chat_prompt), searching passages with an embedding
+model (search) and speaking with a text-to-speech model (speak). Prompt sets are trainer_core.config.promptsets; the
+checks of sample answers are trainer_core.evaluation.samples_check.
 """

@@ -1,6 +1,6 @@
 """A conversation rendered with the chat template a model trains with (the Playground's "Show prompt").
 
-Like the data preview (``trainer_core.planning.preview``), the rendering happens in a subprocess,
+Like the data preview (``trainer_core.data.preview``), the rendering happens in a subprocess,
 ``python -m trainer_core.worker.prompt_child``, which loads the tokenizer exactly as training does
 (``model_files.resolve_model`` + ``token_cache.load_tokenizer``) and applies its chat template through
 ``token_cache``: the dashboard never imports transformers. Results are cached per model and conversation.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainer_core.auth import access
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.jobspec import ResolvedSource
 from trainer_core.protocol import files, sandbox

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_core.tryout import promptsets
+from trainer_core.config import promptsets
 from trainer_core.protocol import events as ev
 from trainer_core.worker.export_plan import ExportError, Plan
 from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedding_texts, generate, generate_ids,

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run as torchrun
 
 from trainer_core.protocol import events as ev, paths, secrets
-from trainer_core.planning.parallel import NPROC_ENV
+from trainer_core.host.parallel import NPROC_ENV
 from trainer_core.worker.bounded_log import BoundedOutput
 from trainer_core.worker.ranks import rank_log_tail, root_cause
 

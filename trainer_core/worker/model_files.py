@@ -21,7 +21,7 @@ from pathlib import Path
 from gguf import GGUFReader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.protocol import paths
 from trainer_core.config import BUNDLED_MODEL, TrainConfig, looks_like_path
 

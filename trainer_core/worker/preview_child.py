@@ -1,5 +1,5 @@
 """The preview's child process: ``python -m trainer_core.worker.preview_child`` reads {"config", "rows_shown"}
-on stdin and writes the preview (trainer_core.planning.preview.Preview) as one JSON line. It loads the tokenizer and
+on stdin and writes the preview (trainer_core.data.preview.Preview) as one JSON line. It loads the tokenizer and
 the rows the way the worker does and tokenizes through the engine's own ``token_cache.tokenize``."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import traceback
 from dataclasses import asdict
 from typing import Any
 
-from trainer_core.planning import parallel
+from trainer_core.host import parallel
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data.loading import load_for_training
-from trainer_core.planning.preview import TRUNCATION_DROP, Preview, RenderedRow
+from trainer_core.data.preview import TRUNCATION_DROP, Preview, RenderedRow
 from trainer_core.protocol import paths
 from trainer_core.worker import methods as worker_methods
 from trainer_core.worker import model_files, token_cache, vision

@@ -37,7 +37,7 @@ from types import SimpleNamespace
 from trainer_core.jobs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
 from trainer_core.launchers.ray_record import PLACEMENT_FILE, RESTARTS_FILE  # read by the pages too
-from trainer_core.planning.parallel import NPROC_ENV
+from trainer_core.host.parallel import NPROC_ENV
 from trainer_core.protocol import events as ev, files, paths, secret_file
 from trainer_core.protocol.status import JobKind, read_kind
 from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV

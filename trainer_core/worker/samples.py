@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig, TrainerCallback
 
-from trainer_core.tryout import samples_check
+from trainer_core.evaluation import samples_check
 from trainer_core.config import SAMPLE_PROMPTS_MAX, TrainConfig, sample_prompts_of
-from trainer_core.tryout.promptsets import PromptSetError
+from trainer_core.config.promptsets import PromptSetError
 from trainer_core.protocol import control, events as ev, paths
 
 SEED = 1234  # greedy decoding draws nothing; the seed pins a model whose forward draws even in eval mode

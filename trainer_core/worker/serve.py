@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from trainer_core.auth import access
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 from trainer_core.jobs.jobspec import ResolvedSource, SourceError, read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus

@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 
 from trainer_core.jobs import checkpoints
-from trainer_core.planning import hardware, parallel
+from trainer_core.host import parallel
+from trainer_core.host import hardware
 from trainer_core.protocol import control, events as ev, secrets
 from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path

@@ -218,7 +218,7 @@ def collapse_image_runs(text: str, image_token: str) -> str:
 
 
 def readable_row(row, image_token: str):
-    """A preview row (trainer_core.planning.preview.RenderedRow) with its image-token runs collapsed, and how many images."""
+    """A preview row (trainer_core.data.preview.RenderedRow) with its image-token runs collapsed, and how many images."""
     segments = tuple((collapse_image_runs(text, image_token), trained) for text, trained in row.segments)
     images = sum(text.count(f"{image_token} × ") for text, _ in segments) if image_token else 0
     return replace(row, segments=segments, text="".join(t for t, _ in segments),

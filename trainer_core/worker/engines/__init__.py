@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from trainer_core.planning import hardware
+from trainer_core.host import hardware
 
 UNSLOTH = "unsloth"
 TRANSFORMERS = "transformers"

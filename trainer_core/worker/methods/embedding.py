@@ -196,8 +196,8 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     it, tokenized with its special tokens, cut at the model's maximum length), token lengths against that
     maximum, and texts repeated within a batch (false in-batch negatives unless the no_duplicates sampler
     keeps them apart)."""
-    from trainer_core.planning import parallel
-    from trainer_core.planning.preview import Preview, RenderedRow
+    from trainer_core.host import parallel
+    from trainer_core.data.preview import Preview, RenderedRow
 
     s = settings_of(cfg)
     rows, dropped = shape_rows(data.rows, cfg)

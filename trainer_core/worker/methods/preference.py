@@ -85,7 +85,7 @@ def _ids(tokenizer, prompt: Any, answer: Any | None) -> tuple[list[int], list[in
 
 
 def _rendered(tokenizer, index: int, label: str, prompt_ids: list[int], answer_ids: list[int], limit: int):
-    from trainer_core.planning.preview import RenderedRow
+    from trainer_core.data.preview import RenderedRow
 
     total = len(prompt_ids) + len(answer_ids)
     kept_prompt = prompt_ids[:limit]
@@ -110,8 +110,8 @@ def _sides(row: dict) -> list[tuple[str, Any]]:
 def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
     """The New run preview of a preference/RL run: each pair side by side as each side is tokenized (prompt
     masked, each side's token count and truncation), or for GRPO the prompt as the model sees it."""
-    from trainer_core.planning import parallel
-    from trainer_core.planning.preview import Preview
+    from trainer_core.host import parallel
+    from trainer_core.data.preview import Preview
 
     rows = data.rows
     shown, lengths = [], []

@@ -236,9 +236,9 @@ def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds
 def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
     """The data preview of a speech run: each transcript as the decoder is trained on it (prefix tokens for the
     language and task, the text, end of text), with the clip's duration; token counts of every transcript."""
-    from trainer_core.planning import parallel
+    from trainer_core.host import parallel
     from trainer_core.data import audio
-    from trainer_core.planning.preview import Preview, RenderedRow
+    from trainer_core.data.preview import Preview, RenderedRow
 
     s = settings_of(cfg)
     if hasattr(tokenizer, "set_prefix_tokens"):

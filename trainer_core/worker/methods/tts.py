@@ -394,9 +394,9 @@ def frame_count(seconds: float, rate: int = 24000) -> int:
 def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label: str):
     """The data preview of a text-to-speech run: each row as the model is trained on it (its prompt with the
     speaker, then the clip's frames), with the clip's duration; every row's length in tokens (text + frames)."""
-    from trainer_core.planning import parallel
+    from trainer_core.host import parallel
     from trainer_core.data import audio
-    from trainer_core.planning.preview import Preview, RenderedRow
+    from trainer_core.data.preview import Preview, RenderedRow
 
     s = settings_of(cfg)
     rows, eval_rows = data.rows, data.eval_rows

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_core.auth import access
-from trainer_core.jobs.bounded_cache import BoundedCache
+from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source

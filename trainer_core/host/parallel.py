@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainer_core.planning import hardware
-from trainer_core.config import TrainConfig
+from trainer_core.host import hardware
+
+if TYPE_CHECKING:  # a run's settings, read by attribute: config sits above host (tests/test_layering.py)
+    from trainer_core.config import TrainConfig
 
 NPROC_ENV = "FINETUNE_STUDIO_NPROC"  # the launcher's process count, decided by the orchestrator
 
