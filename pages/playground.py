@@ -20,6 +20,7 @@ import streamlit as st
 from trainer_core.tryout import chat_prompt
 from trainer_core.config import promptsets
 from trainer_core.jobs import jobspec
+from trainer_core.kinds.base import SEARCH, SPEAK, TRANSCRIBE
 from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import RunRefused
@@ -76,27 +77,27 @@ def source_picker(i: int, runs: dict[str, object], labels: dict[str, str]) -> Mo
 
 
 listed = orch.list_runs(limit=RUNS_LISTED, kinds=[JobKind.TRAIN])
-outputs = pg.run_outputs(orch, listed)
+modes = pg.run_modes(orch, listed)
 mode = st.segmented_control("Try", ["Chat", "Speech to text", "Text to speech", "Search"], default="Chat",
                             key=K + "mode",
                             help="Speech to text: record or upload a clip and compare Whisper models' transcripts. "
                                  "Text to speech: a tts run and its base model speak your text side by side. "
                                  "Search: an embedding run and its base model rank passages for your query")
 if mode == "Search":
-    finders = pg.offered_runs(listed, outputs, "embedding")
+    finders = pg.offered_runs(listed, modes, SEARCH)
     embedding_mode.render(orch, actor, allowed(actor, Action.START), finders, run_labels(finders))
     st.stop()
 if mode == "Speech to text":
-    spoken = pg.offered_runs(listed, outputs, "speech")
+    spoken = pg.offered_runs(listed, modes, TRANSCRIBE)
     speech.render(orch, actor, allowed(actor, Action.START), spoken, run_labels(spoken))
     st.stop()
 if mode == "Text to speech":
-    speakers = pg.offered_runs(listed, outputs, "audio")
+    speakers = pg.offered_runs(listed, modes, SPEAK)
     tts_mode.render(orch, actor, allowed(actor, Action.START), speakers, run_labels(speakers))
     st.stop()
 
 st.subheader("Models")
-offered = pg.offered_runs(listed, outputs)
+offered = pg.offered_runs(listed, modes)
 run_names = run_labels(offered)
 runs_by_id = {r.id: r for r in offered}
 count = st.radio("Side by side", [1, 2, 3], index=1 if offered else 0, key=K + "count", horizontal=True)

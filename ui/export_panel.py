@@ -67,25 +67,24 @@ def quant_help() -> str:
 
 
 def default_targets(config: dict) -> list[str]:
-    """What the form offers first for a run: merged and GGUF for a text model, and for a vision model whose language
-    model and projector llama.cpp's converter writes; merged alone for one llama.cpp does not run (speech,
-    text-to-speech, embedding models, other vision models); the adapter for a reward model (merged loads a model that
-    writes answers). The export spec still checks whatever is picked."""
-    from trainer_core import methods
+    """What the form offers first for a run: its model kind's default exports (trainer_core.kinds), GGUF only where
+    llama.cpp's converter writes a vision model's language model and projector. The export spec still checks
+    whatever is picked."""
+    from trainer_core import kinds, methods
     from trainer_core.planning import model_info, modality
 
     method = config.get("method") or "sft"
     output = methods.METHODS[method].output if method in methods.METHODS else "text"
-    if output == "reward":
-        return ["adapter"]
-    if output != "text":
-        return ["merged"]
-    try:
-        if modality.detect_modality(str(config.get("model_name") or "")).is_vision:
-            return ["merged", "gguf"] if vision_gguf_offered(str(config.get("model_name") or "")) else ["merged"]
-    except (model_info.ModelInfoError, OSError, ValueError):
-        pass
-    return ["merged", "gguf"]
+    model = str(config.get("model_name") or "")
+    base = None
+    if output == "text":  # the base model's files tell a vision-language model from a text one
+        try:
+            base = modality.detect_kind(model)
+        except (model_info.ModelInfoError, OSError, ValueError):
+            pass
+    kind = kinds.of_output(output, base)
+    return [t for t in kind.default_exports
+            if not (t == "gguf" and kind.gguf_needs_converter and not vision_gguf_offered(model))]
 
 
 def render_export(orch: Orchestrator, run: RunRecord) -> None:

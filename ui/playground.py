@@ -24,9 +24,9 @@ from typing import Any
 import pandas as pd
 
 from db.entities import RunRecord
-from trainer_core import methods
+from trainer_core import kinds, methods
+from trainer_core.kinds.base import CHAT
 from trainer_core.jobs import jobspec
-from trainer_core.planning import model_info, modality
 from trainer_core.config import promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
 from trainer_core.jobs.jobspec import ModelSource, SourceError
@@ -52,26 +52,28 @@ def finished_runs(runs: list[RunRecord]) -> list[RunRecord]:
     return [r for r in runs if r.kind is JobKind.TRAIN and r.status in OFFERED]
 
 
-def run_outputs(orch: Any, runs: list[RunRecord]) -> dict[str, str]:
-    """Run id -> what its model is (MethodSpec.output: text, reward, embedding, speech) for the finished runs,
-    from their stored configs (a listing's rows come without them: one query reads them all)."""
+def run_modes(orch: Any, runs: list[RunRecord]) -> dict[str, str]:
+    """Run id -> the Playground mode of its model kind (trainer_core.kinds: chat, search, transcribe, speak; "" for a
+    kind with none, such as a reward model) for the finished runs, from their stored configs (a listing's rows come
+    without them: one query reads them all)."""
     full = orch.store.get_runs([r.id for r in finished_runs(runs)])
-    return {r.id: output_of(r) for r in full}
+    return {r.id: mode_of(r) for r in full}
 
 
-def output_of(run: RunRecord) -> str:
-    """What a run's model is, from its stored config; "" when the config is unreadable or its method unknown."""
+def mode_of(run: RunRecord) -> str:
+    """A run's Playground mode, from its stored config; "" when the config is unreadable or its method unknown. A
+    vision run chats (its images are told from the base model when it loads: sees_images)."""
     try:
         method = json.loads(run.config_json or "{}").get("method") or "sft"
-        return methods.get(method).output
+        return kinds.of_output(methods.get(method).output).playground
     except (ValueError, AttributeError, KeyError):
         return ""
 
 
-def offered_runs(runs: list[RunRecord], outputs: dict[str, str], output: str = "text") -> list[RunRecord]:
-    """The finished runs whose model is ``output``: chat offers models that write answers (a reward, embedding
-    or speech model cannot chat); the speech mode offers speech-to-text models."""
-    return [r for r in finished_runs(runs) if outputs.get(r.id) == output]
+def offered_runs(runs: list[RunRecord], modes: dict[str, str], mode: str = CHAT) -> list[RunRecord]:
+    """The finished runs whose model kind has Playground mode ``mode``: chat offers models that write answers (a
+    reward, embedding or speech model cannot chat); the other modes offer their kinds' runs."""
+    return [r for r in finished_runs(runs) if modes.get(r.id) == mode]
 
 
 def versions(run_id: str) -> list[int | None]:
@@ -101,11 +103,9 @@ class Column:
 
 
 def sees_images(resolved: jobspec.ResolvedSource) -> bool:
-    """True for a vision-language model (a vision run's final model, checkpoints and base), from its config files."""
-    try:
-        return modality.detect_modality(resolved.base_model).is_vision
-    except (model_info.ModelInfoError, OSError, ValueError):
-        return False  # unreadable here: the server names the problem when it loads the model
+    """True for a vision-language model (a vision run's final model, checkpoints and base), from its config files
+    (unreadable here: False, and the server names the problem when it loads the model)."""
+    return resolved.sees_images
 
 
 def check_sources(sources: list[ModelSource | None]) -> tuple[list[Column], list[str]]:

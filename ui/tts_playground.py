@@ -31,7 +31,7 @@ def ending(spoken: speak.Spoken, cap: float) -> str:
 
 
 def render(orch: Any, actor: Any, may_start: bool, runs: list[RunRecord], labels: dict[str, str]) -> None:
-    """The text-to-speech mode; ``runs``: the finished tts runs (playground.offered_runs(..., "audio"))."""
+    """The text-to-speech mode; ``runs``: the finished tts runs (playground.offered_runs(..., SPEAK))."""
     if not runs:
         st.info("No text-to-speech run yet: train a Sesame CSM model with method tts (docs/methods.md), then hear "
                 "it and its base model speak here.", icon="🔊")

@@ -23,7 +23,7 @@ from trainer_core.jobs.jobspec import ModelSource, SourceError, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import ServeSpec, vllm_fits
-from ui.playground import offered_runs, run_outputs
+from ui.playground import offered_runs, run_modes
 
 RUNS = {"dpo": "20260105-000000-0d0d0d", "grpo": "20260105-000000-06a06a", "reward": "20260105-000000-4e4e4e",
         "embedding": "20260105-000000-e3e3e3", "stt": "20260105-000000-5a5a5a", "tts": "20260105-000000-7d7d7d"}
@@ -114,10 +114,10 @@ def test_the_playground_lists_only_runs_whose_model_writes_answers(runs, orch):
                                         kind=JobKind.TRAIN, created_at=time.time(),
                                         config_json=json.dumps(runs[method].to_public_dict())))
     listed = orch.list_runs(kinds=[JobKind.TRAIN])  # as the page lists them: rows without their configs
-    outputs = run_outputs(orch, listed)
-    assert sorted(r.name for r in offered_runs(listed, outputs)) == ["my dpo", "my grpo"]
-    assert [r.name for r in offered_runs(listed, outputs, "speech")] == ["my stt"]
-    assert [r.name for r in offered_runs(listed, outputs, "audio")] == ["my tts"]
+    modes = run_modes(orch, listed)
+    assert sorted(r.name for r in offered_runs(listed, modes)) == ["my dpo", "my grpo"]
+    assert [r.name for r in offered_runs(listed, modes, "transcribe")] == ["my stt"]
+    assert [r.name for r in offered_runs(listed, modes, "speak")] == ["my tts"]
 
 
 @pytest.mark.parametrize("method, field, words", [

@@ -202,20 +202,17 @@ class EvalSpec(JobSpec):
         return errors
 
     def _output_errors(self) -> list[FieldError]:
-        """A reward model writes no answers to score, nor does a text-to-speech model, which writes no transcripts
-        either (embedding models: retrieval's check; speech-to-text: speech's)."""
+        """A model whose kind no eval metric scores (a reward model writes no answers to score; a text-to-speech model
+        no transcripts either): the kind's row says where its quality shows instead (embedding models: retrieval's
+        check; speech-to-text: speech's)."""
         try:
             resolved = jobspec.resolve(self.source)
         except jobspec.SourceError:
             return []  # JobSpec.validate names the missing source
-        if resolved.output == "reward":
-            return [FieldError("source", f"{resolved.not_a_writer('evaluated by its answers')}; its pair accuracy "
-                                         "on the eval split is charted during training (Run details)")]
-        if resolved.output == "audio":
-            doing = "evaluated by its answers, nor by wer/cer (they score a speech-to-text model's transcripts)"
-            return [FieldError("source", f"{resolved.not_a_writer(doing)}; its eval loss on the held-out clips is "
-                                         "charted during training (Run details), with the spoken samples to play")]
-        return []
+        kind = resolved.kind
+        if kind.eval_metrics:
+            return []
+        return [FieldError("source", f"{resolved.not_a_writer(kind.not_evaluated)}; {kind.eval_instead}")]
 
     def _judge_errors(self) -> list[FieldError]:
         errors = []

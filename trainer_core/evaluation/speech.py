@@ -36,7 +36,7 @@ def is_speech_source(spec: "EvalSpec") -> bool | None:
     from trainer_core.jobs import jobspec
 
     try:
-        return jobspec.resolve(spec.source).output == "speech"
+        return set(METRICS) <= set(jobspec.resolve(spec.source).kind.eval_metrics)
     except jobspec.SourceError:
         return None
 
@@ -46,8 +46,8 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
     from trainer_core.jobs import jobspec
 
     speech = is_speech_source(spec)
-    if speech is None or jobspec.resolve(spec.source).output == "audio":
-        return []  # a text-to-speech model is refused for every eval by EvalSpec._output_errors, naming what fits
+    if speech is None or not jobspec.resolve(spec.source).kind.eval_metrics:
+        return []  # a kind no metric scores is refused for every eval by EvalSpec._output_errors, naming what fits
     others = [m for m in spec.metrics if m not in METRICS]
     errors = []
     unknown = jobspec.resolve(spec.source).output_problem if wanted(spec) and not speech else ""

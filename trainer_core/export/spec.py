@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from trainer_core import kinds
 from trainer_core.config import promptsets
 from trainer_core.config import FieldError
 from trainer_core.export import tools
@@ -22,10 +23,8 @@ MERGED_DTYPES = ("bfloat16", "float16")
 HUB_TOKEN_ENV = "HF_TOKEN"
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 MAX_NEW_TOKENS_MAX = 256
-# Why a text-to-speech (Sesame CSM) run has no GGUF; the export's model card says it too.
-TTS_NO_GGUF = ("llama.cpp cannot run a Sesame CSM text-to-speech model (its GGUF converter has no CSM and no Mimi "
-               "codec), so neither can Ollama or LM Studio; it loads in transformers only "
-               "(CsmForConditionalGeneration and AutoProcessor)")
+# Why a text-to-speech (Sesame CSM) run has no GGUF; the export's model card says it too (the kind's row says it).
+TTS_NO_GGUF = kinds.tts.NO_GGUF
 # ONNX is written by sentence-transformers' own exporter (optimum), which needs transformers < 4.58: it runs in the
 # embedding server's venv (.venv-embed), as the serve job's infinity does.
 ONNX_INSTALL_FIX = ("onnx: the ONNX exporter (sentence-transformers with optimum[onnxruntime]) is not installed: run "
@@ -143,32 +142,22 @@ class ExportSpec(JobSpec):
             resolved = resolve(self.source)
         except SourceError:
             return None  # the base class names the missing source
-        if resolved.output == "speech":
-            return ("gguf: a speech-to-text model is not converted to GGUF here (llama.cpp's converter takes language "
-                    "models): export merged") if "gguf" in targets else None
-        if resolved.output == "audio":
-            return (f"gguf: {TTS_NO_GGUF}: export merged") if "gguf" in targets else None
-        if "onnx" in targets and resolved.output != "embedding":
-            return ("onnx: only an embedding run (a sentence-transformers folder) is exported to ONNX here: "
-                    "choose adapter, merged or gguf for this run")
-        if resolved.output == "embedding":
-            if "gguf" in targets:
-                return ("gguf: an embedding model is exported as a sentence-transformers folder (merged), which "
-                        "SentenceTransformer(path) loads, not as GGUF")
-            if resolved.adapter_dir is not None:
-                return (f"{' and '.join(targets)}: this embedding run trained a LoRA adapter, which the installed peft "
-                        "cannot merge into a sentence-transformers folder: export the adapter")
-            if "onnx" in targets and not embed_python().exists():
-                return ONNX_INSTALL_FIX
-            return None
-        problem = resolved.not_a_writer("merged into a model that writes answers")
-        if problem is None:
-            if "gguf" in targets and resolved.sees_images:
-                return vision_gguf_problem(resolved)
-            return None
-        fix = ("export the adapter instead" if resolved.adapter_dir is not None else
-               "a full fine-tune's weights folder is the whole model: copy it as it is")
-        return f"{' and '.join(targets)}: {problem}; {fix}"
+        kind = resolved.kind
+        writer = [t for t in targets if kind.export_refusal(t) == kinds.NEEDS_WRITER]
+        if writer:  # it writes no answers: say what it is for instead, and what to export
+            fix = ("export the adapter instead" if resolved.adapter_dir is not None else
+                   "a full fine-tune's weights folder is the whole model: copy it as it is")
+            return f"{' and '.join(targets)}: {resolved.not_a_writer(kinds.NEEDS_WRITER)}; {fix}"
+        refused = next((why for t in targets if (why := kind.export_refusal(t))), "")
+        if refused:
+            return refused
+        if kind.lora_merge_refusal and resolved.adapter_dir is not None:
+            return f"{' and '.join(targets)}: {kind.lora_merge_refusal}"
+        if "onnx" in targets and not embed_python().exists():
+            return ONNX_INSTALL_FIX
+        if "gguf" in targets and kind.gguf_needs_converter:
+            return vision_gguf_problem(resolved)
+        return None
 
     def sees_images(self) -> bool:
         """Whether the source is a vision-language model (its GGUF export adds the mmproj projector file)."""

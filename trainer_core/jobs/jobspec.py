@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from trainer_core.jobs import checkpoints
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
-from trainer_core.methods.base import OUTPUT_USES
+from trainer_core import kinds
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, read_kind
 
@@ -120,29 +120,31 @@ class ResolvedSource:
 
 
     @property
-    def output(self) -> str:
-        """What the model is (MethodSpec.output): "text" for runs of methods that write answers; "reward",
-        "embedding", "speech" or "audio" otherwise. A base model is told by its config files (a Whisper model: speech;
-        a CSM model: audio)."""
-        if self.config is not None:
-            return self.config.method_spec.output
+    def kind(self) -> kinds.ModelKind:
+        """What the model is (trainer_core.kinds' capability row): a run's method decides it (MethodSpec.output),
+        keeping its base model's kind when both write answers (a vision model tuned with sft); a base model is told
+        by its config files (a Whisper model: speech; a CSM model: tts; a sentence-transformers folder: embedding).
+        Text when the files cannot be read (the worker names what is wrong when it loads the model; output_problem
+        says it here)."""
+        if self.config is not None and self.config.method_spec.output != "text":
+            return kinds.of_output(self.config.method_spec.output)
         from trainer_core.planning import model_info, modality  # reads JSON config files only
 
         try:
-            found = modality.detect_modality(self.base_model)
+            base = modality.detect_kind(self.base_model)
         except (model_info.ModelInfoError, OSError, ValueError):
-            return "text"  # the worker names what is wrong with the model when it loads it (output_problem says)
-        return {modality.SPEECH: "speech", modality.TTS: "audio"}.get(found.kind, "text")
+            base = kinds.get(kinds.TEXT)
+        return kinds.of_output("text", base) if self.config is not None else base
+
+    @property
+    def output(self) -> str:
+        """What the model produces, in MethodSpec.output's words: text, reward, embedding, speech or audio."""
+        return self.kind.output
 
     @property
     def sees_images(self) -> bool:
-        """Whether the model is a vision-language model (told from its base model's config files)."""
-        from trainer_core.planning import model_info, modality
-
-        try:
-            return modality.detect_modality(self.base_model).kind == modality.VISION
-        except (model_info.ModelInfoError, OSError, ValueError):
-            return False
+        """Whether the model is a vision-language model (a run of a method that writes answers on one, or the base)."""
+        return self.kind.sees_images
 
     @property
     def output_problem(self) -> str:
@@ -161,9 +163,10 @@ class ResolvedSource:
     def not_a_writer(self, doing: str) -> str | None:
         """Why this source cannot be ``doing`` ("served", "evaluated by its answers", "merged for export"): None
         for a model that writes answers. Serving, the Playground, generation metrics and GGUF all need one."""
-        if self.output == "text":
+        kind = self.kind
+        if kind.writes_answers:
             return None
-        use = OUTPUT_USES.get(self.output, "it does not write answers")
+        use = kind.uses or "it does not write answers"
         where = f" (its weights: {self.weights_dir})" if self.weights_dir is not None else ""
         return (f"{self.label} was trained with {self.config.method_label if self.config else 'its method'}, so it "
                 f"cannot be {doing}: {use}{where}")

@@ -47,19 +47,6 @@ class MetricSpec:
     chart: bool = True
 
 
-# What a run of a method that does not write answers can be used for instead (see MethodSpec.output).
-OUTPUT_USES = {
-    "reward": "it scores answers and does not write them: use it as a GRPO run's reward model "
-              "(grpo.rewards: [{reward_model: <this run>}])",
-    "embedding": "it turns text into vectors and does not write answers: load its weights folder with "
-                 "sentence-transformers (SentenceTransformer(folder)) for search and RAG",
-    "speech": "it transcribes audio and does not write chat answers: load its weights folder with transformers' "
-              "WhisperForConditionalGeneration and WhisperProcessor",
-    "audio": "it speaks text and does not write answers: try it in the Playground's Text to speech mode, or load its "
-             "weights folder with transformers' CsmForConditionalGeneration and AutoProcessor",
-}
-
-
 # The metrics every transformers.Trainer-based method logs (the generic progress callback reports them).
 TRAINER_METRICS = (
     MetricSpec("loss", "Train loss", axis="loss", tile=True),
@@ -135,9 +122,10 @@ class MethodSpec:
     # hashed, which the worker loads instead of the user's file). None: none.
     job_files: Callable[[Any, Path], None] | None = None
 
-    # What the trained model is, and so what the studio can do with it after training: "text" writes answers
-    # (Playground, serve, eval by generation, merged and GGUF export); "reward" scores answers (a GRPO run's
-    # reward model); "embedding" turns text into vectors; "speech" writes transcripts of audio; "audio" speaks text.
+    # What the trained model produces, and so its model kind (trainer_core.kinds: the capability row that says what
+    # the studio can do with it after training): "text" writes answers (the base model's kind then decides between
+    # text and vision-language); "reward" scores answers; "embedding" turns text into vectors; "speech" writes
+    # transcripts of audio; "audio" speaks text.
     output: str = "text"
 
     def activation_factor_of(self, cfg: Any) -> float:

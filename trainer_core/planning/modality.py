@@ -8,19 +8,22 @@ fit in max_seq_length: a cut ``<image>`` run is the "Image features and image to
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from trainer_core import kinds
+from trainer_core.kinds.base import Facts
 from trainer_core.planning import model_info
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
 from trainer_core.protocol import paths
 
-TEXT, VISION, SPEECH, TTS = "text", "vision", "speech", "tts"
-# Speech-to-text encoder-decoders (Whisper and its fine-tunes: distil-whisper, whisper-large-v3-turbo...)
-_SPEECH_TYPES = ("whisper",)
-_SPEECH_ARCH_HINTS = ("WhisperForConditionalGeneration", "ForSpeechSeq2Seq")
-# Text-to-speech models the tts method trains (Sesame CSM over the Mimi codec)
-_TTS_TYPES = ("csm",)
+# Kind names (trainer_core.kinds decides which a model folder is; this module reads what the form shows about it)
+TEXT, VISION, SPEECH, TTS, EMBEDDING = "text", "vision", "speech", "tts", "embedding"
+# Files of a model folder that decide a kind by their presence (kinds.base.Facts.files)
+_MARKER_FILES = ("modules.json",)
+_FACT_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", *_MARKER_FILES)
 # Model types whose processors tile or resize images to a size of their own: tokens per image depend on the image.
 _DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolution)",
             "qwen2_5_vl": "grows with the image's pixels (Qwen2.5-VL dynamic resolution)",
@@ -32,7 +35,6 @@ _DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolut
             "mllama": "one block per tile (up to max_image_tiles)",
             "mistral3": "grows with the image's pixels (Pixtral patches)",
             "pixtral": "grows with the image's pixels (Pixtral patches)"}
-_VISION_ARCH_HINTS = ("ForConditionalGeneration", "ImageTextToText", "VisionText", "Vision2Seq")
 # Model types whose tokens per image follow the image's pixels: one token per (patch x merge)-px square block.
 _PIXEL_TOKENS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mistral3", "pixtral")
 
@@ -42,7 +44,7 @@ class ModalityInfo:
     """What the form shows about a model's inputs. ``image_tokens`` is the smallest number of tokens one image
     takes (the fixed count for fixed-size models, the base block for tiled or dynamic ones; 0 when unknown)."""
 
-    kind: str  # TEXT, VISION, SPEECH or TTS
+    kind: str  # a kind name of trainer_core.kinds: TEXT, VISION, SPEECH, TTS or EMBEDDING
     architecture: str
     model_type: str
     vision_tower: str = ""  # the vision config's model_type, e.g. siglip_vision_model
@@ -88,6 +90,8 @@ class ModalityInfo:
         if self.kind == SPEECH:
             return (f"Speech-to-text model ({self.architecture}): trains on audio clips with transcripts, "
                     f"{self.sampling_rate or 16000} Hz, up to {self.audio_window_s or 30:g} s per clip.")
+        if self.kind == EMBEDDING:
+            return f"Embedding model ({self.architecture}): trains on pairs or triplets of texts (method embedding)."
         if not self.is_vision:
             return f"Text model ({self.architecture}): trains on chat or text data."
         parts = [f"Vision-language model ({self.architecture})"]
@@ -106,17 +110,43 @@ class ModalityInfo:
         return ", ".join(parts) + "."
 
 
-def detect_modality(model_name: str, token: str | None = None) -> ModalityInfo:
-    """The modality of the bundled model, a local folder or a hub id (hub: the local cache first, then the small
-    JSON files). Raises ``model_info.ModelInfoError`` (field model_name) when the config cannot be read."""
+_BUNDLED_FACTS = Facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+_facts: dict[tuple[str, Any], Facts] = {}
+_facts_lock = threading.Lock()
+
+
+def model_facts(model_name: str, token: str | None = None) -> Facts:
+    """What the bundled model, a local folder or a hub id says about itself (config.json, the merged
+    (pre)processor config, its marker files), read once per version of its files (hub: the local cache first, then
+    the small JSON files). The folder is checked against the allowed roots on every call, cached or not. Raises
+    ``model_info.ModelInfoError`` (field model_name) when the config cannot be read."""
     name = model_name.strip()
     if name == BUNDLED_MODEL:
-        return ModalityInfo(TEXT, "LlamaForCausalLM", "llama")
+        return _BUNDLED_FACTS
     folder = _folder(name, token)
-    config = model_info._read_json(folder / "config.json")
-    processor = {**model_info._read_json(folder / "preprocessor_config.json", missing_ok=True),
-                 **model_info._read_json(folder / "processor_config.json", missing_ok=True)}
-    return from_configs(config, processor)
+    key = (str(folder), *(model_info._mtime(folder / f) for f in _FACT_FILES))
+    with _facts_lock:
+        if key in _facts:
+            return _facts[key]
+    facts = Facts(model_info._read_json(folder / "config.json"),
+                  {**model_info._read_json(folder / "preprocessor_config.json", missing_ok=True),
+                   **model_info._read_json(folder / "processor_config.json", missing_ok=True)},
+                  frozenset(f for f in _MARKER_FILES if (folder / f).is_file()))
+    with _facts_lock:
+        _facts[key] = facts
+    return facts
+
+
+def detect_kind(model_name: str, token: str | None = None) -> kinds.ModelKind:
+    """The model kind of a base model (trainer_core.kinds' capability row). Raises ``model_info.ModelInfoError``."""
+    return kinds.detect(model_facts(model_name, token))
+
+
+def detect_modality(model_name: str, token: str | None = None) -> ModalityInfo:
+    """The modality of the bundled model, a local folder or a hub id, with what the form shows about its inputs.
+    Raises ``model_info.ModelInfoError`` (field model_name) when the config cannot be read."""
+    facts = model_facts(model_name, token)
+    return from_configs(facts.config, facts.processor, facts.files)
 
 
 def _folder(name: str, token: str | None) -> Path:
@@ -137,28 +167,25 @@ def _folder(name: str, token: str | None) -> Path:
     return config_path.parent
 
 
-def from_configs(config: dict, processor: dict | None = None) -> ModalityInfo:
-    """The modality from a model's config.json and its merged (pre)processor config (JSON dicts)."""
+def from_configs(config: dict, processor: dict | None = None, files: frozenset[str] = frozenset()) -> ModalityInfo:
+    """The modality from a model's config.json and its merged (pre)processor config (JSON dicts): its kind
+    (trainer_core.kinds.detect) and the facts about its inputs that kind has."""
     processor = processor or {}
-    names = config.get("architectures")  # a list of class names as transformers writes it; the file is the user's
-    architecture = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "unknown"
-    model_type = str(config.get("model_type") or "unknown")
-    if model_type in _TTS_TYPES:
+    facts = Facts(config, processor, files)
+    kind, architecture, model_type = kinds.detect(facts).name, facts.architecture, facts.model_type
+    if kind == TTS:
         codec = config.get("codec_config") if isinstance(config.get("codec_config"), dict) else {}
         return ModalityInfo(TTS, architecture, model_type, sampling_rate=_int(codec.get("sampling_rate")) or 24000,
                             codec=str(codec.get("model_type") or ""), codebooks=_int(config.get("num_codebooks")))
-    if model_type in _SPEECH_TYPES or any(hint in architecture for hint in _SPEECH_ARCH_HINTS):
+    if kind == SPEECH:
         extractor = processor.get("feature_extractor") if isinstance(processor.get("feature_extractor"), dict) \
             else processor  # transformers 5 nests it in processor_config.json; older files are flat
         return ModalityInfo(SPEECH, architecture, model_type,
                             audio_window_s=float(_int(extractor.get("chunk_length")) or 30),
                             sampling_rate=_int(extractor.get("sampling_rate")) or 16000)
-    vision = config.get("vision_config")
-    if not isinstance(vision, dict):
-        if any(hint in architecture for hint in _VISION_ARCH_HINTS) and "image_token_index" in config:
-            vision = {}
-        else:
-            return ModalityInfo(TEXT, architecture, model_type)
+    if kind != VISION:
+        return ModalityInfo(kind, architecture, model_type)
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
     image_size = _int(vision.get("image_size")) or _size(processor.get("size")) or _size(processor.get("crop_size"))
     patch_size = _int(vision.get("patch_size")) or _int(processor.get("patch_size"))
     return ModalityInfo(

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import psutil
 
+from trainer_core import kinds
 from trainer_core.host import hardware
 from trainer_core.config import FieldError
 from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
@@ -189,11 +190,10 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
     (LoRA) on it; full fine-tunes of their own and several bases need the transformers engine, and so do speech
     models (transformers serve's /v1/audio/transcriptions)."""
     if any(is_embedding(r) for r in resolved):
-        return "embedding models are served by infinity-emb (/v1/embeddings)"
-    if any(r.output == "speech" for r in resolved):
-        return "speech-to-text models are served by transformers serve (/v1/audio/transcriptions)"
-    if any(r.output not in SERVED_OUTPUTS for r in resolved):  # the source check names what it is for instead
-        return "vLLM serves models that write answers"
+        return kinds.get("embedding").vllm
+    refused = next((r.kind.vllm for r in resolved if r.kind.vllm), "")  # the row says why (and what serves it)
+    if refused:
+        return refused
     if any(r.model_dir is not None for r in resolved):
         return "a full fine-tune is a model of its own: vLLM serves one base with adapters"
     bases = {r.base_model for r in resolved}
@@ -202,24 +202,14 @@ def vllm_fits(resolved: list[ResolvedSource]) -> str:
     return ""
 
 
-# What a serve job serves: models that write answers (chat and completions), speech-to-text models
-# (transcriptions) and embedding models (/v1/embeddings, through infinity-emb); reward and text-to-speech models
-# have no OpenAI route here (jobspec.ResolvedSource.not_a_writer says what each is for instead).
-SERVED_OUTPUTS = ("text", "speech")
-# Why "served" is refused, by what the model is, where not_a_writer's use alone would not say it
-NOT_SERVED_BECAUSE = {
-    "audio": "served: no server here generates speech over an OpenAI-compatible API (transformers serve has no "
-             "/v1/audio/speech route for it, and vLLM does not run CSM)",
-}
-
-
 def serve_problem(resolved: ResolvedSource) -> str | None:
     """Why ``resolved`` cannot be served (None when it can): it writes answers, transcribes or embeds, or it cannot."""
     if is_embedding(resolved):
         return embedding_problem(resolved)
-    if resolved.output in SERVED_OUTPUTS:
+    kind = resolved.kind
+    if kind.served:
         return None
-    return resolved.not_a_writer(NOT_SERVED_BECAUSE.get(resolved.output, "served"))
+    return resolved.not_a_writer(kind.not_served or "served")
 
 
 def choose_serve_engine(requested: str, resolved: list[ResolvedSource]) -> str:

@@ -18,7 +18,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer_core import kinds
 from trainer_core.auth import access
+from trainer_core.kinds.base import SPEAK
 from trainer_core.jobs import jobspec
 from trainer_core.methods import tts
 from trainer_core.protocol.errors import FieldError
@@ -78,7 +80,7 @@ class RunVoice:
 def run_voice(run_id: str) -> RunVoice:
     """The run's default speaker and cap (SourceError when the run is gone or is not a tts run)."""
     cfg = jobspec.run_config(run_id)
-    if cfg.method_spec.output != "audio":
+    if kinds.of_output(cfg.method_spec.output).playground != SPEAK:
         raise jobspec.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick a tts "
                                   "run", "run")
     settings = tts.settings_of(cfg)
@@ -123,7 +125,7 @@ def _resolved(source: jobspec.ModelSource) -> tuple[jobspec.ResolvedSource | Non
     problem = resolved.output_problem
     if problem:
         return None, resolved.label, problem
-    if resolved.output != "audio":
+    if resolved.kind.playground != SPEAK:
         return None, resolved.label, (f"it does not speak (a {resolved.output} model): pick a CSM text-to-speech "
                                       "model or a tts run")
     return resolved, resolved.label, ""
