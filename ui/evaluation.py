@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from db.entities import EvalResultRecord, RunRecord
+from trainer_core import kinds, methods
 from trainer_core.jobs import jobspec
 from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.config import ConfigError
@@ -363,8 +364,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         hub_col.text_input("Dataset id", key=K + "hub", placeholder="org/name")
         split_col.text_input("Split", value="test", key=K + "hub_split")
     method = _method(run.id)
-    embedding = method == "embedding"
-    default = ["retrieval"] if embedding else ["wer", "cer"] if method == "stt" else DEFAULT_METRICS
+    default = list(_kind_of_method(method).eval_defaults or DEFAULT_METRICS)
     metrics = st.multiselect("Metrics", list(METRICS), default=default,
                              key=K + "metrics",
                              help="preference_accuracy: test data of preference pairs (prompt/chosen/rejected); "
@@ -415,6 +415,11 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         return
     st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
                icon="🧪")
+
+
+def _kind_of_method(method: str) -> kinds.ModelKind:
+    """The model kind of a run of ``method`` (text when unknown): its row names the metrics the form picks first."""
+    return kinds.of_output(methods.METHODS[method].output if method in methods.METHODS else "text")
 
 
 def _method(run_id: str) -> str:

@@ -13,7 +13,8 @@ import streamlit as st
 from trainer_core.planning import model_info
 from trainer_core.data import DatasetError
 from trainer_core.data import images as image_data
-from trainer_core.planning.modality import SPEECH, TTS, ModalityInfo, detect_modality
+from trainer_core import kinds
+from trainer_core.planning.modality import ModalityInfo, detect_modality
 from ui import image_check
 from ui.text import safe
 
@@ -38,7 +39,7 @@ def modality_panel(name: str, token: str | None, max_seq_length: int) -> Modalit
     if not name:
         return None
     info, _ = modality_cached(name, token)
-    if info is not None and info.kind in (SPEECH, TTS):
+    if info is not None and "speech" in kinds.get(info.kind).data_shapes:  # speech-to-text and text-to-speech
         st.info(safe(info.summary()), icon="🔊")
         return info
     if info is None or not info.is_vision:

@@ -140,6 +140,7 @@ def test_every_kind_names_its_worker_half_and_playground():
         assert (row.playground == "chat") is row.writes_answers
         assert bool(row.uses) is (not row.writes_answers)
         assert set(row.default_exports) <= set(EXPORT_TARGETS)
+        assert set(row.eval_defaults) <= set(row.eval_metrics) and bool(row.eval_defaults) is bool(row.eval_metrics)
         assert not any(row.export_refusal(t) for t in row.default_exports), row.name
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
+from trainer_core import kinds
 from trainer_core.data import DatasetError
 from trainer_core.data.formats import MAX_DROP_EXAMPLES, NormalizedData, no_usable_rows
 from trainer_core.protocol import paths
@@ -282,24 +283,19 @@ def _speaker_id(value: Any, default: int | None) -> int | None:
 
 
 def model_problems(cfg: Any, field_name: str) -> list[DatasetError]:
-    """What the model says about speech data before start: a speech-to-text model (Whisper-style) for method stt,
-    a text-to-speech model (CSM) for method tts."""
+    """What the model says about speech data before start: a model of the kind the method trains (a Whisper-style
+    speech-to-text model for method stt, a CSM text-to-speech model for method tts)."""
     from trainer_core.planning import model_info, modality  # reads the model's config files: only when audio is in play
 
     try:
         found = modality.detect_modality(cfg.model_name)
     except model_info.ModelInfoError:
         return []  # the model field's own check says what is wrong with it
-    if getattr(cfg, "method", "stt") == "tts":
-        if found.kind != modality.TTS:
-            return [DatasetError("model_name", f"{cfg.model_label} is not a text-to-speech model "
-                                               f"({found.architecture}): method tts trains Sesame CSM models "
-                                               "(e.g. sesame/csm-1b, unsloth/csm-1b)")]
-        return []
-    if found.kind != modality.SPEECH:
-        return [DatasetError("model_name", f"{cfg.model_label} is not a speech-to-text model ({found.architecture}), "
-                                           f"but {field_name} holds speech: choose a Whisper model (e.g. "
-                                           "openai/whisper-tiny, openai/whisper-small)")]
+    wanted = kinds.of_run(getattr(cfg, "method", "stt"))  # the kind the method trains (its row: what to choose)
+    if found.kind != wanted.name:
+        return [DatasetError("model_name", f"{cfg.model_label} is not a {wanted.label.lower()} model "
+                                           f"({found.architecture}), but {field_name} holds speech: "
+                                           f"{wanted.method_fix}")]
     return []
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from trainer_core import kinds
 from trainer_core.data import DatasetError
 from trainer_core.data.formats import (MAX_DROP_EXAMPLES, ROLE_ALIASES, NormalizedData, as_turn_list,
                                        no_usable_rows)
@@ -299,9 +300,9 @@ def model_problems(cfg: Any, data_has_images: bool, field_name: str) -> list[Dat
     except model_info.ModelInfoError:
         return problems  # the model field's own check says what is wrong with it
     if not found.is_vision:
-        problems.append(DatasetError("model_name", f"{cfg.model_label} is a text model ({found.architecture}), but "
-                                     f"{field_name} holds images: choose a vision-language model (e.g. SmolVLM, "
-                                     "Qwen2.5-VL, Gemma 3, LLaVA), or a dataset without images"))
+        problems.append(DatasetError("model_name", f"{cfg.model_label} is a {kinds.get(found.kind).label.lower()} "
+                                     f"model ({found.architecture}), but {field_name} holds images: "
+                                     f"{kinds.get(modality.VISION).method_fix}, or a dataset without images"))
     elif found.image_tokens and cfg.max_seq_length <= found.image_tokens:
         problems.append(DatasetError("max_seq_length", f"is {cfg.max_seq_length}, but one image takes "
                                      f"{found.image_tokens} tokens in {cfg.model_label}: the <image> run would be "

@@ -57,11 +57,13 @@ class ModelKind:
       ``detected_by`` says how, for the docs.
     * ``output``: what a run of it produces, in ``MethodSpec.output``'s words (text, reward, embedding, speech,
       audio): the method decides the kind of its runs, the model's files the kind of a base model.
-    * ``methods`` / ``adapters``: what trains it; ``method_fix``: what to do when another method meets this kind.
+    * ``methods`` / ``adapters``: what trains it; ``method_fix``: what to choose when a model of
+      another kind meets this kind's methods (or its data).
     * ``serve_routes``: its OpenAI-compatible routes (empty: not served; ``not_served`` completes "it cannot be
       ..." and ``uses`` says what instead); ``serve_engine``: the server that answers them; ``vllm``: why vLLM
       cannot serve it ("" when it can).
-    * ``eval_metrics``: what an eval job scores it with; a kind with none is refused by eval jobs, saying what it
+    * ``eval_metrics``: what an eval job scores it with (``eval_defaults``: what the Eval form picks first); a kind
+      with none is refused by eval jobs, saying what it
       cannot be (``not_evaluated``) and where its quality shows instead (``eval_instead``).
     * ``exports``: target -> "" (offered) or why it is refused; ``default_exports``: what the Export form offers
       first; ``gguf_needs_converter``: GGUF only where llama.cpp's installed converter knows the architecture
@@ -91,6 +93,7 @@ class ModelKind:
     samples: str
     worker: str
     eval_metrics: tuple[str, ...] = ()
+    eval_defaults: tuple[str, ...] = ()
     not_evaluated: str = ""
     eval_instead: str = ""
     not_served: str = ""

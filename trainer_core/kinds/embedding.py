@@ -22,11 +22,12 @@ KIND = ModelKind(
     data_shapes=("pairs", "triplets", "scored pairs"),
     methods=("embedding",),
     adapters=("lora", "full"),
-    method_fix="method embedding trains sentence-transformers models (e.g. the bundled all-MiniLM-L6-v2)",
+    method_fix="choose a sentence-transformers model (e.g. the bundled all-MiniLM-L6-v2)",
     serve_routes=("/v1/embeddings",),
     serve_engine="infinity-emb (its own venv, .venv-embed)",
     vllm="embedding models are served by infinity-emb (/v1/embeddings)",
     eval_metrics=("retrieval",),
+    eval_defaults=("retrieval",),
     exports={"gguf": "gguf: an embedding model is exported as a sentence-transformers folder (merged), which "
                      "SentenceTransformer(path) loads, not as GGUF"},
     default_exports=("merged",),

@@ -27,6 +27,7 @@ KIND = ModelKind(
     serve_engine="transformers serve",
     vllm="speech-to-text models are served by transformers serve (/v1/audio/transcriptions)",
     eval_metrics=("wer", "cer"),
+    eval_defaults=("wer", "cer"),
     exports={"gguf": "gguf: a speech-to-text model is not converted to GGUF here (llama.cpp's converter takes "
                      "language models): export merged",
              "onnx": NO_ONNX},
