@@ -101,7 +101,7 @@ def main() -> int:
     from db.store import Store
     from trainer_core.config import BUNDLED_MODEL
     from trainer_core.jobs.orchestrator import Orchestrator
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
     from trainer_core.serving.client import ChatStream, Sampling, stream_chat
     from trainer_core.serving.gate import GateConfig, KeyGate
 

@@ -38,7 +38,7 @@ def main() -> int:
     from trainer_core.config import BUNDLED_MODEL
     from trainer_core.export.spec import ExportSpec
     from trainer_core.jobs.orchestrator import Orchestrator
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
     from trainer_core.protocol import events as ev, paths
     from trainer_core.protocol.status import RunStatus
 

@@ -132,7 +132,7 @@ class EvalResult(SQLModel, table=True):
     a baseline being computed is found and not queued twice; filled from its eval_result event."""
 
     job_id: str = Field(primary_key=True, foreign_key="run.id", max_length=64)
-    source_key: str = ""  # jobspec.ModelSource.key: base:<model>, run:<id> or run:<id>@<step>
+    source_key: str = ""  # model_source.ModelSource.key: base:<model>, run:<id> or run:<id>@<step>
     source_run_id: str = Field(default="", index=True, max_length=64)  # "" for a base model
     checkpoint: Optional[int] = None
     base_model: str = ""

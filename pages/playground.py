@@ -19,12 +19,12 @@ import streamlit as st
 
 from trainer_core.tryout import chat_prompt
 from trainer_core.config import promptsets
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.kinds.base import SEARCH, SPEAK, TRANSCRIBE
 from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind
 from trainer_core.views.run_rules import run_labels
 from trainer_core.serving.client import Sampling
@@ -288,7 +288,7 @@ if tools[2].toggle("Show prompt", key=K + "show_prompt", disabled=not turns,
         with col:
             try:
                 with st.spinner("Loading the tokenizer…"):
-                    rendered = chat_prompt.render(jobspec.resolve(ModelSource.from_key(c.key)),
+                    rendered = chat_prompt.render(model_source.resolve(ModelSource.from_key(c.key)),
                                                   pg.messages_for(system, turns[:-1], c.key, turns[-1].user))
             except (SourceError, chat_prompt.PromptRenderError) as exc:
                 st.error(safe(shown(exc)), icon="🚫")

@@ -381,7 +381,7 @@ def test_jobs_that_load_a_run_trusting_remote_code_are_an_admins(home):
     from tests.test_jobspec import make_run
     from trainer_core.evaluation.spec import EvalSpec
     from trainer_core.export.spec import ExportSpec
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
     from trainer_core.serving.spec import ServeSpec
 
     make_run("20260101-000000-trusts")

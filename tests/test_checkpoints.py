@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainer_core.protocol import paths
-from trainer_core.jobs.checkpoints import completed_checkpoints, latest_checkpoint, remove_partial_checkpoints
+from trainer_core.specs.checkpoints import completed_checkpoints, latest_checkpoint, remove_partial_checkpoints
 from trainer_core.protocol.paths import UnsafePathError
 
 

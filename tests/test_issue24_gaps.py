@@ -22,12 +22,12 @@ from db.store import Store
 from tests.jobs.test_rebuild import wipe
 from tests.support import ROOT, fake
 from tests.test_jobspec import make_run
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import BUNDLED_MODEL, ConfigError
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import evals, rebuild
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind

@@ -8,10 +8,11 @@ from typing import ClassVar
 import pytest
 
 from tests.support import fake, wait_until
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec, model_source
 from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
 from trainer_core.jobs.launcher import WorkerLauncher
-from trainer_core.jobs.jobspec import JobSpec, ModelSource, SourceError, resolve
+from trainer_core.specs.model_source import ModelSource, SourceError, resolve
+from trainer_core.specs.jobspec import JobSpec
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, read_kind
 
@@ -60,7 +61,7 @@ def test_final_adapter_and_checkpoints_resolve_to_their_folders(home):
     step = resolve(ModelSource(run_id="r1", checkpoint=20))
     assert step.adapter_dir == paths.run_dir("r1") / "checkpoints" / "checkpoint-20"
     assert step.served_name == "support-tone-v2-step20"
-    assert jobspec.checkpoint_steps("r1") == [10, 20]
+    assert model_source.checkpoint_steps("r1") == [10, 20]
 
 
 def test_a_checkpoint_still_being_saved_is_no_source(home):
@@ -158,7 +159,7 @@ def test_submit_refuses_a_spec_with_problems(orch, home):
 
 
 def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after_it(orch, home, monkeypatch):
-    import trainer_core.jobs.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
+    import trainer_core.specs.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
     monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
     make_run("src", steps=(2,))
     pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
@@ -268,7 +269,7 @@ def _wrong_values(hint) -> list:
 
 
 def _every_spec_field():
-    import trainer_core.jobs.jobkinds  # noqa: F401  (registers every kind's spec class)
+    import trainer_core.specs.jobkinds  # noqa: F401  (registers every kind's spec class)
 
     for kind, cls in sorted(jobspec.SPEC_TYPES.items(), key=lambda item: item[0].value):
         if cls.__module__.startswith("tests."):

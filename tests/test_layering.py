@@ -217,3 +217,174 @@ def test_every_long_module_says_why_it_is_kept_whole():
                 unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert unexplained == [], "split these modules, or say why each is one module ('Kept whole: ...' in its " \
                               f"docstring): {unexplained}"
+
+
+# ---- issue 30 #2: packages in layers (docs/architecture.md, "Layers")
+# Lowest row first. A package imports only from its own row or the rows below it, lazy imports (inside functions)
+# included and ``if TYPE_CHECKING:`` imports left out (they never run), and no packages import each other around a
+# circle (same row included). Something two rows need moves down, not sideways.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("trainer_core.protocol", "trainer_core.auth", "trainer_core.host"),  # shared vocabulary, who may, this host
+    ("trainer_core.methods", "trainer_core.rewards"),  # methods' dashboard halves and the rewards GRPO learns from
+    ("trainer_core.config",),  # the one TrainConfig: its method sections come from the method registry
+    ("trainer_core.planning", "trainer_core.data"),  # what a model is and needs; datasets and their preview
+    ("trainer_core.kinds",),  # the model-kind registry (may import protocol, config, data, planning, methods)
+    ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
+    ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
+    ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
+    ("trainer_core.tryout", "trainer_core.views"),  # trying a model; what pages draw
+    ("gateway",),  # the shared mode's sign-in service
+    ("ui", "trainer_core.cli", "trainer_core.__main__"),  # the surfaces: the dashboard's ui/ (pages/ above) and the CLI
+)
+BESIDE = "trainer_core.worker"  # the worker process: may import every row below the surfaces; nothing imports it
+SURFACES = LAYERS[-1]
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def all_imports(name: str, path, modules) -> list[tuple[int, str]]:
+    """(line, project module) for every import of module ``name``, at module level and inside functions, except
+    those under ``if TYPE_CHECKING:``. ``from package import x`` imports module ``package.x`` when that is a module."""
+    is_package = path.name == "__init__.py"
+    found: list[tuple[int, str]] = []
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and is_type_checking(child.test):
+                for other in child.orelse:
+                    visit_one(other)
+                continue
+            visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, resolve(a.name)) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                module = ".".join(base[:len(base) - node.level + 1] + ([module] if module else []))
+            found.extend((node.lineno, resolve(f"{module}.{a.name}") if f"{module}.{a.name}" in modules
+                          else resolve(module)) for a in node.names)
+        visit(node)
+
+    visit(ast.parse(path.read_text()))
+    return [(line, m) for line, m in found if m and m != name]
+
+
+def unit_of(module: str) -> str | None:
+    """The package a module counts for: trainer_core's sub-packages (and its __main__, the CLI) one by one, and the
+    top-level packages whole. None for trainer_core's own (empty) __init__."""
+    parts = module.split(".")
+    if parts[0] != "trainer_core":
+        return parts[0]
+    return ".".join(parts[:2]) if len(parts) > 1 else None
+
+
+def package_imports() -> list[tuple[str, str, str, int, str]]:
+    """(importing package, imported package, importing file, line, imported module) for every import that crosses
+    from one package to another."""
+    modules = module_files()
+    edges = []
+    for name, path in modules.items():
+        for line, target in all_imports(name, path, modules):
+            source, dest = unit_of(name), unit_of(target)
+            if source and dest and source != dest:
+                edges.append((source, dest, str(path.relative_to(ROOT)), line, target))
+    return edges
+
+
+def layer_problems(edges) -> list[str]:
+    row = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    problems = []
+    for source, dest, file, line, target in edges:
+        if dest == BESIDE:
+            problems.append(f"{file}:{line} imports {target}: nothing outside {BESIDE} imports the worker")
+        elif source == BESIDE:
+            if dest in SURFACES:
+                problems.append(f"{file}:{line} imports {target}: the worker imports nothing of the surfaces {SURFACES}")
+        elif source not in row or dest not in row:
+            problems.append(f"{file}:{line} imports {target}: give {source if source not in row else dest} a row "
+                            "in tests/test_layering.py's LAYERS (and docs/architecture.md)")
+        elif row[dest] > row[source]:
+            problems.append(f"{file}:{line} imports {target}: {source} (row {row[source]}) may not import {dest} "
+                            f"(row {row[dest]}, above it); move what both need down")
+    return problems
+
+
+def cycle_problems(edges) -> list[str]:
+    graph: dict[str, set[str]] = {}
+    for source, dest, *_ in edges:
+        graph.setdefault(source, set()).add(dest)
+    row = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    problems = []
+    for cycle in import_cycles(graph):
+        members = set(cycle)
+        inside = [e for e in edges if e[0] in members and e[1] in members]
+        inside.sort(key=lambda e: row.get(e[1], len(LAYERS)) <= row.get(e[0], len(LAYERS)))  # upward ones first
+        where = [f"{file}:{line} imports {target}" for source, dest, file, line, target in inside]
+        problems.append(f"{' <-> '.join(cycle)} import each other: " + "; ".join(where[:12]))
+    return problems
+
+
+def test_every_package_imports_only_from_its_row_or_below():
+    edges = package_imports()
+    assert any(e[2] == "trainer_core/jobs/orchestrator.py" and e[1] == "db" for e in edges)  # the graph sees imports
+    assert any(e[0] == "trainer_core.data" and e[1] == "trainer_core.planning" for e in edges)  # lazy ones too
+    known = {unit for units in LAYERS for unit in units} | {BESIDE}
+    packages = {unit_of(name) for name in module_files()} - {None}
+    assert packages - known == set(), "give each package a row in LAYERS"
+    assert layer_problems(edges) == []
+
+
+def test_no_two_packages_import_each_other():
+    assert cycle_problems(package_imports()) == []
+
+
+
+def test_db_imports_only_the_protocol_and_auth_of_trainer_core():
+    """db/ sits in row 5 so that the job kinds and jobs/ may use it; it needs nothing of trainer_core but the shared
+    vocabulary and the roles of users (auth)."""
+    assert {e[1] for e in package_imports() if e[0] == "db"} == {"trainer_core.protocol", "trainer_core.auth"}
+
+
+def test_the_layer_checks_name_the_bad_import():
+    """The checks fail, naming file, line and module: an upward import, an import of the worker, a package
+    without a row, and a circle within one row."""
+    edges = [("trainer_core.config", "trainer_core.jobs", "trainer_core/config/checks.py", 7, "trainer_core.jobs.queue"),
+             ("trainer_core.jobs", "trainer_core.worker", "trainer_core/jobs/pump.py", 9, "trainer_core.worker.train"),
+             ("trainer_core.newthing", "trainer_core.protocol", "trainer_core/newthing/a.py", 3, "trainer_core.protocol"),
+             ("trainer_core.worker", "ui", "trainer_core/worker/train.py", 5, "ui.form"),
+             ("trainer_core.jobs", "trainer_core.config", "trainer_core/jobs/queue.py", 4, "trainer_core.config")]
+    problems = layer_problems(edges)
+    assert problems[0] == ("trainer_core/config/checks.py:7 imports trainer_core.jobs.queue: trainer_core.config "
+                           "(row 2) may not import trainer_core.jobs (row 7, above it); move what both need down")
+    assert problems[1].startswith("trainer_core/jobs/pump.py:9 imports trainer_core.worker.train: nothing outside")
+    assert problems[2].startswith("trainer_core/newthing/a.py:3 imports trainer_core.protocol: give "
+                                  "trainer_core.newthing a row")
+    assert problems[3].startswith("trainer_core/worker/train.py:5 imports ui.form: the worker imports nothing")
+    assert len(problems) == 4
+    sideways = [("trainer_core.data", "trainer_core.planning", "trainer_core/data/audio.py", 287, "trainer_core.planning.modality"),
+                ("trainer_core.planning", "trainer_core.data", "trainer_core/planning/memory.py", 30, "trainer_core.data.sources")]
+    assert layer_problems(sideways) == []
+    assert cycle_problems(sideways) == [
+        "trainer_core.data <-> trainer_core.planning import each other: trainer_core/data/audio.py:287 imports "
+        "trainer_core.planning.modality; trainer_core/planning/memory.py:30 imports trainer_core.data.sources"]
+
+
+if __name__ == "__main__":  # `python tests/test_layering.py`: the package graph's circles and upward imports
+    found = package_imports()
+    pairs = sorted({tuple(sorted((e[0], e[1]))) for e in found if any(f[0] == e[1] and f[1] == e[0] for f in found)})
+    in_cycles = sorted({unit for cycle in import_cycles({s: {d for s2, d, *_ in found if s2 == s} for s, *_ in found})
+                        for unit in cycle})
+    print(f"{len(in_cycles)} packages in circles: {', '.join(in_cycles) or 'none'}")
+    print(f"{len(pairs)} pairs that import each other: {', '.join(' <-> '.join(p) for p in pairs) or 'none'}")
+    print("\n".join(layer_problems(found)) or "no import from a lower row to a higher one")

@@ -21,7 +21,7 @@ from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
 from trainer_core.config import promptsets
 from trainer_core.auth.access import Role
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.serving.client import Sampling

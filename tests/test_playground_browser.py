@@ -16,7 +16,7 @@ from tests.browser_support import StreamlitServer, wait_until
 from tests.fake_openai import FakeOpenAI
 from tests.support import ROOT
 from trainer_core.config import BUNDLED_MODEL
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from tests.test_browser import PAGE_TIMEOUT_S, chromium, page  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.browser

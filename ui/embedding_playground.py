@@ -9,10 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.tryout import search
 from trainer_core.evaluation import retrieval
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from ui import playground as pg
 from ui.text import safe
 
@@ -67,7 +67,7 @@ def render(orch: Any, actor: Any, may_start: bool, runs: list[RunRecord], labels
                                      query_prompt=settings.get("query_prompt", ""),
                                      document_prompt=settings.get("document_prompt", ""),
                                      max_seq_length=int(settings.get("max_seq_length", 0) or 0),
-                                     labels=tuple(jobspec.resolve(s).label for s in sources))
+                                     labels=tuple(model_source.resolve(s).label for s in sources))
             with st.spinner("Embedding the query and the passages…"):
                 st.session_state[RESULTS] = (request.passages, search.search(request))
         except (search.SearchError, SourceError) as exc:

@@ -16,7 +16,7 @@ import streamlit as st
 
 from db.entities import EvalResultRecord, RunRecord
 from trainer_core import kinds, methods
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.config import ConfigError
 from trainer_core.data import DatasetError
@@ -343,7 +343,7 @@ def hits_table(hits: list) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------- starting one
 def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
-    steps = jobspec.checkpoint_steps(run.id)
+    steps = model_source.checkpoint_steps(run.id)
     sources = ["final", *[f"step {s}" for s in steps], "base"]
     which = st.selectbox("Model", sources, key=K + "source",
                          format_func=lambda s: {"final": "Final model", "base": "Base model (no fine-tuning)"}.get(s, s))
@@ -395,8 +395,8 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         st.error(safe(shown(problem, actor)))
         return
     try:
-        source = (jobspec.ModelSource(model=jobspec.run_config(run.id).model_name) if which == "base" else
-                  jobspec.ModelSource(run_id=run.id, checkpoint=None if which == "final" else int(which.split()[1])))
+        source = (model_source.ModelSource(model=model_source.run_config(run.id).model_name) if which == "base" else
+                  model_source.ModelSource(run_id=run.id, checkpoint=None if which == "final" else int(which.split()[1])))
         spec = EvalSpec(source=source, data=data, metrics=list(metrics), max_samples=int(max_samples),
                         max_new_tokens=int(max_new), temperature=float(temperature), judge_url=judge_url.strip(),
                         judge_model=judge_model.strip(), judge_key_env=judge_key_env.strip(), judge_rubric=rubric,
@@ -410,7 +410,7 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
     except ConfigError as exc:
         st.error("  \n".join(f"**{safe(e.field)}**: {safe(shown(e.message, actor))}" for e in exc.errors))
         return
-    except (jobspec.SourceError, RunRefused) as exc:
+    except (model_source.SourceError, RunRefused) as exc:
         st.error(safe(shown(exc, actor)))
         return
     st.success(f"Evaluation {code(job_id)} submitted" + (f"; base-model baseline {code(baseline_id)}" if baseline_id else ""),
@@ -424,8 +424,8 @@ def _kind_of_method(method: str) -> kinds.ModelKind:
 
 def _method(run_id: str) -> str:
     try:
-        return jobspec.run_config(run_id).method
-    except jobspec.SourceError:
+        return model_source.run_config(run_id).method
+    except model_source.SourceError:
         return ""
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from db.entities import ArtifactRecord, RunRecord
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec, model_source
 from trainer_core.config import promptsets
 from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.config import ConfigError
@@ -105,7 +105,7 @@ def render_export(orch: Orchestrator, run: RunRecord) -> None:
 
 def _form(orch: Orchestrator, run: RunRecord) -> None:
     with st.expander("New export", icon="📦"):
-        steps = jobspec.checkpoint_steps(run.id)
+        steps = model_source.checkpoint_steps(run.id)
         choice = st.selectbox("Model", ["final", *steps], key=f"export_source_{run.id}",
                               format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
         targets = st.multiselect("Targets", TARGETS, default=default_targets(orch.run_config(run.id)),
@@ -139,7 +139,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                    "; the artifacts land in the job folder there")
         if not st.button("Start export", icon="📦", key=f"export_start_{run.id}"):
             return
-        spec = ExportSpec(source=jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
+        spec = ExportSpec(source=model_source.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
                           targets=targets, quantizations=quants, merged_dtype=dtype, verify=verify,
                           prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private,
                           push_update=update and bool(repo.strip()),

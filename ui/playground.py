@@ -26,10 +26,10 @@ import pandas as pd
 from db.entities import RunRecord
 from trainer_core import kinds, methods
 from trainer_core.kinds.base import CHAT
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import promptsets
 from trainer_core.config import BUNDLED_MODEL, FieldError
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
 from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem
@@ -78,7 +78,7 @@ def offered_runs(runs: list[RunRecord], modes: dict[str, str], mode: str = CHAT)
 
 def versions(run_id: str) -> list[int | None]:
     """What of a run can be loaded: its final model (None), then its completed checkpoints, newest first."""
-    return [None, *reversed(jobspec.checkpoint_steps(run_id))]
+    return [None, *reversed(model_source.checkpoint_steps(run_id))]
 
 
 def version_label(step: int | None) -> str:
@@ -89,7 +89,7 @@ def base_source(run_id: str | None) -> ModelSource:
     """The base model of run ``run_id`` (the model it was trained from), or the bundled model when None."""
     if not run_id:
         return ModelSource(model=BUNDLED_MODEL)
-    return ModelSource(model=jobspec.run_config(run_id).model_name)
+    return ModelSource(model=model_source.run_config(run_id).model_name)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Column:
     vision: bool = False  # a vision-language model: it sees the images attached to messages
 
 
-def sees_images(resolved: jobspec.ResolvedSource) -> bool:
+def sees_images(resolved: model_source.ResolvedSource) -> bool:
     """True for a vision-language model (a vision run's final model, checkpoints and base), from its config files
     (unreadable here: False, and the server names the problem when it loads the model)."""
     return resolved.sees_images
@@ -124,7 +124,7 @@ def check_sources(sources: list[ModelSource | None]) -> tuple[list[Column], list
             continue
         seen[source.key] = i
         try:
-            resolved = jobspec.resolve(source)
+            resolved = model_source.resolve(source)
         except SourceError as exc:
             problems.append(f"Column {i}: {exc}")
             continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.auth.access import Action, allowed
 from trainer_core.config import ConfigError
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
@@ -49,7 +49,7 @@ def render_serve(orch: Orchestrator, run: RunRecord) -> None:
 
 def _form(orch: Orchestrator, run: RunRecord) -> None:
     with st.expander("New endpoint", icon="🔌"):
-        steps = jobspec.checkpoint_steps(run.id)
+        steps = model_source.checkpoint_steps(run.id)
         choice = st.selectbox("Model", ["final", *reversed(steps)], key=f"serve_source_{run.id}",
                               format_func=lambda s: "Final model" if s == "final" else f"Checkpoint at step {s}")
         place, gpus = _where_to_run(run.id)
@@ -80,7 +80,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
             st.warning(safe(warning), icon="🔓")
         if not st.button("Start endpoint", icon="🔌", key=f"serve_start_{run.id}"):
             return
-        source = jobspec.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else int(choice))
+        source = model_source.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else int(choice))
         try:
             job_id, key = orch.start_server([source], actor=current_actor(), purpose="endpoint", host=host,
                                             port=int(port), idle_timeout_s=int(idle) * 60, max_tokens_cap=int(cap),

@@ -13,9 +13,9 @@ from typing import Any
 import streamlit as st
 
 from db.entities import RunRecord
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import ConfigError
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from trainer_core.serving.client import ServeError, transcribe
 from trainer_core.serving.gate import MAX_AUDIO_BYTES
 from ui import playground as pg
@@ -109,7 +109,7 @@ def render(orch: Any, actor: Any, may_start: bool, runs: list[RunRecord], labels
         except ConfigError as exc:
             for error in exc.errors:
                 st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
-        except (SourceError, jobspec.SourceError, RuntimeError) as exc:
+        except (SourceError, model_source.SourceError, RuntimeError) as exc:
             st.error(safe(exc), icon="🚫")
         else:
             server = st.session_state[SERVER] = {"job": job_id, "key": api_key, "columns": columns}

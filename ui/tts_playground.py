@@ -10,7 +10,7 @@ import streamlit as st
 
 from db.entities import RunRecord
 from trainer_core.tryout import speak
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from trainer_core.methods import tts
 from ui import playground as pg
 from ui.text import safe

@@ -19,7 +19,7 @@ from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

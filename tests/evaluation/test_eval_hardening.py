@@ -18,7 +18,7 @@ import pytest
 from db.entities import RunRecord
 from db.store import Store
 from trainer_core.auth import access
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import samples as eval_samples
@@ -28,7 +28,7 @@ from trainer_core.evaluation.spec import DEFAULT_RUBRIC, EvalSpec
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.launcher import WorkerLauncher
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.worker import evaluate
@@ -437,7 +437,7 @@ def run_worker_until_loaded(tmp_path, monkeypatch, action: control.Action) -> li
 
     monkeypatch.setattr(Evaluator, "begin", lambda self: None)  # no SIGTERM handler in the test process
     monkeypatch.setattr(Evaluator, "load", load)
-    monkeypatch.setattr(evaluate.jobspec, "resolve", lambda source: SimpleNamespace(label="m", base_model="m"))
+    monkeypatch.setattr(evaluate.model_source, "resolve", lambda source: SimpleNamespace(label="m", base_model="m"))
     assert Evaluator(folder).run() == 0
     events, _ = ev.read_new(folder / ev.LOG_NAME, 0)
     return events

@@ -25,7 +25,7 @@ from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import METRICS, EvalSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.orchestrator import RunRefused
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.rewards.builtin import length

@@ -23,7 +23,7 @@ from trainer_core.evaluation import retrieval
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.methods.embedding import BUNDLED_MODEL
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus

@@ -114,7 +114,7 @@ def test_the_judge_key_reaches_the_worker_by_name_only(home, monkeypatch, tmp_pa
     from trainer_core.config import BUNDLED_MODEL
     from trainer_core.evaluation.spec import EvalSpec
     from trainer_core.jobs.launcher import WorkerLauncher
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
 
     monkeypatch.setenv("JUDGE_API_KEY", "sk-judge-secret")
     monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "JUDGE_API_KEY")  # declared by the admin
@@ -135,7 +135,7 @@ def test_a_judge_key_naming_a_server_or_run_secret_is_refused_and_not_passed(hom
     from trainer_core.config import BUNDLED_MODEL
     from trainer_core.evaluation.spec import EvalSpec
     from trainer_core.jobs.launcher import WorkerLauncher
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
 
     monkeypatch.setenv(name, "the-servers-own-secret")
     grab = EvalSpec(source=ModelSource(model=BUNDLED_MODEL), data="x.jsonl", metrics=["judge"],

@@ -9,12 +9,13 @@ import shutil
 import pytest
 
 from tests.support import ROOT
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.planning import memory
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.jobs.jobspec import ModelSource, read_spec, write_spec
+from trainer_core.specs.model_source import ModelSource
+from trainer_core.specs.jobspec import read_spec, write_spec
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind
 
@@ -146,7 +147,7 @@ def test_baseline_keys_follow_the_data_and_the_scored_settings(files):
     assert eval_samples.settings_hash(dataclasses.replace(first, max_new_tokens=5)) != eval_samples.settings_hash(first)
     (files / "alpaca.jsonl").write_text((files / "alpaca.jsonl").read_text() + '{"instruction": "a", "output": "b"}\n')
     assert eval_samples.fingerprint(first) != fp
-    assert jobspec.ModelSource(model=BUNDLED_MODEL).key == f"base:{BUNDLED_MODEL}"
+    assert model_source.ModelSource(model=BUNDLED_MODEL).key == f"base:{BUNDLED_MODEL}"
 
 
 def test_a_runs_own_eval_split(files, home):

@@ -25,14 +25,14 @@ from db.entities import RunRecord
 from db.store import Store
 from tests.support import ROOT
 from trainer_core.auth import access
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.export import card, staging
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.worker import export as worker_export

@@ -5,7 +5,7 @@ import hashlib
 from types import SimpleNamespace
 
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev
 from trainer_core.worker.export import ExportWorker, Plan, Staged
 

@@ -15,13 +15,13 @@ import pytest
 from db.entities import RunRecord
 from db.store import Store
 from tests.support import ROOT
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 

@@ -14,12 +14,12 @@ import pytest
 
 from tests.export_support import make_run
 from tests.support import ROOT, run_python
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import promptsets
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 

@@ -14,7 +14,7 @@ import pytest
 from tests.methods.test_embedding_run import jargon_files, run_config
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.export.spec import ONNX_INSTALL_FIX, ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.methods import embedding
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind

@@ -17,7 +17,7 @@ from tests.vision_support import build_tiny_idefics3, shape_rows, write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
 from trainer_core.config import promptsets

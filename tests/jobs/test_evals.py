@@ -10,13 +10,13 @@ import pytest
 
 from db.entities import RunRecord
 from tests.support import ROOT, fake, wait_until
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, ConfigError
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import control, paths
 from trainer_core.protocol.status import JobKind, RunStatus

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer_core.config import TrainConfig
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.jobs.pump import HANDLERS, LIFECYCLE
 from trainer_core.protocol import events
 from trainer_core.protocol.status import JOB_KINDS, JobKind, RunStatus

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import fake, wait_until
 from tests.test_jobspec import make_run
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

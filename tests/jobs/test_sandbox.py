@@ -164,7 +164,7 @@ def test_a_path_in_any_field_never_shows_the_database_secrets_or_the_data_root(h
 
 
 def test_a_serve_job_may_write_only_its_source_runs_merge_cache(home):
-    from trainer_core.jobs.jobspec import ModelSource
+    from trainer_core.specs.model_source import ModelSource
     from trainer_core.jobs.launcher import WorkerLauncher
     from trainer_core.serving.spec import ServeSpec
 

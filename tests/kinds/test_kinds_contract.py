@@ -13,7 +13,7 @@ from trainer_core import kinds, methods
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource, resolve
+from trainer_core.specs.model_source import ModelSource, resolve
 from trainer_core.kinds.base import EXPORT_TARGETS, NEEDS_WRITER, Facts
 from trainer_core.kinds.docs import DOC_PATH, markdown
 from trainer_core.planning import modality

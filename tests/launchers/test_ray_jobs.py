@@ -21,7 +21,7 @@ from trainer_core.export.spec import ExportSpec
 from trainer_core.jobs import evals
 from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher, cluster_devices, on_ray
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, write_kind

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.launchers.test_ray_failures import WorkerGroupFailed, exited, run_folder
-from trainer_core.jobs import checkpoints
+from trainer_core.specs import checkpoints
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import events as ev, paths
@@ -122,7 +122,7 @@ def test_the_resume_checkpoint_is_never_inherited_from_the_servers_environment()
     """Hostile review: FINETUNE_STUDIO_RESUME_FROM left in the server's environment reached every worker (local,
     torchrun, Ray) and made each run fail resolving it; only ray_entry sets it, for the workers it restarts."""
     from trainer_core.auth import access
-    from trainer_core.jobs import checkpoints
+    from trainer_core.specs import checkpoints
 
     env = access.worker_env({checkpoints.RESUME_ENV: "/tmp/x/checkpoints/checkpoint-4", "FINETUNE_STUDIO_HOME": "/d"})
     assert checkpoints.RESUME_ENV not in env and env["FINETUNE_STUDIO_HOME"] == "/d"

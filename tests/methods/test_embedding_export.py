@@ -12,7 +12,7 @@ from tests.methods.test_embedding_run import jargon_files, run_config
 from tests.methods.test_embedding_train import jargon
 from tests.support import run_python
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

@@ -19,7 +19,7 @@ from db.entities import RunRecord
 from trainer_core import methods
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
-from trainer_core.jobs.jobspec import ModelSource, SourceError, resolve
+from trainer_core.specs.model_source import ModelSource, SourceError, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import ServeSpec, vllm_fits

@@ -19,7 +19,8 @@ from tests.support import FakeLauncher, wait_until
 from trainer_core import __main__ as cli
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.jobs import orchestrator as orchestrator_module
-from trainer_core.jobs.jobspec import ModelSource, read_spec
+from trainer_core.specs.model_source import ModelSource
+from trainer_core.specs.jobspec import read_spec
 from trainer_core.protocol import control, events as ev, paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.spec import ServeSpec, consumer_gone, consumer_token, hash_key

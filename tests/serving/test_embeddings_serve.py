@@ -21,7 +21,7 @@ from tests.support import ROOT, run_python, wait_until
 from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.methods import embedding
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind

@@ -16,7 +16,7 @@ from db.store import Store
 from tests.test_pages import insert_finished_run, open_page
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.base import ALIVE, JobHandle, JobState

@@ -16,7 +16,8 @@ from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainCon
 from trainer_core.jobs import pump
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobs.jobspec import ModelSource, read_spec
+from trainer_core.specs.model_source import ModelSource
+from trainer_core.specs.jobspec import read_spec
 from trainer_core.protocol import control
 from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
@@ -94,7 +95,7 @@ def test_spec_roundtrip_through_job_json(home, store):
     folder = paths.run_dir("job")
     folder.mkdir(parents=True)
     write_kind(folder, JobKind.SERVE)
-    from trainer_core.jobs.jobspec import write_spec
+    from trainer_core.specs.jobspec import write_spec
 
     write_spec(folder, spec)
     back = read_spec(folder)

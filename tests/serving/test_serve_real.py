@@ -19,7 +19,7 @@ from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.jobs.orchestrator import Orchestrator
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.client import Sampling, ServeError, list_models, stream_chat

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from tests.support import wait_until
 from trainer_core.config import BUNDLED_MODEL, FieldError
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.serving import gate as gate_module
 from trainer_core.serving.gate import GateConfig, KeyGate
 from trainer_core.serving.spec import ServeSpec, hash_key, plain_http_warning

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import MODELS_CACHE, run_python, wait_until
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.client import Sampling, stream_chat

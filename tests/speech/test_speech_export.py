@@ -13,7 +13,7 @@ from tests.speech.test_stt_train import TRANSCRIBE, speech_config
 from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, speak
 from tests.support import run_python
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

@@ -16,7 +16,7 @@ from tests.speech.test_tts_train import tts_config
 from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import run_python
 from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
-from trainer_core.jobs.jobspec import ModelSource, resolve
+from trainer_core.specs.model_source import ModelSource, resolve
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.export_verify import compare_clips

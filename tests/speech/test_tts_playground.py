@@ -30,7 +30,7 @@ from tests.test_pages import open_page
 from trainer_core.tryout import speak
 from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 from trainer_core.protocol.status import JobKind, RunStatus, write_kind
@@ -122,7 +122,7 @@ def test_sources_that_cannot_speak_get_their_own_error_and_start_no_child(home, 
     assert climbing.error == "run id '../../etc' has characters that are not allowed"
     errors = [r.error for r in results]
     assert "run 20990101-000000-nosuch: its folder" in errors[0] and "pick another run" in errors[0]
-    # a checkpoint folder that is a link out of the run is no checkpoint of the run (jobs/checkpoints: never through
+    # a checkpoint folder that is a link out of the run is no checkpoint of the run (specs/checkpoints: never through
     # a symlink), so nothing outside the run is ever loaded
     assert errors[1] == "run 'my voice' has no checkpoint at step 7: it has no checkpoints"
     assert errors[2] == "it does not speak (a text model): pick a CSM text-to-speech model or a tts run"
@@ -239,7 +239,7 @@ def test_the_tuned_csm_ends_the_phrase_on_its_own_where_its_base_talks_to_the_ca
     print(f"\nspoke with 2 models in {time.monotonic() - started:.1f} s")
     base, tuned, linked = results
     assert not base.error and not tuned.error, (base.error, tuned.error)
-    # a checkpoint that is a link out of the run is no checkpoint of it (jobs/checkpoints): nothing outside is loaded
+    # a checkpoint that is a link out of the run is no checkpoint of it (specs/checkpoints): nothing outside is loaded
     assert linked.label == "linked" and not linked.wav
     assert linked.error == "run 'tiny csm' has no checkpoint at step 30: it has no checkpoints"
     for spoken in (base, tuned):

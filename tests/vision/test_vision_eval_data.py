@@ -15,7 +15,7 @@ from trainer_core.data import DatasetError
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 
 USER_IMAGE = [{"type": "image"}, {"type": "text", "text": QUESTION}]
 

@@ -16,7 +16,7 @@ from tests.support import run_python
 from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows, write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.export.spec import ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
@@ -48,7 +48,7 @@ ANSWER_HELD_OUT = textwrap.dedent("""
     # the merged 16-bit folder (export --to merged, serving) loads in transformers with its processor
     from pathlib import Path
     from trainer_core.config import TrainConfig
-    from trainer_core.jobs.jobspec import ModelSource, ResolvedSource
+    from trainer_core.specs.jobspec import ModelSource, ResolvedSource
     from trainer_core.worker.sources import merge_adapter
 
     resolved = ResolvedSource(source=ModelSource(run_id="r"), label="r", base_model=base_dir,

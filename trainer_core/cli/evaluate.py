@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Callable
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import ConfigError
 from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation.spec import DEFAULT_METRICS, EvalSpec
@@ -83,7 +83,7 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
             for error in exc.errors:
                 print(f"error: {error.field}: {error.message}", file=sys.stderr)
             return 2
-        except jobspec.SourceError as exc:
+        except model_source.SourceError as exc:
             print(f"error: {exc.field}: {exc}", file=sys.stderr)
             return 2
         except (RunRefused, UnknownToken) as exc:
@@ -99,18 +99,18 @@ def cmd_eval(args, find: Callable, actor_of: Callable) -> int:
 def _default_metrics(run_id: str) -> list[str]:
     """An embedding run's retrieval, a speech run's wer and cer, every other run's DEFAULT_METRICS."""
     try:
-        method = jobspec.run_config(run_id).method
-    except jobspec.SourceError:
+        method = model_source.run_config(run_id).method
+    except model_source.SourceError:
         method = ""  # the spec's validation names the missing run
     if method == "embedding":
         return [retrieval.METRIC]
     return list(speech.METRICS) if method == "stt" else list(DEFAULT_METRICS)
 
 
-def _source(run_id: str, args) -> jobspec.ModelSource:
+def _source(run_id: str, args) -> model_source.ModelSource:
     if args.base:
-        return jobspec.ModelSource(model=jobspec.run_config(run_id).model_name)
-    return jobspec.ModelSource(run_id=run_id, checkpoint=args.checkpoint)
+        return model_source.ModelSource(model=model_source.run_config(run_id).model_name)
+    return model_source.ModelSource(run_id=run_id, checkpoint=args.checkpoint)
 
 
 def _follow(orch, started, actor, as_json: bool) -> int:

@@ -14,7 +14,7 @@ from trainer_core.auth.access import Actor, Role
 from trainer_core.config import ConfigError
 from trainer_core.export import tools
 from trainer_core.export.spec import TARGETS, ExportSpec
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Callable
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import ConfigError
-from trainer_core.jobs.jobspec import ModelSource, SourceError
+from trainer_core.specs.model_source import ModelSource, SourceError
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling, ServeError, stream_chat
 from trainer_core.serving.endpoint import Endpoint
@@ -45,10 +45,10 @@ def source_for(store, ref: str, find: Callable, checkpoint: int | None, base: bo
                        "trained a model (`python -m trainer_core runs`)")
     try:
         if base:
-            source = ModelSource(model=jobspec.run_config(run.id).model_name)
+            source = ModelSource(model=model_source.run_config(run.id).model_name)
         else:
             source = ModelSource(run_id=run.id, checkpoint=checkpoint)
-        jobspec.resolve(source, run_name=run.name)
+        model_source.resolve(source, run_name=run.name)
     except SourceError as exc:
         raise CliError(str(exc)) from None
     return source

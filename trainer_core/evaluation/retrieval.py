@@ -72,15 +72,15 @@ def is_embedding_model(model: str) -> bool | None:
 def source_errors(spec: "EvalSpec") -> list[FieldError]:
     """``retrieval`` only for an embedding model (a run trained with method embedding, or a sentence-transformers
     base model), alone; the text metrics and benchmarks never for one (it generates no text)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     source = spec.source
     if source.is_base:
         is_embedding, what = is_embedding_model(source.model), f"{source.model}"
     else:
         try:
-            cfg = jobspec.run_config(source.run_id)
-        except jobspec.SourceError:
+            cfg = model_source.run_config(source.run_id)
+        except model_source.SourceError:
             return []  # JobSpec.validate names the missing run
         is_embedding, what = cfg.method == "embedding", f"run {source.run_id} (method {cfg.method})"
     others = [m for m in spec.metrics if m != METRIC]
@@ -104,9 +104,9 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
 def run_settings(run_id: str) -> dict:
     """What an eval of embedding run ``run_id`` takes from it (unless the spec sets its own): the query and
     document prompts and the text length it trained with, and its column mapping (in custom_format_mapping)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
-    cfg = jobspec.run_config(run_id)
+    cfg = model_source.run_config(run_id)
     if cfg.method != "embedding":
         return {}
     s = embedding.settings_of(cfg)
@@ -176,11 +176,11 @@ def read_run_split(run_id: str) -> IRSet:
     """What embedding run ``run_id``'s evaluator scored (worker/methods/embedding.py ``build_trainer``): its
     BEIR-like files, else its eval rows (the corpus also holding the training passages), else the pairs it held
     out (embedding.ir_holdout, the same seed)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     try:
-        cfg = jobspec.run_config(run_id)
-    except jobspec.SourceError as exc:
+        cfg = model_source.run_config(run_id)
+    except model_source.SourceError as exc:
         raise DatasetError("data", str(exc)) from None
     if cfg.method != "embedding":
         raise DatasetError("data", f"run {run_id} is not an embedding run: its eval split has no queries and "

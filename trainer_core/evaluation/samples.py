@@ -91,11 +91,11 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
 
 
 def _base_model(spec: "EvalSpec") -> str:
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     try:
-        return jobspec.resolve(spec.source).base_model or TrainConfig().model_name
-    except jobspec.SourceError:
+        return model_source.resolve(spec.source).base_model or TrainConfig().model_name
+    except model_source.SourceError:
         return TrainConfig().model_name  # JobSpec.validate names the missing source
 
 
@@ -115,14 +115,14 @@ def split_run(data: str) -> str:
 def load_rows(spec: "EvalSpec") -> NormalizedData:
     """The test rows, normalised; DatasetError (field ``data`` or a format field) names the fix.
     Hub data imports ``datasets`` (worker only)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     kind = data_kind(spec.data)
     if kind == "eval_split":
         run_id = split_run(spec.data)
         try:
-            cfg = jobspec.run_config(run_id)
-        except jobspec.SourceError as exc:
+            cfg = model_source.run_config(run_id)
+        except model_source.SourceError as exc:
             raise DatasetError("data", str(exc)) from None
         rows = _renamed(lambda: loading.load_for_training(cfg)).eval_rows
         if not rows:
@@ -300,7 +300,7 @@ def left_out_warning(data: NormalizedData, skipped: int) -> str | None:
 def fingerprint(spec: "EvalSpec") -> str:
     """A hash of the test data: file bytes for a file (the training fingerprint), the run's training data
     fingerprint and split settings for an eval split, the id/subset/split for a hub dataset."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
     from trainer_core.evaluation import retrieval
 
     if retrieval.wanted(spec):  # the retrieval set itself, however it was given
@@ -312,8 +312,8 @@ def fingerprint(spec: "EvalSpec") -> str:
     if data_kind(spec.data) == "eval_split":
         run_id = split_run(spec.data)
         try:
-            cfg = jobspec.run_config(run_id)
-        except jobspec.SourceError as exc:
+            cfg = model_source.run_config(run_id)
+        except model_source.SourceError as exc:
             raise DatasetError("data", str(exc)) from None
         digest = f"eval_split|{data_fingerprint(cfg)}|{cfg.eval_fraction}|{cfg.random_seed}"
         from trainer_core.evaluation import vision
@@ -350,11 +350,11 @@ def settings_hash(spec: "EvalSpec") -> str:
 def reward_identity(run_id: str) -> list:
     """What the ``reward`` metric of an eval scores with: the GRPO run's reward settings and, for a Python
     reward, the sha256 of the copy in its run folder (an edited file is another reward)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     try:
-        cfg = jobspec.run_config(run_id)
-    except jobspec.SourceError:
+        cfg = model_source.run_config(run_id)
+    except model_source.SourceError:
         return [run_id]
     if cfg.method != "grpo":
         return [run_id]

@@ -7,13 +7,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
 from trainer_core.evaluation import retrieval, speech, vision
 from trainer_core.evaluation import samples as eval_samples
-from trainer_core.jobs.jobspec import JobSpec, register
+from trainer_core.specs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths, secret_file
@@ -112,8 +112,8 @@ class EvalSpec(JobSpec):
         if not (isinstance(self.metrics, list) and "reward" in self.metrics and isinstance(self.reward_run, str)):
             return remote
         try:
-            rewards = grpo.rewards_of(jobspec.run_config(self.reward_run.strip() or self.source.run_id))
-        except (jobspec.SourceError, OSError, ValueError):
+            rewards = grpo.rewards_of(model_source.run_config(self.reward_run.strip() or self.source.run_id))
+        except (model_source.SourceError, OSError, ValueError):
             return remote  # validate() names the missing or unreadable run
         if reward_spec.needs_admin(rewards):
             return remote + ["metrics: the run's rewards include a custom Python reward, which runs its code on this "
@@ -206,8 +206,8 @@ class EvalSpec(JobSpec):
         no transcripts either): the kind's row says where its quality shows instead (embedding models: retrieval's
         check; speech-to-text: speech's)."""
         try:
-            resolved = jobspec.resolve(self.source)
-        except jobspec.SourceError:
+            resolved = model_source.resolve(self.source)
+        except model_source.SourceError:
             return []  # JobSpec.validate names the missing source
         kind = resolved.kind
         if kind.eval_metrics:
@@ -246,8 +246,8 @@ class EvalSpec(JobSpec):
                                           "with the same rewards), set reward_run to one, or drop 'reward'")]
         where = "reward_run" if self.reward_run.strip() else "metrics"
         try:
-            cfg = jobspec.run_config(run_id)
-        except jobspec.SourceError as exc:
+            cfg = model_source.run_config(run_id)
+        except model_source.SourceError as exc:
             return [FieldError(where, str(exc))]
         if cfg.method != "grpo":
             return [FieldError(where, f"reward needs a run trained with method grpo (its grpo.rewards score the "
@@ -279,9 +279,9 @@ class EvalSpec(JobSpec):
             return [FieldError("data", problem)] if problem else []
         if kind == "eval_split":
             try:
-                if jobspec.run_config(eval_samples.split_run(self.data)).hf_dataset:
+                if model_source.run_config(eval_samples.split_run(self.data)).hf_dataset:
                     return []  # the run's split comes from the hub: the worker reads it (no hub access here)
-            except jobspec.SourceError as exc:
+            except model_source.SourceError as exc:
                 return [FieldError("data", str(exc))]
         try:
             samples, _ = eval_samples.load_samples(self)
@@ -291,7 +291,7 @@ class EvalSpec(JobSpec):
 
     def memory_errors(self) -> list[FieldError]:
         """The model's weights must fit the device's free memory (GPU, or RAM on a CPU host)."""
-        return jobspec.memory_errors([self.source], self.gpu_ids, "evaluate")
+        return model_source.memory_errors([self.source], self.gpu_ids, "evaluate")
 
 
 def task_errors(tasks: list) -> list[FieldError]:

@@ -33,24 +33,24 @@ def wanted(spec: "EvalSpec") -> bool:
 def is_speech_source(spec: "EvalSpec") -> bool | None:
     """Whether the spec's model transcribes (a run of method stt, or a Whisper-style base model); None when the
     source cannot be resolved (JobSpec.validate names why)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     try:
-        return set(METRICS) <= set(jobspec.resolve(spec.source).kind.eval_metrics)
-    except jobspec.SourceError:
+        return set(METRICS) <= set(model_source.resolve(spec.source).kind.eval_metrics)
+    except model_source.SourceError:
         return None
 
 
 def source_errors(spec: "EvalSpec") -> list[FieldError]:
     """wer/cer only for a speech model, and a speech model only with wer/cer (it writes no chat answers)."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     speech = is_speech_source(spec)
-    if speech is None or not jobspec.resolve(spec.source).kind.eval_metrics:
+    if speech is None or not model_source.resolve(spec.source).kind.eval_metrics:
         return []  # a kind no metric scores is refused for every eval by EvalSpec._output_errors, naming what fits
     others = [m for m in spec.metrics if m not in METRICS]
     errors = []
-    unknown = jobspec.resolve(spec.source).output_problem if wanted(spec) and not speech else ""
+    unknown = model_source.resolve(spec.source).output_problem if wanted(spec) and not speech else ""
     if unknown:  # not "this model writes text": what it is could not be read at all
         errors.append(FieldError("source", f"cannot tell whether {spec.source.model} transcribes audio (wer and cer "
                                            f"need a speech-to-text model): {unknown}"))
@@ -71,9 +71,9 @@ def source_errors(spec: "EvalSpec") -> list[FieldError]:
 
 def data_config(spec: "EvalSpec") -> TrainConfig:
     """The TrainConfig whose data fields read the test clips as a speech run of the source's model reads them."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
-    model = jobspec.resolve(spec.source).base_model
+    model = model_source.resolve(spec.source).base_model
     mapping = {k: v for k, v in dict(spec.custom_format_mapping).items() if k in ("audio", "text")}
     return dataclasses.replace(TrainConfig(), method="stt", adapter="full", model_name=model, local_datasets=[spec.data],
                                local_eval_datasets=[], eval_fraction=0.0, stt={"columns": mapping} if mapping else {})
@@ -87,14 +87,14 @@ def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:
 def load_clips(spec: "EvalSpec") -> tuple[list[dict[str, Any]], str | None]:
     """(the test clips as {audio, text} rows, at most max_samples; a warning naming the clips left out and why:
     no transcript, unreadable, longer than the model's window), as a speech run reads its data."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     data = spec.data.strip()
     if data.startswith(EVAL_SPLIT_PREFIX):
         run_id = data[len(EVAL_SPLIT_PREFIX):].strip()
         try:
-            cfg = jobspec.run_config(run_id)
-        except jobspec.SourceError as exc:
+            cfg = model_source.run_config(run_id)
+        except model_source.SourceError as exc:
             raise DatasetError("data", str(exc)) from None
         if cfg.method != "stt":
             raise DatasetError("data", f"run {run_id} is not a speech-to-text run: its eval split holds no clips")

@@ -31,13 +31,13 @@ IMAGES_KEY = "images"  # metrics: how many scored samples showed an image (the p
 
 def source_errors(spec: "EvalSpec", samples: list["Sample"]) -> list[FieldError]:
     """Image rows need a model that sees them; the metrics that score answers are the text ones."""
-    from trainer_core.jobs import jobspec
+    from trainer_core.specs import model_source
 
     if not any(s.images for s in samples):
         return []
     try:
-        resolved = jobspec.resolve(spec.source)
-    except jobspec.SourceError:
+        resolved = model_source.resolve(spec.source)
+    except model_source.SourceError:
         return []  # JobSpec.validate names the missing source
     errors = []
     if not resolved.sees_images:

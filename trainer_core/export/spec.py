@@ -11,7 +11,8 @@ from trainer_core import kinds
 from trainer_core.config import promptsets
 from trainer_core.config import FieldError
 from trainer_core.export import tools
-from trainer_core.jobs.jobspec import JobSpec, SourceError, register, resolve
+from trainer_core.specs.model_source import SourceError, resolve
+from trainer_core.specs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.planning import model_info, modality
 from trainer_core.protocol import paths

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.config import ConfigError
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, read_kind

@@ -21,7 +21,7 @@ import psutil
 from db.entities import RunRecord
 from db.store import Store
 from trainer_core.export import staging as export_staging
-from trainer_core.jobs import checkpoints
+from trainer_core.specs import checkpoints
 from trainer_core.jobs.alerts import NO_STEP, Alert, AlertMonitor
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.pump import Tracker, set_terminal

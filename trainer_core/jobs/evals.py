@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from db.entities import EvalResultRecord
 from trainer_core.auth import access
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import ConfigError, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.data.sources import resolve_source
@@ -36,20 +36,20 @@ def prepared(spec: EvalSpec) -> EvalSpec:
     values: dict = {}
     if not spec.source.is_base and (spec.format_type, spec.custom_format_mapping, spec.system_prompt) == ("auto", {}, ""):
         try:
-            cfg = jobspec.run_config(spec.source.run_id)
+            cfg = model_source.run_config(spec.source.run_id)
             values.update(format_type=cfg.format_type if cfg.format_type != "text" else "auto",
                           custom_format_mapping=dict(cfg.custom_format_mapping), system_prompt=cfg.system_prompt)
-        except jobspec.SourceError:
+        except model_source.SourceError:
             pass  # validation names the missing run
     if not spec.source.is_base and spec.image_max_side == 0:  # a vision run's images are seen as it trained on them
         try:
-            values["image_max_side"] = int(jobspec.run_config(spec.source.run_id).image_max_side or 0)
-        except jobspec.SourceError:
+            values["image_max_side"] = int(model_source.run_config(spec.source.run_id).image_max_side or 0)
+        except model_source.SourceError:
             pass  # validation names the missing run
     if not spec.source.is_base and retrieval.wanted(spec):  # an embedding run: its prompts, length and columns
         try:
             taken = retrieval.run_settings(spec.source.run_id)
-        except jobspec.SourceError:
+        except model_source.SourceError:
             taken = {}  # validation names the missing run
         if taken and not spec.custom_format_mapping:
             values["custom_format_mapping"] = taken["custom_format_mapping"]
@@ -71,10 +71,10 @@ def prepared(spec: EvalSpec) -> EvalSpec:
     return dataclasses.replace(spec, **values)
 
 
-def _source_label(source: jobspec.ModelSource) -> str:
+def _source_label(source: model_source.ModelSource) -> str:
     try:
-        return jobspec.resolve(source).label
-    except jobspec.SourceError:
+        return model_source.resolve(source).label
+    except model_source.SourceError:
         return source.key
 
 
@@ -102,7 +102,7 @@ def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> 
     if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
         # said on the form's field here; the orchestrator refuses the same spec from anyone else (any route)
         raise ConfigError([FieldError(*reason.split(": ", 1)) for reason in spec.admin_only()])
-    resolved = jobspec.resolve(spec.source)
+    resolved = model_source.resolve(spec.source)
     try:
         fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""
     except DatasetError as exc:
@@ -112,7 +112,7 @@ def submit(orch: "Orchestrator", spec: EvalSpec, actor: access.Actor | None) -> 
     # One lock around "is there a baseline? if not, queue one": two submissions at once queue it once.
     with _baseline_lock():
         if spec.baseline and not spec.source.is_base and fingerprint:
-            base_source = jobspec.ModelSource(model=resolved.base_model)
+            base_source = model_source.ModelSource(model=resolved.base_model)
             found = orch.store.find_eval(base_source.key, fingerprint, settings)
             if found is not None and reusable(found):
                 baseline_id = found.job_id

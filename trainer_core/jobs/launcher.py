@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from trainer_core.auth import access
 from trainer_core.host import parallel
 from trainer_core.config import RAY_ADDRESS_ENV, FieldError, TrainConfig, ray_address_problem, server_cluster
-from trainer_core.jobs.jobspec import JobSpec
+from trainer_core.specs.jobspec import JobSpec
 from trainer_core.launchers import JobHandle, Launcher
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.launchers.local import LocalLauncher

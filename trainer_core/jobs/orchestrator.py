@@ -32,7 +32,7 @@ from typing import Any, Callable
 from db.entities import RunRecord
 from db.store import Store
 from trainer_core.auth import access
-from trainer_core.jobs import checkpoints, jobspec
+from trainer_core.specs import checkpoints, jobspec
 from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import ConfigError, FieldError, TrainConfig, looks_like_path
 from trainer_core.data import DatasetError, loading
@@ -47,7 +47,7 @@ from trainer_core.jobs.refusals import RunRefused, authorize, by_actor
 from trainer_core.jobs.servers import Servers
 from trainer_core.jobs.launcher import PlacingLauncher, cluster_devices, launcher_problems
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.jobs.jobspec import JobSpec
+from trainer_core.specs.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.remote_view import RemoteViews
 from trainer_core.jobs.resources import ResourceSampler

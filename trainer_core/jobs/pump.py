@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from db.store import SPARKLINE_POINTS, Store
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec
 from trainer_core.jobs import eval_results
 from trainer_core.jobs.alerts import AlertMonitor, SampleAlerts
 from trainer_core.jobs.live import LiveRun, metric_row

@@ -13,7 +13,7 @@ from db.entities import RunRecord
 from trainer_core.config import TrainConfig
 from trainer_core.data import fingerprint as data_fingerprints
 from trainer_core.jobs import adoption, pump, queue
-from trainer_core.jobs.jobspec import JobSpec
+from trainer_core.specs.jobspec import JobSpec
 from trainer_core.jobs.live import LiveRun
 from trainer_core.jobs.remote_view import seed_lineage
 from trainer_core.protocol import paths, secret_file

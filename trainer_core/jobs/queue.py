@@ -21,7 +21,7 @@ from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import loading
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths, secrets
-from trainer_core.jobs.jobspec import JobSpec, read_spec
+from trainer_core.specs.jobspec import JobSpec, read_spec
 from trainer_core.protocol.status import JobKind, RunStatus
 
 ALL_GPUS = "gpu*"

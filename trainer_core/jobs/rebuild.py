@@ -30,7 +30,7 @@ from typing import IO, Iterator
 from db import settings_store, users
 from db.entities import RunRecord
 from db.store import Store, default_url
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec, model_source
 from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun
@@ -255,8 +255,8 @@ def _keep_eval_row(store: Store, row: RunRecord, run_dir: Path) -> None:
 
     spec = jobspec.read_spec(run_dir)
     try:
-        base_model = jobspec.resolve(spec.source).base_model
-    except jobspec.SourceError:
+        base_model = model_source.resolve(spec.source).base_model
+    except model_source.SourceError:
         base_model = spec.source.model  # its source run is gone: a base model's name is all there is
     try:
         fingerprint = eval_samples.fingerprint(spec) if spec.data.strip() else ""

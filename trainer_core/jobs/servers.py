@@ -8,7 +8,7 @@ import json
 import secrets as pysecrets
 
 from trainer_core.auth import access
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.protocol import paths, sandbox
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving import endpoint as endpoint_file
@@ -17,7 +17,7 @@ from trainer_core.serving import spec as serve_spec
 
 class Servers:
     # ================================================================== serving (serve jobs)
-    def start_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None,
+    def start_server(self, sources: list[model_source.ModelSource], actor: access.Actor | None = None,
                      purpose: str = "playground", host: str = "127.0.0.1", port: int = 0,
                      idle_timeout_s: int = serve_spec.DEFAULT_IDLE_S, engine: str = "auto",
                      name: str = "", tied: bool | None = None, **limits) -> tuple[str, str]:
@@ -75,7 +75,7 @@ class Servers:
             tracked = self._tracked.get(run.id)
         return tracked.handle if tracked is not None else self.launcher.adopt(run)
 
-    def find_server(self, sources: list[jobspec.ModelSource], actor: access.Actor | None = None) -> str | None:
+    def find_server(self, sources: list[model_source.ModelSource], actor: access.Actor | None = None) -> str | None:
         """A queued or active playground server of ``actor`` serving exactly ``sources``, whose key this
         orchestrator holds (to reuse rather than load the same models twice); None when there is none."""
         wanted = sorted(s.key for s in sources)
@@ -86,6 +86,6 @@ class Servers:
                 continue
             spec = json.loads(self.store.get_run(run.id).config_json or "{}")
             if spec.get("purpose") == "playground" and sorted(
-                    jobspec.ModelSource.from_dict(s).key for s in spec.get("sources", [])) == wanted:
+                    model_source.ModelSource.from_dict(s).key for s in spec.get("sources", [])) == wanted:
                 return run.id
         return None

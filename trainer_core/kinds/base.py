@@ -19,7 +19,7 @@ NO_ONNX = ("onnx: only an embedding run (a sentence-transformers folder) is expo
 # Playground modes (ModelKind.playground): chat (text and vision-language), search, transcribe, speak
 CHAT, SEARCH, TRANSCRIBE, SPEAK = "chat", "search", "transcribe", "speak"
 # An export target refused because it loads the model as one that writes answers: the export spec says what the
-# model is for instead (jobspec.ResolvedSource.not_a_writer) and what to export
+# model is for instead (model_source.ResolvedSource.not_a_writer) and what to export
 NEEDS_WRITER = "merged into a model that writes answers"
 
 

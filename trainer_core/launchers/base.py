@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # types only: the launchers never import the job specs or the store at run time
     from db.entities import RunRecord
     from trainer_core.config import TrainConfig
-    from trainer_core.jobs.jobspec import JobSpec
+    from trainer_core.specs.jobspec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from trainer_core.protocol import sandbox
 if TYPE_CHECKING:
     from db.entities import RunRecord
     from trainer_core.config import TrainConfig
-    from trainer_core.jobs.jobspec import JobSpec
+    from trainer_core.specs.jobspec import JobSpec
 
 DISAPPEARED = "process disappeared (it was started by an earlier dashboard; exit code unknown)"
 NEVER_STARTED = JobState(alive=False, reason="never started (no process id recorded)", started=False)

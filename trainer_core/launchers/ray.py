@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from db.entities import RunRecord
     from trainer_core.config import TrainConfig
-    from trainer_core.jobs.jobspec import JobSpec
+    from trainer_core.specs.jobspec import JobSpec
 
 RAY_GPUS_MAX = 64  # GPUs one job's worker may ask Ray for
 JOB_FILE = "ray_job.json"  # in the run folder: the Ray job id and the cluster it was submitted to

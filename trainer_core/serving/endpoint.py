@@ -23,7 +23,7 @@ NODE_ADDRESS_ENV, NODE_ID_ENV = "FINETUNE_STUDIO_RAY_NODE_ADDRESS", "FINETUNE_ST
 class ServedModel:
     name: str  # what a client puts in "model"
     label: str  # what the dashboard shows ("my-run · step 40")
-    source_key: str  # jobspec.ModelSource.key: base:<model>, run:<id>, run:<id>@<step>
+    source_key: str  # model_source.ModelSource.key: base:<model>, run:<id>, run:<id>@<step>
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import psutil
 from trainer_core import kinds
 from trainer_core.host import hardware
 from trainer_core.config import FieldError
-from trainer_core.jobs.jobspec import JobSpec, ModelSource, ResolvedSource, SourceError, memory_errors, register, resolve
+from trainer_core.specs.model_source import ModelSource, ResolvedSource, SourceError, memory_errors, resolve
+from trainer_core.specs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind

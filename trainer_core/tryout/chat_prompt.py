@@ -17,7 +17,7 @@ from pathlib import Path
 from trainer_core.auth import access
 from trainer_core.data.bounded_cache import BoundedCache
 from trainer_core.config import TrainConfig
-from trainer_core.jobs.jobspec import ResolvedSource
+from trainer_core.specs.model_source import ResolvedSource
 from trainer_core.protocol import files, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer_core.auth import access
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.data import DatasetError, loading
 from trainer_core.protocol import files, sandbox
 
@@ -48,7 +48,7 @@ class Ranking:
 
 @dataclass(frozen=True)
 class Request:
-    sources: tuple[jobspec.ModelSource, ...]
+    sources: tuple[model_source.ModelSource, ...]
     query: str
     passages: tuple[str, ...]
     top_k: int = TOP_K
@@ -66,7 +66,7 @@ def run_passages(run_id: str) -> list[str]:
     try:
         texts = list(retrieval.read_run_split(run_id).corpus.values())
     except DatasetError:
-        cfg = jobspec.run_config(run_id)
+        cfg = model_source.run_config(run_id)
         try:
             rows = loading.load_for_training(cfg).rows
         except DatasetError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from trainer_core import kinds
 from trainer_core.auth import access
 from trainer_core.kinds.base import SPEAK
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.methods import tts
 from trainer_core.protocol.errors import FieldError
 from trainer_core.protocol import files, sandbox
@@ -49,7 +49,7 @@ class SpeakError(ValueError):
 
 @dataclass(frozen=True)
 class Request:
-    sources: tuple[jobspec.ModelSource, ...]
+    sources: tuple[model_source.ModelSource, ...]
     text: str
     speaker: int = 0
     max_seconds: float = 10.0
@@ -79,9 +79,9 @@ class RunVoice:
 
 def run_voice(run_id: str) -> RunVoice:
     """The run's default speaker and cap (SourceError when the run is gone or is not a tts run)."""
-    cfg = jobspec.run_config(run_id)
+    cfg = model_source.run_config(run_id)
     if kinds.of_output(cfg.method_spec.output).playground != SPEAK:
-        raise jobspec.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick a tts "
+        raise model_source.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick a tts "
                                   "run", "run")
     settings = tts.settings_of(cfg)
     return RunVoice(int(settings.speaker), min(float(settings.max_sample_s), SECONDS_MAX))
@@ -114,13 +114,13 @@ def problems(request: Request) -> list[FieldError]:
     return found
 
 
-def _resolved(source: jobspec.ModelSource) -> tuple[jobspec.ResolvedSource | None, str, str]:
+def _resolved(source: model_source.ModelSource) -> tuple[model_source.ResolvedSource | None, str, str]:
     """(the source on disk, its label, "") or (None, a label, why it cannot speak): a missing run or weights folder,
     a folder that leads out of its run, a base model outside the allowed folders or one that is not a
     text-to-speech model."""
     try:
-        resolved = jobspec.resolve(source)
-    except jobspec.SourceError as exc:
+        resolved = model_source.resolve(source)
+    except model_source.SourceError as exc:
         return None, source.key, str(exc)
     problem = resolved.output_problem
     if problem:
@@ -160,7 +160,7 @@ def _speak(request: Request, timeout_s: float) -> list[Spoken]:
         raise SpeakError(wrong)
     labels = [request.labels[i] if i < len(request.labels) else "" for i in range(len(request.sources))]
     results: list[Spoken | None] = []
-    ready: list[tuple[int, jobspec.ResolvedSource]] = []
+    ready: list[tuple[int, model_source.ResolvedSource]] = []
     for i, source in enumerate(request.sources):
         resolved, label, problem = _resolved(source)
         labels[i] = labels[i] or label
@@ -176,7 +176,7 @@ def _speak(request: Request, timeout_s: float) -> list[Spoken]:
     return [r for r in results if r is not None]
 
 
-def _run_child(request: Request, resolved: list[jobspec.ResolvedSource], labels: list[str],
+def _run_child(request: Request, resolved: list[model_source.ResolvedSource], labels: list[str],
                timeout_s: float) -> list[Spoken]:
     with tempfile.TemporaryDirectory(prefix="finetune-speak-") as folder:
         body = json.dumps({"sources": [r.source.key for r in resolved], "text": request.text,
@@ -217,4 +217,4 @@ def _clip(label: str, clip: object, path: Path) -> Spoken:
 
 def wav_name(label: str, text: str) -> str:
     """A download's file name: the model's label and the text's first words, slugged."""
-    return f"{jobspec.slug(label) or 'model'}-{jobspec.slug(text)[:40].strip('-') or 'speech'}.wav"
+    return f"{model_source.slug(label) or 'model'}-{model_source.slug(text)[:40].strip('-') or 'speech'}.wav"

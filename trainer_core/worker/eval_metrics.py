@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.evaluation.scoring import weighted_total
 from trainer_core.methods import grpo
 from trainer_core.protocol import paths
@@ -102,7 +102,7 @@ class RewardScorer:
 
     def __init__(self, run_id: str, warn: Callable[[str], None]):
         self.warn = warn
-        self.specs = grpo.rewards_of(jobspec.run_config(run_id))
+        self.specs = grpo.rewards_of(model_source.run_config(run_id))
         self.weights = {spec.name: spec.weight for spec in self.specs}
         self.failed: set[str] = set()
         self.functions: dict[str, Callable] = {}

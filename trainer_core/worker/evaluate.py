@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec, model_source
 from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation import samples as eval_samples
@@ -82,7 +82,7 @@ class Evaluator(JobWorker):
             self.check_cancel()
 
             self.status(RunStatus.STARTING, "loading model")
-            resolved = jobspec.resolve(spec.source)
+            resolved = model_source.resolve(spec.source)
             seeing = any(sample.images for sample in samples)  # image rows: answered with their images
             model, tokenizer, device = self.load_seeing(resolved) if seeing else self.load(resolved)
             samples = self.fitting_images(samples, model, tokenizer, spec) if seeing else \
@@ -142,7 +142,7 @@ class Evaluator(JobWorker):
         self.status(RunStatus.STARTING, "loading model")
         from trainer_core.worker import retrieval_eval  # sentence-transformers, torch: for this metric only
 
-        resolved = jobspec.resolve(spec.source)
+        resolved = model_source.resolve(spec.source)
         model = retrieval_eval.load_model(resolved, spec.max_seq_length, self.warn, self.log)
         self.check_cancel()
         self.status(RunStatus.RUNNING, "encoding queries and corpus")
@@ -185,7 +185,7 @@ class Evaluator(JobWorker):
         self.log(f"{len(rows):,} test clip(s)")
         self.check_cancel()
         self.status(RunStatus.STARTING, "loading model")
-        resolved = jobspec.resolve(spec.source)
+        resolved = model_source.resolve(spec.source)
         device = "cuda" if torch.cuda.is_available() and os.environ.get("FINETUNE_STUDIO_FORCE_CPU") != "1" else "cpu"
         model, _ = load_source(resolved, device, log=self.log)
         processor = AutoProcessor.from_pretrained(processor_folder(resolved, log=self.log))
@@ -230,7 +230,7 @@ class Evaluator(JobWorker):
         self.conclude(spec, resolved, fingerprint, metrics, len(rows), len(references), action)
         return 0
 
-    def load(self, resolved: jobspec.ResolvedSource):
+    def load(self, resolved: model_source.ResolvedSource):
         import torch
 
         from trainer_core.worker.sources import load_source
@@ -245,7 +245,7 @@ class Evaluator(JobWorker):
         self.log(f"Loaded {resolved.label} on {device}")
         return model, tokenizer, device
 
-    def load_seeing(self, resolved: jobspec.ResolvedSource):
+    def load_seeing(self, resolved: model_source.ResolvedSource):
         """(model, processor, device) of a vision-language model: the processor it trained with renders every row."""
         import torch
         from transformers import AutoProcessor, ProcessorMixin

@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import jobspec, model_source
 from trainer_core.config import TrainConfig
 from trainer_core.export import card, staging as staging_folders
 from trainer_core.export.spec import HUB_TOKEN_ENV, TTS_NO_GGUF, ExportSpec
@@ -179,7 +179,7 @@ class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verifi
         plan.staged.append(Staged("README.md", "card", "", "this model card"))
 
     @staticmethod
-    def source_events(resolved: jobspec.ResolvedSource) -> Path:
+    def source_events(resolved: model_source.ResolvedSource) -> Path:
         return paths.run_dir(resolved.source.run_id) / ev.LOG_NAME
 
     def publish(self, plan: Plan) -> list[Staged]:
@@ -241,7 +241,7 @@ class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verifi
             raise Interrupted(action)
 
     def fail(self, exc: BaseException) -> None:
-        message = str(exc) if isinstance(exc, (ExportError, jobspec.SourceError)) else f"{type(exc).__name__}: {exc}"
+        message = str(exc) if isinstance(exc, (ExportError, model_source.SourceError)) else f"{type(exc).__name__}: {exc}"
         self.report_error(message, exc)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.export.spec import ExportSpec
 from trainer_core.protocol import control
 
@@ -32,7 +32,7 @@ class Staged:
 @dataclass
 class Plan:
     spec: ExportSpec
-    resolved: jobspec.ResolvedSource
+    resolved: model_source.ResolvedSource
     final: Path
     staging: Path
     base_dir: str  # the base model's folder (or hub id)

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.export import card, staging as staging_folders, tools
 from trainer_core.export.spec import HUB_TOKEN_ENV, ExportSpec
 from trainer_core.worker.export_plan import ExportError, Plan
@@ -27,7 +27,7 @@ class Preflight:
         errors = [f"{e.field}: {e.message}" for e in spec.validate()]
         if errors:
             raise ExportError("; ".join(errors))
-        resolved = jobspec.resolve(spec.source)
+        resolved = model_source.resolve(spec.source)
         final = spec.output_dir(self.run_dir)
         staging = staging_folders.staging_path(final)
         from transformers import AutoConfig, AutoTokenizer

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from trainer_core.jobs import checkpoints
+from trainer_core.specs import checkpoints
 from trainer_core.launchers.ray import GPUS_ENV, MAX_FAILURES_ENV
 from trainer_core.launchers.ray_record import PLACEMENT_FILE, RESTARTS_FILE  # read by the pages too
 from trainer_core.host.parallel import NPROC_ENV

@@ -21,7 +21,7 @@ from trainer_core.config import TrainConfig
 from trainer_core.data.embedding_pairs import IRSet
 from trainer_core.evaluation import retrieval
 from trainer_core.evaluation.spec import EvalSpec
-from trainer_core.jobs.jobspec import ResolvedSource
+from trainer_core.specs.model_source import ResolvedSource
 from trainer_core.worker import model_files
 from trainer_core.worker.methods import embedding as method
 

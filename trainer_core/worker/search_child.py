@@ -8,7 +8,7 @@ import json
 import sys
 import traceback
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 
 
 def rank(request: dict) -> list[dict]:
@@ -21,7 +21,7 @@ def rank(request: dict) -> list[dict]:
     for i, key in enumerate(request["sources"]):
         label = labels[i] if i < len(labels) else key
         try:
-            resolved = jobspec.resolve(jobspec.ModelSource.from_key(key))
+            resolved = model_source.resolve(model_source.ModelSource.from_key(key))
             model = retrieval_eval.load_model(resolved, int(request["max_seq_length"]), warn=lambda m: None,
                                               log=lambda m: None)
             with torch.no_grad():
@@ -33,7 +33,7 @@ def rank(request: dict) -> list[dict]:
             out.append({"label": label, "similarity": model.similarity_fn_name,
                         "hits": [{"index": int(j), "score": float(s)} for s, j in zip(top.values, top.indices)]})
             del model
-        except (jobspec.SourceError, OSError, ValueError) as exc:
+        except (model_source.SourceError, OSError, ValueError) as exc:
             out.append({"label": label, "error": f"{type(exc).__name__}: {exc}"[:500]})
     return out
 

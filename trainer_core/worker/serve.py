@@ -34,7 +34,8 @@ from pathlib import Path
 
 from trainer_core.auth import access
 from trainer_core.host import hardware
-from trainer_core.jobs.jobspec import ResolvedSource, SourceError, read_spec
+from trainer_core.specs.model_source import ResolvedSource, SourceError
+from trainer_core.specs.jobspec import read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker import safe_prompt

@@ -1,4 +1,4 @@
-"""Loading a model source (jobspec.ResolvedSource) in a worker: the base model, a run's adapter on its base,
+"""Loading a model source (model_source.ResolvedSource) in a worker: the base model, a run's adapter on its base,
 or full weights; and merging an adapter into a plain 16-bit model folder (served by engines that cannot
 apply an adapter, exported as merged weights). Worker-only: imports torch, transformers and peft.
 
@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from trainer_core.config import TrainConfig
-from trainer_core.jobs.jobspec import ResolvedSource
+from trainer_core.specs.model_source import ResolvedSource
 from trainer_core.worker.model_files import resolve_model
 
 MERGED_MARKER = ".merged-from"  # in a merged folder: which adapter files (and sizes/mtimes) it was made from

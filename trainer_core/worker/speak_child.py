@@ -13,9 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source
 from trainer_core.config import TrainConfig
-from trainer_core.jobs.jobspec import ResolvedSource
+from trainer_core.specs.model_source import ResolvedSource
 
 
 def device() -> str:  # the dashboard's speak.py forces the CPU: a GPU belongs to the jobs the queue places
@@ -58,7 +58,7 @@ def speak_all(request: dict) -> list[dict]:
     clips = []
     for i, key in enumerate(request["sources"]):
         try:
-            resolved = jobspec.resolve(jobspec.ModelSource.from_key(key))  # again here: the folders may have changed
+            resolved = model_source.resolve(model_source.ModelSource.from_key(key))  # again here: the folders may have changed
             model, processor = load(resolved, where)
             samples, ended = tts.speak(model, processor, request["text"], int(request["speaker"]),
                                        float(request["max_seconds"]), seed=int(request["seed"]))
@@ -66,7 +66,7 @@ def speak_all(request: dict) -> list[dict]:
             (out_dir / f"{i}.wav").write_bytes(tts.wav_bytes(samples, rate))
             clips.append({"seconds": len(samples) / rate, "ended": ended, "rate": rate})
             del model
-        except (jobspec.SourceError, ModelSourceError, OSError, ValueError, RuntimeError) as exc:
+        except (model_source.SourceError, ModelSourceError, OSError, ValueError, RuntimeError) as exc:
             # one model's failure (a damaged adapter, not a CSM, out of memory) is its own column's message
             clips.append({"error": f"{type(exc).__name__}: {exc}"[:800]})
         except Exception as exc:  # noqa: BLE001 - each model is a boundary: a damaged config makes transformers

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from trainer_core.jobs import checkpoints
+from trainer_core.specs import checkpoints
 from trainer_core.host import parallel
 from trainer_core.host import hardware
 from trainer_core.protocol import control, events as ev, secrets
