@@ -48,7 +48,7 @@ ANSWER_HELD_OUT = textwrap.dedent("""
     # the merged 16-bit folder (export --to merged, serving) loads in transformers with its processor
     from pathlib import Path
     from trainer_core.config import TrainConfig
-    from trainer_core.specs.jobspec import ModelSource, ResolvedSource
+    from trainer_core.specs.model_source import ModelSource, ResolvedSource
     from trainer_core.worker.sources import merge_adapter
 
     resolved = ResolvedSource(source=ModelSource(run_id="r"), label="r", base_model=base_dir,

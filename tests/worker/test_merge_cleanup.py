@@ -13,7 +13,7 @@ pytestmark = pytest.mark.subprocess
 SCRIPT = r"""
 import errno, json, sys
 from pathlib import Path
-from trainer_core.specs.jobspec import ModelSource, ResolvedSource
+from trainer_core.specs.model_source import ModelSource, ResolvedSource
 from trainer_core.worker import sources
 
 root = Path(sys.argv[1])
@@ -54,7 +54,7 @@ def test_a_merge_that_cannot_be_written_leaves_no_half_copy(tmp_path):
 RACE = r"""
 import sys, time
 from pathlib import Path
-from trainer_core.specs.jobspec import ModelSource, ResolvedSource
+from trainer_core.specs.model_source import ModelSource, ResolvedSource
 from trainer_core.worker import sources
 
 root, me = Path(sys.argv[1]), sys.argv[2]
