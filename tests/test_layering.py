@@ -53,7 +53,8 @@ print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules))
 
 def test_only_the_worker_imports_the_ml_stack():
     modules = project_modules() + script_imports()
-    assert "trainer_core.jobs.orchestrator" in modules and "db.store" in modules and "trainer_core.data.preview" in modules
+    assert "trainer_core.jobs.orchestrator" in modules and "db.store" in modules
+    assert "trainer_core.data.preview" in modules
     assert not any(m.startswith("trainer_core.worker.") for m in project_modules())
     result = run_python(IMPORT_ALL, json.dumps(modules), json.dumps(ML_STACK))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -225,10 +226,10 @@ def test_every_long_module_says_why_it_is_kept_whole():
 # circle (same row included). Something two rows need moves down, not sideways.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer_core.protocol", "trainer_core.auth", "trainer_core.host"),  # shared vocabulary, who may, this host
-    ("trainer_core.methods", "trainer_core.rewards"),  # methods' dashboard halves and the rewards GRPO learns from
+    ("trainer_core.methods", "trainer_core.kinds", "trainer_core.rewards"),  # methods' dashboard halves, model kinds'
+    # capability rows and the rewards GRPO learns from: config's method sections, planning's and data's kind answers
     ("trainer_core.config",),  # the one TrainConfig: its method sections come from the method registry
     ("trainer_core.planning", "trainer_core.data"),  # what a model is and needs; datasets and their preview
-    ("trainer_core.kinds",),  # the model-kind registry (may import protocol, config, data, planning, methods)
     ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
     ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
     ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
@@ -310,7 +311,8 @@ def layer_problems(edges) -> list[str]:
             problems.append(f"{file}:{line} imports {target}: nothing outside {BESIDE} imports the worker")
         elif source == BESIDE:
             if dest in SURFACES:
-                problems.append(f"{file}:{line} imports {target}: the worker imports nothing of the surfaces {SURFACES}")
+                problems.append(f"{file}:{line} imports {target}: the worker imports nothing of the surfaces "
+                                f"{SURFACES}")
         elif source not in row or dest not in row:
             problems.append(f"{file}:{line} imports {target}: give {source if source not in row else dest} a row "
                             "in tests/test_layering.py's LAYERS (and docs/architecture.md)")
@@ -351,7 +353,7 @@ def test_no_two_packages_import_each_other():
 
 
 def test_db_imports_only_the_protocol_and_auth_of_trainer_core():
-    """db/ sits in row 5 so that the job kinds and jobs/ may use it; it needs nothing of trainer_core but the shared
+    """db/ sits in row 4 so that the job kinds and jobs/ may use it; it needs nothing of trainer_core but the shared
     vocabulary and the roles of users (auth)."""
     assert {e[1] for e in package_imports() if e[0] == "db"} == {"trainer_core.protocol", "trainer_core.auth"}
 
@@ -359,21 +361,25 @@ def test_db_imports_only_the_protocol_and_auth_of_trainer_core():
 def test_the_layer_checks_name_the_bad_import():
     """The checks fail, naming file, line and module: an upward import, an import of the worker, a package
     without a row, and a circle within one row."""
-    edges = [("trainer_core.config", "trainer_core.jobs", "trainer_core/config/checks.py", 7, "trainer_core.jobs.queue"),
+    edges = [("trainer_core.config", "trainer_core.jobs", "trainer_core/config/checks.py", 7,
+              "trainer_core.jobs.queue"),
              ("trainer_core.jobs", "trainer_core.worker", "trainer_core/jobs/pump.py", 9, "trainer_core.worker.train"),
-             ("trainer_core.newthing", "trainer_core.protocol", "trainer_core/newthing/a.py", 3, "trainer_core.protocol"),
+             ("trainer_core.newthing", "trainer_core.protocol", "trainer_core/newthing/a.py", 3,
+              "trainer_core.protocol"),
              ("trainer_core.worker", "ui", "trainer_core/worker/train.py", 5, "ui.form"),
              ("trainer_core.jobs", "trainer_core.config", "trainer_core/jobs/queue.py", 4, "trainer_core.config")]
     problems = layer_problems(edges)
     assert problems[0] == ("trainer_core/config/checks.py:7 imports trainer_core.jobs.queue: trainer_core.config "
-                           "(row 2) may not import trainer_core.jobs (row 7, above it); move what both need down")
+                           "(row 2) may not import trainer_core.jobs (row 6, above it); move what both need down")
     assert problems[1].startswith("trainer_core/jobs/pump.py:9 imports trainer_core.worker.train: nothing outside")
     assert problems[2].startswith("trainer_core/newthing/a.py:3 imports trainer_core.protocol: give "
                                   "trainer_core.newthing a row")
     assert problems[3].startswith("trainer_core/worker/train.py:5 imports ui.form: the worker imports nothing")
     assert len(problems) == 4
-    sideways = [("trainer_core.data", "trainer_core.planning", "trainer_core/data/audio.py", 287, "trainer_core.planning.modality"),
-                ("trainer_core.planning", "trainer_core.data", "trainer_core/planning/memory.py", 30, "trainer_core.data.sources")]
+    sideways = [("trainer_core.data", "trainer_core.planning", "trainer_core/data/audio.py", 287,
+                 "trainer_core.planning.modality"),
+                ("trainer_core.planning", "trainer_core.data", "trainer_core/planning/memory.py", 30,
+                 "trainer_core.data.sources")]
     assert layer_problems(sideways) == []
     assert cycle_problems(sideways) == [
         "trainer_core.data <-> trainer_core.planning import each other: trainer_core/data/audio.py:287 imports "

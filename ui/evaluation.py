@@ -396,7 +396,8 @@ def render_start_form(orch: Orchestrator, run: RunRecord, actor: Actor) -> None:
         return
     try:
         source = (model_source.ModelSource(model=model_source.run_config(run.id).model_name) if which == "base" else
-                  model_source.ModelSource(run_id=run.id, checkpoint=None if which == "final" else int(which.split()[1])))
+                  model_source.ModelSource(run_id=run.id,
+                                           checkpoint=None if which == "final" else int(which.split()[1])))
         spec = EvalSpec(source=source, data=data, metrics=list(metrics), max_samples=int(max_samples),
                         max_new_tokens=int(max_new), temperature=float(temperature), judge_url=judge_url.strip(),
                         judge_model=judge_model.strip(), judge_key_env=judge_key_env.strip(), judge_rubric=rubric,

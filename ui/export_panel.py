@@ -139,7 +139,8 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                    "; the artifacts land in the job folder there")
         if not st.button("Start export", icon="📦", key=f"export_start_{run.id}"):
             return
-        spec = ExportSpec(source=model_source.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice),
+        source = model_source.ModelSource(run_id=run.id, checkpoint=None if choice == "final" else choice)
+        spec = ExportSpec(source=source,
                           targets=targets, quantizations=quants, merged_dtype=dtype, verify=verify,
                           prompt_set=prompt_set or "quick-check", push_repo_id=repo.strip(), push_private=private,
                           push_update=update and bool(repo.strip()),

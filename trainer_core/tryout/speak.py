@@ -81,8 +81,8 @@ def run_voice(run_id: str) -> RunVoice:
     """The run's default speaker and cap (SourceError when the run is gone or is not a tts run)."""
     cfg = model_source.run_config(run_id)
     if kinds.of_output(cfg.method_spec.output).playground != SPEAK:
-        raise model_source.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick a tts "
-                                  "run", "run")
+        raise model_source.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick "
+                                       "a tts run", "run")
     settings = tts.settings_of(cfg)
     return RunVoice(int(settings.speaker), min(float(settings.max_sample_s), SECONDS_MAX))
 

@@ -241,7 +241,8 @@ class ExportWorker(Preflight, Merging, Conversion, Projector, OnnxExport, Verifi
             raise Interrupted(action)
 
     def fail(self, exc: BaseException) -> None:
-        message = str(exc) if isinstance(exc, (ExportError, model_source.SourceError)) else f"{type(exc).__name__}: {exc}"
+        known = isinstance(exc, (ExportError, model_source.SourceError))
+        message = str(exc) if known else f"{type(exc).__name__}: {exc}"
         self.report_error(message, exc)
 
 

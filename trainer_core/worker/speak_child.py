@@ -58,7 +58,8 @@ def speak_all(request: dict) -> list[dict]:
     clips = []
     for i, key in enumerate(request["sources"]):
         try:
-            resolved = model_source.resolve(model_source.ModelSource.from_key(key))  # again here: the folders may have changed
+            # again here: the folders may have changed
+            resolved = model_source.resolve(model_source.ModelSource.from_key(key))
             model, processor = load(resolved, where)
             samples, ended = tts.speak(model, processor, request["text"], int(request["speaker"]),
                                        float(request["max_seconds"]), seed=int(request["seed"]))
