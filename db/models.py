@@ -180,3 +180,36 @@ class Setting(SQLModel, table=True):
     value: str = ""
     saved_by: str = ""
     saved_at: float = 0.0
+
+
+class Vote(SQLModel, table=True):
+    """A person's judgement of answers (issue 34): two answers side by side (``pair``: a_better, b_better, tie,
+    both_bad), one answer (``single``: up, down) or an edit (``edit``: ``answer_b`` is the edited answer, the better
+    one). Appended to the feedback log in the data root as well (trainer_core/protocol/feedback_log.py), so
+    ``db rebuild`` restores it. A withdrawn vote keeps its row (the log has it anyway) and leaves every view."""
+
+    id: str = Field(primary_key=True, max_length=40)
+    created_at: float = Field(default=0.0, index=True)
+    voter: str = Field(default="", index=True, max_length=200)
+    kind: str = ""  # pair, single, edit
+    label: str = ""
+    messages: str = "[]"  # JSON: the conversation the answers reply to (system, user, assistant..., last user)
+    answer_a: str = ""
+    answer_b: str = ""  # pair: the other answer; edit: the edited answer; single: ""
+    models: str = "[]"  # JSON: one object per answer (source key, label, run id, checkpoint, base model, template)
+    sampling: str = "{}"  # JSON: the generation settings the answers were made with
+    origin: str = "playground"  # playground, import, second opinion
+    pair_key: str = Field(default="", index=True, max_length=64)  # the same answers judged: the same key
+    withdrawn_at: Optional[float] = None
+
+
+class Rating(SQLModel, table=True):
+    """A person's rating of one answer of an eval job (judge calibration): pass/fail (0 or 1) or a 1-5 score. One per
+    person, sample and scale; rating again replaces it. Kept in the feedback log as well, like votes."""
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    index: int = Field(primary_key=True)
+    rater: str = Field(primary_key=True, max_length=200)
+    scale: str = Field(primary_key=True, max_length=20)  # pass_fail, score5
+    value: float = 0.0
+    created_at: float = 0.0

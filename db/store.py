@@ -7,7 +7,8 @@ step become one row, and replaying events after a re-attach never duplicates any
 (db/metrics_store.py).
 
 The Store is one object over one engine; its methods live with their aggregate: runs and the queue
-(db/runs_store.py), metrics (db/metric_frames.py), eval results (db/evals_store.py), samples (db/samples_store.py);
+(db/runs_store.py), metrics (db/metric_frames.py), eval results (db/evals_store.py), samples (db/samples_store.py), people's votes and ratings
+(db/feedback_store.py);
 schema changes in db/migrations.py.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy import event as sa_event
 from sqlmodel import SQLModel, create_engine, select
 
 from db.evals_store import EvalsStore
+from db.feedback_store import FeedbackStore
 from db.metric_frames import SPARKLINE_POINTS, MetricsStore
 from db.metrics_store import OpenMetrics
 from db.migrations import _add_missing_columns, _add_missing_indexes
@@ -54,7 +56,7 @@ def _enable_wal(dbapi_conn, _record) -> None:
     cursor.close()
 
 
-class Store(RunsStore, MetricsStore, EvalsStore, SamplesStore):
+class Store(RunsStore, MetricsStore, EvalsStore, SamplesStore, FeedbackStore):
     def __init__(self, url: str | None = None, journal: bool = True):
         self.url = url or default_url()
         # Writes not derived from events.jsonl also go to the run folder's journal, so `db rebuild` can

@@ -55,6 +55,11 @@ ADA = Actor("ada", Role.ADMIN)
     (ADA, Action.STOP, "bob", True),
     (ADA, Action.DELETE, "", True),
     (ADA, Action.MANAGE_USERS, "", True),
+    (VAL, Action.VOTE, "", True),  # issue 34: everyone's judgement counts
+    (ANN, Action.VOTE, "", True),
+    (VAL, Action.EXPORT_FEEDBACK, "", False),  # exporting writes a dataset to train on
+    (ANN, Action.EXPORT_FEEDBACK, "", True),
+    (ADA, Action.EXPORT_FEEDBACK, "", True),
 ])
 def test_role_rules(actor, action, owner, expected):
     assert allowed(actor, action, owner) is expected

@@ -29,6 +29,8 @@ class Action(str, enum.Enum):
     REORDER = "reorder"  # move or remove a queued run
     MANAGE_USERS = "manage users"
     MAINTAIN = "rebuild the database"
+    VOTE = "vote on answers"  # every role, viewers included: votes are the people's own (issue 34)
+    EXPORT_FEEDBACK = "export feedback"  # writes a dataset into the data root, to train on: operators and admins
 
 
 PAST_TENSE = {Action.STOP: "stop requested", Action.CANCEL: "cancel requested", Action.RESUME: "resumed",
@@ -51,14 +53,16 @@ class NotAllowed(PermissionError):
 
 
 ADMIN_ONLY = (Action.MANAGE_USERS, Action.MAINTAIN)
+EVERYONE = (Action.VOTE,)
+NOT_VIEWERS = (Action.START, Action.EXPORT_FEEDBACK)  # no owner: any operator may
 
 
 def allowed(actor: Actor, action: Action, owner: str = "") -> bool:
-    if actor.role is Role.ADMIN:
+    if actor.role is Role.ADMIN or action in EVERYONE:
         return True
     if actor.role is Role.VIEWER or action in ADMIN_ONLY:
         return False
-    return action is Action.START or owner == actor.name
+    return action in NOT_VIEWERS or owner == actor.name
 
 
 def check(actor: Actor, action: Action, owner: str = "") -> None:

@@ -11,7 +11,8 @@ every run folder, replays
 
 A run that had not ended is left active at the end of its log; the next orchestrator adopts it like any
 run left behind by a restart (a live worker is followed again, a dead one is marked failed).
-Run folders from before the journal existed are rebuilt from config.yaml and events.jsonl alone.
+Run folders from before the journal existed are rebuilt from config.yaml and events.jsonl alone. People's votes and
+ratings are replayed from their own log, ``<data root>/feedback/log.jsonl`` (trainer_core/protocol/feedback_log.py).
 
 Kept whole: one operation (set the database aside, replay every run folder through the pump's own handlers, report)
 whose steps share the run-folder readers and must fail the same way.
@@ -35,7 +36,7 @@ from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.jobs import adoption, pump, queue
 from trainer_core.jobs.live import LiveRun
 from trainer_core.protocol import events as ev
-from trainer_core.protocol import journal, paths
+from trainer_core.protocol import feedback_log, journal, paths
 from trainer_core.protocol.status import JobKind, RunStatus, read_kind
 
 SQLITE_FILES = ("", "-wal", "-shm")  # the database and its write-ahead log move aside together
@@ -55,6 +56,7 @@ class RebuildReport:
     rebased: list[str] = field(default_factory=list)  # runs whose recorded paths were under an older data root
     moved_aside: list[str] = field(default_factory=list)  # files of the old database, kept
     accounts: tuple[int, int] | None = None  # (users, API tokens) carried over; None: the old file was unreadable
+    feedback: int = 0  # records of the feedback log (votes, withdrawals, ratings) replayed
 
     def summary(self) -> str:
         text = f"Rebuilt {len(self.runs)} run(s) from their folders"
@@ -68,6 +70,8 @@ class RebuildReport:
         if self.rebased:
             text += (f"; {len(self.rebased)} run(s) recorded paths under an older data root, now read under "
                      f"{paths.runs_dir()}: " + ", ".join(self.rebased[:5]))
+        if self.feedback:
+            text += f"; replayed {self.feedback} feedback record(s) (votes and ratings)"
         if self.moved_aside:
             text += ". The previous database was kept as " + ", ".join(self.moved_aside)
         if self.accounts is None and self.moved_aside:
@@ -130,6 +134,7 @@ def rebuild(url: str | None = None) -> RebuildReport:
                     f"The database {_redact_url(url)} already holds runs. Rebuild into an empty PostgreSQL "
                     "database (create one and point DATABASE_URL at it); this one is left untouched.")
             _rebuild_all(store, held, report)
+            report.feedback = store.replay_feedback(feedback_log.read())  # people's votes: their own log
             if accounts is not None:
                 users.restore_accounts(store, accounts)
                 report.accounts = (len(accounts.users), len(accounts.tokens))
