@@ -15,7 +15,7 @@ from db.feedback_store import RatingRecord, VoteRecord
 from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.feedback import agreement, export, votes
 from trainer_core.feedback.votes import FeedbackError, Model
-from trainer_core.jobs import jobspec
+from trainer_core.specs import model_source as jobspec
 
 SCALES = {"pass_fail": (0.0, 1.0), "score5": (1.0, 5.0)}
 SCALE_TEXT = {"pass_fail": "pass/fail (1 pass, 0 fail)", "score5": "a score from 1 to 5"}
