@@ -32,6 +32,7 @@ from ui import playground as pg
 from ui import embedding_playground as embedding_mode
 from ui import speech_playground as speech
 from ui import tts_playground as tts_mode
+from ui import votes as votes_ui
 from ui.playground_server import server_panel
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -217,7 +218,9 @@ def answer_block(answer: pg.Answer) -> None:
         st.caption("Stopped.")
 
 
-def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False, image: bool = False) -> None:
+def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False, image: bool = False,
+                 n: int | None = None) -> None:
+    """The answers side by side; for a finished turn ``n``, 👍 / 👎 / ✏️ under each one (ui/votes.py)."""
     with target.container():
         for col, c in zip(st.columns(len(loaded)), loaded):
             with col:
@@ -231,6 +234,8 @@ def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False,
                     st.markdown(safe(answer.text) + " ▌" if answer.text else "▌")
                 else:
                     answer_block(answer)
+                    if n is not None:
+                        votes_ui.render_answer_votes(feedback, actor, turns, n, c)
 
 
 def user_message(text: str, image: pg.Attachment | None) -> None:
@@ -262,11 +267,13 @@ header = st.columns(len(loaded))
 for col, c in zip(header, loaded):
     col.markdown(f"**{safe(c.label)}**")
 turns: list[pg.Turn] = st.session_state.setdefault(CONVO, [])
+feedback = votes_ui.feedback_for(orch)
 for n, turn in enumerate(turns):
     with st.chat_message("user"):
         user_message(turn.user, turn.image)
         add_to_set(n, turn.user)
-    draw_answers(st.empty(), turn.answers, image=turn.image is not None)
+    draw_answers(st.empty(), turn.answers, image=turn.image is not None, n=n)
+    votes_ui.render_turn(feedback, actor, turns, n, loaded)
 if busy and batch_info["kind"] == "chat":
     with st.chat_message("user"):
         user_message(batch_info["user"], batch_info.get("image"))
@@ -279,6 +286,7 @@ if busy:
 tools = st.columns([1, 1, 1, 3])
 if tools[0].button("New conversation", icon="🧹", disabled=busy or not turns):
     st.session_state[CONVO] = []
+    st.session_state.pop(votes_ui.MINE, None)  # its turn numbers start again
     st.rerun()
 tools[1].download_button("Download JSONL", pg.conversation_jsonl(turns), icon="⬇️",
                          file_name="conversation.jsonl", mime="application/jsonl", disabled=not turns)
