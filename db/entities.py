@@ -60,6 +60,8 @@ class RunRecord:
     sparkline: Optional[str] = None
     secrets_holder: str = ""
     owner: str = ""
+    sweep_id: str = ""
+    sweep_trial: Optional[int] = None
 
     def __post_init__(self) -> None:
         # Values as the table holds them (a status or kind as text, secret names comma-separated) are typed here,

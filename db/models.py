@@ -51,6 +51,10 @@ class Run(SQLModel, table=True):
     secrets_holder: str = ""  # "host:pid:start:instance" of the orchestrator holding a queued run's secrets in memory
     owner: str = Field(default="", index=True)  # the user who started it (shared mode: the signed-in name)
     kind: str = "train"  # the job kind (trainer_core.protocol.status.JobKind); rows from before kinds are train
+    # A sweep's trial (trainer_core/sweeps): the sweep's id and the Optuna trial number this run trains ("" / None:
+    # not a trial). A trial stopped with its sweep and resumed later has several runs with the same number.
+    sweep_id: str = Field(default="", index=True, max_length=64)
+    sweep_trial: Optional[int] = None
 
 
 class Metric(SQLModel, table=True):

@@ -184,6 +184,12 @@ class RunsStore:
             session.commit()
             return True
 
+    def sweep_runs(self, sweep_id: str) -> list[RunRecord]:
+        """The trial runs of a sweep, oldest first (a trial resumed after its sweep stopped has several)."""
+        with Session(self.engine) as session:
+            return [RunRecord.from_row(r) for r in session.exec(select(Run).where(Run.sweep_id == sweep_id)
+                                                                .order_by(Run.created_at, Run.id))]
+
     def children(self, run_id: str) -> list[RunRecord]:
         with Session(self.engine) as session:
             return [RunRecord.from_row(r) for r in session.exec(select(Run).where(Run.parent_run_id == run_id)

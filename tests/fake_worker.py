@@ -17,6 +17,10 @@ second. Behaviour comes from the environment (the launcher passes it on; ``tests
 * random losses only: ``FAKE_EVAL_EVERY`` (5, 0: never) and ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
 * ``FAKE_PAUSE_AT`` step and ``FAKE_PAUSE_UNTIL`` file: after that step, wait until the file exists (a test
   acts mid-run without racing the worker)
+* ``FAKE_LOSSES=lr`` (sweeps): losses that depend on the run's learning_rate (config.yaml), best at 1e-3: eval
+  loss ``(1 + |log10(lr) + 3|) * (1 + 1/step)`` every ``FAKE_EVAL_EVERY`` steps; a learning rate of 0.5 or more
+  diverges (the train loss doubles each step). A resumed run continues from its checkpoint's step; a Stop writes
+  a completed checkpoint folder, so the run can be resumed
 * ``FAKE_SAMPLE_EVERY`` steps (0: never): sample events for two prompts (``SAMPLE_PROMPTS``); the first answer
   is always healthy, the second cycles through ``SAMPLE_ANSWERS`` (healthy, empty, a loop, a template leak),
   flagged by the real ``samples_check`` as the worker flags them
@@ -30,6 +34,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from trainer_core.evaluation import samples_check
 from trainer_core.protocol import control
@@ -65,7 +71,21 @@ def main(run_dir: Path) -> int:
         signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))  # like the real worker: SIGTERM = cancel
 
     scripted = os.environ.get("FAKE_LOSSES", "random") == "scripted"
-    if scripted:
+    by_lr = os.environ.get("FAKE_LOSSES") == "lr"
+    first = 1
+    if by_lr:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        lr = float(cfg["learning_rate"])
+        resumed = cfg.get("resume_from_checkpoint") or ""
+        first = int(resumed.rsplit("-", 1)[1]) + 1 if resumed else 1
+        every = int(env_float("FAKE_EVAL_EVERY", 5))
+        level = 1 + abs(math.log10(lr) + 3)
+        evals = {s: level * (1 + 1 / s) for s in range(every, steps + 1, every)} if every else {}
+        checkpoints, heartbeat_every = set(), 0
+
+        def loss(step: int) -> float:
+            return 2.0 ** step if lr >= 0.5 else level * (1 + 1 / step)
+    elif scripted:
         nan_step = int(env_float("FAKE_NAN_STEP", 3))
         evals = {int(s): float(v) for s, v in (p.split(":") for p in steps_of("FAKE_EVALS", "4:0.75"))}
         checkpoints = {int(s) for s in steps_of("FAKE_CHECKPOINTS", "4")}
@@ -88,17 +108,21 @@ def main(run_dir: Path) -> int:
     if not scripted:  # scripted runs keep the shortest timeline: tests assert it exactly
         out.emit(ev.StatusEvent(status="starting", phase="loading model", engine="fake"))
     out.emit(ev.StatusEvent(status="running", phase="training", engine="fake"))
-    done, status, last_loss = 0, "completed", None
-    for step in range(1, steps + 1):
+    done, status, last_loss = first - 1, "completed", None
+    for step in range(first, steps + 1):
         action = None if mode == "ignore" else (control.Action.CANCEL if terminated else control.read(run_dir))
         if action is not None:
             status = "stopped" if action is control.Action.STOP else "cancelled"
             if action is control.Action.STOP:
                 out.emit(ev.StatusEvent(status="stopping", phase="saving", engine="fake"))
                 out.emit(ev.CheckpointEvent(step=done, path=str(run_dir / "checkpoints" / f"checkpoint-{done}")))
+                if by_lr:  # a completed checkpoint (trainer_state.json last), so Resume finds it
+                    folder = run_dir / "checkpoints" / f"checkpoint-{done}"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / "trainer_state.json").write_text("{}")
             break
         last_loss = loss(step)
-        if scripted:
+        if scripted or by_lr:
             out.emit(ev.ProgressEvent(step=step, total_steps=steps, epoch=step / steps, loss=last_loss,
                                       learning_rate=1e-4, tokens_seen=100 * step))
         else:

@@ -79,6 +79,7 @@ class Orchestrator(Queries, Pumping, Servers):
         adoption.open_holder(self.holder)
         self._sampler = ResourceSampler()
         self._thread: threading.Thread | None = None
+        self._closers: list[Callable[[], None]] = []  # what runs beside it (a sweep runner): closed first
         # A pumping orchestrator writes to the database at any time: while one runs (a dashboard, the CLI),
         # `db rebuild` must not move the database away under it. Waits while a rebuild runs.
         self._presence = adoption.hold_presence() if start_pump else None
@@ -93,11 +94,13 @@ class Orchestrator(Queries, Pumping, Servers):
         return (cfg.validate() + loading.check_data(cfg) + launcher_problems(cfg)) or resource_check.memory_problems(cfg)
 
     def start(self, cfg: TrainConfig, parent: RunRecord | None = None, resumed_from_step: int | None = None,
-              actor: access.Actor | None = None) -> str:
+              actor: access.Actor | None = None, sweep: tuple[str, int] | None = None) -> str:
         """Record a run and start it now, or queue it when its devices are busy. Returns the run id.
 
         Queued runs start by themselves (also after a server restart) when the runs before them end.
-        ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run."""
+        ``actor`` (the pages and the CLI always give one) must be allowed to start runs and owns the run.
+        ``sweep``: (sweep id, trial number) when the run is a sweep's trial (trainer_core/sweeps); a resumed run
+        keeps its parent's."""
         authorize(actor, access.Action.START, "")
         if actor is not None and actor.role is not access.Role.ADMIN:
             refused = admin_reasons(cfg)  # code the run would run on this host: its method's hook, remote code
@@ -114,6 +117,10 @@ class Orchestrator(Queries, Pumping, Servers):
                    data_fingerprint=checked.digest, needs_secrets=tuple(cfg.secrets()),
                    parent_run_id=parent.id if parent else None, resumed_from_step=resumed_from_step,
                    steps_done=resumed_from_step or 0)
+        if sweep is None and parent is not None and parent.sweep_id:
+            sweep = (parent.sweep_id, parent.sweep_trial)
+        if sweep is not None:  # in the row as created, so the journal's create record restores it (db rebuild)
+            row.update(sweep_id=sweep[0], sweep_trial=sweep[1])
         run_id = self._record(JobKind.TRAIN, cfg, name, row, actor,
                               lambda run_dir: _write_train_job(run_dir, cfg, checked),
                               note=(f"resumed from run '{parent.name}' at step {resumed_from_step}" + by_actor(actor))
@@ -254,8 +261,15 @@ class Orchestrator(Queries, Pumping, Servers):
         self._request(run_id, control.Action.CANCEL, actor, access.Action.CANCEL)
 
 
+    def add_closer(self, close: Callable[[], None]) -> None:
+        """Close ``close``'s owner with this orchestrator, before it (a sweep runner starts runs through it)."""
+        self._closers.append(close)
+
     def close(self) -> None:
         """Stop pumping (workers keep running; another orchestrator can adopt them)."""
+        for closer in self._closers:
+            closer()
+        self._closers.clear()
         adoption.close_holder(self.holder)  # queued runs whose secrets it held can no longer start
         self._closing.set()
         if self._thread:
