@@ -9,6 +9,7 @@
     python -m trainer_core stop JOB | cancel JOB [--wait]     (any job: stop & save / cancel; a queued one leaves)
     python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
     python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
+    python -m trainer_core sweep --config sweep.yaml | sweep list | show SWEEP | stop SWEEP | resume SWEEP [--more N]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv; a launcher: ray run
 gets them through its run folder, never Ray's job table (trainer_core/protocol/secret_file.py).
@@ -479,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer_core.cli import export as cli_export  # `export RUN --to ...` (issue 11): its own module
 
     cli_export.add_parser(sub).set_defaults(func=lambda args: cli_export.cmd_export(args, _find, cli_actor))
+    from trainer_core.cli import sweep as cli_sweep  # `sweep --config FILE` (issue 35): its own module
+
+    cli_sweep.add_parser(sub, cli_actor)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -59,7 +59,7 @@ def test_an_old_schema_database_is_migrated_in_place_and_its_runs_are_training_j
         store.engine.dispose()
     with sqlite3.connect(path) as conn:  # a row written by old code after the migration is a training job too
         columns = [row[1] for row in conn.execute("PRAGMA table_info(run)")]
-        assert columns[-1] == "kind"
+        assert columns[-3:] == ["kind", "sweep_id", "sweep_trial"]  # added in place, in the order declared
         conn.execute("INSERT INTO run (id, name, status, phase, model, dataset, method, engine, created_at, steps_done, "
                      "total_steps, output_dir, config_json, error, log_tail, event_offset, devices, data_fingerprint, "
                      "needs_secrets) VALUES ('later', '', 'queued', '', '', '', '', '', 0, 0, 0, '', '{}', '', '', 0, "

@@ -16,7 +16,7 @@ from trainer_core.sweeps import record
 from trainer_core.sweeps.decisions import Row, divergence, final_value, new_reports
 from trainer_core.sweeps.driver import PRUNED, SweepDriver
 from trainer_core.sweeps.record import SweepStatus
-from trainer_core.sweeps.spec import SweepConfig
+from trainer_core.sweeps import checks
 
 
 def test_divergence_names_the_step_and_the_reason():
@@ -78,7 +78,7 @@ class FakeOrch:
 @pytest.fixture
 def sweep(home):
     def make(**sweep) -> SweepDriver:
-        config, errors = SweepConfig.from_mapping({"model_name": BUNDLED_MODEL, "max_steps": 10, "eval_fraction": 0.2,
+        config, errors = checks.read({"model_name": BUNDLED_MODEL, "max_steps": 10, "eval_fraction": 0.2,
                                                    "eval_steps": 5, "sweep": {"search": "grid", **sweep}})
         assert errors == []
         return SweepDriver(FakeOrch(), record.read(record.create(config, "ana", "operator")))

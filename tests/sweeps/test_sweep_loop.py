@@ -18,6 +18,7 @@ from trainer_core.sweeps import record
 from trainer_core.sweeps.driver import PAUSED, PRUNED, open_study
 from trainer_core.sweeps.record import SweepStatus
 from trainer_core.sweeps.runner import SweepRunner
+from trainer_core.sweeps import checks
 from trainer_core.sweeps.spec import SweepConfig
 
 STEPS, EVERY, PAUSE_AT = 10, 5, 5
@@ -37,7 +38,7 @@ def release(tmp_path, monkeypatch) -> Path:
 def sweep_config(values: list[float], **sweep) -> SweepConfig:
     data = {"model_name": BUNDLED_MODEL, "max_steps": STEPS, "eval_fraction": 0.2, "eval_steps": EVERY,
             "sweep": {"search": "grid", "params": {"learning_rate": {"values": values}}, "n_trials": 0, **sweep}}
-    config, errors = SweepConfig.from_mapping(data)
+    config, errors = checks.read(data)
     assert errors == []
     return config
 

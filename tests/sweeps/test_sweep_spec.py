@@ -4,14 +4,15 @@ from __future__ import annotations
 import pytest
 
 from trainer_core.config import FieldError, TrainConfig
-from trainer_core.sweeps.spec import SweepConfig, apply, grid_points
+from trainer_core.sweeps import checks
+from trainer_core.sweeps.spec import apply, grid_points
 
 BASE = {"max_steps": 20, "eval_fraction": 0.1, "eval_steps": 5}
 LR = {"low": 1e-5, "high": 1e-3, "log": True}
 
 
 def errors_of(sweep, base=BASE) -> list[FieldError]:
-    return SweepConfig.from_mapping({**base, "sweep": sweep})[1]
+    return checks.read({**base, "sweep": sweep})[1]
 
 
 @pytest.mark.parametrize("sweep, expected", [
@@ -56,12 +57,12 @@ def test_an_objective_needs_an_eval_set_that_reports_within_a_trial():
 
 
 def test_a_file_without_a_sweep_section_is_refused():
-    assert SweepConfig.from_mapping(BASE)[1] == [
+    assert checks.read(BASE)[1] == [
         FieldError("sweep", "the file has no sweep: section (search, params, n_trials, objective)")]
 
 
 def test_yaml_exponents_without_a_dot_are_numbers_and_a_good_sweep_has_no_problems():
-    config, errors = SweepConfig.from_mapping({**BASE, "sweep": {"params": {
+    config, errors = checks.read({**BASE, "sweep": {"params": {
         "learning_rate": {"low": "1e-5", "high": "1e-3", "log": True}, "lora_r": [8, 16]}}})
     assert errors == []
     assert (config.spec.params[0].low, config.spec.params[0].high) == (1e-5, 1e-3)
@@ -69,7 +70,7 @@ def test_yaml_exponents_without_a_dot_are_numbers_and_a_good_sweep_has_no_proble
 
 
 def test_grid_points_and_budget():
-    config, errors = SweepConfig.from_mapping({**BASE, "sweep": {"search": "grid", "params": {
+    config, errors = checks.read({**BASE, "sweep": {"search": "grid", "params": {
         "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True, "grid_points": 3},
         "lora_r": {"low": 8, "high": 32, "step": 8}}}})
     assert errors == []

@@ -21,7 +21,8 @@ from trainer_core.jobs.refusals import RunRefused, authorize
 from trainer_core.sweeps import record
 from trainer_core.sweeps.driver import SweepDriver, open_study
 from trainer_core.sweeps.record import SweepStatus
-from trainer_core.sweeps.spec import SweepConfig, problems
+from trainer_core.sweeps.checks import problems
+from trainer_core.sweeps.spec import SweepConfig
 
 TICK_S = 1.0
 
