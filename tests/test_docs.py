@@ -11,11 +11,13 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import yaml
 
-from trainer_core.config import TrainConfig
+from trainer_core.config import TrainConfig, load_yaml
 from trainer_core.data import loading
 from trainer_core.methods import METHODS
 from trainer_core.rewards.builtin import PARAMS
+from trainer_core.sweeps import checks as sweep_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -151,6 +153,11 @@ def test_every_yaml_example_is_a_valid_config(home, monkeypatch, where, text):
     """As `python -m trainer_core validate` checks a file: the fields, then the dataset when it is bundled
     (an example that names the reader's own file cannot have it checked here)."""
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # a launcher: ray example runs on the server's cluster
+    data = load_yaml(text)
+    if isinstance(data, dict) and "sweep" in data:  # a sweep file (sweeps.md): its sweep: section, then its base
+        config, errors = sweep_checks.read(data)
+        assert errors == [], where
+        text = yaml.safe_dump(config.base)
     cfg = TrainConfig.from_yaml(text)
     assert cfg.validate() == [], where
     if cfg.local_datasets and all(d.startswith("bundled:") for d in cfg.local_datasets + cfg.local_eval_datasets):

@@ -233,8 +233,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
     ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
     ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
-    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback"),  # trying a model; what pages draw; people's
-    # votes and ratings (over the store and model sources)
+    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps"),  # trying a model;
+    # what pages draw; people's votes and ratings (over the store and model sources); sweeps (their trials are runs
+    # started through the orchestrator)
     ("gateway",),  # the shared mode's sign-in service
     ("ui", "trainer_core.cli", "trainer_core.__main__"),  # the surfaces: the dashboard's ui/ (pages/ above) and the CLI
 )
