@@ -1,7 +1,7 @@
 """Event-pipeline benchmark: worker -> events.jsonl -> orchestrator pump -> database.
 
-A synthetic worker (tests/fake_worker.py, the real ``EventWriter``) emits N progress events as fast as it
-can; the real orchestrator (the real launcher's environment through tests/support's
+A synthetic worker (tests/support/fake_worker.py, the real ``EventWriter``) emits N progress events as fast as it
+can; the real orchestrator (the real launcher's environment through tests/support/fakes.py's
 ``FakeLauncher``, pump thread, MetricBuffer and Store) ingests them into a fresh
 SQLite database under a temporary data root, and into PostgreSQL too when
 FINETUNE_STUDIO_TEST_POSTGRES_URL is set.

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/export.py [--quant q8_0 --quant f16] [--prompt-set quick-check] [--tokens 24]
 
-A LoRA adapter is built with PEFT on the bundled SmolLM2-135M-Instruct (tests/export_support.make_run), then
+A LoRA adapter is built with PEFT on the bundled SmolLM2-135M-Instruct (tests/support/lora_runs.py: lora_run), then
 one export job runs the real path: ``Orchestrator.submit(ExportSpec)`` -> worker subprocess -> events.jsonl ->
 pump -> database. Stage times come from the job's own status events (the time from one stage's start to the
 next's), sizes and agreement from the artifact and verify rows the pump stored. This process plays the
@@ -34,7 +34,7 @@ def main() -> int:
                       FINETUNE_STUDIO_FORCE_CPU="1", FINETUNE_STUDIO_ALLOWED_ROOTS=f"{home}:{args.models}")
     os.environ.pop("DATABASE_URL", None)
 
-    from tests.export_support import make_run
+    from tests.support.lora_runs import lora_run
     from trainer_core.config import BUNDLED_MODEL
     from trainer_core.export.spec import ExportSpec
     from trainer_core.jobs.orchestrator import Orchestrator
@@ -42,7 +42,7 @@ def main() -> int:
     from trainer_core.protocol import events as ev, paths
     from trainer_core.protocol.status import RunStatus
 
-    run = make_run("20260101-000000-bench0", BUNDLED_MODEL)
+    run = lora_run("20260101-000000-bench0", BUNDLED_MODEL)
     orch = Orchestrator()
     try:
         job_id = orch.submit(ExportSpec(source=ModelSource(run_id=run.name), targets=["merged", "gguf"],

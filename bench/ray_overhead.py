@@ -3,7 +3,7 @@
     .venv/bin/python bench/ray_overhead.py [--steps 30] [--pairs 2] [--model DIR]
 
 (a) ``launcher: local``: torchrun on this host, two ranks (trainer_core/worker/launch.py).
-(b) ``launcher: ray``: a Ray job on a local cluster of two nodes (tests/ray_support.py, started and stopped
+(b) ``launcher: ray``: a Ray job on a local cluster of two nodes (tests/support/ray_cluster.py, started and stopped
     here), Ray Train's TorchTrainer with two workers, one per node, each running the same rank recipe.
 
 Both go through the orchestrator, as the dashboard starts them, and alternate (a b, b a, ...) so load from
@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: make trainer_core, db and tests importable
 
 from bench.overhead import steps_per_s  # noqa: E402 - the one definition of steps/s
-from tests.ray_support import local_cluster  # noqa: E402
+from tests.support.ray_cluster import local_cluster  # noqa: E402
 from tests.support import MODELS_CACHE, build_tiny_model  # noqa: E402
 from trainer_core.config import TrainConfig  # noqa: E402
 from trainer_core.jobs.orchestrator import Orchestrator  # noqa: E402

@@ -20,7 +20,7 @@ from playwright import sync_api
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.browser_support import StreamlitServer, chromium_path, kill_workers_under  # noqa: E402
+from tests.support.browser import chromium_path, kill_workers_under, StreamlitServer  # noqa: E402
 from tests.support import MODELS_CACHE  # noqa: E402
 
 

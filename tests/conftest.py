@@ -62,7 +62,7 @@ def tiny_model():
 
 @pytest.fixture
 def fake_launcher() -> FakeLauncher:
-    """The real launcher starting tests/fake_worker.py (its behaviour set through FAKE_* variables)."""
+    """The real launcher starting tests/support/fake_worker.py (its behaviour set through FAKE_* variables)."""
     launcher = FakeLauncher()
     yield launcher
     launcher.kill_all()
@@ -70,7 +70,7 @@ def fake_launcher() -> FakeLauncher:
 
 @pytest.fixture
 def fake_worker(monkeypatch) -> FakeLauncher:
-    """The real launcher (environment, own session, worker.log) starting tests/fake_worker.py with scripted
+    """The real launcher (environment, own session, worker.log) starting tests/support/fake_worker.py with scripted
     values (``fake()`` chooses its behaviour per start; this sets the defaults: 5 steps at once)."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
     fake(monkeypatch)

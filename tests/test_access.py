@@ -8,7 +8,6 @@ import time
 
 import psutil
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from db import users
 from db.entities import RunRecord
@@ -16,7 +15,7 @@ from db.store import Store
 from gateway import settings, signin
 from gateway.__main__ import main as share_main
 from tests.support import fake
-from tests.test_pages import APP, TIMEOUT
+from tests.support.apptest import open_page
 from trainer_core.auth import access
 from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
@@ -240,17 +239,6 @@ def _as_user(monkeypatch, name: str) -> None:
                                                                "session_generation", None))
 
 
-def _app(page: str | None = None, **query):
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    if page:
-        at.switch_page(page)
-        for key, value in query.items():
-            at.query_params[key] = value
-        at.run()
-    assert not at.exception, at.exception
-    return at
-
-
 def _seed_runs(store) -> None:
     now = time.time()
     store.create_run(RunRecord(id="20250101-000000-bobbob", name="bob's run", owner="bob", status=RunStatus.RUNNING.value,
@@ -275,17 +263,17 @@ def shared_store(app_home):
 
 def test_a_viewer_sees_every_run_but_every_action_is_disabled(shared_store, monkeypatch):
     _as_user(monkeypatch, "val")
-    at = _app("pages/live.py")
+    at = open_page("pages/live.py")
     assert [t.value for t in at.title] == ["Live"]
     stop = next(b for b in at.button if b.label == "Stop & save")
     assert stop.disabled and "only bob or an admin can: you are viewer" in stop.help
-    sidebar = [c.value for c in _app().sidebar.caption]
+    sidebar = [c.value for c in open_page().sidebar.caption]
     assert "Signed in as **val** (viewer) · [Sign out](/auth/logout)" in sidebar, sidebar
-    at = _app("pages/new_run.py")  # no form: no upload, preview or preset save either
+    at = open_page("pages/new_run.py")  # no form: no upload, preview or preset save either
     assert [i.value for i in at.info] == ["Viewers watch runs (Live, History, Run details, Compare); an admin can "
                                           "make you an operator on the Account page."]
     assert not at.button and not at.text_input and not at.get("file_uploader")
-    at = _app("pages/history.py")
+    at = open_page("pages/history.py")
     at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
     assert next(b for b in at.button if b.label == "Delete").disabled
     assert next(b for b in at.button if b.label == "Resume").disabled
@@ -293,9 +281,9 @@ def test_a_viewer_sees_every_run_but_every_action_is_disabled(shared_store, monk
 
 def test_an_operator_acts_on_own_runs_only_and_history_filters_by_owner(shared_store, monkeypatch):
     _as_user(monkeypatch, "ann")
-    at = _app("pages/live.py")
+    at = open_page("pages/live.py")
     assert next(b for b in at.button if b.label == "Stop & save").disabled  # bob's run
-    at = _app("pages/history.py")
+    at = open_page("pages/history.py")
     at.selectbox(key="history_pick").set_value("20250101-000000-oldold").run()
     assert next(b for b in at.button if b.label == "Delete").disabled
     at.selectbox(key="history_pick").set_value("20250101-000000-annann").run()
@@ -306,7 +294,7 @@ def test_an_operator_acts_on_own_runs_only_and_history_filters_by_owner(shared_s
 
 def test_an_admin_stops_someone_elses_run_and_the_timeline_says_who(shared_store, monkeypatch):
     _as_user(monkeypatch, "ada")
-    at = _app("pages/live.py")
+    at = open_page("pages/live.py")
     next(b for b in at.button if b.label == "Stop & save").click().run()
     assert not at.exception, at.exception
     events = [e.message for e in shared_store.get_events("20250101-000000-bobbob") if e.kind == "control"]
@@ -315,7 +303,7 @@ def test_an_admin_stops_someone_elses_run_and_the_timeline_says_who(shared_store
 
 def test_account_page_tokens_are_shown_once_and_admins_manage_roles(shared_store, monkeypatch):
     _as_user(monkeypatch, "ann")
-    at = _app("pages/account.py")
+    at = open_page("pages/account.py")
     assert "Users" not in [s.value for s in at.subheader]
     at.text_input(key="account_token_label").input("laptop")
     next(b for b in at.button if b.label == "Create token").click().run()
@@ -327,7 +315,7 @@ def test_account_page_tokens_are_shown_once_and_admins_manage_roles(shared_store
     assert users.tokens_of(shared_store, "ann") == []
 
     _as_user(monkeypatch, "ada")
-    at = _app("pages/account.py")
+    at = open_page("pages/account.py")
     assert "Users" in [s.value for s in at.subheader]
     at.button(key="role_val_operator").click().run()  # a button per change (issue 24): no remembered selectbox
     assert users.actor_for(shared_store, "val") == Actor("val", Role.OPERATOR)
@@ -366,7 +354,7 @@ def test_sign_in_returns_only_to_this_site(target, expected):
 @pytest.mark.parametrize("name, may_rebuild", [("val", False), ("ann", False), ("ada", True)])
 def test_only_admins_may_rebuild_the_database(shared_store, monkeypatch, name, may_rebuild):
     _as_user(monkeypatch, name)
-    at = _app("pages/settings.py")
+    at = open_page("pages/settings.py")
     button = next(b for b in at.button if b.label == "Rebuild the database from the run folders")
     assert button.disabled is not may_rebuild
     assert ("Only an admin can rebuild the database." in [i.value for i in at.info]) is not may_rebuild
@@ -383,14 +371,14 @@ def test_only_an_admin_starts_or_resumes_a_run_that_trusts_remote_code(orch, mon
 
 
 def test_jobs_that_load_a_run_trusting_remote_code_are_an_admins(home):
-    from tests.test_jobspec import make_run
+    from tests.support.factories import run_folder
     from trainer_core.evaluation.spec import EvalSpec
     from trainer_core.export.spec import ExportSpec
     from trainer_core.specs.model_source import ModelSource
     from trainer_core.serving.spec import ServeSpec
 
-    make_run("20260101-000000-trusts")
-    make_run("20260101-000000-plain0")
+    run_folder("20260101-000000-trusts")
+    run_folder("20260101-000000-plain0")
     config = paths.run_dir("20260101-000000-trusts") / "config.yaml"
     config.write_text(dataclasses.replace(TrainConfig.from_yaml(config.read_text()), trust_remote_code=True).to_yaml())
     trusting, plain = ModelSource(run_id="20260101-000000-trusts"), ModelSource(run_id="20260101-000000-plain0")

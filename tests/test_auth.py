@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from db.entities import RunRecord
 from db.store import Store
 from tests.support import wait_until
-from tests.test_pages import APP, TIMEOUT
+from tests.support.apptest import APP, TIMEOUT
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from trainer_core.auth import access

@@ -18,7 +18,7 @@ import yaml
 
 from db.store import Store
 from tests.support import ROOT, build_tiny_model
-from tests.test_pages import open_page, submit, texts
+from tests.support.apptest import open_page, submit, texts
 from trainer_core.host import hardware
 from trainer_core.__main__ import main as cli_main
 from trainer_core.config import BUNDLED_DATASET, ConfigError, FieldError, TrainConfig

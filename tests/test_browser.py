@@ -5,23 +5,12 @@ drives Debian's `chromium` (Playwright cannot download its own browser here). `.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.browser_support import (
-    CHROMIUM_ENV,
-    StreamlitServer,
-    chart_labels_sample,
-    chromium_path,
-    grid_rows,
-    kill_workers_under,
-    main_text,
-    series_steps,
-    wait_until,
-)
-from tests.support import MODELS_CACHE, ROOT
+from tests.support.browser import (PAGE_TIMEOUT_S, chart_labels_sample, chromium, grid_rows,  # noqa: F401 - fixtures
+                                   main_text, page, served_dashboard, series_steps, wait_until)
 from trainer_core.views.charts import RAW_LOSS
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
@@ -34,8 +23,6 @@ RUN_NAME = "browser e2e"
 MAX_STEPS = 6
 # Short rows and small batches, as in test_e2e: the steps stay a few seconds each on 2 CPU cores.
 FORM_NUMBERS = {"Max steps": MAX_STEPS, "Max sequence length": 128, "Batch size": 2}
-VIEWPORT = {"width": 1400, "height": 1000}
-PAGE_TIMEOUT_S = 60     # a page or widget to appear (the first script run imports pandas/altair)
 RUN_TIMEOUT_S = 600     # the worker loads (and on a cold cache converts) the model, then trains MAX_STEPS
 HISTORY_TIMEOUT_S = 120  # the database row turns terminal once the worker process has exited
 
@@ -44,45 +31,9 @@ FAILED = fmt.status_badge(RunStatus.FAILED)
 
 
 @pytest.fixture
-def chromium() -> str:
-    path = chromium_path()
-    if path is None:
-        pytest.skip(f"Chromium not found: install Debian's `chromium` package (apt-get install chromium; "
-                    f".ci/run does) or set {CHROMIUM_ENV} to the browser's path")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"{path} is not an executable file: fix {CHROMIUM_ENV} or the PATH entry")
-    return path
-
-
-@pytest.fixture
 def dashboard(tmp_path):
-    """The dashboard on a free port with its own data root; stopped, with any worker it left, at the end."""
-    home = tmp_path / "home"
-    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE),
-           "FINETUNE_STUDIO_FORCE_CPU": "1",
-           "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join([str(tmp_path), str(ROOT / ".test-cache")])}
-    for name in ("DATABASE_URL", "FINETUNE_STUDIO_PASSWORD"):  # the default store, and no password gate
-        env.pop(name, None)
-    server = StreamlitServer(ROOT, env, tmp_path / "server.log")
-    try:
-        server.start(timeout=PAGE_TIMEOUT_S)
+    with served_dashboard(tmp_path) as server:
         yield server
-    finally:
-        server.stop()
-        kill_workers_under(home)
-
-
-@pytest.fixture
-def page(chromium):
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True)
-        try:
-            context = browser.new_context(viewport=VIEWPORT)
-            tab = context.new_page()
-            tab.set_default_timeout(PAGE_TIMEOUT_S * 1000)
-            yield tab
-        finally:
-            browser.close()
 
 
 def _tails(home: Path, chars: int = 3000) -> str:
@@ -171,12 +122,7 @@ def test_demo_run_from_the_form_to_history(page, dashboard, tmp_path):  # page f
 def test_password_gate_holds_for_a_page_url_and_lets_the_right_password_in(page, tmp_path, chromium):
     """A fresh server, a bookmarked deep link first: the gate shows, refuses a wrong password, lets the
     right one through to the page and query that were asked for, and a second browser session is gated again."""
-    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(tmp_path / "home"), "FINETUNE_STUDIO_FORCE_CPU": "1",
-           "FINETUNE_STUDIO_PASSWORD": "open sesame 42"}
-    env.pop("DATABASE_URL", None)
-    server = StreamlitServer(ROOT, env, tmp_path / "server.log")
-    try:
-        server.start(timeout=PAGE_TIMEOUT_S)
+    with served_dashboard(tmp_path, FINETUNE_STUDIO_PASSWORD="open sesame 42") as server:
         page.goto(f"{server.url}/compare?run=run-a&run=run-b")  # a shared deep link, query included
         password = page.get_by_label("Password", exact=True)
         password.wait_for(timeout=PAGE_TIMEOUT_S * 1000)
@@ -195,5 +141,3 @@ def test_password_gate_holds_for_a_page_url_and_lets_the_right_password_in(page,
         other.get_by_label("Password", exact=True).wait_for(timeout=PAGE_TIMEOUT_S * 1000)
         assert other.get_by_role("heading", name="Run details").count() == 0
         other.close()
-    finally:
-        server.stop()

@@ -13,7 +13,7 @@ import yaml
 from db.entities import RunRecord
 from db.store import Store
 from tests.support import fake
-from tests.test_pages import insert_finished_run
+from tests.support.factories import insert_finished_run
 from trainer_core.__main__ import main
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol import paths

@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from db.entities import RunRecord
 from db.store import Store
+from tests.support.factories import run_record
 from trainer_core.protocol.status import RunStatus
 from ui.compare import config_diff, summary_table
 
@@ -44,13 +45,14 @@ def test_config_diff_marks_missing_fields_and_is_empty_for_equal_configs():
 
 
 # ---------------------------------------------------------------------- summary_table
-def make_run(run_id: str, name: str, status: RunStatus = RunStatus.COMPLETED, **values) -> RunRecord:
-    return RunRecord(id=run_id, name=name, status=status.value, created_at=1000.0, started_at=1000.0, **values)
+def compared(run_id: str, name: str, status: RunStatus = RunStatus.COMPLETED, **values) -> RunRecord:
+    """A run row of the compare table: created and started at t=1000 s."""
+    return run_record(run_id, status, name=name, created_at=1000.0, started_at=1000.0, **values)
 
 
 def test_summary_table_reads_losses_from_the_metrics():
-    runs = [make_run("r1", "alpha", steps_done=4, finished_at=1125.0, tokens_seen=4096),
-            make_run("r2", "beta", RunStatus.FAILED, steps_done=2, finished_at=1010.0, final_loss=7.0)]
+    runs = [compared("r1", "alpha", steps_done=4, finished_at=1125.0, tokens_seen=4096),
+            compared("r2", "beta", RunStatus.FAILED, steps_done=2, finished_at=1010.0, final_loss=7.0)]
     frames = {
         "r1": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [3.0, 1.5, None, 2.0],
                             "eval_loss": [None, 2.5, None, 2.25]}, dtype=object),
@@ -68,7 +70,7 @@ def test_summary_table_reads_losses_from_the_metrics():
 
 
 def test_summary_table_falls_back_to_the_run_row_and_counts_running_time():
-    runs = [make_run("r3", "gamma", RunStatus.RUNNING, steps_done=9, last_loss=1.25, best_eval_loss=1.5)]
+    runs = [compared("r3", "gamma", RunStatus.RUNNING, steps_done=9, last_loss=1.25, best_eval_loss=1.5)]
     row = summary_table(runs, {}, now=1061.0).iloc[0]
     assert (row["final loss"], row["best loss"], row["best eval loss"], row["steps"], row["duration"]) == \
         (1.25, 1.25, 1.5, 9, "1m 01s")

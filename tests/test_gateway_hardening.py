@@ -27,9 +27,9 @@ from db.store import Store
 from gateway import nginx, settings, signin
 from gateway.__main__ import _status
 from gateway.settings import AuthSettings
-from tests.browser_support import free_port
+from tests.support.browser import free_port
 from tests.support import wait_until
-from tests.test_pages import APP, TIMEOUT
+from tests.support.apptest import APP, TIMEOUT
 from trainer_core.auth.access import Actor, Role
 from ui import auth
 from ui.state import get_orchestrator

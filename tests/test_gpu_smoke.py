@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.speech_support import ESPEAK, NO_ESPEAK
+from tests.support.speech import ESPEAK, NO_ESPEAK
 from tests.support import ROOT
 
 SCRIPT = ROOT / "bench" / "gpu_smoke.py"

@@ -21,7 +21,7 @@ from db.entities import RunRecord
 from db.store import Store
 from tests.jobs.test_rebuild import wipe
 from tests.support import ROOT, fake
-from tests.test_jobspec import make_run
+from tests.support.factories import run_folder
 from trainer_core.specs import jobspec
 from trainer_core.config import BUNDLED_MODEL, ConfigError
 from trainer_core.evaluation.spec import EvalSpec
@@ -39,7 +39,7 @@ SOURCE_RUN = "20260101-000000-srcsrc"
 def export_job(store: Store, job_id: str = "20260102-100003-cccccc") -> Path:
     """A finished export job as its worker and the pump leave it: job.json, a journal, an artifact on disk and
     the events naming it by absolute path."""
-    make_run(SOURCE_RUN)
+    run_folder(SOURCE_RUN)
     job = paths.run_dir(job_id)
     job.mkdir(parents=True)
     jobspec.write_spec(job, ExportSpec(source=ModelSource(run_id=SOURCE_RUN), targets=["adapter"], verify=False))

@@ -8,29 +8,14 @@ from typing import ClassVar
 import pytest
 
 from tests.support import fake, wait_until
+from tests.support.factories import run_folder
 from trainer_core.specs import jobspec, model_source
-from trainer_core.config import BUNDLED_MODEL, ConfigError, TrainConfig
+from trainer_core.config import BUNDLED_MODEL, ConfigError
 from trainer_core.jobs.launcher import WorkerLauncher
 from trainer_core.specs.model_source import ModelSource, SourceError, resolve
 from trainer_core.specs.jobspec import JobSpec
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus, read_kind
-
-
-def make_run(run_id: str, lora: bool = True, final: bool = True, steps: tuple[int, ...] = (), name: str = "") -> None:
-    """A training run's folder as the worker leaves it: config.yaml, the final adapter/model, checkpoints."""
-    folder = paths.run_dir(run_id)
-    folder.mkdir(parents=True)
-    cfg = TrainConfig(run_name=name, training_type="lora" if lora else "full")
-    (folder / "config.yaml").write_text(cfg.to_yaml())
-    weights = "adapter_config.json" if lora else "config.json"
-    if final:
-        (folder / ("adapter" if lora else "model")).mkdir()
-        (folder / ("adapter" if lora else "model") / weights).write_text("{}")
-    for step in steps:
-        (folder / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
-        (folder / "checkpoints" / f"checkpoint-{step}" / weights).write_text("{}")
-        (folder / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
 
 
 # ====================================================================== sources
@@ -54,7 +39,7 @@ def test_a_base_source_needs_no_run(home):
 
 
 def test_final_adapter_and_checkpoints_resolve_to_their_folders(home):
-    make_run("r1", steps=(10, 20), name="Support tone v2")
+    run_folder("r1", steps=(10, 20), name="Support tone v2")
     final = resolve(ModelSource(run_id="r1"))
     assert final.adapter_dir == paths.run_dir("r1") / "adapter" and final.model_dir is None
     assert final.served_name == "support-tone-v2" and final.label == "Support tone v2 · final"
@@ -67,7 +52,7 @@ def test_final_adapter_and_checkpoints_resolve_to_their_folders(home):
 def test_a_checkpoint_still_being_saved_is_no_source(home):
     """Its weights are written before trainer_state.json: until that is whole, eval, export or serve would read a
     checkpoint that is still being written (or that a killed save left half-written)."""
-    make_run("saving", steps=(10,))
+    run_folder("saving", steps=(10,))
     saving = paths.run_dir("saving") / "checkpoints" / "checkpoint-20"
     saving.mkdir()
     (saving / "adapter_config.json").write_text("{}")
@@ -77,7 +62,7 @@ def test_a_checkpoint_still_being_saved_is_no_source(home):
 
 
 def test_a_full_fine_tune_resolves_to_its_model_folder(home):
-    make_run("full1", lora=False)
+    run_folder("full1", lora=False)
     resolved = resolve(ModelSource(run_id="full1"))
     assert resolved.model_dir == paths.run_dir("full1") / "model" and resolved.adapter_dir is None
 
@@ -85,7 +70,7 @@ def test_a_full_fine_tune_resolves_to_its_model_folder(home):
 def test_a_weights_folder_replaced_by_a_link_out_of_the_run_is_refused(home, tmp_path):
     """Hostile review: a run's adapter/ (or a checkpoint) swapped for a symlink to another folder still resolved,
     so a serve or export job loaded whatever it pointed at."""
-    make_run("linked", steps=(10,))
+    run_folder("linked", steps=(10,))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "adapter_config.json").write_text("{}")
@@ -105,7 +90,7 @@ def test_a_weights_folder_replaced_by_a_link_out_of_the_run_is_refused(home, tmp
 def test_a_weights_file_replaced_by_a_link_out_of_the_run_is_refused(home, tmp_path):
     """Hostile review (tts export): with the folder checked, one file in it (the weights) swapped for a symlink out of
     the run was still loaded. A link that stays inside the run is fine."""
-    make_run("filelink", steps=(10,))
+    run_folder("filelink", steps=(10,))
     outside = tmp_path / "other.safetensors"
     outside.write_bytes(b"not yours")
     checkpoint = paths.run_dir("filelink") / "checkpoints" / "checkpoint-10"
@@ -121,7 +106,7 @@ def test_a_weights_file_replaced_by_a_link_out_of_the_run_is_refused(home, tmp_p
 
 
 def test_missing_pieces_are_named_with_the_fix(home):
-    make_run("nofinal", final=False, steps=(5,))
+    run_folder("nofinal", final=False, steps=(5,))
     with pytest.raises(SourceError, match=r"no saved adapter yet .*pick one of its checkpoints \(5\)"):
         resolve(ModelSource(run_id="nofinal"))
     with pytest.raises(SourceError, match=r"no checkpoint at step 7: its checkpoints are at steps 5") as info:
@@ -161,7 +146,7 @@ def test_submit_refuses_a_spec_with_problems(orch, home):
 def test_submit_queues_behind_a_training_run_on_the_same_device_and_starts_after_it(orch, home, monkeypatch):
     import trainer_core.specs.jobkinds  # noqa: F401  (the real spec classes register first; the probe stands in for one)
     monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
-    make_run("src", steps=(2,))
+    run_folder("src", steps=(2,))
     pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
     cfg = fake(monkeypatch, steps=3)
     monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # the training run holds the device until the test says so
@@ -202,7 +187,7 @@ def test_a_submitted_job_comes_back_with_its_kind_after_a_database_rebuild(make_
     from trainer_core.jobs import rebuild
 
     monkeypatch.setitem(jobspec.SPEC_TYPES, JobKind.EXPORT, ProbeSpec)
-    make_run("src", steps=(2,))
+    run_folder("src", steps=(2,))
     orch = make_orch()
     fake(monkeypatch, steps=2)
     job_id = orch.submit(ProbeSpec(source=ModelSource(run_id="src"), name="probe"))
@@ -232,7 +217,7 @@ def test_a_job_name_that_is_not_text_is_named_not_a_crash(home, kind, value):
     from trainer_core.export.spec import ExportSpec
     from trainer_core.serving.spec import ServeSpec
 
-    make_run("20260101-000000-nnnnnn")
+    run_folder("20260101-000000-nnnnnn")
     source = ModelSource(run_id="20260101-000000-nnnnnn")
     spec = ServeSpec(sources=[source]) if kind == "serve" else ExportSpec(source=source, targets=["adapter"])
     spec.name = value
@@ -242,7 +227,7 @@ def test_a_job_name_that_is_not_text_is_named_not_a_crash(home, kind, value):
 @pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", "\x00\x00"])
 def test_a_damaged_adapter_config_is_a_source_error_naming_the_file(home, content):
     """It was accepted, and the serve/eval/export worker failed later with a bare JSONDecodeError."""
-    make_run("20260101-000000-dddddd", steps=(10,))
+    run_folder("20260101-000000-dddddd", steps=(10,))
     folder = paths.run_dir("20260101-000000-dddddd")
     (folder / "checkpoints" / "checkpoint-10" / "adapter_config.json").write_text(content)
     with pytest.raises(SourceError, match="checkpoint-10/adapter_config.json cannot be read") as caught:

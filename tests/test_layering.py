@@ -99,6 +99,19 @@ def test_test_module_names_are_unique():
     assert clashes == []
 
 
+def test_benchmarks_and_scripts_import_only_the_test_support_package():
+    """bench/ and scripts/ share tests/support/ (tiny models, fakes, data) and never import a test module: a test
+    file is free to change its helpers, and importing one would also drag its fixtures and markers along."""
+    imported = []
+    for folder in ("bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                imported += [(path.name, n) for n in names if n.split(".")[0] == "tests"]
+    assert imported and all(n == "tests.support" or n.startswith("tests.support.") for _, n in imported), imported
+
+
 COLLECT_ALL = """
 import importlib.util, json, sys
 for i, path in enumerate(json.loads(sys.argv[1])):

@@ -17,72 +17,12 @@ from trainer_core.data import preview
 from trainer_core.config import presets
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.jobs.orchestrator import RunRefused
+from tests.support.apptest import (TINY, click, fakes, open_new_run, texts,  # noqa: F401 - fakes: a fixture
+                                   use_local_file)
 from ui.state import get_orchestrator
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "streamlit_app.py")
 FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
-TIMEOUT = 30
-
-TINY = model_info.ModelInfo(
-    source="bundled", architecture="LlamaForCausalLM", model_type="llama", num_parameters=134_515_008,
-    hidden_size=576, num_layers=30, num_attention_heads=9, num_kv_heads=3, intermediate_size=1536,
-    vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True, has_chat_template=True,
-    torch_dtype="bfloat16")
-
-
-@pytest.fixture
-def fakes(app_home, monkeypatch):
-    """Model facts, device memory and the preview replaced by fakes that record what they were asked."""
-    calls = SimpleNamespace(inspect=[], preview=[], result=None, free_gb=100.0)
-
-    def inspect(name, token=None):
-        calls.inspect.append(name)
-        return TINY
-
-    def build_preview(cfg, rows_shown=5, timeout_s=180):
-        calls.preview.append(cfg)
-        if isinstance(calls.result, Exception):
-            raise calls.result
-        return calls.result or fake_preview(cfg.max_seq_length)
-
-    monkeypatch.setattr(model_info, "inspect_model", inspect)
-    monkeypatch.setattr(preview, "build_preview", build_preview)
-    monkeypatch.setattr(memory, "device_memory",
-                        lambda cfg: memory.DeviceMemory("cpu", "test RAM", calls.free_gb, 128.0))
-    return calls
-
-
-def fake_preview(max_seq_length: int = 512) -> preview.Preview:
-    rows = (preview.RenderedRow(index=0, text="<|user|>Hi <script>alert(1)</script>\n<|assistant|>Hello & bye",
-                                segments=(("<|user|>Hi <script>alert(1)</script>\n<|assistant|>", False),
-                                          ("Hello & bye", True)),
-                                num_tokens=21, truncated=False),
-            preview.RenderedRow(index=1, text="long", segments=(("long", True),), num_tokens=900, truncated=True))
-    return preview.Preview(format="chatml", format_reason="found a 'messages' column with role/content turns",
-                           tokenizer="SmolLM2-135M-Instruct", rows=rows, lengths=(21, 40, 300, 900),
-                           max_seq_length=max_seq_length, truncated=1, dropped={"no assistant turn": 2},
-                           total_rows=4, total_tokens=1173, trained_tokens=400, steps_per_epoch=1, eval_rows=0)
-
-
-def open_page(**session) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for key, value in session.items():
-        at.session_state[key] = value
-    at.run()
-    at.switch_page("pages/new_run.py").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def texts(at: AppTest, kind: str) -> list[str]:
-    return [e.value for e in getattr(at, kind)]
-
-
-def click(at: AppTest, label: str) -> AppTest:
-    next(b for b in at.button if b.label == label).click().run()
-    assert not at.exception, at.exception
-    return at
 
 
 def html_blocks(at: AppTest) -> list[str]:
@@ -96,16 +36,9 @@ def fixture_copy(tmp_path: Path, name: str) -> Path:
     return copy
 
 
-def use_local_file(at: AppTest, path: Path) -> AppTest:
-    at.radio(key="nr_dataset_source").set_value("local")
-    at.text_input(key="nr_local_datasets").input(str(path)).run()
-    assert not at.exception, at.exception
-    return at
-
-
 # ---------------------------------------------------------------------- model facts and memory
 def test_model_panel_shows_facts_and_a_fitting_estimate(fakes):
-    at = open_page()
+    at = open_new_run()
     tiles = {m.label: m.value for m in at.metric}
     assert tiles["Architecture"] == "LlamaForCausalLM"
     assert tiles["Parameters"] == "135M"
@@ -125,7 +58,7 @@ def test_model_panel_shows_facts_and_a_fitting_estimate(fakes):
 
 def test_memory_panel_says_what_to_change_when_it_does_not_fit(fakes):
     fakes.free_gb = 0.5
-    at = open_page()
+    at = open_new_run()
     [error] = [e for e in texts(at, "error") if e.startswith("Will not fit")]
     assert "0.5 GB free on test RAM" in error
     assert "turn on gradient checkpointing" in error and "lower batch_size to 2" in error
@@ -134,7 +67,7 @@ def test_memory_panel_says_what_to_change_when_it_does_not_fit(fakes):
 def test_memory_panel_reports_tight_fit(fakes):
     need = memory.estimate_memory(TINY, TrainConfig(), "cpu").total_gb
     fakes.free_gb = need * 1.02
-    at = open_page()
+    at = open_new_run()
     assert any(w.startswith("Tight: needs") for w in texts(at, "warning")), texts(at, "warning")
 
 
@@ -143,7 +76,7 @@ def test_model_panel_explains_a_model_it_cannot_read(app_home, monkeypatch):
         raise model_info.ModelInfoError("the hub cannot be reached and nothing is cached: connect or use a folder")
 
     monkeypatch.setattr(model_info, "inspect_model", broken)
-    at = open_page()
+    at = open_new_run()
     at.radio(key="nr_model_source").set_value("hub")
     at.text_input(key="nr_model_text").input("org/missing-model").run()
     assert "**model_name**: the hub cannot be reached and nothing is cached: connect or use a folder" in \
@@ -152,7 +85,7 @@ def test_model_panel_explains_a_model_it_cannot_read(app_home, monkeypatch):
 
 
 def test_model_panel_on_the_real_bundled_model(app_home):
-    at = open_page()
+    at = open_new_run()
     tiles = {m.label: m.value for m in at.metric}
     assert tiles["Architecture"] == "LlamaForCausalLM" and tiles["Chat template"] == "yes"
     assert tiles["Parameters"].endswith("M")
@@ -160,7 +93,7 @@ def test_model_panel_on_the_real_bundled_model(app_home):
 
 # ---------------------------------------------------------------------- preview
 def test_preview_runs_only_when_asked_and_renders_rows_safely(fakes):
-    at = open_page()
+    at = open_new_run()
     assert fakes.preview == []
     click(at, "Preview data")
     assert len(fakes.preview) == 1 and fakes.preview[0].model_name == BUNDLED_MODEL
@@ -179,7 +112,7 @@ def test_preview_runs_only_when_asked_and_renders_rows_safely(fakes):
 
 
 def test_preview_histogram_marks_max_seq_length(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_max_seq_length").set_value(256).run()
     click(at, "Preview data")
     [chart] = at.get("vega_lite_chart")
@@ -196,14 +129,14 @@ def test_preview_histogram_marks_max_seq_length(fakes):
 
 def test_preview_errors_are_shown_with_their_fields(fakes):
     fakes.result = preview.PreviewError([FieldError("format_type", "could not tell the format")])
-    at = open_page()
+    at = open_new_run()
     click(at, "Preview data")
     assert "**format_type**: could not tell the format" in texts(at, "error")
     assert not html_blocks(at)
 
 
 def test_a_preview_says_when_the_settings_changed_since(fakes):
-    at = open_page()
+    at = open_new_run()
     click(at, "Preview data")
     assert not at.info
     at.number_input(key="nr_max_seq_length").set_value(1024).run()
@@ -214,7 +147,7 @@ def test_a_preview_says_when_the_settings_changed_since(fakes):
 
 
 def test_a_preview_stays_current_when_only_training_knobs_change(fakes):
-    at = open_page()
+    at = open_new_run()
     click(at, "Preview data")
     at.number_input(key="nr_learning_rate").set_value(1e-3)
     at.number_input(key="nr_lora_r").set_value(8).run()
@@ -222,7 +155,7 @@ def test_a_preview_stays_current_when_only_training_knobs_change(fakes):
 
 
 def test_memory_estimate_uses_the_longest_previewed_row(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_max_seq_length").set_value(2048).run()
     click(at, "Preview data")
     cfg = fakes.preview[-1]
@@ -233,7 +166,7 @@ def test_memory_estimate_uses_the_longest_previewed_row(fakes):
 
 
 def test_preview_refuses_remote_code_without_confirmation(fakes):
-    at = open_page()
+    at = open_new_run()
     at.checkbox(key="nr_trust_remote_code").check().run()
     click(at, "Preview data")
     assert any(e.startswith("**trust_remote_code**:") for e in texts(at, "error"))
@@ -243,7 +176,7 @@ def test_preview_refuses_remote_code_without_confirmation(fakes):
 # ---------------------------------------------------------------------- column mapping
 def test_mapping_pickers_map_unknown_columns_and_the_preview_uses_them(fakes, tmp_path):
     data = fixture_copy(tmp_path, "custom.csv")
-    at = use_local_file(open_page(), data)
+    at = use_local_file(open_new_run(), data)
     assert any("Columns of custom.csv: `question`, `answer`, `notes`" in c for c in texts(at, "caption"))
     assert any(w.startswith("**format_type**: could not tell the format") for w in texts(at, "warning"))
     assert at.radio(key="nr_map_as_choice").value == "alpaca"
@@ -264,7 +197,7 @@ def test_mapping_pickers_for_a_chat_column_with_other_speaker_names(fakes, tmp_p
     data = tmp_path / "talk.jsonl"
     data.write_text(json.dumps({"dialog": [{"speaker": "customer", "text": "Hi"},
                                            {"speaker": "agent", "text": "Hello"}]}) + "\n")
-    at = use_local_file(open_page(), data)
+    at = use_local_file(open_new_run(), data)
     at.selectbox(key="nr_format_type").set_value("chatml").run()
     at.selectbox(key="nr_map_chatml_messages").set_value("dialog").run()
     assert at.selectbox(key="nr_map_chatml_role").options == ["—", "speaker", "text"]
@@ -280,7 +213,7 @@ def test_mapping_pickers_for_a_chat_column_with_other_speaker_names(fakes, tmp_p
 
 
 def test_typed_mapping_lines_win_over_the_pickers(fakes, tmp_path):
-    at = use_local_file(open_page(), fixture_copy(tmp_path, "custom.csv"))
+    at = use_local_file(open_new_run(), fixture_copy(tmp_path, "custom.csv"))
     at.selectbox(key="nr_map_alpaca_instruction").set_value("notes")
     at.selectbox(key="nr_map_alpaca_output").set_value("answer")
     at.text_area(key="nr_custom_format_mapping").input("instruction=question").run()
@@ -291,14 +224,14 @@ def test_typed_mapping_lines_win_over_the_pickers(fakes, tmp_path):
 def test_a_broken_file_is_reported_where_the_columns_would_be(fakes, tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
-    at = use_local_file(open_page(), broken)
+    at = use_local_file(open_new_run(), broken)
     assert any(e.startswith("**local_datasets**: broken.jsonl: line 1 is not valid JSON") for e in texts(at, "error"))
 
 
 # ---------------------------------------------------------------------- presets
 @pytest.mark.parametrize("name", ["cpu-demo", "qlora-8b-24gb", "full-small", "cpt-raw-text"])
 def test_loading_a_builtin_preset_fills_the_page_with_exactly_that_config(fakes, name):
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key="nr_preset_choice").set_value(name)
     click(at, "Load preset")
     assert f"Loaded preset '{name}'." in texts(at, "success")
@@ -307,7 +240,7 @@ def test_loading_a_builtin_preset_fills_the_page_with_exactly_that_config(fakes,
 
 
 def test_save_preset_writes_yaml_without_secrets_and_it_loads_back(fakes, app_home):
-    at = open_page()
+    at = open_new_run()
     at.text_input(key="nr_hf_token").input("hf_SECRET_123")
     at.text_input(key="nr_wandb_token").input("wb_SECRET_456")
     at.number_input(key="nr_max_steps").set_value(7)
@@ -327,7 +260,7 @@ def test_save_preset_writes_yaml_without_secrets_and_it_loads_back(fakes, app_ho
 
 
 def test_save_preset_with_a_bad_name_says_why(fakes, app_home):
-    at = open_page()
+    at = open_new_run()
     at.text_input(key="nr_preset_name").input("../escape")
     click(at, "Save preset")
     assert any(e.startswith("**preset_name**: name a preset with letters") for e in texts(at, "error"))
@@ -337,7 +270,7 @@ def test_save_preset_with_a_bad_name_says_why(fakes, app_home):
 def test_a_broken_user_preset_is_reported_not_loaded(fakes, app_home):
     (app_home / "presets").mkdir(parents=True)
     (app_home / "presets" / "typo.yaml").write_text("max_step: 3\n")
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key="nr_preset_choice").set_value("typo")
     click(at, "Load preset")
     assert "**max_step**: in preset typo.yaml: unknown field. Did you mean 'max_steps'?" in texts(at, "error")
@@ -345,7 +278,7 @@ def test_a_broken_user_preset_is_reported_not_loaded(fakes, app_home):
 
 
 def test_form_values_survive_a_visit_to_another_page(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_max_steps").set_value(13).run()
     at.switch_page("pages/history.py").run()
     at.switch_page("pages/new_run.py").run()
@@ -355,7 +288,7 @@ def test_form_values_survive_a_visit_to_another_page(fakes):
 
 # ---------------------------------------------------------------------- Start
 def test_trust_remote_code_needs_a_second_confirmation(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_learning_rate").set_value(0.0)  # keeps the run from starting in every case
     at.checkbox(key="nr_trust_remote_code").check().run()
     click(at, "Start training")
@@ -370,7 +303,7 @@ def test_trust_remote_code_needs_a_second_confirmation(fakes):
 
 
 def test_early_stopping_needs_an_eval_set(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_early_stopping_patience").set_value(3)
     click(at, "Start training")
     assert any(e.startswith("**early_stopping_patience**: early stopping watches eval loss")
@@ -386,7 +319,7 @@ def test_a_queued_run_stays_on_the_page(fakes, monkeypatch):
     started = []
     monkeypatch.setattr(orch, "start", lambda cfg, actor=None: started.append(cfg) or "run-q")
     monkeypatch.setattr(orch, "get_run", lambda run_id: SimpleNamespace(id=run_id, status="queued", name="my run"))
-    at = open_page()
+    at = open_new_run()
     at.text_input(key="nr_hf_token").input("hf_tok")
     click(at, "Start training")
     assert [t.value for t in at.title] == ["New run"]
@@ -400,7 +333,7 @@ def test_a_started_run_switches_to_live(fakes, monkeypatch):
     orch = get_orchestrator()
     monkeypatch.setattr(orch, "start", lambda cfg, actor=None: "run-s")
     monkeypatch.setattr(orch, "get_run", lambda run_id: SimpleNamespace(id=run_id, status="starting", name="x"))
-    at = open_page()
+    at = open_new_run()
     click(at, "Start training")
     assert at.session_state["live_run_id"] == "run-s"
 
@@ -410,7 +343,7 @@ def test_a_refused_run_is_a_warning(fakes, monkeypatch):
         raise RunRefused("no usable checkpoint to resume from")
 
     monkeypatch.setattr(get_orchestrator(), "start", refuse)
-    at = open_page()
+    at = open_new_run()
     click(at, "Start training")
     assert texts(at, "warning")[-1] == "no usable checkpoint to resume from"
 
@@ -448,7 +381,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
     untouched = {name for name in TrainConfig.field_names() if getattr(cfg, name) == getattr(TrainConfig(), name)}
     assert untouched == UNTOUCHED  # every other field is set away from its default here
     presets.save_preset("everything", cfg)
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key="nr_preset_choice").set_value("everything")
     click(at, "Load preset")
     click(at, "Preview data")
@@ -459,7 +392,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
 @pytest.mark.subprocess  # the real preview: a transformers subprocess
 def test_preview_of_the_bundled_demo_with_the_real_tokenizer(app_home, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
-    at = open_page()
+    at = open_new_run()
     at.checkbox(key="nr_train_on_completions").check()
     at.number_input(key="nr_max_seq_length").set_value(128).run()
     at.button(key="nr_preview_button").click().run(timeout=240)
@@ -475,7 +408,7 @@ def test_preview_of_the_bundled_demo_with_the_real_tokenizer(app_home, monkeypat
 
 
 def test_the_form_shows_the_global_batch_of_a_two_process_run(fakes):
-    at = open_page()
+    at = open_new_run()
     at.number_input(key="nr_batch_size").set_value(3).run()
     at.number_input(key="nr_gradient_accumulation_steps").set_value(2).run()
     at.number_input(key="nr_num_processes").set_value(2).run()

@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 from db.models import Metric, MetricValue
 from db.store import Store
 from tests.support import FakeLauncher, run_python
-from tests.test_pages import open_page
+from tests.support.apptest import open_page
 from trainer_core import __main__ as cli
 from trainer_core.views import charts
 from trainer_core.config import BUNDLED_MODEL, TrainConfig

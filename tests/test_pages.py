@@ -2,62 +2,21 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
-from db.entities import RunRecord
 from db.store import Store
+from tests.support import MODELS_CACHE
+from tests.support.apptest import TIMEOUT, open_page, submit, texts
+from tests.support.factories import insert_finished_run
 from trainer_core.jobs.live import LiveSnapshot
 from trainer_core.protocol.metrics import METRIC_COLUMNS
 from trainer_core.protocol.status import RunStatus
 from ui import format as fmt
 from ui.state import get_orchestrator
-
-ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "streamlit_app.py")
-TIMEOUT = 30
-
-
-def open_page(page: str, **session) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for key, value in session.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, at.exception
-    at.switch_page(page).run()
-    assert not at.exception, at.exception
-    return at
-
-
-def texts(at: AppTest, kind: str) -> list[str]:
-    return [e.value for e in getattr(at, kind)]
-
-
-def submit(at: AppTest) -> AppTest:
-    button = next(b for b in at.button if b.label == "Start training")
-    button.click().run()
-    assert not at.exception, at.exception
-    return at
-
-
-def insert_finished_run(store: Store, run_id: str, name: str, losses: list[float | None],
-                        status: RunStatus = RunStatus.COMPLETED, eval_losses: dict[int, float] | None = None,
-                        **values) -> None:
-    now = time.time()
-    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.RUNNING.value, model="tiny-model",
-                         dataset="demo.jsonl", method="LoRA", created_at=now - 60, started_at=now - 50,
-                         total_steps=len(losses), config_json='{"learning_rate": 0.0002}'))
-    rows = [{"step": i + 1, "loss": loss, "learning_rate": 2e-4 * (1 - i / len(losses)), "grad_norm": 1.0 + i}
-            for i, loss in enumerate(losses)]
-    for step, value in (eval_losses or {}).items():
-        rows[step - 1]["eval_loss"] = value
-    store.append_metrics(run_id, rows)
-    store.finish_run(run_id, status, steps_done=len(losses), final_loss=losses[-1],
-                     output_dir=f"/tmp/outputs/{run_id}", **values)
 
 
 def chart_frames(at: AppTest) -> list[pd.DataFrame]:
@@ -270,7 +229,7 @@ def test_number_formats():
 # ---------------------------------------------------------------------- Start -> Live (spawns a real worker)
 @pytest.mark.train
 def test_start_reaches_the_live_view_and_cancel_ends_the_run(app_home, monkeypatch):
-    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # convert once per machine
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))  # convert once per machine
     at = open_page("pages/new_run.py")
     at.text_input(key="nr_run_name").input("page start test")
     at.number_input(key="nr_max_steps").set_value(2)

@@ -1,4 +1,4 @@
-"""The Playground page through AppTest, with the model server faked at the HTTP level (tests/fake_openai.py),
+"""The Playground page through AppTest, with the model server faked at the HTTP level (tests/support/fake_openai.py),
 and the logic of ui/playground.py on its own."""
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,22 +15,22 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from db.entities import RunRecord
 from db.store import Store
-from tests.fake_openai import FAKE_JOB_ID, FakeOpenAI, FakeServeJob
+from tests.support import MODELS_CACHE
+from tests.support.apptest import open_page, texts
+from tests.support.factories import finished_run
+from tests.support.fake_openai import FAKE_JOB_ID, FakeOpenAI, FakeServeJob
 from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
 from trainer_core.config import promptsets
 from trainer_core.auth.access import Role
-from trainer_core.config import BUNDLED_MODEL, TrainConfig
+from trainer_core.config import BUNDLED_MODEL
 from trainer_core.specs.model_source import ModelSource
-from trainer_core.protocol import paths
-from trainer_core.protocol.status import JobKind, RunStatus, write_kind
+from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import Sampling
 from ui import auth
 from ui import playground as pg
 from ui.state import get_orchestrator
 from ui.text import safe
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "streamlit_app.py")
 PAGE = "pages/playground.py"
 
 BASE_KEY = ModelSource(model=BUNDLED_MODEL).key
@@ -40,26 +39,6 @@ TUNED_KEY = f"run:{TUNED_ID}"
 # Model output is untrusted: markdown, HTML and a link must come out as the text they are.
 BASE_ANSWER = "Base says *hello* <b>bold</b> [x](http://evil.example)"
 TUNED_ANSWER = "Tuned answer: {last} done"
-
-
-def make_run(store: Store, run_id: str, name: str, adapter: bool = True, steps: tuple[int, ...] = (),
-             status: RunStatus = RunStatus.COMPLETED) -> None:
-    """A finished training run with its folder: config.yaml, and an adapter and checkpoints when asked."""
-    folder = paths.run_dir(run_id)
-    folder.mkdir(parents=True)
-    write_kind(folder, JobKind.TRAIN)
-    (folder / "config.yaml").write_text(TrainConfig(run_name=name).to_yaml())
-    if adapter:
-        (folder / "adapter").mkdir()
-        (folder / "adapter" / "adapter_config.json").write_text("{}")
-    for step in steps:
-        ckpt = folder / "checkpoints" / f"checkpoint-{step}"
-        ckpt.mkdir(parents=True)
-        (ckpt / "adapter_config.json").write_text("{}")
-        (ckpt / "trainer_state.json").write_text("{}")
-    store.create_run(RunRecord(id=run_id, name=name, status=RunStatus.RUNNING, kind=JobKind.TRAIN, model="m",
-                               created_at=time.time(), output_dir=str(folder)))
-    store.finish_run(run_id, status, steps_done=10)
 
 
 @pytest.fixture
@@ -80,19 +59,10 @@ def serve_job(app_home, fake_server, monkeypatch) -> FakeServeJob:
 @pytest.fixture
 def runs(app_home):
     store = Store()
-    make_run(store, TUNED_ID, "tuned run", steps=(5, 10))
-    make_run(store, "20260101-110000-bbbbbb", "no adapter run", adapter=False)
-    make_run(store, "20260101-100000-cccccc", "failed run", status=RunStatus.FAILED)
+    finished_run(store, TUNED_ID, "tuned run", steps=(5, 10))
+    finished_run(store, "20260101-110000-bbbbbb", "no adapter run", final=False)
+    finished_run(store, "20260101-100000-cccccc", "failed run", status=RunStatus.FAILED)
     store.engine.dispose()
-
-
-def open_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    assert not at.exception, at.exception
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
-    return at
 
 
 def pick(at: AppTest, column: int, kind: str, run: str | None = None, step: int | None = None) -> None:
@@ -121,13 +91,9 @@ def ask(at: AppTest, text: str) -> AppTest:
     return at
 
 
-def texts(at: AppTest, kind: str) -> list[str]:
-    return [e.value for e in getattr(at, kind)]
-
-
 # ====================================================================== sources
 def test_sources_offer_finished_runs_with_their_checkpoints(serve_job, runs):
-    at = open_page()
+    at = open_page(PAGE, timeout=60)
     at.selectbox(key="pg_kind_1").set_value("run").run()
     offered = at.selectbox(key="pg_run_1").options
     assert any("tuned run" in o for o in offered) and any("no adapter run" in o for o in offered)
@@ -138,7 +104,7 @@ def test_sources_offer_finished_runs_with_their_checkpoints(serve_job, runs):
 
 
 def test_a_run_without_an_adapter_shows_why_and_loads_nothing(serve_job, runs):
-    at = open_page()
+    at = open_page(PAGE, timeout=60)
     pick(at, 0, "base")
     pick(at, 1, "run", "20260101-110000-bbbbbb", None)
     errors = texts(at, "error")
@@ -148,7 +114,7 @@ def test_a_run_without_an_adapter_shows_why_and_loads_nothing(serve_job, runs):
 
 
 def test_the_same_model_twice_is_refused(serve_job, runs):
-    at = open_page()
+    at = open_page(PAGE, timeout=60)
     pick(at, 0, "base")
     pick(at, 1, "base")
     assert any("Column 2 shows the same model as column 1" in e for e in texts(at, "error"))
@@ -156,7 +122,7 @@ def test_the_same_model_twice_is_refused(serve_job, runs):
 
 def test_queued_loading_and_failed_servers_are_shown(serve_job, runs):
     serve_job.start_status = RunStatus.QUEUED
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     assert any(i.startswith("Queued") for i in texts(at, "info")), texts(at, "info")
     assert not at.chat_input  # no chat before the server is ready
     serve_job.status, serve_job.ready = RunStatus.RUNNING, False
@@ -171,8 +137,8 @@ def test_queued_loading_and_failed_servers_are_shown(serve_job, runs):
 
 
 def test_a_second_tab_reuses_the_running_server(serve_job, runs):
-    base_and_tuned(open_page())
-    other = base_and_tuned(open_page())  # another browser tab, the same models
+    base_and_tuned(open_page(PAGE, timeout=60))
+    other = base_and_tuned(open_page(PAGE, timeout=60))  # another browser tab, the same models
     assert serve_job.started == [[BASE_KEY, TUNED_KEY]]
     assert other.chat_input(key="pg_input")
     serve_job.status = RunStatus.COMPLETED  # stopped (idle timeout): the next Load starts a new one
@@ -183,7 +149,7 @@ def test_a_second_tab_reuses_the_running_server(serve_job, runs):
 
 
 def test_loading_other_models_stops_the_previous_server(serve_job, runs):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     pick(at, 1, "run", TUNED_ID, 5)
     assert any("not the ones loaded" in i for i in texts(at, "info"))
     load(at)
@@ -198,7 +164,7 @@ def test_a_viewer_cannot_load_models(serve_job, runs, monkeypatch):
     monkeypatch.setenv(auth.SHARED_ENV, "1")
     monkeypatch.setattr(auth, "proxy_user", lambda: "val")
     monkeypatch.setattr(auth, "proxy_session", lambda: users.get_user(get_orchestrator().store, "val").session_generation)
-    at = open_page()
+    at = open_page(PAGE, timeout=60)
     button = next(b for b in at.button if b.label == "Load models")
     assert button.disabled and "you are viewer" in button.help
     assert any(i.startswith("Viewers cannot load models") for i in texts(at, "info"))
@@ -207,7 +173,7 @@ def test_a_viewer_cannot_load_models(serve_job, runs, monkeypatch):
 
 # ====================================================================== chat
 def test_answers_stream_into_every_column_with_stats(serve_job, runs, fake_server):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.text_area(key="pg_system").input("Be brief.")
     at.number_input(key="pg_temperature").set_value(0.0)
     ask(at, "What is 2+2?")
@@ -230,7 +196,7 @@ def test_answers_stream_into_every_column_with_stats(serve_job, runs, fake_serve
 
 
 def test_sampling_errors_name_the_field_and_block_the_chat(serve_job, runs):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.number_input(key="pg_temperature").set_value(5.0)
     at.number_input(key="pg_max_new").set_value(0).run()
     errors = texts(at, "error")
@@ -247,9 +213,9 @@ def test_hostile_run_names_and_answers_are_shown_as_text(app_home, monkeypatch):
         job = FakeServeJob(server.url, server.api_key, {BASE_KEY: "smollm2", TUNED_KEY: "tuned"})
         job.install(lambda target, name, value: monkeypatch.setattr(target, name, value, raising=False))
         store = Store()
-        make_run(store, TUNED_ID, PAYLOADS["html"])
+        finished_run(store, TUNED_ID, PAYLOADS["html"])
         store.engine.dispose()
-        at = base_and_tuned(open_page())
+        at = base_and_tuned(open_page(PAGE, timeout=60))
         ask(at, PAYLOADS["markup"])
         assert_nothing_interpreted(at, [PAYLOADS["html"] + " · final", PAYLOADS["markup"], *hostile_answers.values()],
                                    "Playground")
@@ -259,7 +225,7 @@ def test_hostile_run_names_and_answers_are_shown_as_text(app_home, monkeypatch):
 
 def test_a_refused_key_is_a_clear_message(serve_job, runs):
     serve_job.api_key = "sk-wrong"
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     ask(at, "hi")
     errors = texts(at, "error")
     assert sum("refused the API key (401)" in e for e in errors) == 2, errors
@@ -267,7 +233,7 @@ def test_a_refused_key_is_a_clear_message(serve_job, runs):
 
 def test_a_server_dying_mid_answer_keeps_the_other_column(serve_job, runs, fake_server):
     fake_server.die_after = {"tuned": 2}
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     ask(at, "Tell me more")
     assert safe(BASE_ANSWER) in texts(at, "markdown")  # the base column answered in full
     assert safe("Tuned answer:") in texts(at, "markdown")  # the two pieces that came before the server died
@@ -301,7 +267,7 @@ def test_a_server_job_ending_mid_answer_interrupts_every_column(serve_job, runs,
             time.sleep(0.01)
         serve_job.status, serve_job.error = RunStatus.FAILED, "killed by SIGKILL"
 
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     threading.Thread(target=fail_job_once_asked, daemon=True).start()
     ask(at, "hello?")  # returns: the page sees the job fail and stops waiting for the stuck server
     turn = at.session_state["pg_turns"][0]
@@ -310,7 +276,7 @@ def test_a_server_job_ending_mid_answer_interrupts_every_column(serve_job, runs,
 
 
 def test_conversation_downloads_as_jsonl(serve_job, runs, downloads):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.text_area(key="pg_system").input("Be kind.")
     ask(at, "Hi")
     button = next(b for b in at.get("download_button") if b.proto.label == "Download JSONL")
@@ -323,7 +289,7 @@ def test_conversation_downloads_as_jsonl(serve_job, runs, downloads):
 
 
 def test_a_user_message_goes_into_a_prompt_set(serve_job, runs):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     ask(at, "Keep this question")
     at.selectbox(key="pg_addset_0").set_value("").run()
     at.text_input(key="pg_addnew_0").input("mine").run()
@@ -334,7 +300,7 @@ def test_a_user_message_goes_into_a_prompt_set(serve_job, runs):
 # ====================================================================== prompt sets
 def test_a_prompt_set_gives_a_table_prompt_by_model(serve_job, runs, fake_server):
     promptsets.save("two", ["First?", "Second?"])
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.selectbox(key="pg_set").set_value("two").run()
     next(b for b in at.button if b.label == "Run the set on every model").click().run()
     assert not at.exception, at.exception
@@ -347,7 +313,7 @@ def test_a_prompt_set_gives_a_table_prompt_by_model(serve_job, runs, fake_server
 
 
 def test_prompt_sets_are_saved_and_deleted_from_the_page(serve_job, runs):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.text_input(key="pg_edit_name_").input("my set")
     at.text_area(key="pg_edit_prompts_").input("one\n\ntwo\n").run()
     next(b for b in at.button if b.label == "Save set").click().run()
@@ -362,7 +328,7 @@ def test_prompt_sets_are_saved_and_deleted_from_the_page(serve_job, runs):
 
 
 def test_the_page_process_never_imports_torch(serve_job, runs):
-    at = base_and_tuned(open_page())
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     ask(at, "hi")
     assert "torch" not in sys.modules and "transformers" not in sys.modules
 
@@ -511,8 +477,8 @@ def test_server_state_says_what_a_queued_server_waits_for():
 
 @pytest.mark.subprocess
 def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeypatch):
-    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # the converted bundled model
-    at = base_and_tuned(open_page())
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))  # the converted bundled model
+    at = base_and_tuned(open_page(PAGE, timeout=60))
     at.text_area(key="pg_system").input("Be <b>brief</b>.")
     ask(at, "What is 2+2?")
     at.toggle(key="pg_show_prompt").set_value(True).run()
@@ -529,8 +495,8 @@ def test_show_prompt_renders_the_training_chat_template(serve_job, runs, monkeyp
 @pytest.mark.subprocess
 def test_the_page_chats_with_a_real_serve_job(app_home, monkeypatch):
     """No fakes: Load starts a real serve job on the bundled model; the greedy answer comes back through it."""
-    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))
-    at = load(open_page())  # one column: the bundled base model (no runs yet)
+    monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(MODELS_CACHE))
+    at = load(open_page(PAGE, timeout=60))  # one column: the bundled base model (no runs yet)
     job_id = at.session_state["pg_server"]["job"]
     try:
         deadline = time.monotonic() + 240

@@ -1,23 +1,20 @@
 """The Playground in headless Chromium: an answer streams into the page, piece by piece.
 
-The dashboard runs as ``python -m tests.playground_app`` (the real app with its serve jobs played by
+The dashboard runs as ``python -m tests.support.playground_app`` (the real app with its serve jobs played by
 ``FakeServeJob``, see that module); the fake OpenAI server runs here, in the test process, and holds the
 answer back after its first pieces until the test has seen them on the page: partial text first, then
 the whole answer with its stats. Every wait is for a condition on the page, never for time to pass."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 
 import pytest
 
-from tests.browser_support import StreamlitServer, wait_until
-from tests.fake_openai import FakeOpenAI
-from tests.support import ROOT
+from tests.support.browser import PAGE_TIMEOUT_S, chromium, page, served_dashboard, wait_until  # noqa: F401 - fixtures
+from tests.support.fake_openai import FakeOpenAI
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.specs.model_source import ModelSource
-from tests.test_browser import PAGE_TIMEOUT_S, chromium, page  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -43,17 +40,10 @@ def fake_server():
 
 @pytest.fixture
 def dashboard(tmp_path, fake_server):
-    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(tmp_path / "home"), "FINETUNE_STUDIO_FORCE_CPU": "1",
-           "FAKE_OPENAI_URL": fake_server.url, "FAKE_OPENAI_KEY": fake_server.api_key,
-           "FAKE_OPENAI_SERVED": json.dumps({ModelSource(model=BUNDLED_MODEL).key: "smollm2"})}
-    for name in ("DATABASE_URL", "FINETUNE_STUDIO_PASSWORD"):
-        env.pop(name, None)
-    server = StreamlitServer(ROOT, env, tmp_path / "server.log", module="tests.playground_app")
-    try:
-        server.start(timeout=PAGE_TIMEOUT_S)
+    served = json.dumps({ModelSource(model=BUNDLED_MODEL).key: "smollm2"})
+    with served_dashboard(tmp_path, module="tests.support.playground_app", FAKE_OPENAI_URL=fake_server.url,
+                          FAKE_OPENAI_KEY=fake_server.api_key, FAKE_OPENAI_SERVED=served) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_an_answer_streams_into_the_page(page, dashboard, fake_server, tmp_path):  # noqa: F811

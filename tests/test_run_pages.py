@@ -10,7 +10,8 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 

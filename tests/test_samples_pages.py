@@ -11,7 +11,7 @@ import pytest
 
 from db.entities import RunRecord, SampleRecord
 from db.store import Store
-from tests.test_pages import open_page, submit
+from tests.support.apptest import open_page, submit
 from trainer_core.protocol.status import RunStatus
 from ui import samples as ui_samples
 from ui.text import safe

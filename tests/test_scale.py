@@ -16,7 +16,8 @@ from sqlmodel import Session, delete
 from db.entities import RunRecord
 from db.models import Metric
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.protocol import events as ev
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths

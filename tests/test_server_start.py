@@ -12,7 +12,7 @@ import psutil
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.browser_support import free_port
+from tests.support.browser import free_port
 from tests.support import ROOT
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus

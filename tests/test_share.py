@@ -34,7 +34,7 @@ from db import users
 from db.entities import RunRecord
 from db.store import Store
 from gateway.__main__ import Share
-from tests.browser_support import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
+from tests.support.browser import CHROMIUM_ENV, chromium_path, free_port, kill_workers_under
 from trainer_core.auth.access import Role
 from trainer_core.protocol.status import RunStatus
 

@@ -20,8 +20,8 @@ from streamlit.testing.v1 import AppTest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_new_run import fake_preview, fakes, open_page as open_new_run, use_local_file  # noqa: F401 (fixture)
-from tests.test_pages import APP, TIMEOUT
+from tests.support.apptest import fake_preview, fakes, open_new_run, use_local_file  # noqa: F401 (fixture)
+from tests.support.apptest import APP, TIMEOUT
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 from ui.state import get_orchestrator

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from tests.support import ROOT, run_python
-from tests.vision_support import build_tiny_vlm, shape_rows
+from tests.support.vision import build_tiny_vlm, shape_rows
 from trainer_core.host import hardware
 from trainer_core.worker import engines
 

@@ -10,15 +10,10 @@ from sqlalchemy.exc import IntegrityError
 import db.store as store_mod
 from db.entities import RunRecord
 from db.models import Metric, MetricValue
-from db.store import Store
+from tests.support.factories import stored_run
 from trainer_core.jobs.pump import MetricBuffer
 from trainer_core.protocol.metrics import METRIC_FIELDS
 from trainer_core.protocol.status import RunStatus
-
-
-def make_run(store: Store, run_id: str = "r1", status: RunStatus = RunStatus.RUNNING, created_at: float = 100.0,
-             **values) -> RunRecord:
-    return store.create_run(RunRecord(id=run_id, name=f"run {run_id}", status=status.value, created_at=created_at, **values))
 
 
 # ---------------------------------------------------------------------- status enum
@@ -58,8 +53,8 @@ def test_default_url_uses_data_root_or_database_url(home, monkeypatch):
 
 
 def test_create_get_and_list_runs(store):
-    make_run(store, "old", RunStatus.COMPLETED, created_at=1.0)
-    made = make_run(store, "new", RunStatus.QUEUED, created_at=2.0, model="m", total_steps=60)
+    stored_run(store, "old", RunStatus.COMPLETED, created_at=1.0)
+    made = stored_run(store, "new", RunStatus.QUEUED, created_at=2.0, model="m", total_steps=60)
     assert made.id == "new"
     got = store.get_run("new")
     assert (got.name, got.status, got.model, got.total_steps, got.steps_done, got.event_offset) == (
@@ -74,7 +69,7 @@ def test_create_get_and_list_runs(store):
 
 
 def test_update_run_changes_fields(store):
-    make_run(store)
+    stored_run(store)
     store.update_run("r1", phase="training", pid=123, steps_done=4)
     run = store.get_run("r1")
     assert (run.phase, run.pid, run.steps_done) == ("training", 123, 4)
@@ -83,7 +78,7 @@ def test_update_run_changes_fields(store):
 
 
 def test_update_run_does_not_change_a_finished_run(store):
-    make_run(store)
+    stored_run(store)
     assert store.finish_run("r1", RunStatus.COMPLETED, finished_at=50.0, steps_done=10)
     store.update_run("r1", status="running", steps_done=3, finished_at=None)
     run = store.get_run("r1")
@@ -91,7 +86,7 @@ def test_update_run_does_not_change_a_finished_run(store):
 
 
 def test_finish_run_is_idempotent(store):
-    make_run(store)
+    stored_run(store)
     assert store.finish_run("r1", RunStatus.FAILED, finished_at=200.0, error="OOM\nat line 3") is True
     assert store.finish_run("r1", RunStatus.COMPLETED, finished_at=300.0, final_loss=0.1) is False
     run = store.get_run("r1")
@@ -102,7 +97,7 @@ def test_finish_run_is_idempotent(store):
 
 
 def test_finish_run_refuses_non_terminal_status_and_unknown_run(store):
-    make_run(store)
+    stored_run(store)
     with pytest.raises(ValueError, match="not a terminal status"):
         store.finish_run("r1", RunStatus.STOPPING)
     assert store.get_run("r1").status == "running"
@@ -110,8 +105,8 @@ def test_finish_run_refuses_non_terminal_status_and_unknown_run(store):
 
 
 def test_delete_run_refuses_live_runs_and_removes_everything(store):
-    make_run(store, "live", RunStatus.RUNNING)
-    make_run(store, "done", RunStatus.RUNNING)
+    stored_run(store, "live", RunStatus.RUNNING)
+    stored_run(store, "done", RunStatus.RUNNING)
     store.append_metrics("done", [{"step": 1, "loss": 2.0}], events=[(1.0, "warning", "hm")])
     store.append_metrics("live", [{"step": 1, "loss": 3.0}])
     store.finish_run("done", RunStatus.STOPPED)
@@ -131,7 +126,7 @@ def test_delete_run_refuses_live_runs_and_removes_everything(store):
 
 # ---------------------------------------------------------------------- metrics
 def test_metrics_frame_columns_and_order(store):
-    make_run(store)
+    stored_run(store)
     assert list(store.metrics_frame("r1").columns) == ["step", *METRIC_FIELDS]
     assert list(METRIC_FIELDS) == ["epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_seen",
                                    "tokens_per_s", "memory_mb", "elapsed_s", "wall_time", "nonfinite"]
@@ -142,7 +137,7 @@ def test_metrics_frame_columns_and_order(store):
 
 
 def test_same_step_twice_gives_one_row(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 5, "loss": 1.0, "learning_rate": 1e-4}])
     store.append_metrics("r1", [{"step": 5, "loss": 0.8, "learning_rate": 1e-4}])  # replay after re-attach
     store.append_metrics("r1", [{"step": 6, "loss": 0.7}, {"step": 6, "loss": 0.6}])  # twice in one batch
@@ -152,7 +147,7 @@ def test_same_step_twice_gives_one_row(store):
 
 
 def test_eval_row_merges_into_train_row_without_erasing_it(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 10, "epoch": 0.5, "loss": 1.2, "learning_rate": 2e-4, "grad_norm": 0.3,
                                  "wall_time": 11.0, "nonfinite": ""}])
     store.append_metrics("r1", [{"step": 10, "eval_loss": 1.4, "wall_time": 12.0, "nonfinite": ""}])
@@ -165,7 +160,7 @@ def test_eval_row_merges_into_train_row_without_erasing_it(store):
 
 
 def test_nonfinite_names_are_stored_and_kept_by_a_later_clean_row(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 1, "loss": None, "nonfinite": "loss"}])
     store.append_metrics("r1", [{"step": 1, "eval_loss": 2.0, "nonfinite": ""}])
     row = store.metrics_frame("r1").iloc[0]
@@ -176,7 +171,7 @@ def test_nonfinite_names_are_stored_and_kept_by_a_later_clean_row(store):
 
 def test_keys_besides_the_wide_fields_are_open_metrics(store):
     """Metrics are open (issue 18): a key that is not a wide column is kept in the long table, not dropped."""
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": "2", "loss": 1.0, "total_steps": 60, "eta_s": 3.0}])
     frame = store.metrics_frame("r1")
     assert frame["step"].tolist() == [2]
@@ -187,7 +182,7 @@ def test_keys_besides_the_wide_fields_are_open_metrics(store):
 
 # ---------------------------------------------------------------------- open metrics (the long table)
 def test_open_metrics_are_upserted_on_run_step_and_key_and_merged_with_the_wide_row(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 1, "loss": 2.0, "rewards/format/mean": 0.25, "logps/rejected": -40.0},
                                 {"step": 2, "loss": 1.5, "rewards/format/mean": 0.5}])
     # a replay of step 2 with one more key, an eval row of step 1 with its own key, two rows of step 3 in one batch
@@ -215,7 +210,7 @@ def test_open_metrics_are_upserted_on_run_step_and_key_and_merged_with_the_wide_
 
 
 def test_open_metrics_commit_with_the_offset_or_not_at_all(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 1, "loss": 1.0, "rewards/chosen": 0.1}], event_offset=100)
     with pytest.raises(ValueError, match="no field \"bogus\""):
         store.append_metrics("r1", [{"step": 2, "loss": 0.5, "rewards/chosen": 0.2}], event_offset=200, bogus=1)
@@ -224,7 +219,7 @@ def test_open_metrics_commit_with_the_offset_or_not_at_all(store):
 
 
 def test_a_batch_of_open_metrics_from_the_buffer_and_deleting_the_run(store):
-    make_run(store, status=RunStatus.COMPLETED)
+    stored_run(store, status=RunStatus.COMPLETED)
     buf = MetricBuffer(max_rows=1000)
     for step in range(1, 1202):
         buf.add({"step": step, "loss": 1.0 / step, "rewards/format/mean": step / 1000, "kl": 0.01 * step})
@@ -241,7 +236,7 @@ def test_open_metric_table_key_is_run_key_and_step():
 
 
 def test_many_rows_are_written_in_chunks(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": i, "loss": float(i)} for i in range(1, 1202)])
     frame = store.metrics_frame("r1")
     assert len(frame) == 1201
@@ -249,7 +244,7 @@ def test_many_rows_are_written_in_chunks(store):
 
 
 def test_append_metrics_advances_offset_and_updates_progress(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 1, "loss": 1.0}], event_offset=321, steps_done=1, last_loss=1.0,
                          events=[(150.0, "warning", "slow tokenizer")])
     run = store.get_run("r1")
@@ -262,7 +257,7 @@ def test_append_metrics_advances_offset_and_updates_progress(store):
 
 
 def test_append_metrics_is_one_transaction(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": 1, "loss": 1.0}], event_offset=100, steps_done=1)
     # the upsert has run when the bad run field fails: rows, event, offset and progress must all roll back
     with pytest.raises(ValueError, match="no field \"bogus\""):
@@ -275,7 +270,7 @@ def test_append_metrics_is_one_transaction(store):
 
 
 def test_append_metrics_never_changes_a_terminal_run_but_still_advances_offset(store):
-    make_run(store, steps_done=0)
+    stored_run(store, steps_done=0)
     store.finish_run("r1", RunStatus.STOPPED, finished_at=9.0, steps_done=7)
     store.append_metrics("r1", [{"step": 8, "loss": 0.4}], event_offset=999, steps_done=8, status="running",
                          finished_at=None)
@@ -287,7 +282,7 @@ def test_append_metrics_never_changes_a_terminal_run_but_still_advances_offset(s
 def test_a_stopping_run_is_not_set_back_to_running_by_a_status_read_before_the_request(store):
     """The pump may read the worker's "running" event just before a Stop or Cancel is written (by this dashboard or
     another process); its next flush set the row back to running, where it stayed while the worker ignored it."""
-    make_run(store, status=RunStatus.STOPPING, steps_done=0, phase="cancelling")
+    stored_run(store, status=RunStatus.STOPPING, steps_done=0, phase="cancelling")
     store.append_metrics("r1", [{"step": 1, "loss": 0.4}], event_offset=10, steps_done=1, status="running",
                          phase="training")
     run = store.get_run("r1")
@@ -302,9 +297,9 @@ def test_metrics_for_an_unknown_run_are_refused(store):
 
 
 def test_loss_series_skips_missing_losses_and_is_per_run(store):
-    make_run(store, "a", created_at=1.0)
-    make_run(store, "b", created_at=2.0)
-    make_run(store, "c", created_at=3.0)
+    stored_run(store, "a", created_at=1.0)
+    stored_run(store, "b", created_at=2.0)
+    stored_run(store, "c", created_at=3.0)
     store.append_metrics("a", [{"step": 2, "loss": 2.0}, {"step": 1, "loss": 3.0}, {"step": 3, "eval_loss": 9.0}])
     store.append_metrics("b", [{"step": 1, "loss": 5.0}])
     assert store.loss_series(["a", "b", "c"]) == {"a": [3.0, 2.0], "b": [5.0], "c": []}
@@ -312,7 +307,7 @@ def test_loss_series_skips_missing_losses_and_is_per_run(store):
 
 
 def test_loss_series_thins_to_max_points_keeping_first_and_last(store):
-    make_run(store)
+    stored_run(store)
     store.append_metrics("r1", [{"step": i, "loss": float(i)} for i in range(100)])
     thinned = store.loss_series(["r1"], max_points=10)["r1"]
     assert thinned == [0.0, 11.0, 22.0, 33.0, 44.0, 55.0, 66.0, 77.0, 88.0, 99.0]
@@ -323,7 +318,7 @@ def test_loss_series_thins_to_max_points_keeping_first_and_last(store):
 
 
 def test_buffer_rows_go_into_the_store(store):
-    make_run(store)
+    stored_run(store)
     buf = MetricBuffer(max_rows=2)
     buf.add({"step": 1, "loss": 1.0})
     buf.add({"step": 1, "eval_loss": 1.1})

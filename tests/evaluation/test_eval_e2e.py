@@ -14,7 +14,7 @@ from rouge_score import rouge_scorer
 
 from db.store import Store
 from tests.support import MODELS_CACHE, run_python, wait_until
-from tests.test_pages import insert_finished_run
+from tests.support.factories import insert_finished_run
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec

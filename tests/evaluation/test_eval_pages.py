@@ -8,7 +8,8 @@ import pandas as pd
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page, texts
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page, texts
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs import adoption
 from trainer_core.protocol import paths

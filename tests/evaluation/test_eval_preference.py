@@ -18,7 +18,8 @@ import pytest
 from db.store import Store
 from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.support import run_python
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples

@@ -1,6 +1,6 @@
 """The ``retrieval`` eval metric (issue 21): an embedding model's InformationRetrievalEvaluator scores on a BEIR-like
 folder or a pairs file, with the base model as the baseline. Validation names the field and the fix; the end-to-end
-test trains the bundled all-MiniLM-L6-v2 on invented jargon (tests/methods/test_embedding_train.py: the base model
+test trains the bundled all-MiniLM-L6-v2 on invented jargon (tests/support/data_rows.py: jargon; the base model
 cannot know the words) through the orchestrator, evaluates the run through the CLI and checks the tuned model beats
 its base-model baseline on held-out queries, with a row per query and the Evaluation tab's deltas."""
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pytest
 
 from db.store import Store
 from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
-from tests.methods.test_embedding_train import jargon
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.data_rows import jargon
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL as CHAT_MODEL
 from trainer_core.config import FieldError, TrainConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from db.store import Store
-from tests.test_pages import insert_finished_run
+from tests.support.factories import insert_finished_run
 from trainer_core.__main__ import main
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol import paths

@@ -371,7 +371,7 @@ def test_the_timeline_names_the_job_kind_not_training(run):
 
 def test_the_cli_says_queued_when_the_export_waits_for_the_device(run, monkeypatch, capsys):
     """The CLI printed "export job ... started" for a job that sat in the queue behind a training run."""
-    from tests.test_pages import insert_finished_run
+    from tests.support.factories import insert_finished_run
     from trainer_core.__main__ import main
 
     monkeypatch.delenv("FINETUNE_STUDIO_TOKEN", raising=False)
@@ -429,7 +429,8 @@ def test_a_completed_export_shows_every_step_done(run, monkeypatch):
 def test_the_export_form_asks_before_updating_an_existing_repo(app_home, monkeypatch):
     """The form's "Update an existing repo" is the user's explicit choice (off by default); an admin's choice
     covers any repo (push_update_any), which the orchestrator accepts from admins only."""
-    from tests.test_pages import insert_finished_run, open_page
+    from tests.support.factories import insert_finished_run
+    from tests.support.apptest import open_page
 
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     store = Store()

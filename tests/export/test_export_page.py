@@ -9,7 +9,8 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
@@ -117,7 +118,7 @@ def test_a_vision_run_is_offered_merged_alone(app_home, tmp_path):
 def test_a_vision_run_llama_cpp_converts_is_offered_gguf_too(app_home, tmp_path):
     from ui.export_panel import default_targets
 
-    (tmp_path / "smolvlm").mkdir()  # its config alone (SmolVLM's layout, as tests/vision_support builds it)
+    (tmp_path / "smolvlm").mkdir()  # its config alone (SmolVLM's layout, as tests/support/vision.py builds it)
     (tmp_path / "smolvlm" / "config.json").write_text(json.dumps({
         "architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "image_token_id": 49153,
         "text_config": {"architectures": ["VLlama3ForCausalLM"], "model_type": "llama"},

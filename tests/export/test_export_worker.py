@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.export_support import make_run
+from tests.support.lora_runs import lora_run
 from tests.support import ROOT, run_python
 from trainer_core.specs import jobspec
 from trainer_core.config import promptsets
@@ -90,7 +90,7 @@ def tiny_env(home, tiny_model, monkeypatch):
 
 
 def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env, tiny_model):
-    run = make_run("20260103-100000-aaaaaa", str(tiny_model))
+    run = lora_run("20260103-100000-aaaaaa", str(tiny_model))
     source = ModelSource(run_id=run.name)
 
     job = new_job("20260103-100001-full00", ExportSpec(source=source, targets=["merged", "gguf"], verify=False))
@@ -115,7 +115,7 @@ def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env
     assert "tokens but the model's embedding has 49,152 rows: tokens were added without resizing" in message
     assert leftovers(job) == []
 
-    run = make_run("20260103-100003-bbbbbb", str(tiny_model))
+    run = lora_run("20260103-100003-bbbbbb", str(tiny_model))
     job = new_job("20260103-100004-broken", ExportSpec(source=ModelSource(run_id=run.name), targets=["gguf"],
                                                        prompt_set="quick-check", max_new_tokens=2))
     rc, events, _ = run_scenario("broken-gguf", job, tiny_env)
@@ -126,7 +126,7 @@ def test_preflight_failures_and_an_unloadable_gguf_leave_nothing_behind(tiny_env
 
 
 def test_stop_publishes_what_is_finished_and_cancel_publishes_nothing(tiny_env, tiny_model):
-    run = make_run("20260103-100010-ffffff", str(tiny_model))
+    run = lora_run("20260103-100010-ffffff", str(tiny_model))
     spec = ExportSpec(source=ModelSource(run_id=run.name), targets=["adapter", "merged"], verify=False)
     job = new_job("20260103-100011-stop00", spec)
     rc, events, _ = run_scenario("stop", job, tiny_env)
@@ -142,7 +142,7 @@ def test_stop_publishes_what_is_finished_and_cancel_publishes_nothing(tiny_env, 
 
 
 def test_a_push_without_the_hub_fails_before_anything_is_written_and_keeps_the_token_secret(tiny_env, tiny_model):
-    run = make_run("20260103-100005-cccccc", str(tiny_model))
+    run = lora_run("20260103-100005-cccccc", str(tiny_model))
     job = new_job("20260103-100006-push00", ExportSpec(source=ModelSource(run_id=run.name), targets=["adapter"],
                                                        push_repo_id="me/tone", verify=False))
     token = "hf_test_secret_0123456789"
@@ -155,7 +155,7 @@ def test_a_push_without_the_hub_fails_before_anything_is_written_and_keeps_the_t
 
 
 def test_a_qlora_adapter_merges_into_the_16_bit_base_without_bitsandbytes(tiny_env, tiny_model):
-    run = make_run("20260103-100007-dddddd", str(tiny_model), training_type="qlora")
+    run = lora_run("20260103-100007-dddddd", str(tiny_model), training_type="qlora")
     job = new_job("20260103-100008-qlora0", ExportSpec(source=ModelSource(run_id=run.name), targets=["merged"],
                                                        merged_dtype="bfloat16", verify=False))
     done = run_python(SCENARIOS, "qlora-merge", str(job), env=tiny_env)
@@ -170,7 +170,7 @@ def sha256(path: Path) -> str:
 def test_end_to_end_merged_and_gguf_answer_like_the_adapter(studio, capsys):
     """The bundled model with a LoRA adapter: export merged + GGUF q8_0 through the orchestrator, reload both,
     replay prompts greedily next to the unmerged adapter; every artifact row's sha256 is the file's."""
-    run = make_run("20260103-100009-eeeeee", BUNDLED_MODEL)
+    run = lora_run("20260103-100009-eeeeee", BUNDLED_MODEL)
     promptsets.save("export-check", ["What is the capital of France?", "List three fruits."])
     job_id = studio.submit(ExportSpec(source=ModelSource(run_id=run.name), targets=["merged", "gguf"],
                                       quantizations=["q8_0"], prompt_set="export-check", max_new_tokens=12))

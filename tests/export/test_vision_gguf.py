@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.vision_support import build_tiny_idefics3, shape_rows, write_jsonl
+from tests.support.vision import build_tiny_idefics3, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.export import tools
 from trainer_core.export.spec import ExportSpec
@@ -231,7 +232,8 @@ def test_a_tiny_idefics3_trains_and_exports_a_verified_gguf_with_its_mmproj(stud
 def test_the_export_panel_says_how_llama_cpp_runs_the_pair(app_home, monkeypatch):
     from db.entities import RunRecord
     from db.store import Store
-    from tests.test_pages import insert_finished_run, open_page
+    from tests.support.factories import insert_finished_run
+    from tests.support.apptest import open_page
     from ui.export_panel import llama_cpp_command
 
     store = Store()

@@ -3,8 +3,8 @@ right after their last) and orchestrators closed and rebuilt around them (a serv
 run). Afterwards the database must agree with each run's durable event log: no run left active, one metric
 row per step, every progress and eval value present with the same number, the status the log implies.
 
-The fast part starts ``tests/fake_worker.py`` through tests/support's ``FakeLauncher`` (the real launcher's
-environment and session); a slow variant kills a real worker training the tiny model.
+The fast part starts ``tests/support/fake_worker.py`` through tests/support/fakes.py's ``FakeLauncher`` (the real
+launcher's environment and session); a slow variant kills a real worker training the tiny model.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import fake, wait_until
-from tests.test_jobspec import make_run
+from tests.support.factories import run_folder
 from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
@@ -23,7 +23,7 @@ def test_a_queued_job_whose_job_json_was_spoiled_fails_alone_and_the_queue_moves
     every job behind it stayed queued forever."""
     from trainer_core.export.spec import ExportSpec
 
-    make_run("20260101-000000-srcsrc")
+    run_folder("20260101-000000-srcsrc")
     pause = home.parent / "go"  # outside the data root, which a sandboxed worker does not see
     cfg = fake(monkeypatch, steps=3)
     monkeypatch.setenv("FAKE_PAUSE_AT", "1")  # the first run holds the device until the test says so
@@ -118,7 +118,7 @@ def test_the_export_page_offers_no_file_outside_the_job_folder(app_home):
     """A row stored before this check (or a file replaced by a symlink since) is not offered for download."""
     from db.entities import RunRecord
     from db.store import Store
-    from tests.test_pages import open_page
+    from tests.support.apptest import open_page
     from trainer_core.protocol.status import JobKind
 
     store = Store()

@@ -1,4 +1,4 @@
-"""Orchestrator lifecycle without the ML stack: tests/support's ``FakeLauncher`` (the real launcher's
+"""Orchestrator lifecycle without the ML stack: tests/support/fakes.py's ``FakeLauncher`` (the real launcher's
 environment, own session and worker.log) starts a fake worker that writes real events with ``EventWriter``;
 everything else is the real pump, store and control path. Behaviour of the fake is chosen per test through
 FAKE_* environment variables, which the launcher passes on like any other variable.

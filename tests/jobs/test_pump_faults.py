@@ -1,6 +1,6 @@
 """The pump against a hostile event log: lines that are forged or ill-typed, and a log (or the whole run
 folder) deleted while the worker trains. The pump is driven with ``pump_once()`` so no assertion depends
-on timing; the fake worker (tests/fake_worker.py) is started by tests/support's ``FakeLauncher``.
+on timing; the fake worker (tests/support/fake_worker.py) is started by tests/support/fakes.py's ``FakeLauncher``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The persistent queue, device sets and resume, with tests/fake_worker.py (real orchestrator, pump, store,
+"""The persistent queue, device sets and resume, with tests/support/fake_worker.py (real orchestrator, pump, store,
 control and OS locks; only the training is fake)."""
 from __future__ import annotations
 

@@ -13,14 +13,14 @@ from streamlit.testing.v1 import AppTest
 from db import users
 from db.models import Metric, Run, RunEvent
 from db.store import Store
-from tests.support import ROOT, fake, wait_for_step
+from tests.support import fake, wait_for_step
+from tests.support.apptest import APP
 from trainer_core import __main__ as cli
 from trainer_core.auth.access import Actor, Role
 from trainer_core.jobs import rebuild
 from trainer_core.protocol import journal, paths
 from trainer_core.protocol.status import RunStatus
 
-APP = str(ROOT / "streamlit_app.py")
 
 
 def dump(store: Store) -> dict:

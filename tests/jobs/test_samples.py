@@ -10,7 +10,7 @@ from sqlmodel import Session, select
 from db.entities import RunRecord
 from db.models import RunEvent, Sample
 from db.store import Store
-from tests.fake_worker import SAMPLE_PROMPTS
+from tests.support.fake_worker import SAMPLE_PROMPTS
 from tests.jobs.test_rebuild import wipe
 from tests.support import fake, wait_until
 from trainer_core.jobs import pump, rebuild

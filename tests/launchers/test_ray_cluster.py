@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from db.store import Store
-from tests.ray_support import local_cluster
+from tests.support.ray_cluster import local_cluster
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
@@ -37,7 +37,7 @@ RUN_SECRET = "hf_run_secret_through_the_run_folder"  # a run's own token: reache
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A two-node local cluster (tests/ray_support.py), for this module."""
+    """A two-node local cluster (tests/support/ray_cluster.py), for this module."""
     with local_cluster() as running:
         yield running
 

@@ -2,13 +2,11 @@
 answer (a fake HTTP server speaking its JSON), the allowed addresses, and a silent cluster as a message."""
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
 
+from tests.support.ray_cluster import node_summary_server
 from trainer_core.launchers import ray as ray_jobs
 
 # Ray 2.60's answer to GET /nodes?view=summary, cut to what is read (the usage text of its Cluster page).
@@ -20,23 +18,8 @@ SUMMARY = {"result": True, "msg": "Node summary fetched.", "data": {"summary": [
 @pytest.fixture
 def dashboard():
     """A local HTTP server answering /nodes?view=summary with SUMMARY; its address."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = json.dumps(SUMMARY if self.path == "/nodes?view=summary" else {}).encode()
-            self.send_response(200 if self.path == "/nodes?view=summary" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with node_summary_server(SUMMARY) as address:
+        yield address
 
 
 def test_free_resources_are_read_per_node_from_the_dashboards_usage(dashboard):

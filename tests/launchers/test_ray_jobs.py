@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from db.store import Store
-from tests.test_pages import insert_finished_run
+from tests.support.factories import insert_finished_run
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec
@@ -164,9 +164,10 @@ def test_the_cli_flags_send_an_eval_or_export_to_the_cluster(home, tmp_path, mon
 # ====================================================================== on a real local cluster (slow)
 @pytest.fixture(scope="module")
 def cluster():
-    """A one-node local cluster with two CPUs (tests/ray_support.py): the export and the eval run side by side."""
+    """A one-node local cluster with two CPUs (tests/support/ray_cluster.py): the export and the eval run side by
+    side."""
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
-    from tests.ray_support import local_cluster
+    from tests.support.ray_cluster import local_cluster
 
     with local_cluster(cpus_per_node=2, nodes=1) as running:
         yield running.address
@@ -178,7 +179,7 @@ def test_an_export_and_an_eval_run_as_ray_jobs_with_results_on_the_shared_storag
                                                                                    tiny_model):
     from ray.job_submission import JobSubmissionClient
 
-    from tests.export_support import make_run
+    from tests.support.lora_runs import lora_run
     from tests.support import MODELS_CACHE, ROOT
     from trainer_core.host import hardware
     from trainer_core.data.sources import bundled_demo_path
@@ -192,7 +193,7 @@ def test_an_export_and_an_eval_run_as_ray_jobs_with_results_on_the_shared_storag
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     hardware.cuda_available.cache_clear()
-    run_dir = make_run(RUN_ID, str(tiny_model))  # a finished LoRA run of the tiny model
+    run_dir = lora_run(RUN_ID, str(tiny_model))  # a finished LoRA run of the tiny model
     data = tmp_path / "demo.jsonl"  # three rows of the bundled demo chat
     data.write_text("".join(bundled_demo_path().read_text().splitlines(keepends=True)[:3]))
     studio = Orchestrator()

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.launchers.test_ray_cluster import cluster, on_ray, studio  # noqa: F401 - fixtures
-from tests.ray_support import local_cluster
+from tests.support.ray_cluster import local_cluster
 from tests.support import wait_until
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import RunStatus

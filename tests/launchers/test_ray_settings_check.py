@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.ray_support import dashboard_up, end_sessions, free_port
+from tests.support.ray_cluster import dashboard_up, end_sessions, free_port
 from tests.support import wait_until
-from tests.test_pages import APP
+from tests.support.apptest import APP
 from trainer_core.launchers import ray as ray_jobs
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
@@ -37,8 +37,8 @@ def namespaces_work() -> bool:
 
 
 def node(cpus: int, *args: str, hide: Path | None = None) -> subprocess.Popen:
-    """One Ray node blocking in its own session (as tests/ray_support.py ``ray_start``); with ``hide``, in a mount
-    namespace where an empty tmpfs covers that folder."""
+    """One Ray node blocking in its own session (as tests/support/ray_cluster.py ``ray_start``); with ``hide``, in a
+    mount namespace where an empty tmpfs covers that folder."""
     ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "metrics-export-port",
                                                     "runtime-env-agent-port")]
     command = [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--num-cpus={cpus}",

@@ -1,5 +1,5 @@
-"""Settings saves a real cluster: against a one-node local Ray cluster (tests/ray_support.py), "Check and save" runs
-the real check (the cluster answers, the probe job writes and reads a file under the shared path on the node) and
+"""Settings saves a real cluster: against a one-node local Ray cluster (tests/support/ray_cluster.py), "Check and save"
+runs the real check (the cluster answers, the probe job writes and reads a file under the shared path on the node) and
 stores the address and path; the saved address then validates as a ``launcher: ray`` run's ray_address on a server
 whose environment names no cluster, and the saved path is the shared storage in force."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from db import settings_store
-from tests.test_new_run import APP
+from tests.support.apptest import APP
 from trainer_core.config import TrainConfig
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray]
 
 
 def test_save_against_a_real_cluster_stores_it_and_a_run_may_name_it(app_home, monkeypatch):
-    from tests.ray_support import local_cluster
+    from tests.support.ray_cluster import local_cluster
 
     for name in ("RAY_ADDRESS", "FINETUNE_STUDIO_RAY_ADDRESSES", "FINETUNE_STUDIO_SHARED_STORAGE"):
         monkeypatch.delenv(name, raising=False)

@@ -1,5 +1,5 @@
 """A Ray run the cluster cannot place yet shows "waiting for the cluster: needs N, M free" on a real local cluster
-(tests/ray_support.py: two nodes of one CPU each): three workers wait for a third CPU until Cancel ends them; a
+(tests/support/ray_cluster.py: two nodes of one CPU each): three workers wait for a third CPU until Cancel ends them; a
 single worker waits while two other jobs hold both CPUs until Cancel ends it and stops its Ray job; two workers
 wait while another job holds a CPU and start by themselves once it ends. The same cluster's nodes give New run's
 estimate of CPU workers its memory (their RAM as Ray's dashboard reports it; the GPU path is
@@ -12,7 +12,7 @@ import json
 import psutil
 import pytest
 
-from tests.ray_support import local_cluster
+from tests.support.ray_cluster import local_cluster
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core.__main__ import _status_text
 from trainer_core.config import TrainConfig

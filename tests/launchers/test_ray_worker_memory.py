@@ -5,22 +5,18 @@ Ray 2.60's node summary with GPU nodes this machine does not have), the device o
 in tests/launchers/test_ray_waiting.py."""
 from __future__ import annotations
 
-import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
 
-from tests import test_new_run
+from tests.support.apptest import fakes, open_new_run, texts  # noqa: F401 - fakes: a fixture
+from tests.support.ray_cluster import node_summary_server
 from trainer_core.config import TrainConfig
 from trainer_core.jobs import resource_check
 from trainer_core.launchers import ray as ray_jobs, ray_nodes
 from trainer_core.planning import memory, model_info
 from trainer_core.planning.ray_memory import NodeMemory, worker_memory
-
-fakes = test_new_run.fakes  # the New run page's fixture: model facts and the preview faked
 
 MIB = 1024 * 1024
 GB = 1e9
@@ -49,25 +45,10 @@ SUMMARY = {"result": True, "msg": "Node summary fetched.",
 @pytest.fixture
 def dashboard(monkeypatch):
     """A local HTTP server answering /nodes?view=summary with SUMMARY, set as the server's RAY_ADDRESS."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = json.dumps(SUMMARY).encode()
-            self.send_response(200 if self.path == "/nodes?view=summary" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    address = f"http://127.0.0.1:{server.server_port}"
-    monkeypatch.setenv("RAY_ADDRESS", address)
-    monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES", raising=False)
-    yield address
-    server.shutdown()
-    server.server_close()
+    with node_summary_server(SUMMARY) as address:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES", raising=False)
+        yield address
 
 
 def test_the_nodes_gpus_and_ram_are_read_from_rays_node_summary(dashboard):
@@ -155,13 +136,13 @@ def test_new_run_shows_the_estimate_for_a_ray_workers_gpu_and_the_global_batch_o
                                                                                                monkeypatch):
     monkeypatch.setattr(ray_jobs, "cluster_info", lambda address, timeout_s=10.0: ray_jobs.ClusterInfo(address))
     fakes.free_gb = 0.5  # this host's memory, which must not be what the estimate is judged on
-    at = test_new_run.open_page(nr_launcher="ray", nr_ray_gpus_per_worker=1.0, nr_num_processes=2, nr_batch_size=3)
+    at = open_new_run(nr_launcher="ray", nr_ray_gpus_per_worker=1.0, nr_num_processes=2, nr_batch_size=3)
     assert "Estimated need on CUDA" in {m.label for m in at.metric}
-    captions = test_new_run.texts(at, "caption")
+    captions = texts(at, "caption")
     assert any(c.startswith("NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb): 23.1 GB free of 24.1 GB · ") and
                c.endswith("engine, per Ray worker") for c in captions), captions
     assert "2 data-parallel process(es): global batch 6 rows per step (batch 3 × accumulation 1 × 2)" in captions
-    [fits] = test_new_run.texts(at, "success")
+    [fits] = texts(at, "success")
     assert fits.startswith("Fits: needs about ") and fits.endswith(
         " GB of 23.1 GB free on NVIDIA A10G of Ray node 10.0.0.3 (bbbbbbbbbbbb).")
 

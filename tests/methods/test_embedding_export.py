@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.methods.test_embedding_run import jargon_files, run_config
-from tests.methods.test_embedding_train import jargon
+from tests.support.data_rows import jargon
 from tests.support import run_python
 from trainer_core.export.spec import ExportSpec
 from trainer_core.specs.model_source import ModelSource

@@ -1,15 +1,12 @@
 """The New run form offers the bundled embedding model when the method is embedding (AppTest, no ML imports)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from streamlit.testing.v1 import AppTest
 
+from tests.support.apptest import APP
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.methods.embedding import BUNDLED_MODEL as BUNDLED_EMBEDDING
 from ui import form
-
-APP = str(Path(__file__).resolve().parents[2] / "streamlit_app.py")
 
 
 def test_the_bundled_source_is_the_embedding_model_for_the_embedding_method():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.methods.test_embedding_train import jargon
+from tests.support.data_rows import jargon
 from tests.support import ROOT, run_python
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading

@@ -10,13 +10,13 @@ import subprocess
 import pytest
 
 from tests.methods.test_embedding_run import jargon_files, run_config
-from tests.methods.test_embedding_train import jargon
+from tests.support.data_rows import jargon
 from trainer_core.tryout import search
 from trainer_core.specs.model_source import ModelSource
 from trainer_core.methods.embedding import BUNDLED_MODEL
 from trainer_core.protocol.status import RunStatus
 from tests.support import ROOT
-from tests.test_pages import open_page
+from tests.support.apptest import open_page
 from ui.state import get_orchestrator
 
 

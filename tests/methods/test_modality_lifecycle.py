@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.methods.test_embedding_train import jargon
+from tests.support.data_rows import jargon
 from tests.methods.test_method_lifecycle import stop_resume_rebuild
-from tests.speech_support import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
-from tests.vision_support import build_tiny_vlm, shape_rows
-from tests.vision_support import write_jsonl as write_rows
+from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
+from tests.support.vision import build_tiny_vlm, shape_rows
+from tests.support.data_rows import write_jsonl as write_rows
 from trainer_core.config import TrainConfig
 from trainer_core.methods.embedding import BUNDLED_MODEL as MINILM
 

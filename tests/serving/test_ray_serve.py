@@ -13,7 +13,8 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL, FieldError, TrainConfig
 from trainer_core.specs.model_source import ModelSource
@@ -263,7 +264,7 @@ def test_a_ray_serve_job_answers_through_its_endpoint_and_stop_ends_it(tmp_path,
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import get_node
 
-    from tests.ray_support import local_cluster
+    from tests.support.ray_cluster import local_cluster
     from tests.support import MODELS_CACHE, ROOT, wait_until
     from trainer_core.host import hardware
 

@@ -12,7 +12,8 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs import adoption
 from trainer_core.jobs.orchestrator import Orchestrator

@@ -14,7 +14,7 @@ import pytest
 
 from db.entities import RunRecord
 from db.store import Store
-from tests.serving.serve_support import fake_trained_run
+from tests.support.lora_runs import fake_trained_run
 from tests.support import MODELS_CACHE, ROOT, wait_until
 from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.speech_support import build_tiny_whisper
+from tests.support.speech import build_tiny_whisper
 from tests.support import run_in_child
 
 pytestmark = pytest.mark.subprocess

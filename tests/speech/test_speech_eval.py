@@ -9,9 +9,10 @@ import json
 import pytest
 
 from tests.speech.test_stt_train import speech_config
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, write_jsonl
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak
+from tests.support.data_rows import write_jsonl
 from tests.support import ROOT, wait_until
-from tests.test_pages import open_page
+from tests.support.apptest import open_page
 from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec

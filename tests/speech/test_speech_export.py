@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.speech.test_stt_train import TRANSCRIBE, speech_config
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, speak
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, speak
 from tests.support import run_python
 from trainer_core.export.spec import ExportSpec
 from trainer_core.specs.model_source import ModelSource

@@ -1,6 +1,6 @@
 """New run with speech data (issue 22): players for the first clips with their transcript and duration, a histogram
 of every clip's duration against the model's window, and the clips past it counted with the fix. AppTest, with the
-model facts faked (tests/test_new_run.py's fakes) and a Whisper config folder read for its window."""
+model facts faked (tests/support/apptest.py's fakes) and a Whisper config folder read for its window."""
 from __future__ import annotations
 
 import io
@@ -10,7 +10,7 @@ import soundfile
 from streamlit.runtime.media_file_manager import MediaFileManager
 
 from tests.speech.test_stt_data import fake_whisper, tone, write_jsonl
-from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is a fixture
+from tests.support.apptest import fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
 from trainer_core.config import TrainConfig
 from ui import form
 from ui.text import safe
@@ -27,7 +27,7 @@ def test_the_first_clips_play_and_their_durations_are_charted_against_the_window
     for i, seconds in enumerate((1.0, 1.5, 2.0, 6.0)):
         tone(tmp_path / "clips" / f"c{i}.wav", seconds)
     rows = [{"audio": f"c{i}.wav", "text": f"<b>phrase</b> {i}"} for i in range(4)]
-    at = open_page(**speech_state(tmp_path, rows))
+    at = open_new_run(**speech_state(tmp_path, rows))
     assert not at.exception, at.exception
     assert len(at.get("audio")) == 3  # players for the first three clips
     captions = texts(at, "caption")
@@ -48,7 +48,7 @@ def test_a_clip_outside_the_allowed_folders_is_named_and_not_played(fakes, tmp_p
     (tmp_path / "clips").mkdir(parents=True, exist_ok=True)
     tone(tmp_path / "clips" / "ok.wav", 1.0)
     rows = [{"audio": "ok.wav", "text": "fine"}, {"audio": str(secret), "text": "leak"}]
-    at = open_page(**speech_state(tmp_path, rows))
+    at = open_new_run(**speech_state(tmp_path, rows))
     assert not at.get("audio")
     assert any(w.startswith("**local_datasets**: row 1: ") and "allowed" in w for w in texts(at, "warning"))
 
@@ -57,7 +57,7 @@ def test_a_text_run_shows_no_clip_panel(fakes, tmp_path):
     tone(tmp_path / "clips" / "c.wav", 1.0)
     state = speech_state(tmp_path, [{"audio": "c.wav", "text": "hi"}])
     state[form.K + "method"] = "sft"
-    at = open_page(**state)
+    at = open_new_run(**state)
     assert not at.get("audio")
 
 
@@ -84,7 +84,7 @@ def test_a_player_gets_the_decoded_clip_and_a_clip_that_does_not_decode_gets_non
         fh.write(b"SECRET=hunter2\n")  # past the RIFF chunk: soundfile reads the audio, the bytes carry the secret
     (tmp_path / "clips" / "notes.wav").write_text("SECRET=hunter2\n")
     rows = [{"audio": "notes.wav", "text": "not a clip"}, {"audio": "ok.wav", "text": "fine"}]
-    at = open_page(**speech_state(tmp_path, rows))
+    at = open_new_run(**speech_state(tmp_path, rows))
     assert not at.exception, at.exception
     assert len(at.get("audio")) == 1
     clips = [data for data, mimetype in served if mimetype.startswith("audio/")]  # one per run of the page

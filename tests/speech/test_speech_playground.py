@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.speech.test_stt_train import speech_config
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, speak
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, speak
 from tests.support import ROOT, wait_until
 from trainer_core.protocol.status import RunStatus
 from ui import playground as pg

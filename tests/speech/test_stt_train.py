@@ -1,4 +1,4 @@
-"""Speech-to-text end to end, through the orchestrator and a real worker: a tiny Whisper (tests/speech_support.py)
+"""Speech-to-text end to end, through the orchestrator and a real worker: a tiny Whisper (tests/support/speech.py)
 trained on phrases espeak-ng speaks at several speeds and pitches. The eval split (other recordings of the same
 phrases) is transcribed before the first step (the base model's WER) and after training; the WER must fall far.
 The saved folder reloads with its processor in a fresh interpreter and transcribes a clip."""
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, spoken_rows, write_jsonl
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, spoken_rows
+from tests.support.data_rows import write_jsonl
 from tests.support import run_python, wait_for_step
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.speech_support import build_tiny_whisper
+from tests.support.speech import build_tiny_whisper
 from tests.support import run_in_child
 from trainer_core.config import TrainConfig
 from trainer_core.data.preview import build_preview

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.speech.test_tts_train import tts_config
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import run_python
 from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
 from trainer_core.specs.model_source import ModelSource, resolve

@@ -1,7 +1,7 @@
 """New run for text-to-speech (issue 22): a CSM model folder is told from its config (no weights) and said to be a
 text-to-speech model; with method tts the clips play with their text and duration, the duration histogram's rule is
 tts.max_clip_s, and the clips past it are counted with the fix. The data check finds the speaker column, and names a
-speaker id CSM cannot take. AppTest with the model facts faked (tests/test_new_run.py's fakes)."""
+speaker id CSM cannot take. AppTest with the model facts faked (tests/support/apptest.py's fakes)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tests.speech.test_stt_data import tone, write_jsonl
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows
-from tests.test_new_run import fakes, open_page, texts  # noqa: F401 - fakes is a fixture
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows
+from tests.support.apptest import fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.planning.modality import TTS, detect_modality
@@ -39,7 +39,7 @@ def test_a_csm_folder_is_a_text_to_speech_model_and_the_form_says_what_it_speaks
     for i, seconds in enumerate((1.0, 2.0, 3.0)):
         tone(tmp_path / "clips" / f"c{i}.wav", seconds)
     rows = [{"audio": f"c{i}.wav", "text": f"sentence {i}", "speaker": i % 2} for i in range(3)]
-    at = open_page(**form.config_to_state(tts_config(tmp_path, rows, tts={"max_clip_s": 2.5})))
+    at = open_new_run(**form.config_to_state(tts_config(tmp_path, rows, tts={"max_clip_s": 2.5})))
     assert not at.exception, at.exception
     assert any(m.startswith("Text-to-speech model (CsmForConditionalGeneration): speaks 24000 Hz audio through its "
                             "mimi codec, 32 codebooks") for m in texts(at, "info")), texts(at, "info")

@@ -24,9 +24,9 @@ from db import users
 from db.entities import RunRecord
 from db.store import Store
 from tests.speech.test_tts_train import tts_config
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import ROOT
-from tests.test_pages import open_page
+from tests.support.apptest import open_page
 from trainer_core.tryout import speak
 from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig

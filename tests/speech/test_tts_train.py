@@ -1,4 +1,4 @@
-"""Text-to-speech end to end, through the orchestrator and a real worker: a tiny Sesame CSM (tests/speech_support.py)
+"""Text-to-speech end to end, through the orchestrator and a real worker: a tiny Sesame CSM (tests/support/speech.py)
 trained on phrases espeak-ng speaks at several speeds and pitches, with two speaker ids. The eval split's loss is
 measured before the first step (the base model's) and after training, and must fall; the spoken samples (WAV files
 in the run folder, one SampleEvent each) are valid audio, and the tuned model ends its clip on its own at a length
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import soundfile
 
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows, write_jsonl
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.protocol.status import RunStatus

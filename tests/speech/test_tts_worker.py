@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.speech_support import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, speak
+from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, speak
 from tests.support import run_in_child
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.skipif(ESPEAK is None, reason=NO_ESPEAK)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_new_run import click, fakes, open_page, texts  # noqa: F401 - fakes is a fixture
+from tests.support.apptest import click, fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
 from trainer_core.config import presets
 from trainer_core.config import TrainConfig
 from ui import form
@@ -12,7 +12,7 @@ from ui.form import K
 
 
 def test_loading_the_grpo_demo_preset_shows_its_rewards_and_starts_with_them(fakes):
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key="nr_preset_choice").set_value("grpo-demo")
     click(at, "Load preset")
     assert at.selectbox(key=K + "method").value == "grpo"
@@ -25,7 +25,7 @@ def test_loading_the_grpo_demo_preset_shows_its_rewards_and_starts_with_them(fak
 
 
 def test_edited_settings_reach_the_config_and_bad_yaml_names_the_method(fakes):
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key=K + "method").set_value("dpo").run()
     at.text_area(key=form.settings_key("dpo")).input("beta: 0.3\nloss_type: ipo\n").run()
     click(at, "Preview data")
@@ -49,7 +49,7 @@ def test_settings_round_trip_through_the_form_state():
 
 @pytest.mark.subprocess  # the check runs the rewards in a child process
 def test_check_rewards_scores_the_bundled_rows_and_warns_on_a_constant_reward(fakes):
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key=K + "method").set_value("grpo").run()
     at.text_area(key=form.settings_key("grpo")).input(
         "rewards:\n  - {type: length, target: 3}\n  - {type: contains, keywords: [zebra]}\n").run()

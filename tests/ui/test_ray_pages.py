@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from db import users
 from tests.support import run_python
-from tests.test_new_run import APP, TIMEOUT, click, fakes, open_page, texts  # noqa: F401 - fakes is a fixture
+from tests.support.apptest import APP, TIMEOUT, click, fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
 from trainer_core.config import presets
 from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig
@@ -161,7 +161,7 @@ def test_operators_and_admins_may_check_the_cluster(app_home, cluster, monkeypat
 
 # ---------------------------------------------------------------------- New run
 def test_new_run_without_a_cluster_runs_here_and_says_how_to_add_one(fakes, no_cluster):  # noqa: F811
-    at = open_page()
+    at = open_new_run()
     assert not [r for r in at.radio if r.key == "nr_launcher"]
     assert any(c.startswith("Runs on this host. To offer a Ray cluster here, set `RAY_ADDRESS`")
                for c in texts(at, "caption"))
@@ -169,7 +169,7 @@ def test_new_run_without_a_cluster_runs_here_and_says_how_to_add_one(fakes, no_c
 
 
 def test_new_run_on_the_cluster_shows_its_capacity_and_builds_a_ray_config(fakes, cluster):  # noqa: F811
-    at = open_page()
+    at = open_new_run()
     where = at.radio(key="nr_launcher")
     assert where.options == ["This host", "The Ray cluster"] and where.value == "local"
     assert cluster == []  # the cluster is asked only once it is chosen
@@ -196,7 +196,7 @@ def test_a_cluster_that_does_not_answer_is_a_warning_naming_it(fakes, cluster, m
     problem = ray_jobs.unreachable(ADDRESS, ConnectionError("Failed to connect to Ray"))
     monkeypatch.setattr(ray_jobs, "cluster_info", lambda address, timeout_s=10.0: ray_jobs.ClusterInfo(address,
                                                                                                         problem=problem))
-    at = open_page()
+    at = open_new_run()
     at.radio(key="nr_launcher").set_value("ray").run()
     assert not at.exception, at.exception
     [warning] = [w for w in texts(at, "warning") if "Ray cluster" in w]
@@ -209,7 +209,7 @@ def test_a_ray_preset_round_trips_through_the_form(fakes, cluster, monkeypatch):
     monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", other)
     cfg = TrainConfig(run_name="on ray", launcher="ray", ray_address=other, num_processes=3, ray_gpus_per_worker=0.5)
     presets.save_preset("on-ray", cfg)
-    at = open_page()
+    at = open_new_run()
     at.selectbox(key="nr_preset_choice").set_value("on-ray")
     click(at, "Load preset")
     assert at.radio(key="nr_launcher").value == "ray"
@@ -220,7 +220,7 @@ def test_a_ray_preset_round_trips_through_the_form(fakes, cluster, monkeypatch):
 
 
 def test_a_ray_preset_without_a_cluster_on_the_server_is_a_warning(fakes, no_cluster):  # noqa: F811
-    at = open_page(nr_launcher="ray")
+    at = open_new_run(nr_launcher="ray")
     assert not at.exception, at.exception
     assert any(w.startswith("This config runs on a Ray cluster, but the server has none: set `RAY_ADDRESS`")
                for w in texts(at, "warning"))
@@ -228,7 +228,7 @@ def test_a_ray_preset_without_a_cluster_on_the_server_is_a_warning(fakes, no_clu
 
 def test_the_global_batch_on_the_cluster_counts_its_workers_not_this_hosts_gpus(fakes, cluster,  # noqa: F811
                                                                                  fake_gpu_host):
-    at = open_page(nr_launcher="ray", nr_batch_size=3)
+    at = open_new_run(nr_launcher="ray", nr_batch_size=3)
     assert "1 data-parallel process(es): global batch 3 rows per step (batch 3 × accumulation 1 × 1)" in texts(
         at, "caption")  # num_processes 0 on Ray: one worker, though this host has two GPUs
     at.number_input(key="nr_num_processes").set_value(4).run()
@@ -239,7 +239,7 @@ def test_the_global_batch_on_the_cluster_counts_its_workers_not_this_hosts_gpus(
 def test_without_a_cluster_of_its_own_the_form_picks_the_first_allowed_one(fakes, cluster, monkeypatch):  # noqa: F811
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setenv("FINETUNE_STUDIO_RAY_ADDRESSES", f"{ADDRESS},http://gpu-b:8265")
-    at = open_page(nr_launcher="ray")
+    at = open_new_run(nr_launcher="ray")
     picker = at.selectbox(key="nr_ray_address")
     assert picker.options == [ADDRESS, "http://gpu-b:8265"] and picker.value == ADDRESS
     assert cluster == [ADDRESS]
@@ -248,7 +248,7 @@ def test_without_a_cluster_of_its_own_the_form_picks_the_first_allowed_one(fakes
 
 
 def test_the_capacity_of_a_cluster_the_server_does_not_allow_is_not_asked(fakes, cluster):  # noqa: F811
-    at = open_page(**{"nr_launcher": "ray", "nr_ray_address": "http://elsewhere:8265"})
+    at = open_new_run(**{"nr_launcher": "ray", "nr_ray_address": "http://elsewhere:8265"})
     assert not at.exception, at.exception
     assert any("is not a Ray cluster this server may use" in w for w in texts(at, "warning"))
     assert cluster == []

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from db.store import Store
-from tests.test_pages import insert_finished_run, open_page
+from tests.support.factories import insert_finished_run
+from tests.support.apptest import open_page
 from trainer_core.launchers import ray_record
 from trainer_core.protocol import paths
 

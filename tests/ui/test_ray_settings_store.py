@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from db import settings_store, users
 from tests.db.test_migration import OLD_SCHEMA
-from tests.ray_support import free_port
-from tests.test_new_run import APP, TIMEOUT, click, fakes, open_page  # noqa: F401 - fakes is a fixture
+from tests.support.ray_cluster import free_port
+from tests.support.apptest import APP, TIMEOUT, click, fakes, open_new_run  # noqa: F401 - fakes is a fixture
 from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig, server_cluster
 from trainer_core.launchers import ray as ray_jobs
@@ -230,7 +230,7 @@ def test_a_database_from_before_the_settings_table_still_opens_the_page(page, ch
 def test_new_run_offers_the_saved_cluster_and_builds_a_run_on_it(fakes, page, monkeypatch):  # noqa: F811
     monkeypatch.setattr(ray_jobs, "cluster_info", lambda address, timeout_s=10.0: ray_jobs.ClusterInfo(address, (HEAD,)))
     settings_store.save_cluster(get_orchestrator().store, ADDRESS, str(page), "ada")
-    at = open_page()
+    at = open_new_run()
     at.radio(key="nr_launcher").set_value("ray").run()
     assert not at.exception, at.exception
     assert at.selectbox(key="nr_ray_address").options == [ADDRESS]  # no cluster in the environment: the saved one

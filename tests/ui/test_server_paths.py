@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_access import _app, _as_user, shared_store  # noqa: F401 - shared_store: a fixture used below
-from tests.test_new_run import texts, use_local_file
+from tests.test_access import _as_user, shared_store  # noqa: F401 - shared_store: a fixture used below
+from tests.support.apptest import open_page, texts, use_local_file
 from trainer_core.auth.access import Actor, Role
 from trainer_core.config import TrainConfig
 from trainer_core.protocol import paths
@@ -35,7 +35,7 @@ def test_only_an_admin_reads_the_absolute_paths_of_a_message(home, tmp_path):
 @pytest.mark.parametrize("name, absolute", [("ann", False), ("val", False), ("ada", True)])
 def test_the_settings_page_shows_server_paths_to_admins_only(shared_store, monkeypatch, tmp_path, name, absolute):
     _as_user(monkeypatch, name)
-    at = _app("pages/settings.py")
+    at = open_page("pages/settings.py")
     shown = "\n".join(m.value for m in at.markdown)
     assert (str(paths.data_root()) in shown) is absolute, shown
     assert (str(tmp_path) in shown) is absolute
@@ -47,7 +47,7 @@ def test_the_settings_page_shows_server_paths_to_admins_only(shared_store, monke
 def test_new_run_names_the_allowed_roots_instead_of_their_paths_to_non_admins(shared_store, monkeypatch, tmp_path,
                                                                               name, absolute):
     _as_user(monkeypatch, name)
-    at = use_local_file(_app("pages/new_run.py"), Path("/etc/hosts"))
+    at = use_local_file(open_page("pages/new_run.py"), Path("/etc/hosts"))
     errors = [e for e in texts(at, "error") if "outside the allowed folders" in e]
     assert errors, texts(at, "error")
     assert all((str(tmp_path) in e) is absolute for e in errors), errors
@@ -70,7 +70,7 @@ def test_run_details_show_a_failed_runs_error_and_log_with_server_paths_to_admin
                                       log_tail=f"Traceback ...\nFileNotFoundError: {where}"))
     paths.run_dir("20250101-000000-failed").mkdir(parents=True, exist_ok=True)
     _as_user(monkeypatch, name)
-    at = _app("pages/run.py", run="20250101-000000-failed")
+    at = open_page("pages/run.py", query={"run": "20250101-000000-failed"})
     error = next(e.value for e in at.error if "DatasetError" in e.value)
     log = next(c.value for c in at.code if "FileNotFoundError" in c.value)
     assert (str(paths.data_root()) in error) is absolute and (str(paths.data_root()) in log) is absolute

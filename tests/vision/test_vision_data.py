@@ -11,7 +11,8 @@ from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data.loading import check_data, load_local
 from trainer_core.planning.modality import TEXT, VISION, detect_modality, from_configs
-from tests.vision_support import IMAGE_TOKENS, QUESTION, as_messages, shape_rows, write_jsonl
+from tests.support.vision import IMAGE_TOKENS, QUESTION, as_messages, shape_rows
+from tests.support.data_rows import write_jsonl
 
 USER_IMAGE = [{"type": "image"}, {"type": "text", "text": QUESTION}]
 

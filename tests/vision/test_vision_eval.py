@@ -12,9 +12,10 @@ import pytest
 from PIL import Image
 
 from tests.support import MODELS_CACHE, ROOT, wait_until
-from tests.test_pages import open_page
+from tests.support.apptest import open_page
 from tests.vision.test_vision_playground import vision_config
-from tests.vision_support import QUESTION, shape_rows, write_jsonl
+from tests.support.vision import QUESTION, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.auth import access
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.jobs import evals

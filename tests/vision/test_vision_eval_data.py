@@ -9,7 +9,8 @@ import os
 import pytest
 
 from tests.support import ROOT
-from tests.vision_support import QUESTION, as_messages, build_tiny_vlm, draw_shape, shape_rows, write_jsonl
+from tests.support.vision import QUESTION, as_messages, build_tiny_vlm, draw_shape, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import BUNDLED_MODEL
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import samples as eval_samples

@@ -12,10 +12,10 @@ from PIL import Image, ImageFile
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
-from tests.support import ROOT
-from tests.vision_support import IMAGE_TOKENS, shape_rows, write_jsonl
+from tests.support.apptest import NEW_RUN, open_page
+from tests.support.vision import IMAGE_TOKENS, shape_rows
+from tests.support.data_rows import write_jsonl
 
-APP = str(ROOT / "streamlit_app.py")
 
 
 def _vision_model(folder: Path) -> Path:
@@ -30,18 +30,10 @@ def _vision_model(folder: Path) -> Path:
     return folder
 
 
-def _page(**session) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    at.switch_page("pages/new_run.py").run()
-    assert not at.exception, at.exception
-    return at
-
-
 def test_vision_model_line_and_image_thumbnails(app_home, tmp_path):
     model = _vision_model(tmp_path / "tiny-llava")
     data = write_jsonl(tmp_path / "shapes" / "train.jsonl", shape_rows(tmp_path / "shapes", 5, seed=4))
-    at = _page()
+    at = open_page(NEW_RUN, timeout=60)
     at.radio(key="nr_model_source").set_value("local")
     at.text_input(key="nr_model_text").input(str(model)).run()
     at.radio(key="nr_dataset_source").set_value("local")
@@ -61,7 +53,7 @@ def test_vision_model_line_and_image_thumbnails(app_home, tmp_path):
 
 def test_text_model_gets_no_vision_line_and_a_url_is_named(app_home, tmp_path):
     data = write_jsonl(tmp_path / "urls.jsonl", [{"image": "https://example.com/a.png", "question": "q", "answer": "a"}])
-    at = _page()
+    at = open_page(NEW_RUN, timeout=60)
     at.radio(key="nr_dataset_source").set_value("local")
     at.text_input(key="nr_local_datasets").input(str(data)).run()
     assert not at.exception, at.exception
@@ -70,7 +62,7 @@ def test_text_model_gets_no_vision_line_and_a_url_is_named(app_home, tmp_path):
 
 
 def _with_dataset(data: Path) -> AppTest:
-    at = _page()
+    at = open_page(NEW_RUN, timeout=60)
     at.radio(key="nr_dataset_source").set_value("local")
     at.text_input(key="nr_local_datasets").input(str(data)).run()
     assert not at.exception, at.exception

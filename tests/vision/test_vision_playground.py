@@ -18,7 +18,8 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from tests.support import MODELS_CACHE, ROOT, wait_until
-from tests.vision_support import build_tiny_vlm, draw_shape, shape_rows, write_jsonl
+from tests.support.vision import build_tiny_vlm, draw_shape, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.protocol.status import RunStatus
 from trainer_core.serving.gate import MAX_IMAGES

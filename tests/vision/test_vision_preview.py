@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vision_support import IMAGE_TOKENS, build_tiny_vlm, shape_rows, write_jsonl
+from tests.support.vision import IMAGE_TOKENS, build_tiny_vlm, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.data import preview
 from trainer_core.config import TrainConfig
 

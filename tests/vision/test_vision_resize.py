@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tests.support import run_in_child
-from tests.vision.test_vision_form import _page, _vision_model
-from tests.vision_support import IMAGE_TOKENS, shape_rows, write_jsonl
+from tests.support.apptest import NEW_RUN, open_page
+from tests.vision.test_vision_form import _vision_model
+from tests.support.vision import IMAGE_TOKENS, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.planning.modality import from_configs
 from trainer_core.protocol.errors import FieldError
@@ -42,7 +44,7 @@ def test_the_effect_on_tokens_per_image_is_said_for_the_model_at_hand():
 
 def test_new_run_shows_the_setting_and_its_effect_for_a_vision_model(app_home, tmp_path):
     model = _vision_model(tmp_path / "tiny-llava")
-    at = _page()
+    at = open_page(NEW_RUN, timeout=60)
     at.radio(key="nr_model_source").set_value("local")
     at.text_input(key="nr_model_text").input(str(model)).run()
     at.number_input(key="nr_image_max_side").set_value(256).run()

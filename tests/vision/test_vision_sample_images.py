@@ -7,7 +7,7 @@ import os
 import random
 
 from db.entities import SampleRecord
-from tests.vision_support import draw_shape
+from tests.support.vision import draw_shape
 from trainer_core.config import TrainConfig
 from trainer_core.protocol import paths
 from ui import samples as ui_samples

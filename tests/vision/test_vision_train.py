@@ -1,4 +1,4 @@
-"""Vision-language SFT for real: the tiny LLaVA (tests/vision_support.py) trained through the orchestrator and a
+"""Vision-language SFT for real: the tiny LLaVA (tests/support/vision.py) trained through the orchestrator and a
 worker subprocess on coloured shapes drawn with Pillow, then asked the colour of held-out images. The base model
 never names a colour; the tuned one must name the right one for most held-out images. Also the worker-side glue
 (resolver, LoRA targets, collator, the fit check) in one subprocess: this process plays the dashboard."""
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import run_python
-from tests.vision_support import QUESTION, build_tiny_vlm, shape_rows, write_jsonl
+from tests.support.vision import QUESTION, build_tiny_vlm, shape_rows
+from tests.support.data_rows import write_jsonl
 from trainer_core.config import TrainConfig
 from trainer_core.export.spec import ExportSpec
 from trainer_core.specs.model_source import ModelSource

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from tests.support import bundled_model_folder, run_python
-from tests.vision_support import IMAGE_TOKENS, build_tiny_vlm, shape_rows
+from tests.support.vision import IMAGE_TOKENS, build_tiny_vlm, shape_rows
 
 pytestmark = pytest.mark.subprocess
 

@@ -1,7 +1,7 @@
 """The fake worker of the tests and the event-pipeline benchmark: a training worker that trains nothing.
 
-Run as ``python tests/fake_worker.py RUN_DIR`` (tests/support's ``FakeLauncher`` starts it in place of
-``-m trainer_core.worker``, with the real launcher's environment). It writes events through the real
+Run as ``python tests/support/fake_worker.py RUN_DIR`` (tests/support/fakes.py's ``FakeLauncher`` starts it in place
+of ``-m trainer_core.worker``, with the real launcher's environment). It writes events through the real
 ``EventWriter`` and honours control.json and SIGTERM like the real worker, so a run takes a fraction of a
 second. Behaviour comes from the environment (the launcher passes it on; ``tests.support.fake()`` sets it):
 

@@ -5,7 +5,8 @@ byte-level BPE tokenizer trained with the ``tokenizers`` library on the test phr
 WhisperTokenizer with Whisper's special tokens (``<|startoftranscript|>``, ``<|en|>``, ``<|transcribe|>``,
 ``<|notimestamps|>``...), so language and task settings work as on a real Whisper; its feature extractor takes
 4-second windows (real Whisper: 30) to keep the encoder small. Built in a subprocess (this process plays the
-dashboard, which never imports torch) and cached per checkout under .test-cache, like tests/support.py's tiny Llama.
+dashboard, which never imports torch) and cached per checkout under .test-cache, like tests/support/models.py's tiny
+Llama.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.support import ROOT, built_once, run_python
+from tests.support.env import ROOT, run_python
+from tests.support.models import built_once
 
 TINY_WHISPER = ROOT / ".test-cache" / "tiny-whisper"
 WINDOW_S = 4  # the tiny model's feature extractor window (chunk_length)
@@ -185,9 +187,3 @@ def spoken_rows(folder: Path, phrases=PHRASES, variants=((175, 50), (150, 40), (
             speak(phrase, folder / name, speed=speed, pitch=pitch)
             rows.append({"audio": name, "text": phrase})
     return rows
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path

@@ -1,4 +1,4 @@
-"""``python -m tests.playground_app [streamlit options]``: the dashboard (``ui.serve``) with its serve jobs
+"""``python -m tests.support.playground_app [streamlit options]``: the dashboard (``ui.serve``) with its serve jobs
 played by ``FakeServeJob``, for the Chromium Playground test. The fake OpenAI server runs in the test
 process; this process learns where from the environment:
 
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from tests.fake_openai import FakeServeJob
+from tests.support.fake_openai import FakeServeJob
 from ui import serve
 
 if __name__ == "__main__":

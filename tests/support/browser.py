@@ -1,7 +1,9 @@
-"""Helpers for driving the real dashboard in headless Chromium: find the browser, run `streamlit run`
-on a free port, read the loss chart and the History table out of the DOM, and clean up afterwards."""
+"""Helpers for driving the real dashboard in headless Chromium: find the browser (the ``chromium`` and ``page``
+fixtures), run `streamlit run` on a free port with its own data root (``served_dashboard``), read the loss chart and
+the History table out of the DOM, and clean up afterwards."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,13 +13,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
+import pytest
+
+from tests.support.env import MODELS_CACHE, ROOT
 
 CHROMIUM_ENV = "FINETUNE_STUDIO_CHROMIUM"
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
+VIEWPORT = {"width": 1400, "height": 1000}
+PAGE_TIMEOUT_S = 60  # a page or widget to appear (the first script run imports pandas/altair)
 
 # Vega-Lite gives every mark an ARIA label such as "step: 3; loss: 3.53; series: train loss" (the tooltip
 # fields, or the encoded fields when the mark has no tooltip). Reading it needs no access to the vega
@@ -102,6 +109,53 @@ class StreamlitServer:
             return self.log_path.read_text(errors="replace")[-chars:]
         except FileNotFoundError:
             return "(no server log)"
+
+
+@contextlib.contextmanager
+def served_dashboard(tmp_path: Path, module: str = "ui.serve", **env_values: str) -> Iterator[StreamlitServer]:
+    """The dashboard (``module``: ui.serve or a test's wrapper of it) on a free port with its own data root under
+    ``tmp_path``, on the CPU, with the shared models cache, the default store and no password gate, then
+    ``env_values`` (a password, say); stopped, with any worker it left, at the end."""
+    home = tmp_path / "home"
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("DATABASE_URL", "FINETUNE_STUDIO_PASSWORD")}  # the default store, no password gate
+    env.update({"FINETUNE_STUDIO_HOME": str(home), "FINETUNE_STUDIO_MODELS": str(MODELS_CACHE),
+                "FINETUNE_STUDIO_FORCE_CPU": "1",
+                "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join([str(tmp_path), str(ROOT / ".test-cache")]),
+                **env_values})
+    server = StreamlitServer(ROOT, env, tmp_path / "server.log", module=module)
+    try:
+        server.start(timeout=PAGE_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+        kill_workers_under(home)
+
+
+@pytest.fixture
+def chromium() -> str:
+    path = chromium_path()
+    if path is None:
+        pytest.skip(f"Chromium not found: install Debian's `chromium` package (apt-get install chromium; "
+                    f".ci/run does) or set {CHROMIUM_ENV} to the browser's path")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is not an executable file: fix {CHROMIUM_ENV} or the PATH entry")
+    return path
+
+
+@pytest.fixture
+def page(chromium):
+    """A tab of headless Chromium (VIEWPORT, every wait up to PAGE_TIMEOUT_S)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: pip install -e '.[dev]'")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            context = browser.new_context(viewport=VIEWPORT)
+            tab = context.new_page()
+            tab.set_default_timeout(PAGE_TIMEOUT_S * 1000)
+            yield tab
+        finally:
+            browser.close()
 
 
 def kill_workers_under(root: Path) -> list[int]:

@@ -2,7 +2,7 @@
 tokenizer, its processor and chat template saved), and coloured-shape images drawn with Pillow with questions about
 them; a tiny Idefics3 (SmolVLM's architecture) for the GGUF export with its mmproj file. The models are built in a
 subprocess (this process plays the dashboard, which never imports torch) and cached per checkout under .test-cache,
-like tests/support.py's tiny Llama."""
+like tests/support/models.py's tiny Llama."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from tests.support import MODELS_CACHE, ROOT, built_once, run_python
+from tests.support.env import MODELS_CACHE, ROOT, run_python
+from tests.support.models import built_once
 
 TINY_VLM = ROOT / ".test-cache" / "tiny-llava"
 IMAGE_SIZE, PATCH_SIZE = 32, 8
@@ -155,11 +156,6 @@ def shape_rows(folder: Path, count: int, seed: int, prefix: str = "img") -> list
         rows.append({"image": name, "question": QUESTION, "answer": colour, "shape": shape})
     return rows
 
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def as_messages(row: dict) -> dict:

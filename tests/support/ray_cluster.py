@@ -1,7 +1,9 @@
 """A local Ray cluster for tests and benchmarks: a head and one or more ``ray start --address`` nodes on this
 machine, one CPU each, each blocking in a session of its own so that ending it ends exactly the processes it
 started (never ``ray stop``, which stops every Ray process of the user). Node k (the head is 0) holds one unit of
-the custom resource ``test-node-k``, which is how a test tells Ray's node ids apart and loses a chosen one."""
+the custom resource ``test-node-k``, which is how a test tells Ray's node ids apart and loses a chosen one.
+
+``node_summary_server`` stands in for a cluster's dashboard where only its node summary is read."""
 from __future__ import annotations
 
 import contextlib
@@ -12,15 +14,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import tempfile
 import urllib.request
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
 import psutil
 
-from tests.support import wait_until
+from tests.support.env import wait_until
 
 
 @dataclass
@@ -124,3 +128,28 @@ def end_sessions(nodes: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             pass
     for node in nodes:
         node.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def node_summary_server(summary: dict) -> Iterator[str]:
+    """A local HTTP server answering Ray's dashboard's GET /nodes?view=summary with ``summary`` (anything else: 404),
+    for the time of the ``with``; its address."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            found = self.path == "/nodes?view=summary"
+            body = json.dumps(summary if found else {}).encode()
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
