@@ -4,9 +4,11 @@ their vote; hostile answers and edits stay text."""
 from __future__ import annotations
 
 from db.store import Store
-from tests.fake_openai import FakeOpenAI, FakeServeJob
-from tests.test_playground import (BASE_ANSWER, BASE_KEY, TUNED_ID, TUNED_KEY, ask, base_and_tuned,  # noqa: F401
-                                   fake_server, make_run, open_page, runs, serve_job)
+from tests.support.apptest import open_page
+from tests.support.factories import finished_run
+from tests.support.fake_openai import FakeOpenAI, FakeServeJob
+from tests.test_playground import (BASE_ANSWER, BASE_KEY, PAGE, TUNED_ID, TUNED_KEY, ask,  # noqa: F401 - fixtures
+                                   base_and_tuned, fake_server, runs, serve_job)
 from tests.test_text_safety import PAYLOADS, assert_nothing_interpreted
 from trainer_core.auth.access import Actor
 from trainer_core.feedback import votes
@@ -28,7 +30,7 @@ def chatted(at):
 
 
 def test_a_side_by_side_pick_is_stored_with_everything_it_judged_and_can_be_withdrawn(serve_job, runs):
-    at = chatted(base_and_tuned(open_page()))
+    at = chatted(base_and_tuned(open_page(PAGE, timeout=60)))
     button(at, f"{votes_ui.K}{votes.B_BETTER}_0").click().run()
     assert not at.exception, at.exception
     [vote] = get_orchestrator().store.votes()
@@ -47,7 +49,7 @@ def test_a_side_by_side_pick_is_stored_with_everything_it_judged_and_can_be_with
 
 
 def test_thumbs_and_an_edit_on_one_answer(serve_job, runs):
-    at = chatted(base_and_tuned(open_page()))
+    at = chatted(base_and_tuned(open_page(PAGE, timeout=60)))
     button(at, f"{votes_ui.K}up_0_{TUNED_KEY}").click().run()
     button(at, f"{votes_ui.K}down_0_{BASE_KEY}").click().run()
     at.text_area(key=f"{votes_ui.K}edit_0_{BASE_KEY}").input("4.")
@@ -69,9 +71,9 @@ def test_hostile_answers_and_edits_are_stored_and_shown_as_text(app_home, monkey
         job = FakeServeJob(server.url, server.api_key, {BASE_KEY: "smollm2", TUNED_KEY: "tuned"})
         job.install(lambda target, name, value: monkeypatch.setattr(target, name, value, raising=False))
         store = Store()
-        make_run(store, TUNED_ID, "tuned run")
+        finished_run(store, TUNED_ID, "tuned run")
         store.engine.dispose()
-        at = ask(base_and_tuned(open_page()), PAYLOADS["image"])
+        at = ask(base_and_tuned(open_page(PAGE, timeout=60)), PAYLOADS["image"])
         at.text_area(key=f"{votes_ui.K}edit_0_{TUNED_KEY}").input(PAYLOADS["lines"])
         button(at, f"{votes_ui.K}save_0_{TUNED_KEY}").click().run()
         [vote] = get_orchestrator().store.votes()
