@@ -35,6 +35,7 @@ else:
         st.Page("pages/run.py", title="Run details", icon="🔎"),
         st.Page("pages/compare.py", title="Compare", icon="⚖️"),
         st.Page("pages/playground.py", title="Playground", icon="💬"),
+        st.Page("pages/feedback.py", title="Feedback", icon="🗳️"),
         st.Page("pages/account.py", title="Account", icon="👤"),
         settings_page,
     ])
