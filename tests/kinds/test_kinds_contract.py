@@ -144,6 +144,16 @@ def test_every_kind_names_its_worker_half_and_playground():
         assert not any(row.export_refusal(t) for t in row.default_exports), row.name
 
 
+def test_every_kind_has_an_export_verify_stage_and_a_merge():
+    """The worker half's tables are keyed by kind name: a kind missing from them would verify as a text model."""
+    from trainer_core.worker.export_merge import OWN_MERGES, Merging
+    from trainer_core.worker.export_verify import VERIFIERS, Verification
+
+    assert set(VERIFIERS) == set(kinds.KINDS)
+    assert all(callable(getattr(Verification, name)) for name in VERIFIERS.values())
+    assert set(OWN_MERGES) <= set(kinds.KINDS) and all(callable(getattr(Merging, n)) for n in OWN_MERGES.values())
+
+
 def test_the_docs_page_is_the_tables_own_output():
     page = (ROOT / DOC_PATH).read_text(encoding="utf-8")
     assert page == markdown(), "docs/model-kinds.md is stale: run `python -m trainer_core.kinds --write`"

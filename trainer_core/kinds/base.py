@@ -102,6 +102,7 @@ class ModelKind:
     lora_merge_refusal: str = ""
     memory_inputs: tuple[str, ...] = ("parameters", "sequence length", "batch size", "adapter", "precision")
     uses: str = ""
+    processor: bool = False  # saved and loaded with a processor (images or audio), not a tokenizer alone
 
     @property
     def writes_answers(self) -> bool:

@@ -37,5 +37,6 @@ KIND = ModelKind(
     memory_inputs=("parameters", "audio window", "batch size", "adapter", "precision"),
     uses="it transcribes audio and does not write chat answers: load its weights folder with transformers' "
          "WhisperForConditionalGeneration and WhisperProcessor",
+    processor=True,
     worker="trainer_core.worker.methods.stt",
 )

@@ -41,5 +41,6 @@ KIND = ModelKind(
     memory_inputs=("parameters", "clip length (codec frames)", "batch size", "adapter", "precision"),
     uses="it speaks text and does not write answers: try it in the Playground's Text to speech mode, or load its "
          "weights folder with transformers' CsmForConditionalGeneration and AutoProcessor",
+    processor=True,
     worker="trainer_core.worker.methods.tts",
 )

@@ -36,5 +36,6 @@ KIND = ModelKind(
     playground=CHAT,  # with images attached to messages (ResolvedSource.sees_images)
     samples="answers to the sample prompts with their images",
     memory_inputs=("parameters", "sequence length", "batch size", "adapter", "precision", "tokens per image"),
+    processor=True,
     worker="trainer_core.worker.vision",
 )

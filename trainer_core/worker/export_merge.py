@@ -32,6 +32,10 @@ from trainer_core.worker.export_probes import speak_sentences
 
 
 
+# The merge of each model kind whose folder is more than a transformers model with its tokenizer (trainer_core.kinds);
+# the others merge their adapter into the base, or save a full fine-tune again, in the export's dtype.
+OWN_MERGES = {"embedding": "merge_sentence_transformers", "tts": "merge_speaker"}
+
 
 class Merging:
     """ExportWorker's adapter and merged stages."""
@@ -51,19 +55,12 @@ class Merging:
         for a QLoRA run: load_source loads the base unquantized)."""
         from trainer_core.worker.sources import MERGED_MARKER, merge_adapter
 
+        own = OWN_MERGES.get(plan.resolved.kind.name)  # a kind whose folder is not a transformers model's alone
+        if own is not None:
+            getattr(self, own)(plan)
+            return
         dtype = plan.spec.merged_dtype
         target = plan.merged_dir
-        if plan.resolved.output == "embedding":  # a full fine-tune's sentence-transformers folder, saved again
-            from sentence_transformers import SentenceTransformer
-
-            SentenceTransformer(str(plan.resolved.model_dir), device="cpu").save(str(target))
-            if "merged" in plan.spec.targets:
-                plan.staged.append(Staged("merged", "merged", "sentence-transformers", "the sentence-transformers "
-                                          "folder (modules, pooling, tokenizer): SentenceTransformer(path) loads it"))
-            return
-        if plan.resolved.output == "audio":
-            self.merge_speaker(plan)
-            return
         if plan.resolved.adapter_dir is not None:
             merge_adapter(plan.resolved, target, dtype, log=self.log)
             (target / MERGED_MARKER).unlink(missing_ok=True)  # a cache stamp, not part of the model
@@ -76,7 +73,7 @@ class Merging:
             model = auto_class(folder).from_pretrained(folder, dtype=getattr(torch, dtype))
             model.save_pretrained(target, safe_serialization=True)
             plan.tokenizer.save_pretrained(target)
-            if plan.resolved.output == "speech" or plan.resolved.sees_images:  # the processor belongs to the model
+            if plan.resolved.kind.processor:  # images or audio: the processor belongs to the model
                 from transformers import AutoProcessor
 
                 AutoProcessor.from_pretrained(folder).save_pretrained(target)
@@ -85,6 +82,16 @@ class Merging:
             what = "with its processor: load with WhisperForConditionalGeneration and WhisperProcessor" \
                 if plan.resolved.output == "speech" else "with the tokenizer: load with transformers"
             plan.staged.append(Staged("merged", "merged", dtype, f"merged weights ({dtype} safetensors) {what}"))
+
+    def merge_sentence_transformers(self, plan: Plan) -> None:
+        """An embedding run: a full fine-tune's sentence-transformers folder, saved again (a LoRA one is refused
+        before start: kinds' lora_merge_refusal)."""
+        from sentence_transformers import SentenceTransformer
+
+        SentenceTransformer(str(plan.resolved.model_dir), device="cpu").save(str(plan.merged_dir))
+        if "merged" in plan.spec.targets:
+            plan.staged.append(Staged("merged", "merged", "sentence-transformers", "the sentence-transformers "
+                                      "folder (modules, pooling, tokenizer): SentenceTransformer(path) loads it"))
 
     def merge_speaker(self, plan: Plan) -> None:
         """A text-to-speech model (Sesame CSM): a LoRA run's adapter merged into CsmForConditionalGeneration (PEFT's

@@ -18,23 +18,21 @@ from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedd
 VISION_TEXT_UNIT = "text answers identical to the merged model's"
 
 
+# The verify stage of each model kind (trainer_core.kinds): what "the exported model behaves as the run's" means
+# for it. A kind without its own replays prompts as a text model. tests/kinds checks every kind has an entry.
+VERIFIERS = {"text": "verify_text", "vision": "verify_vision", "speech": "verify_speech", "tts": "verify_audio",
+             "embedding": "verify_embedding", "reward": "verify_text"}
+
+
 class Verification:
     """ExportWorker's verify stage, one method per kind of model."""
 
     def verify(self, plan: Plan) -> None:
+        """Reload every exported format and compare it with the unmerged run, as the model's kind behaves."""
+        getattr(self, VERIFIERS.get(plan.resolved.kind.name, "verify_text"))(plan)
+
+    def verify_text(self, plan: Plan) -> None:
         """Reload every exported format and replay the prompt set greedily next to the unmerged adapter."""
-        if plan.resolved.output == "speech":
-            self.verify_speech(plan)
-            return
-        if plan.resolved.output == "audio":
-            self.verify_audio(plan)
-            return
-        if plan.resolved.output == "embedding":
-            self.verify_embedding(plan)
-            return
-        if plan.resolved.sees_images:
-            self.verify_vision(plan)
-            return
         import torch
 
         from trainer_core.worker.sources import load_source
