@@ -6,7 +6,9 @@
   key the cached base-model baseline;
 - ``scoring``: exact match, ROUGE-L (``rouge-score``) and BLEU (``sacrebleu``), per sample and overall;
 - ``judge``: an optional LLM judge through any OpenAI-compatible endpoint (``httpx``);
-- ``cli``: ``python -m trainer_core eval``.
+- ``samples_check``: degenerate sample answers (empty, a loop, a chat-template leak), during training too.
+
+``python -m trainer_core eval`` is ``trainer_core.cli.evaluate``.
 
 Nothing here imports torch or transformers: the dashboard validates specs and reads results through it.
 The worker side is ``trainer_core.worker.evaluate``.
