@@ -23,12 +23,14 @@ from trainer_core.data import DatasetError
 from trainer_core.data import audio as audio_data
 from trainer_core.data.sources import save_upload
 from trainer_core.evaluation import vision as eval_vision
+from trainer_core.feedback.service import Feedback
 from trainer_core.evaluation.samples import EVAL_SPLIT_PREFIX, HUB_PREFIX
 from trainer_core.evaluation.spec import DEFAULT_METRICS, DEFAULT_RUBRIC, METRICS, EvalSpec
 from trainer_core.jobs.orchestrator import Orchestrator, RunRefused
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
 from ui import format as fmt
+from ui import judge_calibration
 from ui.form import UPLOAD_TYPES
 from ui.ray_run import job_place
 from ui.server_paths import shown
@@ -174,7 +176,10 @@ def render_result(orch: Orchestrator, result: EvalResultRecord, job: RunRecord |
         st.caption("The eval ended before reporting metrics.")
     else:
         render_metrics(result.metrics, orch.eval_baseline(result))
-    render_samples(samples_of(orch, result))
+    samples = samples_of(orch, result)
+    if "judge" in (result.metrics or {}):
+        judge_calibration.render(Feedback(orch.store), result.job_id, samples)
+    render_samples(samples)
 
 
 def samples_of(orch: Orchestrator, result: EvalResultRecord) -> pd.DataFrame:

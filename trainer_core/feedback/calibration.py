@@ -65,7 +65,9 @@ def paired(judge: pd.DataFrame, ratings: list[RatingRecord], scale: str) -> pd.D
 
 
 def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Cohen's kappa of two binary raters; None when it is undefined (chance agreement is total)."""
+    """Cohen's kappa of two binary raters; None when it is undefined (no answers, or chance agreement is total)."""
+    if len(a) == 0:
+        return None
     observed = float(np.mean(a == b))
     expected = float(np.mean(a) * np.mean(b) + (1 - np.mean(a)) * (1 - np.mean(b)))
     return None if expected >= 1.0 else (observed - expected) / (1.0 - expected)
