@@ -34,6 +34,7 @@ else:
         st.Page("pages/history.py", title="History", icon="🗂️"),
         st.Page("pages/run.py", title="Run details", icon="🔎"),
         st.Page("pages/compare.py", title="Compare", icon="⚖️"),
+        st.Page("pages/sweeps.py", title="Sweeps", icon="🧭"),
         st.Page("pages/playground.py", title="Playground", icon="💬"),
         st.Page("pages/feedback.py", title="Feedback", icon="🗳️"),
         st.Page("pages/account.py", title="Account", icon="👤"),

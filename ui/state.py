@@ -1,4 +1,4 @@
-"""The one Orchestrator of this server process, shared by every browser session."""
+"""The one Orchestrator of this server process, shared by every browser session, and the sweep runner beside it."""
 from __future__ import annotations
 
 import streamlit as st
@@ -7,13 +7,28 @@ from sqlalchemy.exc import SQLAlchemyError
 from trainer_core.auth.access import Action, Actor, allowed
 from trainer_core.jobs import rebuild
 from trainer_core.jobs.orchestrator import Orchestrator
+from trainer_core.sweeps.runner import SweepRunner
+
+
+_SWEEPS: dict[str, SweepRunner] = {}  # orchestrator holder -> the sweep runner beside it
 
 
 @st.cache_resource(show_spinner=False)
 def get_orchestrator() -> Orchestrator:
     # One per server process; a hot reload may build a second one, which is why the orchestrator
     # guards runs with a lock file rather than trusting this singleton alone.
-    return Orchestrator()
+    orch = Orchestrator()
+    # Built with it, at server start: sweeps left running by an earlier server are driven again at once, and sweeps
+    # lock themselves (docs/sweeps.md), so a second orchestrator's runner drives none twice.
+    runner = _SWEEPS[orch.holder] = SweepRunner(orch)
+    orch.add_closer(lambda: _SWEEPS.pop(orch.holder, runner).close())
+    return orch
+
+
+def get_sweeps() -> SweepRunner:
+    """The sweep runner beside this server's orchestrator (start, stop, resume sweeps)."""
+    orch = get_orchestrator()
+    return _SWEEPS[orch.holder]
 
 
 def orchestrator_or_problem() -> tuple[Orchestrator | None, str | None]:

@@ -1,0 +1,99 @@
+"""The Sweeps page and its charts, on a sweep recorded as a finished one would be (its study, its state and its
+trial runs' rows), so nothing trains here."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+from streamlit.testing.v1 import AppTest
+
+from db.entities import RunRecord
+from db.store import Store
+from tests.support import ROOT
+from trainer_core.config import BUNDLED_MODEL
+from trainer_core.protocol.status import RunStatus
+from trainer_core.sweeps import checks, record
+from trainer_core.sweeps.driver import PRUNED, open_study
+from trainer_core.sweeps.record import SweepStatus
+from trainer_core.sweeps.summary import summarize
+from trainer_core.views.sweep_charts import importance_chart, objective_chart, parallel_chart
+from ui.sweeps import chart_frame, trials_frame
+
+# (learning rate, lora_r, evaluations, outcome)
+TRIALS = [(1e-5, 8, {5: 3.0, 10: 2.9}, "completed"), (1e-3, 16, {5: 1.2, 10: 1.1}, "completed"),
+          (1e-4, 8, {5: 2.0, 10: 1.6}, "completed"), (1e-5, 16, {5: 3.5}, "pruned")]
+
+
+@pytest.fixture
+def finished_sweep(home) -> str:
+    config, errors = checks.read({"model_name": BUNDLED_MODEL, "max_steps": 10, "eval_fraction": 0.2,
+                                  "eval_steps": 5, "sweep": {"name": "lr <b>and</b> rank", "search": "random",
+                                                             "n_trials": 4, "params": {
+                                                                 "learning_rate": [1e-5, 1e-4, 1e-3],
+                                                                 "lora_r": [8, 16]}}})
+    assert errors == []
+    sweep_id = record.create(config, "ana", "operator", name=config.spec.name)
+    study = open_study(record.sweep_dir(sweep_id), config.spec)
+    store = Store()
+    space = {"learning_rate": CategoricalDistribution([1e-5, 1e-4, 1e-3]), "lora_r": CategoricalDistribution([8, 16])}
+    for number, (lr, rank, evals, outcome) in enumerate(TRIALS):
+        pruned = outcome == "pruned"
+        study.add_trial(create_trial(params={"learning_rate": lr, "lora_r": rank}, distributions=space,
+                                     intermediate_values=evals, value=None if pruned else evals[max(evals)],
+                                     state=TrialState.PRUNED if pruned else TrialState.COMPLETE,
+                                     user_attrs={PRUNED: "eval_loss 3.5 at step 5 is worse than the median pruner "
+                                                         "allows"} if pruned else {}))
+        store.create_run(RunRecord(id=f"20260101-00000{number}-abcdef", name=f"trial {number}", created_at=time.time(),
+                                   status=RunStatus.STOPPED if pruned else RunStatus.COMPLETED,
+                                   steps_done=max(evals), sweep_id=sweep_id, sweep_trial=number))
+    record.set_status(sweep_id, SweepStatus.COMPLETED)
+    store.engine.dispose()
+    return sweep_id
+
+
+def test_the_summary_marks_the_best_trial_and_keeps_a_pruned_trials_last_evaluation(finished_sweep):
+    summary = summarize(finished_sweep, Store().sweep_runs(finished_sweep))
+    table = trials_frame(summary)
+    assert table[["best", "trial", "outcome", "objective", "learning_rate", "status"]].values.tolist() == [
+        ["", 0, "completed", 2.9, 1e-5, "Completed"], ["★", 1, "completed", 1.1, 1e-3, "Completed"],
+        ["", 2, "completed", 1.6, 1e-4, "Completed"], ["", 3, "pruned", 3.5, 1e-5, "Stopped (saved)"]]
+    assert table["note"].tolist()[3] == "eval_loss 3.5 at step 5 is worse than the median pruner allows"
+    assert summary.best == 1 and set(summary.importance) == {"learning_rate", "lora_r"}
+
+
+def test_the_charts_plot_every_trial_and_ring_the_best(finished_sweep):
+    summary = summarize(finished_sweep, Store().sweep_runs(finished_sweep))
+    frame = chart_frame(summary)
+    spec = objective_chart(frame, "eval_loss").to_dict(validate=True)
+    line, points, best = spec["layer"]
+    data = spec["datasets"]
+    assert [r["objective"] for r in data[points["data"]["name"]]] == [2.9, 1.1, 1.6, 3.5]
+    assert [r["best so far"] for r in data[line["data"]["name"]]] == [2.9, 1.1, 1.1]
+    assert [r["trial"] for r in data[best["data"]["name"]]] == [1]
+    parallel = parallel_chart(frame, summary.params, "eval_loss").to_dict(validate=True)
+    rows = parallel["datasets"][parallel["data"]["name"]]
+    assert {(r["trial"], r["axis"]) for r in rows} == {(t, a) for t in range(4)
+                                                       for a in ("learning_rate", "lora_r", "objective")}
+    assert importance_chart(summary.importance).to_dict(validate=True)["mark"]["type"] == "bar"
+
+
+def test_the_sweeps_page_shows_the_best_trial_and_its_trials(app_home, finished_sweep):
+    at = AppTest.from_file(str(ROOT / "streamlit_app.py"), default_timeout=60)
+    at.run()
+    at.switch_page("pages/sweeps.py").run()
+    assert not at.exception, at.exception
+    assert [s.value for s in at.success] == ["Best: trial 1, eval_loss 1.1 with learning_rate = 0.001, lora_r = 16 "
+                                             "(run `20260101-000001-abcdef`)"]
+    assert [json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")] == [
+        "eval_loss per trial (ringed: the best trial)", "Parallel coordinates (finished trials)",
+        "Parameter importance (Optuna, fANOVA)"]
+    (table,) = at.dataframe
+    assert table.value["trial"].tolist() == [0, 1, 2, 3]
+    assert [b.label for b in at.button][:3] == ["Stop sweep", "Resume", "Extend"]
+    assert [b.disabled for b in at.button][:2] == [True, True]  # a completed sweep: only Extend
+    next(b for b in at.button if b.label == "Open the best trial's run").click().run()
+    assert not at.exception, at.exception
+    assert at.session_state["detail_run_id"] == "20260101-000001-abcdef"
