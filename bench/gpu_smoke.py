@@ -54,6 +54,7 @@ from tests.support.vision import QUESTION, build_tiny_vlm, shape_rows  # noqa: E
 from trainer_core.host import hardware  # noqa: E402  (after the path: runnable as a plain script)
 from trainer_core.config import BUNDLED_MODEL, TrainConfig  # noqa: E402
 from trainer_core.worker.engines import ENGINE_ENV  # noqa: E402  (no torch: the engine choice only)
+from trainer_core import methods  # noqa: E402
 from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER,  # noqa: E402
                                             bundled_model_dir)
 
@@ -335,13 +336,14 @@ def case_main(engine_name: str, method: str, model: str, steps: int, case_dir: P
     from trainer_core.worker import model_files
 
     fields = {"max_seq_length": 256, **objective_fields(objective)}
-    cfg = TrainConfig(model_name=model, training_type=method, max_steps=steps, batch_size=4,
-                      learning_rate=2e-5 if method == "full" else 2e-4, warmup_steps=0, logging_steps=1,
-                      gradient_checkpointing=torch.cuda.is_available(),
-                      optim="adamw_8bit" if torch.cuda.is_available() and hardware.has_module("bitsandbytes")
-                      else "adamw_torch", **fields)
-    if fields.get("method"):  # training_type set the adapter; the objective is the method
-        cfg.method = fields["method"]
+    # read as a config file is: training_type names the adapter (and cpt), the objective's method and section win
+    method_of_type, adapter = methods.from_training_type(method, True)
+    cfg = TrainConfig.from_dict({
+        "model_name": model, "method": method_of_type, "adapter": adapter, "max_steps": steps, "batch_size": 4,
+        "learning_rate": 2e-5 if method == "full" else 2e-4, "warmup_steps": 0, "logging_steps": 1,
+        "gradient_checkpointing": torch.cuda.is_available(),
+        "optim": "adamw_8bit" if torch.cuda.is_available() and hardware.has_module("bitsandbytes") else "adamw_torch",
+        **fields})
     os.environ["FINETUNE_STUDIO_HOME"] = str(case_dir / "home")
     model_ref = model_files.resolve_model(cfg)
 
@@ -486,9 +488,9 @@ def studio_case_main(method: str, steps: int, case_dir: Path, out: Path, engine:
     must have trained on the Unsloth engine (not fallen back to transformers)."""
     label, fields, cached = studio_job(method, case_dir, out)
     config = case_dir / f"{method}.yaml"
-    config.write_text(TrainConfig(
+    config.write_text(TrainConfig.from_dict(dict(  # read as a YAML file is: a method's settings are its section
         run_name=f"gpu smoke {method}", max_steps=steps, warmup_steps=0, lr_scheduler_type="constant",
-        logging_steps=1, eval_steps=steps, save_steps=0, eval_fraction=0.0, **fields).to_yaml())
+        logging_steps=1, eval_steps=steps, save_steps=0, eval_fraction=0.0, **fields)).to_yaml())
     env = {**os.environ, "FINETUNE_STUDIO_HOME": str(case_dir / "home"), "FINETUNE_STUDIO_ALLOWED_ROOTS": os.pathsep.join(
         [str(out), *([str(cached.parents[1])] if cached else []),  # a cached snapshot links into its blobs
          *([str(speech_models(out))] if method in ("stt", "tts") else [])])}

@@ -65,7 +65,10 @@ from tests.support.data_rows import jargon
 from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
 from tests.support.data_rows import write_jsonl
 from tests.support.vision import build_tiny_vlm, shape_rows
-from trainer_core.methods.embedding import BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER, bundled_model_dir
+from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER, EmbeddingSettings,
+                                            bundled_model_dir)
+from trainer_core.methods.stt import SttSettings
+from trainer_core.methods.tts import TtsSettings
 
 PRESETS = ROOT / "presets"
 BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
@@ -139,13 +142,14 @@ def speech_config(steps: int, preset: str, data: Path) -> TrainConfig:
     if preset == "tts-demo":
         for i, row in enumerate(rows):
             row["speaker_id"] = i % 2  # two voices, as the tts test trains
-        model, method, settings = build_tiny_csm(), "tts", {"tts": {"max_sample_s": 1.0}}  # the end sample: short
+        model, method, settings = build_tiny_csm(), "tts", TtsSettings(max_sample_s=1.0)  # the end sample: short
     else:
-        model, method, settings = build_tiny_whisper(), "stt", {"stt": {"language": "en"}}
+        model, method, settings = build_tiny_whisper(), "stt", SttSettings(language="en")
     return TrainConfig(run_name="overhead bench", model_name=str(model), method=method, adapter="full",
                        local_datasets=[str(write_jsonl(data / "train.jsonl", rows))], max_steps=steps, batch_size=4,
                        learning_rate=3e-3, warmup_steps=0, lr_scheduler_type="constant", logging_steps=1,
-                       save_steps=0, eval_fraction=0.0, enable_wandb=False, enable_tensorboard=False, **settings)
+                       save_steps=0, eval_fraction=0.0, enable_wandb=False, enable_tensorboard=False,
+                       method_settings=settings)
 
 
 def vision_config(steps: int, data: Path) -> TrainConfig:
@@ -169,7 +173,8 @@ def embedding_config(steps: int, data: Path) -> TrainConfig:
                        local_datasets=[str(write_jsonl(data / "pairs.jsonl", train))], max_steps=steps,
                        batch_size=16, learning_rate=1e-4, warmup_steps=0, lr_scheduler_type="constant",
                        max_seq_length=128, logging_steps=1, save_steps=0, eval_fraction=0.0,
-                       embedding={"ir_holdout": 0.0}, enable_wandb=False, enable_tensorboard=False)
+                       method_settings=EmbeddingSettings(ir_holdout=0.0), enable_wandb=False,
+                       enable_tensorboard=False)
 
 
 def child_env() -> dict[str, str]:

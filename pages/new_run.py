@@ -122,7 +122,7 @@ def settings_section(chosen: str) -> None:
         return
     with st.expander(f"{spec.label}: settings", expanded=chosen == "grpo", icon="⚙️"):
         st.text_area(f"`{chosen}` settings (YAML; empty: every default)", key=form.settings_key(chosen), height=140,
-                     help=H(chosen))
+                     help=H("method_settings"))
         rows = [{"setting": f.name, "default": fmt_default(f), "what it does": f.metadata.get("help", "")}
                 for f in dataclasses.fields(spec.settings)]
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
@@ -531,11 +531,8 @@ mapping_panel()
 vision.thumbnails_panel(dataset_sample()[0], form.sample_source(st.session_state)[0], vision_info)
 config, config_errors = form.build_config(st.session_state)  # after the pickers: they decide which format's mapping applies
 if config is not None and config.method in ("stt", "tts"):  # players and a duration histogram of the chosen clips
-    speech_columns = getattr(config, config.method).get("columns") if isinstance(getattr(config, config.method),
-                                                                                  dict) else None
     speech_panel.clips_panel(dataset_sample()[0], form.sample_source(st.session_state)[0],
-                             speech_columns if isinstance(speech_columns, dict) else None,
-                             speech_panel.clip_limit(config))
+                             config.method_settings.columns or None, speech_panel.clip_limit(config))
 with st.expander("System prompt and more mapping"):
     st.text_area("System prompt", key=K + "system_prompt", help=H("system_prompt"))
     st.text_area("More mapping (one role=column per line; wins over the pickers above)",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -48,21 +47,6 @@ def _type_name(f: dataclasses.Field) -> str:
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
-def settings_class(section: str) -> tuple[type | None, str]:
-    """(settings dataclass, note) of a method section: the registered method's, or for a section whose method
-    is not registered yet, the ``*Settings`` dataclass its module ``trainer_core.methods.<name>`` defines."""
-    if section in METHODS:
-        return METHODS[section].settings, ""
-    try:
-        module = importlib.import_module(f"trainer_core.methods.{section}")
-    except ImportError:
-        return None, f"method {section} is not registered"
-    found = [obj for name, obj in vars(module).items() if name.endswith("Settings") and dataclasses.is_dataclass(obj)
-             and obj.__module__ == module.__name__]
-    note = f"method `{section}` is not in the registry yet: validation refuses `method: {section}` today"
-    return (found[0] if len(found) == 1 else None), note
-
-
 def _bounds(meta: dict) -> str:
     parts = []
     if meta.get("choices"):
@@ -84,7 +68,8 @@ def render() -> str:
            "[methods.md](methods.md).", ""]
     groups: dict[str, list[dataclasses.Field]] = {}
     for f in fields:
-        groups.setdefault(f.metadata["group"], []).append(f)
+        if f.name != "method_settings":  # not a YAML key: the sections below are
+            groups.setdefault(f.metadata["group"], []).append(f)
     for group, members in groups.items():
         out += [f"## {GROUP_TITLES.get(group, group.title())}", "", "| Field | Type | Default | Help |",
                 "|---|---|---|---|"]
@@ -92,19 +77,18 @@ def render() -> str:
             help_text = f.metadata["help"] + (" Secret: environment only." if f.metadata.get("secret") else "")
             out.append(f"| `{f.name}` | {_type_name(f)} | {_value(_default(f))} | {_cell(help_text)} |")
         out.append("")
-    for f in fields:
-        if not f.metadata.get("section"):
-            continue
-        cls, note = settings_class(f.name)
-        out += [f"## Section `{f.name}:`", "", _cell(f.metadata["help"]) + (f" ({note})" if note else ""), ""]
+    out += [f"## {GROUP_TITLES['method']}", "", _cell(TrainConfig.help("method_settings")) + " A section of "
+            "another method than the run's is ignored.", ""]
+    for name, spec in METHODS.items():
+        cls = spec.settings
         if cls is None:
-            out += ["No settings dataclass.", ""]
             continue
-        out += [f"From `{cls.__module__}.{cls.__name__}`.", "", "| Setting | Type | Default | Allowed | Help |",
+        out += [f"## Section `{name}:`", "", f"{_cell(spec.label)}: the settings of `method: {name}`.", "",
+                f"From `{cls.__module__}.{cls.__name__}`.", "", "| Setting | Type | Default | Allowed | Help |",
                 "|---|---|---|---|---|"]
         hints = {h.name: _type_name(h) for h in dataclasses.fields(cls)}
         for s in dataclasses.fields(cls):
-            out.append(f"| `{f.name}.{s.name}` | {hints[s.name]} | {_value(_default(s))} | {_bounds(s.metadata)} | "
+            out.append(f"| `{name}.{s.name}` | {hints[s.name]} | {_value(_default(s))} | {_bounds(s.metadata)} | "
                        f"{_cell(s.metadata['help'])} |")
         out.append("")
     out += ["## GRPO built-in rewards", "",

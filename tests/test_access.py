@@ -16,6 +16,7 @@ from gateway import settings, signin
 from gateway.__main__ import main as share_main
 from tests.support import fake
 from tests.support.apptest import open_page
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.auth import access
 from trainer_core.protocol import paths
 from trainer_core.__main__ import cli_actor, main
@@ -406,7 +407,7 @@ def test_a_methods_admin_reasons_hook_refuses_an_operator_and_its_job_files_land
     reward = tmp_path / "mine.py"
     reward.write_text("def score(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
     cfg = dataclasses.replace(fake(monkeypatch, steps=1), method="grpo",
-                              grpo={"rewards": [{"python": str(reward), "function": "score"}]})
+                              method_settings=GRPOSettings(rewards=[{"python": str(reward), "function": "score"}]))
     assert METHODS["grpo"].admin_reasons(cfg) == [METHODS["grpo"].admin_reasons.__globals__["ADMIN_REASON"]]
     assert all(spec.admin_reasons is None or spec.admin_reasons(fake(monkeypatch, steps=1)) == []
                for spec in METHODS.values())

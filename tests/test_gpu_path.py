@@ -113,11 +113,11 @@ def test_unsloth_trains_only_single_process_runs(monkeypatch):
 
 
 def test_fsdp_only_when_a_copy_does_not_fit():
-    full = TrainConfig(training_type="full")
+    full = TrainConfig(adapter="full")
     assert parallel.use_fsdp(full, 2, need_gb=90.0, gpu_free_gb=80.0) is True
     assert parallel.use_fsdp(full, 2, need_gb=60.0, gpu_free_gb=80.0) is False
     assert parallel.use_fsdp(full, 1, need_gb=90.0, gpu_free_gb=80.0) is False
-    assert parallel.use_fsdp(TrainConfig(training_type="qlora"), 2, need_gb=90.0, gpu_free_gb=80.0) is False
+    assert parallel.use_fsdp(TrainConfig(adapter="qlora"), 2, need_gb=90.0, gpu_free_gb=80.0) is False
 
 
 # ====================================================================== launch environment (items 6, 7, 14)
@@ -252,8 +252,8 @@ UNSLOTH_STUB = textwrap.dedent("""
 
 @pytest.mark.subprocess  # starts a transformers subprocess
 def test_unsloth_gets_exact_name_checkpointing_and_fp32_master_weights():
-    cases = [{"training_type": "full", "gradient_checkpointing": True},
-             {"training_type": "cpt", "embedding_learning_rate": 5e-5, "gradient_checkpointing": False}]
+    cases = [{"adapter": "full", "gradient_checkpointing": True},
+             {"method": "cpt", "embedding_learning_rate": 5e-5, "gradient_checkpointing": False}]
     result = run_python(UNSLOTH_STUB, json.dumps(cases))
     assert result.returncode == 0, result.stderr[-3000:]
     calls = json.loads(result.stdout.strip().splitlines()[-1])
@@ -288,9 +288,9 @@ FAKE_CUDA = textwrap.dedent("""
     peft.prepare_model_for_kbit_training = lambda model, **kwargs: model
     from trainer_core.config import TrainConfig
     os.environ["LOCAL_RANK"] = "1"
-    te.load_model(TrainConfig(training_type="qlora"), sys.argv[1], None)
+    te.load_model(TrainConfig(adapter="qlora"), sys.argv[1], None)
     qlora = dict(seen)
-    te.load_model(TrainConfig(training_type="full"), sys.argv[1], None)
+    te.load_model(TrainConfig(adapter="full"), sys.argv[1], None)
     print(json.dumps({"qlora": qlora, "full": seen["load"], "compute": str(te.compute_dtype())}))
 """)
 

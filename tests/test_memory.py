@@ -27,7 +27,7 @@ SMOLLM2 = ModelInfo(source="bundled", architecture="LlamaForCausalLM", model_typ
 
 
 def test_lora_8b_in_bf16():
-    est = estimate_memory(LLAMA3_8B, TrainConfig(training_type="lora", lora_r=16), "cuda")
+    est = estimate_memory(LLAMA3_8B, TrainConfig(adapter="lora", lora_r=16), "cuda")
     # weights: 8.03e9 parameters x 2 bytes (bf16) = 16.06 GB
     assert est.weights_gb == pytest.approx(16.06, abs=0.01)
     # LoRA r=16 per layer: r x (in+out) for q (4096+4096), k (4096+1024), v (4096+1024), o (4096+4096),
@@ -40,16 +40,16 @@ def test_lora_8b_in_bf16():
 
 
 def test_qlora_8b_weights_in_4bit():
-    est = estimate_memory(LLAMA3_8B, TrainConfig(training_type="qlora"), "cuda", engine="unsloth")
+    est = estimate_memory(LLAMA3_8B, TrainConfig(adapter="qlora"), "cuda", engine="unsloth")
     # Unsloth keeps embeddings + lm_head bf16: 2 x 128256 x 4096 = 1.0507e9 params x 2 B = 2.101 GB;
     # the other 6.9796e9 params in NF4 with double quantization: 0.5 + 1/64 + 4/16384 B = 0.51587 B -> 3.601 GB
     assert est.weights_gb == pytest.approx(5.702, abs=0.005)
     # transformers: prepare_model_for_kbit_training upcasts them to fp32: + 1.0507e9 x 2 B = 2.101 GB
-    plain = estimate_memory(LLAMA3_8B, TrainConfig(training_type="qlora"), "cuda")
+    plain = estimate_memory(LLAMA3_8B, TrainConfig(adapter="qlora"), "cuda")
     assert plain.weights_gb == pytest.approx(5.702 + 2.101, abs=0.005)
 
 
-QLORA_8B = TrainConfig(training_type="qlora", lora_r=16, max_seq_length=2048, batch_size=2,
+QLORA_8B = TrainConfig(adapter="qlora", lora_r=16, max_seq_length=2048, batch_size=2,
                        gradient_checkpointing=True, optim="adamw_8bit")
 
 
@@ -64,12 +64,12 @@ def test_qlora_8b_estimate_depends_on_the_engine():
     # x 0.5 = 360.7 MB), a quarter of the bf16 logits (4096 x 128256 x 2 B / 4 = 262.7 MB)
     assert unsloth.activations_gb == pytest.approx((88_064 * 4096 * 2 * 0.5 + 4096 * 128256 * 2 / 4) / 1e9, rel=1e-9)
     # on a CPU there is no Unsloth: the engine argument is ignored
-    cpu = TrainConfig(training_type="lora", max_seq_length=256, batch_size=1)
+    cpu = TrainConfig(adapter="lora", max_seq_length=256, batch_size=1)
     assert estimate_memory(SMOLLM2, cpu, "cpu", engine="unsloth") == estimate_memory(SMOLLM2, cpu, "cpu")
 
 
 def test_full_finetuning_on_a_gpu_keeps_fp32_master_weights():
-    cfg = TrainConfig(training_type="full", optim="adamw_torch")
+    cfg = TrainConfig(adapter="full", optim="adamw_torch")
     est = estimate_memory(SMOLLM2, cfg, "cuda")
     params = 134_515_008
     # fp32 master weights 4 B + autocast's bf16 copy 2 B; fp32 gradients 4 B; two fp32 moments 8 B
@@ -79,7 +79,7 @@ def test_full_finetuning_on_a_gpu_keeps_fp32_master_weights():
 
 
 def test_full_finetune_135m_fp32_adamw_is_16_bytes_per_parameter_plus_activations():
-    cfg = TrainConfig(training_type="full", batch_size=1, max_seq_length=128, optim="adamw_torch")
+    cfg = TrainConfig(adapter="full", batch_size=1, max_seq_length=128, optim="adamw_torch")
     est = estimate_memory(SMOLLM2, cfg, "cpu")
     params = 134_515_008
     assert est.trainable_params == params
@@ -96,27 +96,27 @@ def test_full_finetune_135m_fp32_adamw_is_16_bytes_per_parameter_plus_activation
 
 
 def test_gradient_checkpointing_keeps_only_layer_inputs():
-    cfg = TrainConfig(training_type="full", batch_size=1, max_seq_length=128, gradient_checkpointing=True)
+    cfg = TrainConfig(adapter="full", batch_size=1, max_seq_length=128, gradient_checkpointing=True)
     est = estimate_memory(SMOLLM2, cfg, "cpu")
     # 30 layer inputs (576 x 128 x 4 B = 294,912 B each) + one recomputed layer (5,996,544 B) + logits
     assert est.activations_gb == pytest.approx((30 * 294_912 + 5_996_544 + 50_331_648) / 1e9, rel=1e-9)
 
 
 def test_activations_follow_the_longest_row_unless_packing():
-    cfg = TrainConfig(training_type="full", batch_size=1, max_seq_length=512)
+    cfg = TrainConfig(adapter="full", batch_size=1, max_seq_length=512)
     short = estimate_memory(SMOLLM2, cfg, "cpu", longest_row=128)
     # the same figure as a 128-token max_seq_length (hand-derived above): batches pad to the longest row
     assert short.activations_gb == pytest.approx(0.230228, abs=1e-6)
     assert estimate_memory(SMOLLM2, cfg, "cpu", longest_row=4096).activations_gb == \
         estimate_memory(SMOLLM2, cfg, "cpu").activations_gb  # capped at max_seq_length
-    packed = TrainConfig(training_type="full", batch_size=1, max_seq_length=512, packing=True)
+    packed = TrainConfig(adapter="full", batch_size=1, max_seq_length=512, packing=True)
     assert estimate_memory(SMOLLM2, packed, "cpu", longest_row=128).activations_gb == \
         estimate_memory(SMOLLM2, packed, "cpu").activations_gb  # packed rows fill max_seq_length
 
 
 def test_continued_pretraining_saves_embedding_copies():
-    plain = estimate_memory(SMOLLM2, TrainConfig(training_type="cpt"), "cuda")
-    cfg = TrainConfig(training_type="cpt", embedding_learning_rate=5e-5)
+    plain = estimate_memory(SMOLLM2, TrainConfig(method="cpt"), "cuda")
+    cfg = TrainConfig(method="cpt", embedding_learning_rate=5e-5)
     est = estimate_memory(SMOLLM2, cfg, "cuda")
     copies = 2 * 49152 * 576  # embed_tokens and lm_head copies (modules_to_save), bf16 on the GPU
     assert est.trainable_params - plain.trainable_params == copies
@@ -125,8 +125,8 @@ def test_continued_pretraining_saves_embedding_copies():
 
 
 def test_optimizer_state_per_parameter():
-    full = TrainConfig(training_type="full")
-    gb = {optim: estimate_memory(SMOLLM2, TrainConfig(training_type="full", optim=optim), "cuda").optimizer_gb
+    full = TrainConfig(adapter="full")
+    gb = {optim: estimate_memory(SMOLLM2, TrainConfig(adapter="full", optim=optim), "cuda").optimizer_gb
           for optim in ("adamw_torch", "adamw_8bit", "sgd")}
     params = 134_515_008
     assert gb["adamw_torch"] == pytest.approx(params * 8 / 1e9)  # two fp32 moments of the fp32 master weights
@@ -136,7 +136,7 @@ def test_optimizer_state_per_parameter():
 
 
 def test_fit_levels_and_advice():
-    cfg = TrainConfig(training_type="full", batch_size=8, max_seq_length=2048)
+    cfg = TrainConfig(adapter="full", batch_size=8, max_seq_length=2048)
     est = estimate_memory(LLAMA3_8B, cfg, "cuda")
     big = DeviceMemory(device="cuda", label="GPU 0", free_gb=est.total_gb / 0.5, total_gb=200)
     assert fit_message(est, big, cfg)[0] == "ok"
@@ -159,7 +159,7 @@ def test_fit_levels_and_advice():
 
 
 def test_fit_advice_on_cpu_never_offers_qlora():
-    cfg = TrainConfig(training_type="lora", batch_size=4, max_seq_length=512)
+    cfg = TrainConfig(adapter="lora", batch_size=4, max_seq_length=512)
     est = estimate_memory(SMOLLM2, cfg, "cpu")
     level, text = fit_message(est, DeviceMemory("cpu", "system RAM", 1.0, 8.0), cfg)
     assert level == "too_big" and "QLoRA" not in text and "gradient checkpointing" in text

@@ -259,4 +259,4 @@ def test_yaml_aliases_are_refused_in_configs_presets_and_set_values(home, tmp_pa
     (home / "presets" / "bomb.yaml").write_text(BOMB)
     with pytest.raises(PresetError, match="not valid YAML"):
         presets.load_preset("bomb")
-    assert TrainConfig.from_yaml("dpo: {beta: 0.2}\n").dpo == {"beta": 0.2}  # plain YAML still reads
+    assert TrainConfig.from_yaml("method: dpo\ndpo: {beta: 0.2}\n").method_settings.beta == 0.2  # plain YAML reads

@@ -188,7 +188,8 @@ def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
     state[K + "extra_modules"] = ", ".join(m for m in cfg.target_modules if m not in MODULE_CHOICES)
     state[K + "gpu_ids"] = ", ".join(str(g) for g in cfg.gpu_ids)
     state.update(sample_state(cfg))
-    state.update({settings_key(m): settings_text(getattr(cfg, m)) for m in SETTINGS_METHODS})
+    settings = cfg.to_public_dict()  # the method's settings as its section (dpo: {...}); other methods' stay empty
+    state.update({settings_key(m): settings_text(settings.get(m) or {}) for m in SETTINGS_METHODS})
     return state
 
 

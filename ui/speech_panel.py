@@ -73,9 +73,7 @@ def player_wav(clip) -> bytes | None:
 def clip_limit(config) -> float:
     """The longest clip the run trains on: tts.max_clip_s for text-to-speech, the model's window for speech-to-text."""
     if config.method == "tts":
-        from trainer_core.methods import tts
-
-        return tts.settings_of(config).max_clip_s
+        return config.method_settings.max_clip_s  # a TtsSettings
     return audio_data.window_of(config.model_name)
 
 

@@ -488,11 +488,11 @@ def test_validate_reports_bad_mapping_and_no_usable_rows(data_home):
 
 
 def test_validate_continued_pretraining_needs_text(data_home):
-    errors = dataset_errors(TrainConfig(training_type="cpt", local_datasets=[BUNDLED_DATASET]))
+    errors = dataset_errors(TrainConfig(method="cpt", local_datasets=[BUNDLED_DATASET]))
     assert [e.field for e in errors] == ["local_datasets"]
     assert errors[0].message.startswith("continued pretraining (cpt) trains on raw text, but demo_chat.jsonl "
                                         "holds chatml chat data")
-    assert dataset_errors(TrainConfig(training_type="cpt", local_datasets=[str(FIXTURES / "text.csv")])) == []
+    assert dataset_errors(TrainConfig(method="cpt", local_datasets=[str(FIXTURES / "text.csv")])) == []
 
 
 def test_validate_slice_beyond_the_data(data_home):

@@ -13,6 +13,7 @@ import pytest
 import soundfile
 from PIL import Image
 
+from trainer_core.methods.stt import SttSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data import DatasetError, audio, images, loading
 from trainer_core.protocol import paths
@@ -83,7 +84,7 @@ def test_a_clip_column_mapped_by_stt_columns_is_held_to_the_allowed_roots(home, 
     train = write_jsonl(data_dir / "train.jsonl", [{"audio": "ok.wav", "clip": "ok.wav", "words": "fine"},
                                                    {"audio": "ok.wav", "clip": str(outside), "words": "leak"}])
     cfg = TrainConfig(model_name=str(model), method="stt", adapter="full", local_datasets=[str(train)],
-                      stt={"columns": {"audio": "clip", "text": "words"}})
+                      method_settings=SttSettings(columns={"audio": "clip", "text": "words"}))
     [problem] = loading.check_data(cfg)
     assert problem.field == "local_datasets" and problem.message.startswith("row 1: "), problem
     assert "Keep audio files" in problem.message
@@ -94,7 +95,7 @@ def test_a_mapped_clip_column_is_read_from_the_dataset_folder(home, tmp_path):
     tone(tmp_path / "clips" / "a.wav")
     train = write_jsonl(tmp_path / "train.jsonl", [{"clip": "clips/a.wav", "words": "hello"}])
     cfg = TrainConfig(model_name=str(model), method="stt", adapter="full", local_datasets=[str(train)],
-                      stt={"columns": {"audio": "clip", "text": "words"}})
+                      method_settings=SttSettings(columns={"audio": "clip", "text": "words"}))
     data = loading.load_local(cfg.local_datasets, cfg)
     assert data.rows == [{"audio": str((tmp_path / "clips" / "a.wav").resolve()), "text": "hello"}]
 

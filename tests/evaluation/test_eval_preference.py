@@ -20,6 +20,7 @@ from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.support import run_python
 from tests.support.factories import insert_finished_run
 from tests.support.apptest import open_page
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.evaluation import samples as eval_samples
@@ -60,8 +61,8 @@ GRPO_RUN, SFT_RUN, OTHER_GRPO = "20260101-000000-9a9a9a", "20260101-000000-5f5f5
 
 @pytest.fixture
 def runs(home):
-    write_run(GRPO_RUN, method="grpo", grpo={"rewards": GRPO_REWARDS})
-    write_run(OTHER_GRPO, method="grpo", grpo={"rewards": [{"type": "length", "target": 30}]})
+    write_run(GRPO_RUN, method="grpo", method_settings=GRPOSettings(rewards=GRPO_REWARDS))
+    write_run(OTHER_GRPO, method="grpo", method_settings=GRPOSettings(rewards=[{"type": "length", "target": 30}]))
     write_run(SFT_RUN)
 
 
@@ -133,7 +134,7 @@ def test_the_baseline_key_follows_the_rewards_not_the_run(runs, tmp_path):
     data = str(write_alpaca(tmp_path / "a.jsonl"))
     same = {run: eval_samples.settings_hash(EvalSpec(source=BASE, data=data, metrics=["reward"], reward_run=run))
             for run in (GRPO_RUN, OTHER_GRPO)}
-    write_run("20260101-000000-1c1c1c", method="grpo", grpo={"rewards": GRPO_REWARDS})
+    write_run("20260101-000000-1c1c1c", method="grpo", method_settings=GRPOSettings(rewards=GRPO_REWARDS))
     twin = eval_samples.settings_hash(EvalSpec(source=BASE, data=data, metrics=["reward"],
                                                reward_run="20260101-000000-1c1c1c"))
     assert same[GRPO_RUN] == twin != same[OTHER_GRPO]
@@ -143,7 +144,8 @@ def test_a_python_reward_is_evaluated_by_an_admin_only(runs, tmp_path, monkeypat
     reward_file = tmp_path / "mine.py"
     reward_file.write_text("def mine(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
     run_id = "20260101-000000-2d2d2d"
-    write_run(run_id, method="grpo", grpo={"rewards": [{"python": str(reward_file), "function": "mine"}]})
+    write_run(run_id, method="grpo", method_settings=GRPOSettings(
+        rewards=[{"python": str(reward_file), "function": "mine"}]))
     spec = EvalSpec(source=BASE, data=str(write_alpaca(tmp_path / "a.jsonl")), metrics=["reward"], reward_run=run_id)
     operator = access.Actor("op", access.Role.OPERATOR)
     with pytest.raises(ConfigError) as refused:
@@ -159,7 +161,8 @@ def test_the_python_reward_rule_is_the_specs_so_no_route_around_the_form_skips_i
     reward_file = tmp_path / "mine.py"
     reward_file.write_text("def mine(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
     run_id = "20260101-000000-3e3e3e"
-    write_run(run_id, method="grpo", grpo={"rewards": [{"python": str(reward_file), "function": "mine"}]})
+    write_run(run_id, method="grpo", method_settings=GRPOSettings(
+        rewards=[{"python": str(reward_file), "function": "mine"}]))
     data = str(write_alpaca(tmp_path / "a.jsonl"))
     spec = EvalSpec(source=BASE, data=data, metrics=["reward"], reward_run=run_id)
     assert spec.admin_only() and "custom Python reward" in spec.admin_only()[0]
@@ -255,9 +258,9 @@ def test_reward_of_a_grpo_run_and_its_baseline(studio, tiny_model, tmp_path, one
     cfg = TrainConfig(run_name="grpo eval", model_name=str(tiny_model), method="grpo", max_steps=2, batch_size=2,
                       max_seq_length=128, warmup_steps=0, logging_steps=1, save_steps=0, learning_rate=1e-3,
                       local_datasets=[str(train)], eval_fraction=0.0,
-                      grpo={"num_generations": 2, "max_completion_length": 8, "max_prompt_length": 96,
-                            "sample_every": 0,
-                            "rewards": [*GRPO_REWARDS, {"python": str(reward_file), "function": "picky"}]})
+                      method_settings=GRPOSettings(
+                          num_generations=2, max_completion_length=8, max_prompt_length=96, sample_every=0,
+                          rewards=[*GRPO_REWARDS, {"python": str(reward_file), "function": "picky"}]))
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=300)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 60)}"

@@ -16,6 +16,7 @@ from tests.evaluation.test_eval_pages import BASE_KEY, add_eval, samples_table
 from tests.support.data_rows import jargon
 from tests.support.factories import insert_finished_run
 from tests.support.apptest import open_page
+from trainer_core.methods.embedding import EmbeddingSettings
 from trainer_core.__main__ import main as cli
 from trainer_core.config import BUNDLED_MODEL as CHAT_MODEL
 from trainer_core.config import FieldError, TrainConfig
@@ -167,8 +168,8 @@ def test_the_cli_defaults_an_embedding_run_to_retrieval_and_names_what_is_wrong(
 
 def test_an_eval_of_an_embedding_run_takes_its_prompts_length_and_columns(home, tmp_path):
     run = embedding_run("20260101-000000-e2e2e2", max_seq_length=128,
-                        embedding={"query_prompt": "query: ", "document_prompt": "passage: ",
-                                   "columns": {"anchor": "q", "positive": "doc"}})
+                        method_settings=EmbeddingSettings(query_prompt="query: ", document_prompt="passage: ",
+                                                          columns={"anchor": "q", "positive": "doc"}))
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"q": "a?", "doc": "A."}, {"q": "b?", "doc": "B."}])
     ready = evals.prepared(EvalSpec(source=ModelSource(run_id=run), data=pairs, metrics=["retrieval"]))
     assert (ready.query_prompt, ready.document_prompt, ready.max_seq_length) == ("query: ", "passage: ", 128)
@@ -182,7 +183,7 @@ def test_the_eval_split_of_an_embedding_run_is_the_set_its_evaluator_scored(home
     rows = [{"anchor": f"query {i}?", "positive": f"Passage {i}."} for i in range(10)]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     carved = embedding_run("20260101-000000-e3e3e3", local_datasets=[train], random_seed=3,
-                           embedding={"ir_holdout": 0.2})
+                           method_settings=EmbeddingSettings(ir_holdout=0.2))
     ir = retrieval.load_set(EvalSpec(source=EMBEDDING, data=f"eval_split:{carved}", metrics=["retrieval"]))
     kept, held = embedding_pairs.carve_eval(rows, 0.2, 3)  # what build_trainer holds out, with the run's seed
     assert sorted(ir.queries.values()) == sorted(r["anchor"] for r in held) and len(held) == 2
@@ -242,8 +243,8 @@ def test_a_tuned_embedding_run_beats_its_base_model_on_held_out_queries(studio, 
     cfg = TrainConfig(run_name="jargon retriever", method="embedding", adapter="full", model_name=BUNDLED_MODEL,
                       local_datasets=[train_file], max_steps=20, batch_size=16, learning_rate=1e-4, warmup_steps=0,
                       logging_steps=5, save_steps=20, max_seq_length=64, random_seed=1,
-                      embedding={"ir_holdout": 0.0, "eval_on_start": False, "columns": {"anchor": "question",
-                                                                                          "positive": "passage"}})
+                      method_settings=EmbeddingSettings(ir_holdout=0.0, eval_on_start=False,
+                                                        columns={"anchor": "question", "positive": "passage"}))
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"
@@ -299,10 +300,11 @@ def test_retrieval_files_linked_from_outside_the_allowed_folders_are_refused(hom
     links = {"eval_corpus": str(allowed / "corpus.jsonl"), "eval_queries": str(allowed / "queries.jsonl"),
              "eval_qrels": str(allowed / "qrels.tsv")}
     problems = {e.field: e.message for e in TrainConfig(method="embedding", adapter="full", model_name=BUNDLED_MODEL,
-                                                        embedding=links).validate()}
+                                                        method_settings=EmbeddingSettings(**links)).validate()}
     assert {"embedding.eval_corpus", "embedding.eval_queries", "embedding.eval_qrels"} <= set(problems), problems
     assert "allowed folder" in problems["embedding.eval_corpus"]
-    run = embedding_run("20260101-000000-e5e5e5", embedding=links)  # a config.yaml edited after validation
+    # a config.yaml edited after validation
+    run = embedding_run("20260101-000000-e5e5e5", method_settings=EmbeddingSettings(**links))
     with pytest.raises(DatasetError) as refused:
         retrieval.load_set(EvalSpec(source=EMBEDDING, data=f"eval_split:{run}", metrics=["retrieval"]))
     assert refused.value.field == "data" and "retrieval files" in refused.value.message

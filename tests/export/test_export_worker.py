@@ -155,7 +155,7 @@ def test_a_push_without_the_hub_fails_before_anything_is_written_and_keeps_the_t
 
 
 def test_a_qlora_adapter_merges_into_the_16_bit_base_without_bitsandbytes(tiny_env, tiny_model):
-    run = lora_run("20260103-100007-dddddd", str(tiny_model), training_type="qlora")
+    run = lora_run("20260103-100007-dddddd", str(tiny_model), adapter="qlora")
     job = new_job("20260103-100008-qlora0", ExportSpec(source=ModelSource(run_id=run.name), targets=["merged"],
                                                        merged_dtype="bfloat16", verify=False))
     done = run_python(SCENARIOS, "qlora-merge", str(job), env=tiny_env)

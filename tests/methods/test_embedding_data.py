@@ -6,8 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import embedding_pairs as pairs
 from trainer_core.methods import embedding
+from trainer_core.methods.embedding import EmbeddingSettings
+from trainer_core.methods.settings import check_settings
 
 
 def test_detects_each_shape_with_its_loss_and_says_why():
@@ -106,22 +109,25 @@ def test_preview_shows_prompts_and_counts_in_batch_duplicates():
 
 
 def _cfg(**section):
-    return SimpleNamespace(embedding=section, packing=False, adapter="full")
+    return SimpleNamespace(method_settings=EmbeddingSettings(**section), packing=False, adapter="full")
 
 
-def test_validation_collects_every_problem_with_its_field(tmp_path):
-    problems = embedding.validate(SimpleNamespace(
-        embedding={"loss": "softmax", "matryoshka_dims": [256, 0], "eval_corpus": str(tmp_path / "missing.jsonl"),
-                   "scal": 3}, packing=True, adapter="qlora"))
+def test_settings_are_refused_when_read_and_checked_with_the_rest(tmp_path):
+    with pytest.raises(ConfigError) as info:  # what the settings object cannot hold: where the config is read
+        TrainConfig.from_dict({"method": "embedding", "embedding": {"scal": 3, "mini_batch_size": "8"}})
+    assert [e.field for e in info.value.errors] == ["embedding.scal", "embedding.mini_batch_size"]
+    assert "did you mean 'scale'" in info.value.errors[0].message
+    cfg = _cfg(loss="softmax", matryoshka_dims=[256, 0], eval_corpus=str(tmp_path / "missing.jsonl"))
+    cfg.packing, cfg.adapter = True, "qlora"
+    problems = check_settings(cfg.method_settings, "embedding") + embedding.validate(cfg)
     fields = [p.field for p in problems]
-    assert fields == ["embedding.loss", "embedding.scal", "embedding.matryoshka_dims", "embedding.eval_queries",
+    assert fields == ["embedding.loss", "embedding.matryoshka_dims", "embedding.eval_queries",
                       "embedding.eval_corpus", "packing", "adapter"]
-    assert "did you mean 'scale'" in problems[1].message
     assert embedding.validate(_cfg(loss="cached_mnrl", matryoshka_dims=[384, 128], query_prompt="query: ")) == []
 
 
 def test_settings_defaults_and_headline_metrics():
-    s = embedding.settings_of(_cfg())
+    s = EmbeddingSettings()
     assert (s.loss, s.batch_sampler, s.eval_on_start, s.matryoshka_dims) == ("auto", "no_duplicates", True, [])
     keys = [m.key for m in embedding.SPEC.metric_specs if m.tile]
     assert keys[:6] == ["eval_ir_cosine_ndcg@10", "eval_ir_cosine_mrr@10", "eval_ir_cosine_recall@1",

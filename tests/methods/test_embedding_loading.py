@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer_core.methods.embedding import EmbeddingSettings
 from trainer_core import methods
 from trainer_core.planning import memory, model_info
 from trainer_core.config import FieldError, TrainConfig
@@ -55,11 +56,11 @@ def test_a_pairs_file_loads_as_its_shape_with_the_loss_it_implies_and_drops_coun
 
 def test_a_named_loss_is_what_the_reason_says_and_one_that_does_not_fit_is_a_field_error(home, tmp_path):
     scored = [{"sentence1": f"a{i}", "sentence2": f"b{i}", "score": i / 10} for i in range(10)]
-    cfg = config([write(tmp_path / "sts.jsonl", scored)], embedding={"loss": "angle"})
+    cfg = config([write(tmp_path / "sts.jsonl", scored)], method_settings=EmbeddingSettings(loss="angle"))
     assert loading.check_data(cfg) == []
     data = loading.load_local(cfg.local_datasets, cfg)
     assert data.format == "scored_pair" and "loss AnglELoss (embedding.loss; auto would pick CoSENTLoss)" in data.reason
-    [problem] = loading.check_data(config(cfg.local_datasets, embedding={"loss": "triplet"}))
+    [problem] = loading.check_data(config(cfg.local_datasets, method_settings=EmbeddingSettings(loss="triplet")))
     assert problem.field == "embedding.loss" and "choose auto, cosent, angle, contrastive" in problem.message
 
 
@@ -73,10 +74,11 @@ def test_a_chat_file_is_refused_naming_the_shapes_embedding_trains_on(home, tmp_
 def test_the_column_mapping_reads_other_names_and_a_wrong_one_names_its_field(home, tmp_path):
     rows = [{"frage": f"q{i}", "antwort": f"a{i}"} for i in range(5)]
     file = write(tmp_path / "de.jsonl", rows)
-    cfg = config([file], embedding={"columns": {"anchor": "frage", "positive": "antwort"}})
+    cfg = config([file], method_settings=EmbeddingSettings(columns={"anchor": "frage", "positive": "antwort"}))
     assert loading.check_data(cfg) == []
     assert loading.load_local([file], cfg).rows[0] == {"anchor": "q0", "positive": "a0"}
-    [problem] = loading.check_data(config([file], embedding={"columns": {"anchor": "question", "positive": "antwort"}}))
+    [problem] = loading.check_data(config([file], method_settings=EmbeddingSettings(
+        columns={"anchor": "question", "positive": "antwort"})))
     assert problem.field == "embedding.columns"
 
 
@@ -122,7 +124,8 @@ def test_the_bundled_embedding_model_validates_and_gets_an_encoder_estimate(home
 def test_the_embedding_settings_section_is_read_from_yaml(home):
     cfg = TrainConfig.from_yaml(f"method: embedding\nmodel_name: {BUNDLED_MODEL}\nadapter: full\n"
                                 "embedding:\n  loss: cached_mnrl\n  mini_batch_size: 8\n  query_prompt: 'query: '\n")
-    assert cfg.embedding == {"loss": "cached_mnrl", "mini_batch_size": 8, "query_prompt": "query: "}
+    assert cfg.method_settings == EmbeddingSettings(loss="cached_mnrl", mini_batch_size=8, query_prompt="query: ")
+    assert TrainConfig.from_dict(cfg.to_public_dict()) == cfg  # written as the embedding: section, read back
     assert cfg.validate() == []
     assert FieldError("adapter", "embedding models train with lora or full (no 4-bit): choose one") in TrainConfig(
         method="embedding", model_name=BUNDLED_MODEL, adapter="qlora").validate()

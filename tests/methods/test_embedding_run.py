@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.data_rows import jargon
 from tests.support import ROOT, run_python
+from trainer_core.methods.embedding import EmbeddingSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.methods.embedding import BUNDLED_MODEL
@@ -37,14 +38,14 @@ def run_config(train: str, held_out: str, **values) -> TrainConfig:
     fields = dict(run_name="jargon retriever", method="embedding", adapter="full", model_name=BUNDLED_MODEL,
                   local_datasets=[train], local_eval_datasets=[held_out], max_steps=20, batch_size=16,
                   eval_steps=20, learning_rate=1e-4, warmup_steps=0, logging_steps=5, save_steps=0,
-                  max_seq_length=128, random_seed=1, embedding={"ir_holdout": 0.0})
+                  max_seq_length=128, random_seed=1, method_settings=EmbeddingSettings(ir_holdout=0.0))
     return TrainConfig(**{**fields, **values})
 
 
 @pytest.mark.subprocess
 def test_the_preview_shows_texts_as_the_model_sees_them_with_lengths_and_batch_duplicates(studio, tmp_path):
     train, held_out = jargon_files(tmp_path)
-    cfg = run_config(train, held_out, embedding={"query_prompt": "query: ", "document_prompt": "passage: "},
+    cfg = run_config(train, held_out, method_settings=EmbeddingSettings(query_prompt="query: ", document_prompt="passage: "),
                      max_seq_length=512)
     preview = build_preview(cfg, rows_shown=2)
     assert preview.format == "anchor_positive" and "MultipleNegativesRankingLoss" in preview.format_reason
@@ -64,7 +65,7 @@ def test_the_preview_shows_texts_as_the_model_sees_them_with_lengths_and_batch_d
 @pytest.mark.subprocess
 def test_the_preview_says_which_queries_are_held_out_when_no_eval_set_is_given(studio, tmp_path):
     train, _ = jargon_files(tmp_path)
-    cfg = run_config(train, "", local_eval_datasets=[], embedding={"ir_holdout": 0.1})
+    cfg = run_config(train, "", local_eval_datasets=[], method_settings=EmbeddingSettings(ir_holdout=0.1))
     preview = build_preview(cfg, rows_shown=1)
     # three questions per passage: the 12 held-out questions leave training, their passages do not
     assert (preview.total_rows, preview.eval_rows, len(preview.lengths)) == (108, 12, 108)

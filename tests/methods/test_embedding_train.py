@@ -10,6 +10,7 @@ import pytest
 
 from tests.support import run_in_child
 from tests.support.data_rows import jargon
+from trainer_core.methods.embedding import EmbeddingSettings
 
 pytestmark = pytest.mark.train
 
@@ -27,8 +28,8 @@ def jargon_run(tmp: str) -> None:
     from trainer_core.worker.methods import embedding as worker
 
     torch.manual_seed(0)
-    cfg = SimpleNamespace(embedding={}, random_seed=1, lora_r=16, lora_alpha=32, lora_dropout=0.0, use_rslora=False,
-                          trust_remote_code=False, model_name=worker.BUNDLED, effective_use_lora=False)
+    cfg = SimpleNamespace(method_settings=EmbeddingSettings(), random_seed=1, lora_r=16, lora_alpha=32,
+                          lora_dropout=0.0, use_rslora=False, trust_remote_code=False, model_name=worker.BUNDLED, effective_use_lora=False)
     warnings: list[str] = []
     model, tokenizer = worker.load_model(cfg, worker.BUNDLED, None, warn=warnings.append)
     assert warnings == []  # a sentence-transformers folder: no pooling added
@@ -103,7 +104,8 @@ def lora_run(tmp: str) -> None:
 
     from trainer_core.worker.methods import embedding as worker
 
-    cfg = SimpleNamespace(embedding={"loss": "cached_mnrl", "mini_batch_size": 4, "matryoshka_dims": [384, 64]},
+    cfg = SimpleNamespace(method_settings=EmbeddingSettings(loss="cached_mnrl", mini_batch_size=4,
+                                                            matryoshka_dims=[384, 64]),
                           random_seed=1, lora_r=4, lora_alpha=8, lora_dropout=0.0, use_rslora=False,
                           trust_remote_code=False, model_name=worker.BUNDLED, effective_use_lora=True)
     model, tokenizer = worker.load_model(cfg, worker.BUNDLED, None)

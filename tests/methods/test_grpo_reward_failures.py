@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.config import TrainConfig
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import RunStatus
@@ -36,9 +37,10 @@ def config(tiny_model: Path, tmp_path: Path, function: str) -> TrainConfig:
     return TrainConfig(run_name=f"grpo {function}", model_name=str(tiny_model), method="grpo", max_steps=2,
                        batch_size=2, max_seq_length=128, warmup_steps=0, logging_steps=1, save_steps=0,
                        learning_rate=1e-3, local_datasets=[str(train)], eval_fraction=0.0,
-                       grpo={"num_generations": 2, "max_completion_length": 8, "max_prompt_length": 96,
-                             "sample_every": 0, "rewards": [{"python": str(tmp_path / "mine.py"), "function": function},
-                                                            {"type": "length", "target": 4}]})
+                       method_settings=GRPOSettings(
+                           num_generations=2, max_completion_length=8, max_prompt_length=96, sample_every=0,
+                           rewards=[{"python": str(tmp_path / "mine.py"), "function": function},
+                                    {"type": "length", "target": 4}]))
 
 
 @pytest.mark.parametrize("function,error", [

@@ -6,6 +6,7 @@ Adding a method to ``trainer_core.methods.METHODS`` adds it here; a method witho
 ``test_every_registered_method_has_a_contract_case`` until one is written."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -47,9 +48,10 @@ def config_for(name: str, model: Path, tmp_path: Path) -> TrainConfig:
     text_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in RAW_TEXT))
     fields = json.loads(json.dumps(fields).replace('"{text}"', json.dumps(str(text_file))))
     batch = 2
-    return TrainConfig(run_name=f"contract {name}", model_name=str(model), method=name, max_steps=2,
-                       batch_size=batch, max_seq_length=128, warmup_steps=0, logging_steps=1, save_steps=0,
-                       learning_rate=1e-3, **fields)
+    return TrainConfig.from_dict({  # read as a YAML file is: a method's settings are its section
+        "run_name": f"contract {name}", "model_name": str(model), "method": name, "max_steps": 2, "batch_size": batch,
+        "max_seq_length": 128, "warmup_steps": 0, "logging_steps": 1, "save_steps": 0, "learning_rate": 1e-3,
+        **fields})
 
 
 def test_every_registered_method_has_a_contract_case():
@@ -66,7 +68,7 @@ def test_each_method_validates_with_its_own_data_and_refuses_the_wrong_shape(nam
     # the other family's data is refused before start, naming the dataset field and the method's fix
     wrong = {"chat": [BUNDLED_PAIRS], "text": [BUNDLED_PAIRS], "pairs": ["bundled:demo-chat"],
              "kto": ["bundled:demo-chat"], "prompts": [str(tmp_path / "notes.jsonl")]}[spec.data_shapes[0]]
-    problems = loading.check_data(TrainConfig(**{**cfg.to_dict(), "local_datasets": wrong}))
+    problems = loading.check_data(dataclasses.replace(cfg, local_datasets=wrong))
     assert len(problems) == 1 and problems[0].field in ("format_type", "local_datasets"), problems
     if spec.data_shapes[0] in ("chat", "text"):  # pairs given to sft/cpt: the fix is another method
         assert "look like preference pairs: train them with method dpo" in problems[0].message

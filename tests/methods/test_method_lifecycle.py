@@ -25,9 +25,10 @@ def config(method: str, model: Path) -> TrainConfig:
     fields = {"local_datasets": [BUNDLED_PAIRS]} if method != "grpo" else {
         "grpo": {"num_generations": 2, "max_completion_length": 8, "max_prompt_length": 96,
                  "rewards": [{"type": "length", "target": 4}], "sample_every": 0}}
-    return TrainConfig(run_name=f"lifecycle {method}", model_name=str(model), method=method, max_steps=STEPS,
-                       batch_size=2, max_seq_length=128, warmup_steps=0, logging_steps=1, learning_rate=1e-3,
-                       **fields)
+    return TrainConfig.from_dict({  # read as a YAML file is: a method's settings are its section
+        "run_name": f"lifecycle {method}", "model_name": str(model), "method": method, "max_steps": STEPS,
+        "batch_size": 2, "max_seq_length": 128, "warmup_steps": 0, "logging_steps": 1, "learning_rate": 1e-3,
+        **fields})
 
 
 def stop_resume_rebuild(studio, cfg: TrainConfig, key: str, steps: int, every_key: bool = False) -> Path:

@@ -14,6 +14,9 @@ from tests.methods.test_method_lifecycle import stop_resume_rebuild
 from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
 from tests.support.vision import build_tiny_vlm, shape_rows
 from tests.support.data_rows import write_jsonl as write_rows
+from trainer_core.methods.embedding import EmbeddingSettings
+from trainer_core.methods.stt import SttSettings
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.config import TrainConfig
 from trainer_core.methods.embedding import BUNDLED_MODEL as MINILM
 
@@ -28,8 +31,8 @@ def embedding_config(tmp_path: Path) -> TrainConfig:
     data = write_rows(tmp_path / "pairs.jsonl", train)
     return TrainConfig(run_name="lifecycle embedding", method="embedding", adapter="full", model_name=MINILM,
                        local_datasets=[str(data)], batch_size=8, learning_rate=1e-4, max_seq_length=64,
-                       embedding={"ir_holdout": 0.0, "eval_on_start": False, "columns": {"anchor": "question",
-                                                                                           "positive": "passage"}},
+                       method_settings=EmbeddingSettings(ir_holdout=0.0, eval_on_start=False,
+                                                         columns={"anchor": "question", "positive": "passage"}),
                        **COMMON)
 
 
@@ -38,7 +41,8 @@ def speech_config(tmp_path: Path) -> TrainConfig:
         pytest.skip(NO_ESPEAK)
     data = write_rows(tmp_path / "speech" / "train.jsonl", spoken_rows(tmp_path / "speech"))
     return TrainConfig(run_name="lifecycle speech", method="stt", adapter="full", model_name=str(build_tiny_whisper()),
-                       local_datasets=[str(data)], batch_size=4, learning_rate=1e-3, stt={"language": "en"},
+                       local_datasets=[str(data)], batch_size=4, learning_rate=1e-3,
+                       method_settings=SttSettings(language="en"),
                        **COMMON)
 
 
@@ -48,8 +52,8 @@ def tts_config(tmp_path: Path) -> TrainConfig:
     data = write_rows(tmp_path / "speech" / "train.jsonl", spoken_rows(tmp_path / "speech"))
     # a step takes milliseconds: many steps, so the run is still training when Stop arrives
     return TrainConfig(run_name="lifecycle tts", method="tts", adapter="full", model_name=str(build_tiny_csm()),
-                       local_datasets=[str(data)], batch_size=4, learning_rate=1e-3, tts={"sample_texts": ["hi"],
-                                                                                            "max_sample_s": 1.0},
+                       local_datasets=[str(data)], batch_size=4, learning_rate=1e-3,
+                       method_settings=TtsSettings(sample_texts=["hi"], max_sample_s=1.0),
                        **{**COMMON, "max_steps": 400})
 
 

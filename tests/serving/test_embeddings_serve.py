@@ -18,6 +18,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.support import ROOT, run_python, wait_until
+from trainer_core.methods.embedding import EmbeddingSettings
 from trainer_core.host import hardware
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.jobs.orchestrator import Orchestrator
@@ -287,7 +288,7 @@ def test_the_openai_client_gets_a_full_embedding_run_trained_here_with_its_own_v
     cfg = TrainConfig(run_name="tiny embedder", method="embedding", adapter="full", model_name=embedding.BUNDLED_MODEL,
                       local_datasets=[str(data)], max_steps=2, batch_size=4, learning_rate=1e-4, warmup_steps=0,
                       logging_steps=1, save_steps=0, max_seq_length=64, random_seed=1,
-                      eval_steps=2, embedding={"eval_on_start": False})  # the default ir_holdout, as a user runs it
+                      eval_steps=2, method_settings=EmbeddingSettings(eval_on_start=False))  # the default ir_holdout, as a user runs it
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"

@@ -13,6 +13,7 @@ from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper,
 from tests.support.data_rows import write_jsonl
 from tests.support import ROOT, wait_until
 from tests.support.apptest import open_page
+from trainer_core.methods.stt import SttSettings
 from trainer_core.auth import access
 from trainer_core.config import BUNDLED_MODEL, TrainConfig
 from trainer_core.evaluation.spec import EvalSpec
@@ -87,7 +88,7 @@ def test_a_trained_whisper_is_scored_per_clip_against_its_base_on_unheard_clips(
     orch = get_orchestrator()
     # stt.language left empty, as the form allows: the run detects it and trains with it, so its own eval job frames
     # transcripts as training did (before, it trained without a language token and evaluated with one: garbage)
-    run_id = orch.start(speech_config(tmp_path, run_name="spoken commands", stt={"language": ""}))
+    run_id = orch.start(speech_config(tmp_path, run_name="spoken commands", method_settings=SttSettings(language="")))
     snap = orch.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{orch.log_tail(run_id, 80)}"
 

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 import soundfile
 
+from trainer_core.methods.stt import SttSettings
 from trainer_core.planning import modality
-from trainer_core.config import TrainConfig
+from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import DatasetError, audio, loading
 from trainer_core.protocol.errors import FieldError
 
@@ -94,7 +95,7 @@ def test_mapped_columns_and_bytes_in_parquet(home, tmp_path):
     path = tmp_path / "data" / "clips.parquet"
     path.parent.mkdir(parents=True)
     pd.DataFrame({"clip": [{"bytes": buffer.getvalue(), "path": "x.wav"}], "words": ["hello there"]}).to_parquet(path)
-    cfg = stt_config(model, [str(path)], stt={"columns": {"audio": "clip", "text": "words"}})
+    cfg = stt_config(model, [str(path)], method_settings=SttSettings(columns={"audio": "clip", "text": "words"}))
     assert cfg.validate() == [] and loading.check_data(cfg) == []
     rows = loading.load_for_training(cfg).rows
     assert rows == [{"audio": buffer.getvalue(), "text": "hello there"}]
@@ -157,12 +158,15 @@ def test_the_model_and_the_method_are_checked_against_speech_data(home, tmp_path
 
 def test_stt_settings_are_checked_with_field_and_fix(home, tmp_path):
     model = fake_whisper(tmp_path / "whisper")
+    with pytest.raises(ConfigError) as info:  # a setting the object cannot hold: refused where the config is read
+        TrainConfig.from_dict({"method": "stt", "stt": {"langauge": "en"}})
+    assert [e.field for e in info.value.errors] == ["stt.langauge"]
+    assert "did you mean 'language'" in info.value.errors[0].message
     cfg = stt_config(model, [], adapter="qlora", packing=True,
-                     stt={"task": "summarize", "langauge": "en", "columns": {"clip": "audio"}})
+                     method_settings=SttSettings(task="summarize", columns={"clip": "audio"}))
     problems = [p for p in cfg.validate() if p.field.startswith("stt") or p.field in ("adapter", "packing")]
     fields = sorted({p.field for p in problems})
-    assert fields == ["adapter", "packing", "stt.columns", "stt.langauge", "stt.task"], problems
-    assert any("did you mean 'language'" in p.message for p in problems)
+    assert fields == ["adapter", "packing", "stt.columns", "stt.task"], problems
     assert FieldError("adapter", "stt trains with lora, full: choose one of them") in problems
     assert TrainConfig(method="stt", is_dataset_audio=True).validate() == TrainConfig(method="stt").validate()
 

@@ -12,6 +12,7 @@ import pytest
 from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_whisper, speak, spoken_rows
 from tests.support.data_rows import write_jsonl
 from tests.support import run_python, wait_for_step
+from trainer_core.methods.stt import SttSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.protocol.status import RunStatus
@@ -43,7 +44,7 @@ def speech_config(tmp_path: Path, **fields) -> TrainConfig:
     write_jsonl(evals / "metadata.jsonl", [{"file_name": r["audio"], "transcription": r["text"]}
                                           for r in spoken_rows(evals, variants=EVAL_VARIANTS)])
     base = dict(run_name="tiny whisper", model_name=str(model), method="stt", adapter="full",
-                local_datasets=[str(train)], local_eval_datasets=[str(evals)], stt={"language": "en"},
+                local_datasets=[str(train)], local_eval_datasets=[str(evals)], method_settings=SttSettings(language="en"),
                 num_epochs=1, max_steps=150, batch_size=4, learning_rate=3e-3, warmup_steps=0, logging_steps=10,
                 eval_steps=150, save_steps=0, lr_scheduler_type="constant")
     return TrainConfig(**{**base, **fields})

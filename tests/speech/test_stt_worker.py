@@ -12,6 +12,7 @@ import soundfile
 
 from tests.support.speech import build_tiny_whisper
 from tests.support import run_in_child
+from trainer_core.methods.stt import SttSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data.preview import build_preview
 
@@ -122,7 +123,7 @@ def test_the_preview_lists_transcripts_with_prefix_tokens_and_durations(home, tm
         rows.append({"audio": f"c{i}.wav", "text": ["open the door", "play some music"][i]})
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = TrainConfig(model_name=str(model), method="stt", adapter="full",
-                      local_datasets=[str(tmp_path / "train.jsonl")], stt={"language": "en"}, batch_size=2)
+                      local_datasets=[str(tmp_path / "train.jsonl")], method_settings=SttSettings(language="en"), batch_size=2)
     preview = build_preview(cfg, rows_shown=2)
     assert preview.format == "speech" and preview.total_rows == 2 and preview.steps_per_epoch == 1
     assert [r.label for r in preview.rows] == ["1.0 s", "2.5 s"]

@@ -15,6 +15,7 @@ import pytest
 from tests.speech.test_tts_train import tts_config
 from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import run_python
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.export.spec import TTS_NO_GGUF, ExportSpec
 from trainer_core.specs.model_source import ModelSource, resolve
 from trainer_core.protocol import paths
@@ -46,7 +47,7 @@ print("MOVED", len(moved), len(adapted), "CODEC_KEPT", kept)
 @pytest.mark.subprocess
 def test_a_tts_lora_run_exports_merged_with_its_processor_and_the_reloaded_folder_speaks_alike(studio, tmp_path):
     cfg = tts_config(tmp_path, adapter="lora", max_steps=40, eval_steps=40, lora_r=8, lora_alpha=16,
-                     tts={"max_sample_s": 2.0, "sample_texts": [PHRASES[0]], "eval_on_start": False})
+                     method_settings=TtsSettings(max_sample_s=2.0, sample_texts=[PHRASES[0]], eval_on_start=False))
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"

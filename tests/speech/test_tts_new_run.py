@@ -11,6 +11,7 @@ import pytest
 from tests.speech.test_stt_data import tone, write_jsonl
 from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows
 from tests.support.apptest import fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.planning.modality import TTS, detect_modality
@@ -39,7 +40,7 @@ def test_a_csm_folder_is_a_text_to_speech_model_and_the_form_says_what_it_speaks
     for i, seconds in enumerate((1.0, 2.0, 3.0)):
         tone(tmp_path / "clips" / f"c{i}.wav", seconds)
     rows = [{"audio": f"c{i}.wav", "text": f"sentence {i}", "speaker": i % 2} for i in range(3)]
-    at = open_new_run(**form.config_to_state(tts_config(tmp_path, rows, tts={"max_clip_s": 2.5})))
+    at = open_new_run(**form.config_to_state(tts_config(tmp_path, rows, method_settings=TtsSettings(max_clip_s=2.5))))
     assert not at.exception, at.exception
     assert any(m.startswith("Text-to-speech model (CsmForConditionalGeneration): speaks 24000 Hz audio through its "
                             "mimi codec, 32 codebooks") for m in texts(at, "info")), texts(at, "info")
@@ -57,7 +58,7 @@ def test_the_speaker_column_is_found_and_a_speaker_csm_cannot_take_is_counted(ho
     rows = [{"audio": "c0.wav", "text": "one", "speaker": 1}, {"audio": "c1.wav", "text": "two", "speaker": "3"},
             {"audio": "c2.wav", "text": "three", "speaker": "alice"}, {"audio": "c3.wav", "text": "four"},
             {"audio": "c4.wav", "text": "five", "speaker": "²"}]  # a digit to str.isdigit, not a number to int()
-    cfg = tts_config(tmp_path, rows, tts={"speaker": 7})
+    cfg = tts_config(tmp_path, rows, method_settings=TtsSettings(speaker=7))
     data = loading.load_for_training(cfg).train
     assert [r["speaker"] for r in data.rows] == [1, 3, 7]  # an empty cell takes tts.speaker
     assert data.dropped == {"a speaker in 'speaker' that is not a whole number from 0 to 99 (CSM's voices are "
@@ -67,7 +68,7 @@ def test_the_speaker_column_is_found_and_a_speaker_csm_cannot_take_is_counted(ho
 
 def test_a_mapped_speaker_column_that_no_row_has_is_named(home, tmp_path):
     tone(tmp_path / "clips" / "c.wav", 1.0)
-    cfg = tts_config(tmp_path, [{"audio": "c.wav", "text": "hi"}], tts={"columns": {"speaker": "voice"}})
+    cfg = tts_config(tmp_path, [{"audio": "c.wav", "text": "hi"}], method_settings=TtsSettings(columns={"speaker": "voice"}))
     errors = loading.check_data(cfg)
     assert [(e.field, e.message) for e in errors] == [
         ("tts.columns", "train.jsonl: maps speaker to 'voice', which no row has: name the column that holds the speaker ids, or "

@@ -27,6 +27,7 @@ from tests.speech.test_tts_train import tts_config
 from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES
 from tests.support import ROOT
 from tests.support.apptest import open_page
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.tryout import speak
 from trainer_core.auth.access import Role
 from trainer_core.config import TrainConfig
@@ -91,7 +92,7 @@ def fake_csm(folder: Path) -> Path:
 def fake_tts_run(store: Store, base: Path, run_id: str = RUN_ID, name: str = "my voice") -> Path:
     """A finished full tts run as the store and the run folder hold it (weights files faked: nothing loads them)."""
     cfg = TrainConfig(run_name=name, model_name=str(base), method="tts", adapter="full",
-                      tts={"speaker": 3, "max_sample_s": 6.0})
+                      method_settings=TtsSettings(speaker=3, max_sample_s=6.0))
     folder = paths.run_dir(run_id)
     folder.mkdir(parents=True)
     write_kind(folder, JobKind.TRAIN)
@@ -221,8 +222,8 @@ def test_the_tuned_csm_ends_the_phrase_on_its_own_where_its_base_talks_to_the_ca
     monkeypatch.setenv("FINETUNE_STUDIO_MODELS", str(ROOT / ".test-cache" / "models"))  # as the studio fixture
     monkeypatch.setenv("FINETUNE_STUDIO_ALLOWED_ROOTS", f"{tmp_path}:{ROOT / '.test-cache'}")
     studio = get_orchestrator()
-    cfg = tts_config(tmp_path, max_steps=60, eval_steps=60, tts={"max_sample_s": 4.0, "sample_texts": [PHRASES[0]],
-                                                                 "eval_on_start": False})
+    cfg = tts_config(tmp_path, max_steps=60, eval_steps=60,
+                     method_settings=TtsSettings(max_sample_s=4.0, sample_texts=[PHRASES[0]], eval_on_start=False))
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 80)}"

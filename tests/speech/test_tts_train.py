@@ -13,6 +13,7 @@ import soundfile
 
 from tests.support.speech import ESPEAK, NO_ESPEAK, PHRASES, build_tiny_csm, spoken_rows
 from tests.support.data_rows import write_jsonl
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.config import TrainConfig
 from trainer_core.data import loading
 from trainer_core.protocol.status import RunStatus
@@ -33,7 +34,7 @@ def tts_config(tmp_path: Path, **fields) -> TrainConfig:
     evals = write_jsonl(data / "eval" / "eval.jsonl", spoken_rows(data / "eval", variants=EVAL_VARIANTS))
     base = dict(run_name="tiny csm", model_name=str(model), method="tts", adapter="full",
                 local_datasets=[str(train)], local_eval_datasets=[str(evals)],
-                tts={"max_sample_s": 4.0, "sample_texts": [PHRASES[0]]},
+                method_settings=TtsSettings(max_sample_s=4.0, sample_texts=[PHRASES[0]]),
                 num_epochs=1, max_steps=120, batch_size=4, learning_rate=3e-3, warmup_steps=0, logging_steps=10,
                 eval_steps=120, save_steps=0, lr_scheduler_type="constant")
     return TrainConfig(**{**base, **fields})

@@ -33,7 +33,7 @@ def run_folder(run_id: str, name: str = "", lora: bool = True, final: bool = Tru
     folder = paths.run_dir(run_id)
     folder.mkdir(parents=True)
     write_kind(folder, JobKind.TRAIN)
-    cfg = TrainConfig(run_name=name, training_type="lora" if lora else "full")
+    cfg = TrainConfig(run_name=name, adapter="lora" if lora else "full")
     (folder / "config.yaml").write_text(cfg.to_yaml())
     weights = "adapter_config.json" if lora else "config.json"
     if final:

@@ -39,12 +39,12 @@ BUILD_ADAPTER = textwrap.dedent("""
 """)
 
 
-def lora_run(run_id: str, model_name: str, training_type: str = "lora", scale: float = 0.2,
+def lora_run(run_id: str, model_name: str, adapter: str = "lora", scale: float = 0.2,
              losses: tuple[float, ...] = (2.5, 2.1, 1.8, 1.6)) -> Path:
     """runs/<run_id>/ as a completed LoRA (or QLoRA) run leaves it: config, event log, adapter."""
     run_dir = paths.run_dir(run_id)
     run_dir.mkdir(parents=True)
-    cfg = TrainConfig(run_name=f"export test {run_id[-6:]}", model_name=model_name, training_type=training_type,
+    cfg = TrainConfig(run_name=f"export test {run_id[-6:]}", model_name=model_name, adapter=adapter,
                       max_steps=len(losses))
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     write_kind(run_dir, JobKind.TRAIN)

@@ -84,4 +84,4 @@ def test_dotted_settings_go_into_their_method_section():
     data = apply(base, {"dpo.beta": 0.3, "learning_rate": 5e-5})
     assert data["dpo"] == {"loss_type": "sigmoid", "beta": 0.3} and base["dpo"] == {"loss_type": "sigmoid"}
     cfg = TrainConfig.from_dict(data)
-    assert cfg.learning_rate == 5e-5 and cfg.dpo["beta"] == 0.3
+    assert cfg.learning_rate == 5e-5 and cfg.method_settings.beta == 0.3

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.apptest import click, fakes, open_new_run, texts  # noqa: F401 - fakes is a fixture
+from trainer_core.methods.grpo_settings import GRPOSettings
+from trainer_core.methods.preference_settings import DPOSettings
 from trainer_core.config import presets
 from trainer_core.config import TrainConfig
 from ui import form
@@ -21,7 +23,7 @@ def test_loading_the_grpo_demo_preset_shows_its_rewards_and_starts_with_them(fak
     settings = next(d.value for d in at.dataframe if "setting" in d.value.columns)
     assert list(settings["setting"])[:3] == ["rewards", "num_generations", "max_prompt_length"]
     click(at, "Preview data")
-    assert fakes.preview[-1].grpo == presets.load_preset("grpo-demo").grpo
+    assert fakes.preview[-1].method_settings == presets.load_preset("grpo-demo").method_settings
 
 
 def test_edited_settings_reach_the_config_and_bad_yaml_names_the_method(fakes):
@@ -29,7 +31,7 @@ def test_edited_settings_reach_the_config_and_bad_yaml_names_the_method(fakes):
     at.selectbox(key=K + "method").set_value("dpo").run()
     at.text_area(key=form.settings_key("dpo")).input("beta: 0.3\nloss_type: ipo\n").run()
     click(at, "Preview data")
-    assert fakes.preview[-1].dpo == {"beta": 0.3, "loss_type": "ipo"}
+    assert fakes.preview[-1].method_settings == DPOSettings(beta=0.3, loss_type="ipo")
     at.text_area(key=form.settings_key("dpo")).input("beta: [0.3\n").run()
     click(at, "Preview data")
     errors = texts(at, "error")
@@ -40,11 +42,16 @@ def test_edited_settings_reach_the_config_and_bad_yaml_names_the_method(fakes):
 
 
 def test_settings_round_trip_through_the_form_state():
-    cfg = TrainConfig(method="grpo", grpo={"num_generations": 2, "rewards": [{"type": "length", "target": 5}]},
-                      dpo={"beta": 0.2})
+    cfg = TrainConfig(method="grpo", method_settings=GRPOSettings(num_generations=2,
+                                                                  rewards=[{"type": "length", "target": 5}]))
     state = form.config_to_state(cfg)
+    assert state[form.settings_key("dpo")] == ""  # only the run's method has settings
     built, errors = form.build_config(state, with_secrets=False)
-    assert errors == [] and built.grpo == cfg.grpo and built.dpo == cfg.dpo and built.kto == {}
+    assert errors == [] and built.method_settings == cfg.method_settings
+    state[form.settings_key("dpo")] = "beta: 0.2\n"  # another method's text is kept in the form, not in the config
+    state[K + "method"] = "dpo"
+    built, errors = form.build_config(state, with_secrets=False)
+    assert errors == [] and built.method_settings == DPOSettings(beta=0.2)
 
 
 @pytest.mark.subprocess  # the check runs the rewards in a child process
@@ -68,4 +75,4 @@ def test_an_alias_bomb_in_the_settings_is_refused_before_it_expands():
     state[form.settings_key("dpo")] = BOMB
     cfg, errors = form.build_config(state, with_secrets=False)
     assert [e.field for e in errors] == ["dpo"] and "aliases (*name) are not allowed" in errors[0].message
-    assert cfg is not None and cfg.dpo == {}  # the text did not reach the config
+    assert cfg is not None and cfg.method_settings == DPOSettings()  # the text did not reach the config

@@ -2,6 +2,8 @@
 image tokens are never trained, and a row shows where its image goes and how many tokens it takes."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.support.vision import IMAGE_TOKENS, build_tiny_vlm, shape_rows
@@ -17,7 +19,7 @@ def test_preview_counts_image_tokens_and_marks_where_they_go(studio, tmp_path):
     data = write_jsonl(tmp_path / "s" / "train.jsonl", shape_rows(tmp_path / "s", 4, seed=5))
     cfg = TrainConfig(model_name=str(model), local_datasets=[str(data)], max_seq_length=64, train_on_completions=True)
     p = preview.build_preview(cfg)
-    text_only = preview.build_preview(TrainConfig(**{**cfg.to_dict(), "max_seq_length": 33}))  # one token short
+    text_only = preview.build_preview(dataclasses.replace(cfg, max_seq_length=33))  # one token short
     assert p.format == "vision" and len(p.lengths) == 4
     # '<|im_start|>user\n' (3) + 16 image tokens + question, answer and markers: the same length for every row
     assert set(p.lengths) == {34} and p.truncated == 0

@@ -25,7 +25,7 @@ from trainer_core.config.limits import (BUNDLED_MODEL, FORMAT_TYPES, HUB_ID_MAX,
                                         OPTIMIZERS, RAY_ADDRESSES_ENV, RAY_ADDRESS_ENV, RAY_MAX_FAILURES,
                                         SAMPLE_NEW_TOKENS_MAX, SAMPLE_PROMPTS_MAX, SAMPLE_PROMPT_CHARS, SCHEDULERS,
                                         TEXT_LIMITS, _HUB_ID_RE, _RUN_NAME_RE)
-from trainer_core.config.reading import IS_EMBEDDING_NOTE
+from trainer_core.methods.settings import check_settings
 
 if TYPE_CHECKING:
     from trainer_core.config.train_config import TrainConfig
@@ -105,7 +105,8 @@ def validate(cfg: TrainConfig) -> list[FieldError]:
     if cfg.format_type not in FORMAT_TYPES:
         bad("format_type", f"choose one of {', '.join(FORMAT_TYPES)}")
     if spec is not None:
-        errors.extend(spec.validate(cfg))  # the method's own settings, at the place its checks always had
+        errors.extend(check_settings(cfg.method_settings, cfg.method))  # the method's own settings, at the place
+        errors.extend(spec.validate(cfg))  # their checks always had
     if cfg.train_on_completions and cfg.format_type == "text":
         bad("train_on_completions", "raw text has no completions: turn this off or pick a chat format")
     if cfg.effective_use_lora:
@@ -135,9 +136,6 @@ def validate(cfg: TrainConfig) -> list[FieldError]:
     if cfg.is_dataset_audio and cfg.method not in ("stt", "tts"):
         bad("is_dataset_audio", "audio trains with method stt (speech-to-text) or tts (text-to-speech): set "
             "one, or turn this off")
-    if cfg.is_embedding and cfg.method != "embedding":
-        bad("is_embedding", f"{IS_EMBEDDING_NOTE} (method is {cfg.method!r}): set method: embedding, or turn "
-            "this off")
     for name, limit in TEXT_LIMITS.items():
         if len(getattr(cfg, name)) > limit:
             bad(name, f"is {len(getattr(cfg, name)):,} characters long; the limit is {limit:,}: shorten it")

@@ -1,6 +1,7 @@
 """How a configuration is read (trainer_core.config): YAML without aliases, a method's grouped section flattened, the
-old fields (training_type, is_embedding) mapped with one deprecation note, secrets refused in files, and each loose
-value converted to its field's type with a message that says what was expected."""
+method's settings section built into its typed settings object, the old fields (training_type, is_embedding) mapped
+with one deprecation note (here only: nothing else reads them), secrets refused in files, and each loose value
+converted to its field's type with a message that says what was expected."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,7 @@ import yaml
 
 from trainer_core import methods
 from trainer_core.methods import METHODS, TRAINING_TYPES
+from trainer_core.methods.settings import read_settings
 from trainer_core.protocol.errors import FieldError
 from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
@@ -91,6 +93,52 @@ def read_training_type(data: dict[str, Any], errors: list[FieldError]) -> dict[s
     return data
 
 
+# The YAML sections that hold a method's settings (``dpo: {beta: 0.1}``): one per method with a settings dataclass
+SETTINGS_SECTIONS = tuple(name for name, spec in METHODS.items() if spec.settings is not None)
+SETTINGS_CLASSES = tuple(METHODS[name].settings for name in SETTINGS_SECTIONS)
+
+
+def take_settings_sections(data: dict[str, Any], errors: list[FieldError]) -> tuple[dict[str, Any], dict[str, dict]]:
+    """(``data`` without the settings sections, each section's mapping by method). Only the chosen method's section
+    is read into its settings; another method's (an old form kept every method's text) is dropped. A section that
+    is not a mapping is a problem; an empty one (``grpo:``) means the defaults."""
+    found = [name for name in SETTINGS_SECTIONS if name in data]
+    if not found:
+        return data, {}
+    sections: dict[str, dict] = {}
+    for name in found:
+        raw = data[name]
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            errors.append(FieldError(name, f"expected a mapping of {name} settings, e.g. {name}: {{beta: 0.1}}"))
+            continue
+        sections[name] = dict(raw)
+    return {k: v for k, v in data.items() if k not in found}, sections
+
+
+def read_method_settings(method: str, raw: dict | None) -> tuple[Any, list[FieldError]]:
+    """(the method's settings object, problems): ``raw`` (its section, or None for the defaults) read into the
+    dataclass its spec names; None for a method without one (or an unknown method, which validate names)."""
+    spec = METHODS.get(method)
+    if spec is None or spec.settings is None:
+        return None, []
+    return read_settings(spec.settings, raw, method)
+
+
+def settings_for(method: str, given: Any) -> Any:
+    """``given`` as the settings object of ``method``: kept when it is one, the defaults when it is None or another
+    method's (the method changed), None for a method without settings. A mapping is not built here: read it with
+    ``TrainConfig.from_dict``, which names each problem."""
+    if given is not None and not isinstance(given, SETTINGS_CLASSES):
+        raise TypeError(f"method_settings is a method's settings dataclass or None, not {type(given).__name__}: "
+                        "read a mapping with TrainConfig.from_dict")
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    if spec is None or spec.settings is None:
+        return None
+    return given if isinstance(given, spec.settings) else spec.settings()
+
+
 def _flatten_sections(data: dict[str, Any], errors: list[FieldError]) -> dict[str, Any]:
     """A method's settings may be grouped under its name (``cpt: {embedding_learning_rate: 5e-5}``): they
     are the flat fields its spec's ``section`` lists, and are read as those."""
@@ -127,12 +175,6 @@ def secrets_in_file(data: dict, file_name: str) -> list[FieldError]:
 def _coerce(f: dataclasses.Field, raw: Any) -> Any:
     """Convert loose input to the field's type, with a message that says what was expected."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if f.metadata.get("section"):
-        if raw is None:  # `grpo:` with nothing under it
-            return {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"expected a mapping of {f.name} settings, e.g. {f.name}: {{beta: 0.1}}")
-        return dict(raw)
     if raw is None:
         raise ValueError("a value is required")
     if kind == "bool":

@@ -11,22 +11,21 @@ from typing import Any
 import yaml
 
 from trainer_core import methods
-from trainer_core.methods import TRAINING_TYPES
 from trainer_core.methods import embedding
 from trainer_core.protocol.errors import ConfigError, FieldError
 from trainer_core.protocol.secrets import SECRET_FIELDS
 from trainer_core.config.limits import (ATTENTION_MODULES, BUNDLED_DATASET, BUNDLED_MODEL, CONFIG_BYTES_MAX,
                                         DEFAULT_TARGET_MODULES, MLP_MODULES, RAY_ADDRESSES_ENV, RAY_ADDRESS_ENV,
                                         RAY_MAX_FAILURES, SHARED_STORAGE_ENV)
-from trainer_core.config.reading import (_coerce, _flatten_sections, _training_type_fix, load_yaml, read_is_embedding,
-                                         read_training_type)
+from trainer_core.config.reading import (_coerce, _flatten_sections, load_yaml, read_is_embedding,
+                                         read_method_settings, read_training_type, settings_for,
+                                         take_settings_sections)
 from trainer_core.config import checks
 
 def _f(default: Any, help: str, group: str = "basic", secret: bool = False, whole_items: bool = False,
-       section: bool = False, **kw: Any) -> Any:
+       **kw: Any) -> Any:
     # whole_items: a list field whose items are free text (prompts): a string is one item, never split at commas
-    # section: a method's settings mapping (any values; the method's settings dataclass checks them)
-    meta = {"help": help, "group": group, "secret": secret, "whole_items": whole_items, "section": section}
+    meta = {"help": help, "group": group, "secret": secret, "whole_items": whole_items}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -42,11 +41,6 @@ class TrainConfig:
                      "cpt (continued pretraining on raw text). See trainer_core.methods.", "model")
     adapter: str = _f(methods.DEFAULT_ADAPTER, "What is trained: lora (adapters on a frozen base), qlora (LoRA on a "
                       "4-bit base, CUDA only) or full (every weight).", "model")
-    # Deprecated: read from old presets, run folders and scripts and mapped onto method and adapter
-    # (methods.from_training_type). An init-only value, never stored or written: reading cfg.training_type
-    # gives "" (dataclasses.replace reads it back, so it cannot be a property); methods.to_training_type
-    # names a pair the old way.
-    training_type: dataclasses.InitVar[str] = ""
     load_in_4bit: bool = _f(False, "Load the base model in 4-bit (bitsandbytes; CUDA only). Implied by qlora.", "model")
     max_seq_length: int = _f(512, "Longest sequence in tokens; longer rows are truncated.", "model")
     trust_remote_code: bool = _f(False, "Run code shipped with a hub model. Off unless you trust its author.", "model")
@@ -89,8 +83,6 @@ class TrainConfig:
                              "tiled models); fixed-size towers resize to their own size anyway.", "dataset")
     is_dataset_audio: bool = _f(False, "Audio dataset: speech clips and transcripts, trained with method stt "
                                 "(docs/speech.md).", "dataset")
-    is_embedding: bool = _f(False, "Deprecated: true means method: embedding (write that instead; docs/methods.md).",
-                            "dataset")
     # --- training ---
     num_epochs: float = _f(1.0, "Passes over the data; ignored when max_steps > 0.", "training")
     max_steps: int = _f(60, "Stop after this many optimizer steps (0: use num_epochs).", "training")
@@ -147,29 +139,15 @@ class TrainConfig:
     sample_images: list = _f([], "A vision run's sample prompts shown with an image: image i goes with sample "
                              "prompt i (\"\" for a text-only prompt), files under the allowed folders; the image "
                              "shows above the answers.", "samples")
-    # --- method sections: each method's own settings (trainer_core.methods.settings), read from the YAML
-    # mapping named after it; the method checks them (docs/methods.md lists every setting) ---
-    dpo: dict = _f({}, "DPO settings, e.g. {beta: 0.1, loss_type: sigmoid} (method dpo).", "method", section=True)
-    orpo: dict = _f({}, "ORPO settings, e.g. {beta: 0.1} (method orpo).", "method", section=True)
-    simpo: dict = _f({}, "SimPO settings, e.g. {beta: 2.0, gamma: 0.5} (method simpo).", "method", section=True)
-    kto: dict = _f({}, "KTO settings, e.g. {beta: 0.1, desirable_weight: 1.0} (method kto).", "method", section=True)
-    reward: dict = _f({}, "Reward-model settings, e.g. {center_rewards_coefficient: 0.01} (method reward).", "method",
-                      section=True)
-    grpo: dict = _f({}, "GRPO settings: rewards, num_generations, max_completion_length, temperature, beta, "
-                    "loss_type... (method grpo).", "method", section=True)
-    embedding: dict = _f({}, "Embedding-model settings: loss, matryoshka_dims, prompts, evaluation (method "
-                         "embedding).", "method", section=True)
-    stt: dict = _f({}, "Speech-to-text settings: language, task (transcribe or translate), columns, "
-                   "evaluation (method stt).", "method", section=True)
-    tts: dict = _f({}, "Text-to-speech settings: speaker, columns, max_clip_s, sample_texts (method tts).", "method",
-                   section=True)
+    # --- the method's own settings: one typed object, whatever the method (a new method adds no field here) ---
+    method_settings: Any = _f(None, "The method's own settings, a dataclass its spec names (DPOSettings for dpo, "
+                              "GRPOSettings for grpo...; None for sft and cpt), built when the config is read from "
+                              "the YAML section named after the method, e.g. dpo: {beta: 0.1, loss_type: sigmoid} "
+                              "(docs/methods.md lists every setting).", "method")
 
-    def __post_init__(self, training_type: str) -> None:
-        if not training_type:
-            return
-        if training_type not in TRAINING_TYPES:
-            raise ConfigError([FieldError("training_type", _training_type_fix())])
-        self.method, self.adapter = methods.from_training_type(training_type, self.use_lora)
+    def __post_init__(self) -> None:
+        # a config whose method changed (dataclasses.replace) holds the new method's defaults
+        self.method_settings = settings_for(self.method, self.method_settings)
 
     # ------------------------------------------------------------------ helpers
     @classmethod
@@ -234,15 +212,18 @@ class TrainConfig:
         return dataclasses.replace(self, **{name: "" for name in SECRET_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field; the method's settings as the section named after the method (``dpo: {beta: 0.1, ...}``),
+        as YAML files and older run folders hold them."""
+        data = dataclasses.asdict(self)
+        settings = data.pop("method_settings")
+        if settings is not None:
+            data[self.method] = settings
+        return data
 
     def to_public_dict(self) -> dict[str, Any]:
         data = self.to_dict()
         for name in SECRET_FIELDS:
             data.pop(name, None)
-        for f in fields(self):  # a method section left empty says nothing: config.yaml stays short
-            if f.metadata.get("section") and not data.get(f.name):
-                data.pop(f.name, None)
         return data
 
     def to_yaml(self) -> str:
@@ -253,14 +234,15 @@ class TrainConfig:
         """Build from loose input (YAML, form, JSON). Unknown keys and wrong types raise ConfigError."""
         if not isinstance(data, dict):
             raise ConfigError([FieldError("config", "expected a mapping of field names to values")])
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name: f for f in fields(cls) if f.name != "method_settings"}  # written as its method's section
         errors: list[FieldError] = []
         values: dict[str, Any] = {}
         data = _flatten_sections(data, errors)
-        if "training_type" in data:
+        if "training_type" in data:  # the deprecated fields: read here as what they mean, never kept
             data = read_training_type(data, errors)
         if "is_embedding" in data:
             data = read_is_embedding(data, errors)
+        data, sections = take_settings_sections(data, errors)
         for key, raw in data.items():
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1)
@@ -271,6 +253,9 @@ class TrainConfig:
                 values[key] = _coerce(known[key], raw)
             except (TypeError, ValueError) as exc:
                 errors.append(FieldError(key, str(exc)))
+        method = values.get("method", methods.DEFAULT_METHOD)
+        values["method_settings"], problems = read_method_settings(method, sections.get(method))
+        errors += problems
         if errors:
             raise ConfigError(errors)
         return cls(**values)

@@ -29,9 +29,7 @@ def _speech_columns(cfg: TrainConfig) -> dict[str, str] | None:
     """``stt.columns`` / ``tts.columns`` when the run trains on speech, else None (no other method reads clips)."""
     if audio.FORMAT not in cfg.method_spec.data_shapes:
         return None
-    section = getattr(cfg, cfg.method, None)
-    mapping = section.get("columns") if isinstance(section, dict) else None
-    return {k: v for k, v in mapping.items() if isinstance(v, str) and v} if isinstance(mapping, dict) else {}
+    return {k: v for k, v in cfg.method_settings.columns.items() if isinstance(v, str) and v}
 
 
 def _resolve_files(rows: list[dict], folder: Path | None, cfg: TrainConfig, field_name: str) -> list[dict]:
@@ -118,7 +116,7 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     if speech is not None and cfg.method == "tts":  # text-to-speech: audio + text (+ speaker) rows
         from trainer_core.methods import tts
 
-        settings = tts.settings_of(cfg)
+        settings: tts.TtsSettings = cfg.method_settings
         return audio.normalize(rows, speech or None, field_name, allow_empty, window_s=settings.max_clip_s,
                                method="tts", speaker=settings.speaker)
     if speech is not None:  # speech-to-text: audio + transcript rows
@@ -138,23 +136,17 @@ def normalize_for(rows: list[dict], cfg: TrainConfig, field_name: str, allow_emp
     return normalize_rows(rows, cfg.format_type, cfg.custom_format_mapping, cfg.system_prompt, field_name=field_name)
 
 
-def _embedding_settings(cfg: TrainConfig) -> dict:
-    section = getattr(cfg, "embedding", None)
-    return section if isinstance(section, dict) else {}
-
-
 def embedding_rows(rows: list[dict], cfg: TrainConfig, field_name: str, allow_empty: bool = False) -> NormalizedData:
     """An embedding run's rows (data.embedding_pairs): the shape detected from the column names (or the
     ``embedding.columns`` mapping), canonical columns in the order sentence-transformers reads them, unusable
     rows dropped and counted; the reason says which shape and which loss that implies."""
-    columns = _embedding_settings(cfg).get("columns") or {}
-    mapping = columns if isinstance(columns, dict) else {}
+    mapping = cfg.method_settings.columns
     try:
         found = embedding_pairs.detect(rows, mapping)
     except ValueError as exc:
         raise DatasetError("embedding.columns" if mapping else field_name, str(exc)) from None
     shaped, dropped = embedding_pairs.normalize(rows, found)
-    loss = _embedding_settings(cfg).get("loss", "auto")
+    loss = cfg.method_settings.loss
     if loss in embedding_pairs.LOSS_LABELS and loss != found.loss:
         names = ", ".join(f"{c}={s!r}" for c, s in found.columns.items())
         reason = (f"{embedding_pairs.SHAPES[found.shape]} ({names}); loss {embedding_pairs.LOSS_LABELS[loss]} "
@@ -175,7 +167,7 @@ def _embedding_problems(data: NormalizedData, cfg: TrainConfig, field_name: str,
         problems.append(DatasetError(field_name, f"{what} mix data shapes ({', '.join(shapes)}): an embedding run "
                                                  "trains on one shape; use files with the same columns"))
     else:
-        loss = _embedding_settings(cfg).get("loss", "auto")
+        loss = cfg.method_settings.loss
         if loss in embedding_pairs.LOSS_LABELS:
             problems += [DatasetError(p.field, p.message)
                          for p in embedding_pairs.loss_problems(loss, shapes[0], data.rows)]
@@ -287,8 +279,7 @@ def check_sources(sources: list[str], cfg: TrainConfig, field_name: str) -> list
     apply_slice = field_name == "local_datasets"
     key = (field_name, tuple(keys), cfg.format_type, tuple(sorted(cfg.custom_format_mapping.items())),
            cfg.system_prompt, cfg.method, cfg.train_on_completions, cfg.model_name, cfg.max_seq_length,
-           cfg.is_dataset_image, cfg.packing, repr(getattr(cfg, "embedding", None)), repr(getattr(cfg, "stt", None)),
-           repr(getattr(cfg, "tts", None)),
+           cfg.is_dataset_image, cfg.packing, repr(cfg.method_settings),
            (cfg.dataset_slice_start, cfg.dataset_slice_end) if apply_slice else None)
     found = _check_cache.get(key)
     if found is None:

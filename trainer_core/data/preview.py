@@ -81,7 +81,8 @@ _cache: BoundedCache[str, Preview] = BoundedCache(_CACHE_SIZE)
 
 def build_preview(cfg: TrainConfig, rows_shown: int = 5, timeout_s: float = 180) -> Preview:
     """The preview for ``cfg``, computed in a subprocess and cached per settings and data file stamps."""
-    key = json.dumps([{name: getattr(cfg, name) for name in PREVIEW_FIELDS}, _stamps(cfg), rows_shown],
+    data = cfg.to_dict()  # a method's settings by its section's name (stt, embedding...), as config.yaml has them
+    key = json.dumps([{name: data.get(name) for name in PREVIEW_FIELDS}, _stamps(cfg), rows_shown],
                      sort_keys=True, default=str)
     preview = _cache.get(key)
     if preview is None:

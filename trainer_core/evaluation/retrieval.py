@@ -109,7 +109,7 @@ def run_settings(run_id: str) -> dict:
     cfg = model_source.run_config(run_id)
     if cfg.method != "embedding":
         return {}
-    s = embedding.settings_of(cfg)
+    s: embedding.EmbeddingSettings = cfg.method_settings
     return {"query_prompt": s.query_prompt, "document_prompt": s.document_prompt,
             "max_seq_length": cfg.max_seq_length, "custom_format_mapping": dict(s.columns)}
 
@@ -152,8 +152,8 @@ def read_folder(folder: Path) -> IRSet:
 
 def pairs_config(mapping: dict) -> TrainConfig:
     """The config an embedding run reads pairs with: its column mapping (``custom_format_mapping`` here)."""
-    return TrainConfig(method="embedding", adapter="full", embedding={"columns": dict(mapping)} if mapping else {},
-                       local_datasets=[], local_eval_datasets=[], eval_fraction=0.0)
+    return TrainConfig(method="embedding", adapter="full", method_settings=embedding.EmbeddingSettings(
+                           columns=dict(mapping)), local_datasets=[], local_eval_datasets=[], eval_fraction=0.0)
 
 
 def read_pairs(path: Path, mapping: dict) -> IRSet:
@@ -185,7 +185,7 @@ def read_run_split(run_id: str) -> IRSet:
     if cfg.method != "embedding":
         raise DatasetError("data", f"run {run_id} is not an embedding run: its eval split has no queries and "
                                    "passages; give a BEIR-like folder or a pairs file")
-    s = embedding.settings_of(cfg)
+    s: embedding.EmbeddingSettings = cfg.method_settings
     if s.eval_corpus:
         try:  # checked again here: the run's config.yaml may have been edited since it was validated
             files = [paths.resolve_inside(f, paths.allowed_data_roots()) for f in (s.eval_corpus, s.eval_queries,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.data import DatasetError, loading
 from trainer_core.evaluation import samples as eval_samples
+from trainer_core.methods.stt import SttSettings
 
 if TYPE_CHECKING:
     from trainer_core.evaluation.spec import EvalSpec
@@ -76,7 +77,7 @@ def data_config(spec: "EvalSpec") -> TrainConfig:
     model = model_source.resolve(spec.source).base_model
     mapping = {k: v for k, v in dict(spec.custom_format_mapping).items() if k in ("audio", "text")}
     return dataclasses.replace(TrainConfig(), method="stt", adapter="full", model_name=model, local_datasets=[spec.data],
-                               local_eval_datasets=[], eval_fraction=0.0, stt={"columns": mapping} if mapping else {})
+                               local_eval_datasets=[], eval_fraction=0.0, method_settings=SttSettings(columns=mapping))
 
 
 def load_rows(spec: "EvalSpec") -> list[dict[str, Any]]:

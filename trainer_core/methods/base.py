@@ -102,8 +102,9 @@ class MethodSpec:
     # The worker half loads its own model (``load_model(cfg, model_ref, token, warn)`` -> (model, tokenizer)):
     # embedding models are SentenceTransformer objects, not the engine's AutoModelForCausalLM.
     loads_own_model: bool = False
-    # The method's own settings: a dataclass (trainer_core.methods.settings) read from the TrainConfig field
-    # named after the method, i.e. the YAML section ``dpo: {beta: 0.1}``. None: the method has only
+    # The method's own settings: a dataclass (trainer_core.methods.settings) built once when a config is read,
+    # from the YAML section named after the method (``dpo: {beta: 0.1}``), and held as
+    # ``TrainConfig.method_settings``; a new method adds no TrainConfig field. None: the method has only
     # ``section`` fields.
     settings: type | None = None
     # How the engine loads the model: causal_lm (AutoModelForCausalLM) or sequence_classification (a

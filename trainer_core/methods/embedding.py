@@ -1,6 +1,7 @@
 """Embedding-model training (dashboard half): a sentence-transformers model tuned on pairs, triplets, scored
 pairs or labelled sentences (trainer_core.data.embedding_pairs), with a retrieval evaluator at step 0 and at
-each eval step. Its settings are the YAML section ``embedding:`` (EmbeddingSettings), read by ``settings_of``.
+each eval step. Its settings are the YAML section ``embedding:`` (EmbeddingSettings), read once into
+``TrainConfig.method_settings``.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from trainer_core.methods.embedding_shapes import LOSS_SHAPES, SHAPES
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
-from trainer_core.methods.settings import parse_settings, setting
+from trainer_core.methods.settings import setting
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 
@@ -47,12 +48,9 @@ class EmbeddingSettings:
                                         "adapter lora: the encoder's linear layers to adapt (BERT names).")
 
 
-def settings_of(cfg: Any) -> EmbeddingSettings:
-    return parse_settings(EmbeddingSettings, getattr(cfg, "embedding", None) or None, "embedding")[0]
-
-
 def validate(cfg: Any) -> list[FieldError]:
-    settings, problems = parse_settings(EmbeddingSettings, getattr(cfg, "embedding", None) or None, "embedding")
+    settings: EmbeddingSettings = cfg.method_settings
+    problems: list[FieldError] = []
     dims = settings.matryoshka_dims
     if any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
         problems.append(FieldError("embedding.matryoshka_dims", "must be whole numbers above 0, e.g. [384, 256, 128]"))

@@ -14,7 +14,6 @@ from typing import Any
 from trainer_core.host import hardware, parallel
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
 from trainer_core.methods.grpo_settings import GRPOSettings
-from trainer_core.methods.preference import section_problems, settings_of
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
 from trainer_core.rewards import files
@@ -24,7 +23,9 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
 def rewards_of(cfg: Any) -> list[RewardSpec]:
-    return parse_rewards(settings_of(cfg, "grpo").rewards)[0]
+    """A run's reward functions: none for a run of another method."""
+    settings = cfg.method_settings
+    return parse_rewards(settings.rewards)[0] if isinstance(settings, GRPOSettings) else []
 
 
 def _model_problem(spec: RewardSpec) -> str | None:
@@ -47,10 +48,9 @@ def generation_batch(cfg: Any) -> int:
 
 
 def validate(cfg: Any) -> list[FieldError]:
-    problems = section_problems(cfg, "grpo")
-    s = settings_of(cfg, "grpo")
+    s: GRPOSettings = cfg.method_settings
     specs, reward_problems = parse_rewards(s.rewards)
-    problems += [FieldError(field, message) for field, message in reward_problems]
+    problems = [FieldError(field, message) for field, message in reward_problems]
     if not specs and not reward_problems:
         problems.append(FieldError("grpo.rewards", "GRPO learns from rewards: add at least one, e.g. "
                                                    "[{type: length, target: 20}]"))
@@ -84,7 +84,7 @@ def validate(cfg: Any) -> list[FieldError]:
 
 def activations(cfg: Any) -> float:
     """Each prompt is held num_generations times (its completions) through the policy's forward pass."""
-    return float(settings_of(cfg, "grpo").num_generations)
+    return float(cfg.method_settings.num_generations)
 
 
 def metrics_for(config: dict) -> tuple[MetricSpec, ...]:

@@ -2,39 +2,23 @@
 
 Each trains on preference data (trainer_core.data.preference): pairs for DPO, ORPO, SimPO and reward;
 labelled completions for KTO (pairs are unpaired for it). Their settings are the YAML section named after
-the method (``dpo: {beta: 0.1}``), read by ``settings_of``.
+the method (``dpo: {beta: 0.1}``), read once into ``TrainConfig.method_settings`` (a DPOSettings for dpo...).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
-from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.methods.preference_settings import (DPOSettings, KTOSettings, ORPOSettings, RewardSettings,
                                                       SimPOSettings)
-from trainer_core.methods.settings import parse_settings
 from trainer_core.protocol.errors import FieldError
-
-SETTINGS = {"dpo": DPOSettings, "orpo": ORPOSettings, "simpo": SimPOSettings, "kto": KTOSettings,
-            "reward": RewardSettings, "grpo": GRPOSettings}
-
-
-def settings_of(cfg: Any, method: str):
-    """The method's settings from its section of the config (defaults where it has none)."""
-    settings, _ = parse_settings(SETTINGS[method], getattr(cfg, method, None) or None, method)
-    return settings
-
-
-def section_problems(cfg: Any, method: str) -> list[FieldError]:
-    return parse_settings(SETTINGS[method], getattr(cfg, method, None) or None, method)[1]
 
 
 def _validator(method: str):
     def validate(cfg: Any) -> list[FieldError]:
-        problems = section_problems(cfg, method)
         if cfg.packing:
-            problems.append(FieldError("packing", f"{method} compares whole answers: turn packing off"))
-        return problems
+            return [FieldError("packing", f"{method} compares whole answers: turn packing off")]
+        return []
 
     return validate
 

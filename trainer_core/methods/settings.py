@@ -1,8 +1,10 @@
-"""A method's own settings: a small documented dataclass read from the YAML section named after the method
-(``dpo: {beta: 0.1}``), every problem collected with its field (``dpo.beta``) and the fix.
+"""A method's own settings: a small documented dataclass (TRL's ``DPOConfig`` is the model), built once when a config
+is read from the YAML section named after the method (``dpo: {beta: 0.1}``) and held as ``TrainConfig.method_settings``.
 
-Each field carries its help text, and its bounds or choices, in ``setting(...)``: the parser, the form and
-the config reference read the same metadata, as TrainConfig's fields do.
+Each field carries its help text, and its bounds or choices, in ``setting(...)``: the reader, the checks, the form and
+the config reference read the same metadata, as TrainConfig's fields do. Reading (``read_settings``) refuses what
+cannot be held (a section that is not a mapping, an unknown setting, a value of the wrong type), as ``from_dict`` does
+for TrainConfig's fields; ``check_settings`` names the values out of bounds, with the other checks of ``validate``.
 """
 from __future__ import annotations
 
@@ -38,12 +40,13 @@ def _kind(expected: Any) -> str:
             dict: "a mapping"}.get(expected, str(expected))
 
 
-def parse_settings(cls: type, raw: Any, where: str) -> tuple[Any, list[FieldError]]:
-    """(settings, problems): ``raw`` (a mapping, or None for the defaults) read into ``cls``."""
+def read_settings(cls: type, raw: Any, where: str) -> tuple[Any, list[FieldError]]:
+    """(settings, problems): ``raw`` (a mapping, or None for the defaults) read into ``cls``; a setting that cannot be
+    held (unknown, or of the wrong type) is a problem naming ``where.setting`` and keeps its default."""
     if raw is None:
         return cls(), []
-    if dataclasses.is_dataclass(raw):
-        raw = dataclasses.asdict(raw)
+    if isinstance(raw, cls):
+        return raw, []
     if not isinstance(raw, dict):
         return cls(), [FieldError(where, f"must be a mapping of settings, e.g. {where}: {{{fields(cls)[0].name}: ...}}")]
     hints = get_type_hints(cls)
@@ -56,28 +59,33 @@ def parse_settings(cls: type, raw: Any, where: str) -> tuple[Any, list[FieldErro
             hint = f" (did you mean '{close[0]}'?)" if close else f"; it takes {', '.join(known)}"
             problems.append(FieldError(at, f"unknown setting '{key}'{hint}"))
             continue
-        meta = known[key].metadata
-        expected = hints[key]
-        if not _type_ok(expected, value):
-            problems.append(FieldError(at, f"must be {_kind(expected)} ({meta['help']})"))
+        if not _type_ok(hints[key], value):
+            problems.append(FieldError(at, f"must be {_kind(hints[key])} ({known[key].metadata['help']})"))
             continue
-        if expected is float:
-            value = float(value)
-            if not math.isfinite(value):
-                problems.append(FieldError(at, "must be a finite number"))
-                continue
+        values[key] = float(value) if hints[key] is float else value
+    return cls(**values), problems
+
+
+def check_settings(settings: Any, where: str) -> list[FieldError]:
+    """Every setting of ``settings`` (a settings dataclass, or None: no settings) outside its bounds or choices,
+    named ``where.setting`` with the fix."""
+    if settings is None:
+        return []
+    problems = []
+    for f in fields(settings):
+        value, meta = getattr(settings, f.name), f.metadata
+        at = f"{where}.{f.name}"
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(FieldError(at, "must be a finite number"))
+            continue
         low, high = meta.get("low"), meta.get("high")
         if low is not None and (value < low or (meta.get("low_open") and value == low)):
             problems.append(FieldError(at, f"must be {'above' if meta.get('low_open') else 'at least'} {low}"))
-            continue
-        if high is not None and value > high:
+        elif high is not None and value > high:
             problems.append(FieldError(at, f"must be at most {high}"))
-            continue
-        if meta.get("choices") and value not in meta["choices"]:
+        elif meta.get("choices") and value not in meta["choices"]:
             problems.append(FieldError(at, f"{value!r} is not one of {', '.join(map(str, meta['choices']))}"))
-            continue
-        values[key] = value
-    return cls(**values), problems
+    return problems
 
 
 def reference(cls: type, section: str) -> list[tuple[str, Any, str]]:

@@ -1,7 +1,8 @@
 """Speech-to-text (dashboard half): a Whisper-style encoder-decoder (WhisperForConditionalGeneration +
 WhisperProcessor) tuned on audio + transcript rows (trainer_core.data.audio) with transformers' Seq2SeqTrainer;
 word and character error rates (jiwer) on the eval split before the first step (the base model's) and at every
-eval step. Its settings are the YAML section ``stt:`` (SttSettings), read by ``settings_of``.
+eval step. Its settings are the YAML section ``stt:`` (SttSettings), read once into
+``TrainConfig.method_settings``.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
-from trainer_core.methods.settings import parse_settings, setting
+from trainer_core.methods.settings import setting
 from trainer_core.protocol.errors import FieldError
 
 FORMAT = "speech"  # the data shape (trainer_core.data.audio): {"audio": path | bytes | {array, sampling_rate}, "text"}
@@ -29,12 +30,9 @@ class SttSettings:
                                                               "(encoder and decoder).")
 
 
-def settings_of(cfg: Any) -> SttSettings:
-    return parse_settings(SttSettings, getattr(cfg, "stt", None) or None, "stt")[0]
-
-
 def validate(cfg: Any) -> list[FieldError]:
-    settings, problems = parse_settings(SttSettings, getattr(cfg, "stt", None) or None, "stt")
+    settings: SttSettings = cfg.method_settings
+    problems: list[FieldError] = []
     if not all(k in ("audio", "text") and isinstance(v, str) and v for k, v in settings.columns.items()):
         problems.append(FieldError("stt.columns", "maps audio and text to your column names, e.g. "
                                                   "{audio: clip, text: sentence}"))

@@ -2,7 +2,8 @@
 over the Mimi codec's codebooks, all in transformers) tuned on audio + text (+ speaker) rows. The worker encodes
 each clip to codec frames once and caches them like tokenized text; the backbone learns the first codebook of each
 frame and the depth decoder the rest (transformers' own CSM loss). Samples during training are spoken WAV clips
-kept in the run folder. Its settings are the YAML section ``tts:`` (TtsSettings), read by ``settings_of``.
+kept in the run folder. Its settings are the YAML section ``tts:`` (TtsSettings), read once into
+``TrainConfig.method_settings``.
 
 Why CSM: transformers implements the whole family (model, Mimi codec, processor, training loss and generation) with
 no package beyond it, so it trains and speaks offline on CPU as on CUDA, where Unsloth also loads it. Orpheus needs
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
-from trainer_core.methods.settings import parse_settings, setting
+from trainer_core.methods.settings import setting
 from trainer_core.protocol.errors import FieldError
 
 FORMAT = "speech"  # the data shape (trainer_core.data.audio): {"audio", "text", "speaker"?}
@@ -44,12 +45,9 @@ class TtsSettings:
                                         "decoder (the codec stays frozen and out of the adapter).")
 
 
-def settings_of(cfg: Any) -> TtsSettings:
-    return parse_settings(TtsSettings, getattr(cfg, "tts", None) or None, "tts")[0]
-
-
 def validate(cfg: Any) -> list[FieldError]:
-    settings, problems = parse_settings(TtsSettings, getattr(cfg, "tts", None) or None, "tts")
+    settings: TtsSettings = cfg.method_settings
+    problems: list[FieldError] = []
     if not all(k in ("audio", "text", "speaker") and isinstance(v, str) and v for k, v in settings.columns.items()):
         problems.append(FieldError("tts.columns", "maps audio, text and speaker to your column names, e.g. "
                                                   "{audio: clip, text: sentence, speaker: voice}"))

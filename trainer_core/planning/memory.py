@@ -88,10 +88,8 @@ def _is_encoder(cfg: TrainConfig) -> bool:
 
 
 def _encoder_lora_parameters(info: ModelInfo, cfg: TrainConfig) -> int:
-    from trainer_core.methods import embedding
-
     shapes = encoder_module_shapes(info)
-    targets = embedding.settings_of(cfg).lora_target_modules
+    targets = cfg.method_settings.lora_target_modules  # an EmbeddingSettings
     per_layer = sum(cfg.lora_r * (fan_in + fan_out) for name in targets for fan_in, fan_out in shapes.get(name, []))
     return per_layer * info.num_layers
 

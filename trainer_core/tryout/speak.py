@@ -83,7 +83,7 @@ def run_voice(run_id: str) -> RunVoice:
     if kinds.of_output(cfg.method_spec.output).playground != SPEAK:
         raise model_source.SourceError(f"run {run_id} was trained with {cfg.method_label}, not text-to-speech: pick "
                                        "a tts run", "run")
-    settings = tts.settings_of(cfg)
+    settings: tts.TtsSettings = cfg.method_settings
     return RunVoice(int(settings.speaker), min(float(settings.max_sample_s), SECONDS_MAX))
 
 

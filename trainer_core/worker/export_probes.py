@@ -137,10 +137,9 @@ def speak_sentences(model, processor, cfg) -> list[tuple[str, object, bool]]:
     """(sentence, samples, ended) for each verify sentence of a text-to-speech run: its tts.sample_texts (up to
     two), else VERIFY_SENTENCE, in its default voice, up to its tts.max_sample_s (at most VERIFY_MAX_S), with the
     sampler's fixed seed."""
-    from trainer_core.methods.tts import settings_of
     from trainer_core.worker.methods.tts import SEED, speak
 
-    s = settings_of(cfg)
+    s = cfg.method_settings  # a TtsSettings
     sentences = [t.strip() for t in s.sample_texts[:2]] or [VERIFY_SENTENCE]
     seconds = min(s.max_sample_s, VERIFY_MAX_S)
     return [(text, *speak(model, processor, text, s.speaker, seconds, SEED)) for text in sentences]

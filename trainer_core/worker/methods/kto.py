@@ -7,7 +7,6 @@ from typing import Any
 from trl import KTOConfig, KTOTrainer
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.preference import settings_of
 from trainer_core.worker.methods.preference import (KTO_COLUMNS, as_conversational, common_args, preview, shape_rows,
                                                     TEXT_PROMPTS_AS_CHAT)
 
@@ -16,7 +15,7 @@ __all__ = ["shape_rows", "preview", "build_trainer", "TEXT_PROMPTS_AS_CHAT"]
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
                   peft_config) -> KTOTrainer:
-    s = settings_of(cfg, "kto")
+    s = cfg.method_settings
     config = KTOConfig(**common_args(cfg, args), beta=s.beta, desirable_weight=s.desirable_weight,
                        undesirable_weight=s.undesirable_weight, loss_type=s.loss_type)
     return KTOTrainer(model=model, args=config, processing_class=tokenizer, peft_config=peft_config,

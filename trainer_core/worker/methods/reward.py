@@ -7,7 +7,6 @@ from typing import Any
 from trl import RewardConfig, RewardTrainer
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.preference import settings_of
 from trainer_core.worker.methods.preference import (PAIR_COLUMNS, as_conversational, common_args, preview, shape_rows,
                                                     TEXT_PROMPTS_AS_CHAT)
 
@@ -16,7 +15,7 @@ __all__ = ["shape_rows", "preview", "build_trainer", "TEXT_PROMPTS_AS_CHAT"]
 
 def build_trainer(cfg: TrainConfig, model, tokenizer, train_ds, eval_ds, args: dict[str, Any], callbacks: list,
                   peft_config) -> RewardTrainer:
-    s = settings_of(cfg, "reward")
+    s = cfg.method_settings
     if model.config.pad_token_id is None:  # the classifier reads the score at the last non-pad token
         model.config.pad_token_id = tokenizer.pad_token_id
     if peft_config is not None:

@@ -27,7 +27,7 @@ from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor, Seq2SeqTraine
 from transformers.models.whisper.english_normalizer import BasicTextNormalizer
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.stt import SttSettings, settings_of
+from trainer_core.methods.stt import SttSettings
 from trainer_core.worker import model_resolver
 
 
@@ -37,7 +37,7 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, warn=print):
     if resolved.kind != model_resolver.SPEECH:
         raise ValueError(f"model_name: {cfg.model_label} is not a speech-to-text model ({resolved.model_type}): "
                          "choose a Whisper model, e.g. openai/whisper-tiny")
-    s = settings_of(cfg)
+    s = cfg.method_settings
     processor = AutoProcessor.from_pretrained(model_ref, token=token, trust_remote_code=cfg.trust_remote_code)
     # Full fine-tuning keeps fp32 master weights; a frozen base under LoRA may sit in the compute dtype.
     dtype = torch.float32
@@ -208,7 +208,7 @@ def make_compute_metrics(tokenizer):
 
 def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> Seq2SeqTrainer:
-    s = settings_of(cfg)
+    s = cfg.method_settings
     detect_language(model, processor, train_ds, s)  # before the collator writes any prefix, and before LoRA
     dtype = model.dtype  # the base's (before LoRA adds fp32 adapters)
     if cfg.effective_use_lora:  # Whisper's own attention names; the engine's causal-LM LoRA config does not fit
@@ -240,7 +240,7 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     from trainer_core.data import audio
     from trainer_core.data.preview import Preview, RenderedRow
 
-    s = settings_of(cfg)
+    s = cfg.method_settings
     if hasattr(tokenizer, "set_prefix_tokens"):
         tokenizer.set_prefix_tokens(language=s.language or None, task=s.task, predict_timestamps=False)
     rows, eval_rows = data.rows, data.eval_rows

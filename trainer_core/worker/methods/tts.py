@@ -35,7 +35,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoProcessor, CsmForConditionalGeneration, Trainer, TrainingArguments
 
 from trainer_core.config import TrainConfig
-from trainer_core.methods.tts import TtsSettings, settings_of
+from trainer_core.methods.tts import TtsSettings
 from trainer_core.protocol import control, events as ev, paths
 from trainer_core.worker.methods.stt import decode
 
@@ -255,7 +255,7 @@ def lora_targets(model, names: list[str]) -> list[str]:
 
 def build_trainer(cfg: TrainConfig, model, processor, train_ds: Dataset, eval_ds: Dataset | None,
                   args: dict[str, Any], callbacks: list, peft_config) -> Trainer:
-    s = settings_of(cfg)
+    s = cfg.method_settings
     log = print
     train_ds = encode_dataset(train_ds, model, processor, s, log)
     has_eval = eval_ds is not None and len(eval_ds) > 0
@@ -357,7 +357,7 @@ class SpeechSampler:
 
 
 def sample_texts(cfg: TrainConfig, train_rows: list[dict], eval_rows: list[dict]) -> list[str]:
-    s = settings_of(cfg)
+    s = cfg.method_settings
     if s.sample_texts:
         return [t.strip() for t in s.sample_texts]
     source = eval_rows[:2] if eval_rows else train_rows[:1]
@@ -371,7 +371,7 @@ def make_sampler(cfg: TrainConfig, processor, train_rows: list[dict], eval_rows:
     texts = sample_texts(cfg, train_rows, eval_rows)
     if not texts or worker.rank != 0:
         return None
-    s = settings_of(cfg)
+    s = cfg.method_settings
     sampler = SpeechSampler(texts, s.speaker, s.max_sample_s, processor, worker.run_dir, worker.events.emit,
                             worker.warn, worker.log)
 
@@ -398,7 +398,7 @@ def preview(cfg: TrainConfig, data, tokenizer, rows_shown: int, tokenizer_label:
     from trainer_core.data import audio
     from trainer_core.data.preview import Preview, RenderedRow
 
-    s = settings_of(cfg)
+    s = cfg.method_settings
     rows, eval_rows = data.rows, data.eval_rows
     shown, lengths, tokens, trained = [], [], 0, 0
     for index, row in enumerate(rows):
