@@ -9,6 +9,7 @@
     python -m trainer_core stop JOB | cancel JOB [--wait]     (any job: stop & save / cancel; a queued one leaves)
     python -m trainer_core eval RUN [--checkpoint STEP | --base] --data FILE [--metrics ...] [--json]
     python -m trainer_core export RUN --to adapter|merged|gguf [--quant q8_0] [-o DIR] [--verify] [--push REPO]
+    python -m trainer_core feedback import FILE | export --format dpo|kto | agreement [--eval JOB]   (votes, ratings)
     python -m trainer_core sweep --config sweep.yaml | sweep list | show SWEEP | stop SWEEP | resume SWEEP [--more N]
 
 Secrets come from the environment (HF_TOKEN, WANDB_API_KEY), never from the YAML or argv; a launcher: ray run
@@ -483,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer_core.cli import sweep as cli_sweep  # `sweep --config FILE` (issue 35): its own module
 
     cli_sweep.add_parser(sub, cli_actor)
+    from trainer_core.cli import feedback as cli_feedback  # `feedback import|export|agreement` (issue 34)
+
+    cli_feedback.add_parser(sub, cli_actor)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
