@@ -13,17 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.launchers import test_ray_hardening
 from tests.launchers.test_ray_jobs import RUN_ID, eval_on_ray, export_on_ray, finished_run
 from tests.support import ROOT, run_python
+from tests.support.ray_cluster import SERVER, shared  # noqa: F401 - shared: the data root on the shared storage
 from trainer_core.config import TrainConfig
 from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths, secret_file
-
-SERVER = test_ray_hardening.SERVER
-shared = test_ray_hardening.shared  # the fixture: the data root on the "shared storage", RAY_ADDRESS the server's
-
 
 
 class FakeJobs:

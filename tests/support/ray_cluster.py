@@ -3,7 +3,8 @@ machine, one CPU each, each blocking in a session of its own so that ending it e
 started (never ``ray stop``, which stops every Ray process of the user). Node k (the head is 0) holds one unit of
 the custom resource ``test-node-k``, which is how a test tells Ray's node ids apart and loses a chosen one.
 
-``node_summary_server`` stands in for a cluster's dashboard where only its node summary is read."""
+Without a cluster: ``node_summary_server`` stands in for a cluster's dashboard where only its node summary is read,
+and the ``shared`` fixture sets up a server whose cluster is ``SERVER``."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 import psutil
+import pytest
 
 from tests.support.env import wait_until
 
@@ -153,3 +155,15 @@ def node_summary_server(summary: dict) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+SERVER = "http://head:8265"  # the server's cluster, for tests that fake Ray's Jobs client
+
+
+@pytest.fixture
+def shared(home, tmp_path, monkeypatch):
+    """The data root on the "shared storage" and the server's cluster (SERVER) in RAY_ADDRESS, no allow-list."""
+    monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", SERVER)
+    monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES", raising=False)
+    return tmp_path

@@ -1,5 +1,5 @@
-"""What a hostile user could do through ``launcher: ray``, without a cluster (a fake Jobs client records what
-would reach Ray): proxy credentials and other secrets of the server never reach what Ray stores, a run cannot
+"""What a Ray job submission carries and where it goes, whatever a user tries through ``launcher: ray``, without a
+cluster (a fake Jobs client records what would reach Ray): proxy credentials and other secrets of the server never reach what Ray stores, a run cannot
 point the dashboard at an address of its choosing (nor can a tampered ray_job.json at adoption), the CLI gives a
 Ray run the tokens of its environment as it gives a local one (tests/launchers/test_ray_secrets.py: they travel
 through the run folder), and "job not found" is read from Ray's status code."""
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests.support.ray_cluster import SERVER, shared  # noqa: F401 - shared: a fixture
 from trainer_core.__main__ import load_config
 from trainer_core.config import FieldError, TrainConfig
 from trainer_core.jobs.launcher import PlacingLauncher, WorkerLauncher
@@ -18,7 +19,6 @@ from trainer_core.launchers import JobState
 from trainer_core.launchers import ray as ray_jobs
 from trainer_core.protocol import paths
 
-SERVER = "http://head:8265"
 # The server's environment: every value here is a credential that must never reach Ray's job table.
 SECRETS = {
     "HF_TOKEN": "hf_server_token", "WANDB_API_KEY": "wandb_server_key",
@@ -61,15 +61,6 @@ def calls(monkeypatch) -> list:
     recorded: list = []
     monkeypatch.setattr(ray_jobs, "job_client", lambda address: FakeJobs(address, recorded))
     return recorded
-
-
-@pytest.fixture
-def shared(home, tmp_path, monkeypatch):
-    """The data root on the "shared storage" and the server's cluster in RAY_ADDRESS, no allow-list."""
-    monkeypatch.setenv("FINETUNE_STUDIO_SHARED_STORAGE", str(tmp_path))
-    monkeypatch.setenv("RAY_ADDRESS", SERVER)
-    monkeypatch.delenv("FINETUNE_STUDIO_RAY_ADDRESSES", raising=False)
-    return tmp_path
 
 
 def run_folder(run_id: str = "r1"):
