@@ -1,5 +1,6 @@
-"""Issue 24's serving findings: an abandoned request ends (disconnect, timeout), the operator's max_tokens cap,
-sampling values out of range and deep JSON are 400s naming the field, TLS settings, the plain-HTTP warning."""
+"""What a serve job's requests may ask and how long they live: an abandoned request ends (disconnect, timeout), the
+operator's max_tokens cap, sampling values out of range and deep JSON are 400s naming the field, TLS settings, the
+plain-HTTP warning."""
 from __future__ import annotations
 
 import asyncio
@@ -210,7 +211,7 @@ def test_nesting_a_chat_request_needs_is_accepted():
     assert http.post("/v1/chat/completions", json=body, headers=HEADERS).status_code == 200
 
 
-# ---------------------------------------------------------------- the spec's new fields
+# ---------------------------------------------------------------- the spec's cap, timeout and TLS fields
 def test_cap_timeout_and_tls_are_validated_with_field_errors(home, tmp_path):
     assert ServeSpec(sources=[BASE], api_key_hash=hash_key("k")).max_tokens_cap == 2048
     assert ServeSpec(sources=[BASE], api_key_hash=hash_key("k")).request_timeout_s == 300

@@ -1,4 +1,4 @@
-"""The shared URL under a hostile or careless user (issue 24): sessions and tokens that can be ended,
+"""Signing in to the shared URL, under a hostile or careless user: sessions and tokens that can be ended,
 sign-out by POST with a token, the OIDC redirect from the configured URL only, no 500s from the sign-in
 service, only failed sign-ins counted, explicit role changes on the Account page, and a supervisor whose
 children never outlive it."""
@@ -70,7 +70,7 @@ def check(client: TestClient, cookies: dict[str, str]) -> int:
     return client.get("/auth/check", cookies=cookies).status_code
 
 
-# ====================================================================== sign-in service: no 500s (12)
+# ====================================================================== sign-in service: no 500s
 @pytest.mark.parametrize("payload", [{}, {"x": 1}, {"u": 5, "g": 0}, {"u": "", "g": 0}, {"u": "ann"},
                                      {"u": "ann", "g": "0"}, {"u": "ann", "g": True}, ["ann"], "ann"])
 def test_a_validly_signed_cookie_without_a_user_or_generation_is_401(client, store, payload):
@@ -83,7 +83,7 @@ def test_the_oidc_callback_does_not_exist_in_password_mode(client):
     assert client.get("/auth/callback?code=x&state=y").status_code == 404
 
 
-# ====================================================================== sessions end (5)
+# ====================================================================== sessions end
 def test_check_names_the_user_and_the_session_generation(client, store):
     cookies = cookie_of(sign_in(client, "ann"))
     response = client.get("/auth/check", cookies=cookies)
@@ -173,7 +173,7 @@ def test_an_older_users_table_gets_the_generation_column(tmp_path):
     store.engine.dispose()
 
 
-# ====================================================================== only failures count (13)
+# ====================================================================== only failures count
 def test_only_wrong_passwords_count_towards_the_sign_in_limit(client, monkeypatch):
     monkeypatch.setattr(signin, "time", SimpleNamespace(monotonic=lambda: 1000.0))  # the service's clock stands still
     for _ in range(3 * signin.FailedSignIns.MAX_FAILURES):  # a team behind one address, all signing in
@@ -204,7 +204,7 @@ def test_nginx_sends_no_page_to_a_frame_and_does_not_count_sign_ins(tmp_path):
     assert "proxy_set_header X-Studio-Session $studio_session;" in conf
 
 
-# ====================================================================== OIDC redirect (7)
+# ====================================================================== OIDC redirect
 def test_oidc_needs_the_public_url_and_never_takes_the_host_header(store):
     oidc = {"FINETUNE_STUDIO_OIDC_ISSUER": "https://id.example.com", "FINETUNE_STUDIO_OIDC_CLIENT_ID": "studio",
             "FINETUNE_STUDIO_OIDC_CLIENT_SECRET": "x"}
@@ -222,7 +222,7 @@ def test_oidc_needs_the_public_url_and_never_takes_the_host_header(store):
     assert query["redirect_uri"] == ["https://studio.example.com/auth/callback"]
 
 
-# ====================================================================== the dashboard ends sessions too (5)
+# ====================================================================== the dashboard ends sessions too
 def _as_session(monkeypatch, name: str, generation: int | None) -> None:
     monkeypatch.setenv(auth.SHARED_ENV, "1")
     monkeypatch.setattr(auth, "proxy_user", lambda: name)
@@ -251,7 +251,7 @@ def test_the_dashboard_refuses_a_session_without_a_generation(app_home, monkeypa
     assert [e.value for e in at.error] == [auth.SESSION_ENDED] and not at.title
 
 
-# ====================================================================== Account page: explicit role changes (4)
+# ====================================================================== Account page: explicit role changes
 @pytest.fixture
 def admins(app_home, monkeypatch):
     store = get_orchestrator().store
@@ -335,7 +335,7 @@ def test_a_click_from_someone_no_longer_admin_changes_nothing(admins):
     assert users.get_user(admins, "val").role == "viewer"
 
 
-# ====================================================================== the supervisor's children (wrong states 10)
+# ====================================================================== the supervisor's children
 def nginx_or_skip() -> None:
     if not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists() or os.environ.get("FINETUNE_STUDIO_NGINX")):
         pytest.skip("nginx not found: install Debian's nginx package (.ci/run does) or set FINETUNE_STUDIO_NGINX")
