@@ -40,7 +40,7 @@ def model_config(resolved) -> dict:
     try:
         folder = resolved.model_dir if resolved.model_dir is not None else \
             modality._folder(resolved.base_model, None)  # the folder detect_modality read (sees_images)
-        return model_info._read_json(Path(folder) / "config.json")
+        return model_info.folder_facts(Path(folder)).config
     except (model_info.ModelInfoError, OSError, ValueError):
         return {}
 
@@ -57,7 +57,7 @@ def vision_gguf_offered(model_name: str) -> bool:
     """Whether a vision run of ``model_name`` (a folder, or a hub id's cached config) exports to GGUF with its mmproj
     file here: the Export form then offers GGUF first, as for a text model."""
     try:
-        config = model_info._read_json(Path(modality._folder(model_name, None)) / "config.json")
+        config = modality.model_facts(model_name).config
     except (model_info.ModelInfoError, OSError, ValueError):
         return False
     return tools.converter_script() is not None and tools.vision_gguf_problem(config) is None

@@ -8,10 +8,8 @@ fit in max_seq_length: a cut ``<image>`` run is the "Image features and image to
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainer_core import kinds
 from trainer_core.kinds.base import Facts
@@ -21,9 +19,6 @@ from trainer_core.protocol import paths
 
 # Kind names (trainer_core.kinds decides which a model folder is; this module reads what the form shows about it)
 TEXT, VISION, SPEECH, TTS, EMBEDDING = "text", "vision", "speech", "tts", "embedding"
-# Files of a model folder that decide a kind by their presence (kinds.base.Facts.files)
-_MARKER_FILES = ("modules.json",)
-_FACT_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", *_MARKER_FILES)
 # Model types whose processors tile or resize images to a size of their own: tokens per image depend on the image.
 _DYNAMIC = {"qwen2_vl": "grows with the image's pixels (Qwen2-VL dynamic resolution)",
             "qwen2_5_vl": "grows with the image's pixels (Qwen2.5-VL dynamic resolution)",
@@ -111,30 +106,18 @@ class ModalityInfo:
 
 
 _BUNDLED_FACTS = Facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
-_facts: dict[tuple[str, Any], Facts] = {}
-_facts_lock = threading.Lock()
 
 
 def model_facts(model_name: str, token: str | None = None) -> Facts:
     """What the bundled model, a local folder or a hub id says about itself (config.json, the merged
-    (pre)processor config, its marker files), read once per version of its files (hub: the local cache first, then
-    the small JSON files). The folder is checked against the allowed roots on every call, cached or not. Raises
-    ``model_info.ModelInfoError`` (field model_name) when the config cannot be read."""
+    (pre)processor config, its marker files), read once per version of its files by model_info.folder_facts, which
+    inspect_model reads too (hub: the local cache first, then the small JSON files). The folder is checked against
+    the allowed roots on every call. Raises ``model_info.ModelInfoError`` (field model_name) when the config cannot
+    be read."""
     name = model_name.strip()
     if name == BUNDLED_MODEL:
         return _BUNDLED_FACTS
-    folder = _folder(name, token)
-    key = (str(folder), *(model_info._mtime(folder / f) for f in _FACT_FILES))
-    with _facts_lock:
-        if key in _facts:
-            return _facts[key]
-    facts = Facts(model_info._read_json(folder / "config.json"),
-                  {**model_info._read_json(folder / "preprocessor_config.json", missing_ok=True),
-                   **model_info._read_json(folder / "processor_config.json", missing_ok=True)},
-                  frozenset(f for f in _MARKER_FILES if (folder / f).is_file()))
-    with _facts_lock:
-        _facts[key] = facts
-    return facts
+    return model_info.folder_facts(_folder(name, token))
 
 
 def detect_kind(model_name: str, token: str | None = None) -> kinds.ModelKind:

@@ -22,11 +22,13 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
 from trainer_core.host import hardware
+from trainer_core.planning.folder_facts import FIELD, ModelInfoError, folder_facts
+from trainer_core.planning.folder_facts import mtime as _mtime
+from trainer_core.planning.folder_facts import read_json as _read_json
 from trainer_core.protocol import paths
 from trainer_core.config import _HUB_ID_RE, BUNDLED_MODEL, looks_like_path
 from trainer_core.methods import embedding
 
-FIELD = "model_name"
 CONVERTED_MARKER = ".converted"  # model_files.READY_MARKER (that module imports transformers, so not imported)
 BUNDLED_FOLDER = "SmolLM2-135M-Instruct"  # where model_files converts the bundled GGUF
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -62,15 +64,6 @@ class ModelInfo:
         return self.num_kv_heads * self.head_dim
 
 
-class ModelInfoError(ValueError):
-    """A model that cannot be inspected; the message says what to do."""
-
-    def __init__(self, message: str, field: str = FIELD):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-
 _cache: dict[tuple[str, Any], ModelInfo] = {}
 _lock = threading.Lock()
 
@@ -102,13 +95,6 @@ def _stamp(name: str) -> Any:
         folder = Path(name).expanduser()
         return tuple(_mtime(folder / f) for f in ("config.json", "tokenizer_config.json", "chat_template.jinja"))
     return None  # hub: a downloaded config never changes under the same name in the cache we read first
-
-
-def _mtime(path: Path | None) -> int:
-    try:
-        return path.stat().st_mtime_ns if path else 0
-    except OSError:
-        return 0
 
 
 def _inspect(name: str, token: str | None) -> ModelInfo:
@@ -145,7 +131,7 @@ def _inspect(name: str, token: str | None) -> ModelInfo:
 
 # ---------------------------------------------------------------------- Hugging Face folders and hub
 def _from_folder(folder: Path, source: str) -> ModelInfo:
-    config = _read_json(folder / "config.json")
+    config = folder_facts(folder).config
     template = (folder / "chat_template.jinja").exists() or bool(_read_json(folder / "tokenizer_config.json",
                                                                              missing_ok=True).get("chat_template"))
     counted = _safetensors_parameters(folder)
@@ -159,7 +145,7 @@ def _from_hub(repo: str, token: str | None) -> ModelInfo:
     tok_config = _read_json(Path(tok_path), missing_ok=True) if tok_path else {}
     snapshot = Path(config_path).parent
     template = bool(tok_config.get("chat_template")) or jinja_path is not None
-    return _from_config(_read_json(Path(config_path)), "hub", template, _safetensors_parameters(snapshot))
+    return _from_config(folder_facts(snapshot).config, "hub", template, _safetensors_parameters(snapshot))
 
 
 def _hub_file(repo: str, filename: str, token: str | None, required: bool, cached_only: bool = False) -> str | None:
@@ -201,20 +187,6 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def _read_json(path: Path, missing_ok: bool = False) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        if missing_ok:
-            return {}
-        raise ModelInfoError(f"{path} is missing: point at a Hugging Face model folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelInfoError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelInfoError(f"{path} does not hold a JSON object")
-    return data
 
 
 def _from_config(config: dict, source: str, has_template: bool, counted: int | None) -> ModelInfo:
