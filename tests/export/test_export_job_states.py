@@ -1,7 +1,7 @@
 """An export job's folders and states: a chosen out_dir stays inside an export folder; a killed export takes its
 converter along and its staging folder is removed by the next start or by an orchestrator adopting the job; the
 timeline names the job kind, the CLI says queued while the export waits for the device, and a completed export
-shows every step done."""
+shows every step done; the eval and export panels name a running job by its kind."""
 from __future__ import annotations
 
 import os
@@ -249,3 +249,19 @@ def test_a_completed_export_shows_every_step_done(run, monkeypatch):
     assert spec.stages() == ["preflight", "adapter", "model card", "publish"]
     assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert (events[-1].kind, events[-1].status, events[-1].steps) == ("complete", "completed", 4)
+
+
+# ====================================================================== a running eval or export is not "Training"
+def test_eval_and_export_panels_name_a_running_job_by_its_kind():
+    """The timeline was fixed ("Evaluating: generating"), but the eval picker, its result header and the export
+    job's title still said "Training" for a running eval or export."""
+    from db.entities import EvalResultRecord
+    from ui import evaluation, export_panel
+
+    result = EvalResultRecord(job_id="e", source_key="run:r", source_run_id="r", checkpoint=None, base_model="m",
+                              data_fingerprint="f", settings_hash="h", data_label="test.jsonl", metrics=None,
+                              created_at=0.0, status=RunStatus.RUNNING)
+    assert evaluation._result_label(result).endswith(" · test.jsonl · Evaluating")
+    job = RunRecord(id="x", name="export", status=RunStatus.RUNNING, kind=JobKind.EXPORT, dataset="adapter")
+    assert export_panel._title(job) == "🏃 export · adapter · Exporting"
+    assert export_panel._title(job.replace(status=RunStatus.COMPLETED)) == "✅ export · adapter · Completed"

@@ -1,6 +1,6 @@
-"""Issue 24 hardening of the job machinery: a bad job.json fails alone and the queue moves on; paths from a run
-folder stay inside it; forged event values are refused where they enter; `db rebuild` is for admins, finishes,
-and keeps every job it can."""
+"""What a run folder says is checked where it enters: a queued job whose job.json was spoiled fails alone and the
+queue moves on, and an over-large job.json is refused before it is parsed; every path read from a run folder (an
+artifact, a symlink, an export target) stays inside it; a forged eval result never reaches the database."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from db.entities import RunRecord
+from db.store import Store
 from tests.support import fake, wait_until
 from tests.support.factories import run_folder
-from trainer_core.specs.model_source import ModelSource
+from trainer_core.config import BUNDLED_MODEL, ConfigError
+from trainer_core.export.spec import ExportSpec
+from trainer_core.protocol import events as ev
 from trainer_core.protocol import paths
-from trainer_core.protocol.status import RunStatus
+from trainer_core.protocol.status import JobKind, RunStatus, write_kind
+from trainer_core.specs import jobspec
+from trainer_core.specs.model_source import ModelSource
 
 
 # ====================================================================== the queue and job.json
@@ -162,93 +168,16 @@ def test_a_forged_eval_result_never_reaches_the_database_and_old_rows_do_not_cra
     assert [r["value"] for r in evaluation.metric_rows({"exact": "lots", "rouge_l": [1]}, {"exact": 0.5})] == [None, None]
 
 
-# ====================================================================== db rebuild: admins only
-def _moved_aside() -> list[Path]:
-    return sorted(paths.data_root().glob("studio.db.moved-aside-*"))
-
-
-@pytest.mark.parametrize("who, expected", [
-    ("viewer", "refused: only admins can rebuild the database; the token in FINETUNE_STUDIO_TOKEN is ann's (role "
-               "viewer)"),
-    ("operator", "refused: only admins can rebuild the database; the token in FINETUNE_STUDIO_TOKEN is ann's (role "
-                 "operator)"),
-    ("garbage", "refused: this is not a Finetune Studio API token (they start with fts_) (FINETUNE_STUDIO_TOKEN)"),
-    ("revoked", "refused: the API token is unknown or was revoked; create a new one on the Account page "
-                "(FINETUNE_STUDIO_TOKEN)"),
-])
-def test_cli_db_rebuild_is_refused_to_anyone_but_an_admin(home, monkeypatch, capsys, who, expected):
-    """A viewer's FINETUNE_STUDIO_TOKEN, or a garbage one, rebuilt the database with exit 0."""
-    from db import users
-    from db.store import Store
-    from trainer_core import __main__ as cli
-    from trainer_core.auth.access import Role
-
-    store = Store()
-    users.ensure_user(store, "ann", Role.OPERATOR if who == "operator" else Role.VIEWER)
-    token = users.create_token(store, "ann", label="laptop")
-    store.engine.dispose()
-    tokens = {"viewer": token, "operator": token, "garbage": "not-a-token", "revoked": token[:-4] + "xxxx"}
-    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", tokens[who])
-    assert cli.main(["db", "rebuild"]) == 2
-    assert capsys.readouterr().err.strip() == expected
-    assert _moved_aside() == []  # nothing was touched
-
-
-def test_cli_db_rebuild_runs_for_an_admin_token_and_for_the_local_user(home, monkeypatch, capsys):
-    from db import users
-    from db.store import Store
-    from trainer_core import __main__ as cli
-    from trainer_core.auth.access import Role
-
-    store = Store()
-    users.ensure_user(store, "root", Role.ADMIN)
-    token = users.create_token(store, "root", label="ops")
-    store.engine.dispose()
-    monkeypatch.setenv("FINETUNE_STUDIO_TOKEN", token)
-    assert cli.main(["db", "rebuild"]) == 0
-    monkeypatch.delenv("FINETUNE_STUDIO_TOKEN")
-    assert cli.main(["db", "rebuild"]) == 0
-    assert "Rebuilt 0 run(s)" in capsys.readouterr().out and len(_moved_aside()) >= 1
-
-
-def test_the_dashboards_rebuild_refuses_a_shared_mode_user_who_is_not_an_admin(app_home, monkeypatch):
-    """Only a disabled button guarded it: the function behind it rebuilt for anyone."""
-    from trainer_core.auth.access import Actor, Role
-    from trainer_core.jobs import rebuild
-    from ui import auth, state
-
-    monkeypatch.setattr(auth, "shared_mode", lambda: True)
-    monkeypatch.setattr(auth, "current_actor", lambda: Actor("ann", Role.OPERATOR))
-    with pytest.raises(rebuild.RebuildRefused, match="Only an admin can rebuild the database; ann's role is operator"):
-        state.rebuild_database()
-    assert _moved_aside() == []
-    monkeypatch.setattr(auth, "current_actor", lambda: Actor("root", Role.ADMIN))
-    assert state.rebuild_database().runs == []
-
-
-# ====================================================================== db rebuild finishes
-def test_rebuild_finishes_with_a_copied_and_a_renamed_folder_and_a_damaged_journal(make_orch, store, monkeypatch):
-    """cp -a runs/A runs/A-copy gave IntegrityError (exit 4) with half the runs; a renamed folder an AttributeError;
-    one invalid UTF-8 byte in a journal skipped the whole run."""
-    import shutil
-
-    from tests.jobs.test_rebuild import wipe
-    from trainer_core.jobs import rebuild
-
-    orch = make_orch()
-    first = orch.start(fake(monkeypatch, steps=2))
-    orch.wait(first, timeout=60, interval=0.05)
-    second = orch.start(fake(monkeypatch, steps=2))
-    orch.wait(second, timeout=60, interval=0.05)
-    orch.close()
-    shutil.copytree(paths.run_dir(first), paths.run_dir(first + "-copy"), symlinks=True)
-    with open(paths.run_dir(second) / "journal.jsonl", "ab") as fh:
-        fh.write(b'{"op": "event", "kind": "warning", "message": "caf\xe9", "ts": 5.0}\n')
-    wipe(store)
-    report = rebuild.rebuild(store.url)
-    assert report.skipped == []
-    assert sorted(report.runs) == sorted([first, first + "-copy", second])
-    assert report.renamed == [f"{first}-copy: its journal names run {first}"]
-    fresh = type(store)(store.url)
-    assert fresh.get_run(second).status == "completed" and fresh.get_run(first + "-copy").status == "completed"
-    fresh.engine.dispose()
+# ====================================================================== job files have a size limit
+def test_an_oversized_job_json_is_refused_before_parsing_with_the_limit(home):
+    job = paths.run_dir("20260102-100005-eeeeee")
+    job.mkdir(parents=True)
+    write_kind(job, JobKind.EXPORT)
+    (job / jobspec.SPEC_FILE).write_text('{"name": "' + "x" * jobspec.SPEC_BYTES_MAX + '"}')
+    with pytest.raises(ConfigError) as info:
+        jobspec.read_spec(job)
+    [error] = info.value.errors
+    assert error.field == jobspec.SPEC_FILE and f"{jobspec.SPEC_BYTES_MAX:,} bytes" in error.message
+    (job / jobspec.SPEC_FILE).write_text(json.dumps(ExportSpec(source=ModelSource(model=BUNDLED_MODEL),
+                                                               targets=["adapter"]).to_dict()))
+    assert jobspec.read_spec(job).targets == ["adapter"]  # a real spec is far below the limit
