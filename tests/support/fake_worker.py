@@ -16,7 +16,7 @@ second. Behaviour comes from the environment (the launcher passes it on; ``tests
   ``FAKE_CHECKPOINTS`` ("4"), so a test can assert exact values.
 * random losses only: ``FAKE_EVAL_EVERY`` (5, 0: never) and ``FAKE_HEARTBEAT_EVERY`` steps (7, 0: never)
 * ``FAKE_PAUSE_AT`` step and ``FAKE_PAUSE_UNTIL`` file: after that step, wait until the file exists (a test
-  acts mid-run without racing the worker)
+  acts mid-run without racing the worker); ``{run}`` in its name is the run's id (one marker per run)
 * ``FAKE_LOSSES=lr`` (sweeps): losses that depend on the run's learning_rate (config.yaml), best at 1e-3: eval
   loss ``(1 + |log10(lr) + 3|) * (1 + 1/step)`` every ``FAKE_EVAL_EVERY`` steps; a learning rate of 0.5 or more
   diverges (the train loss doubles each step). A resumed run continues from its checkpoint's step; a Stop writes
@@ -57,7 +57,8 @@ def main(run_dir: Path) -> int:
     mode = os.environ.get("FAKE_MODE", "train")
     steps = int(env_float("FAKE_STEPS", 30))
     delay = env_float("FAKE_DELAY", 0.02)
-    pause_at, pause_until = int(env_float("FAKE_PAUSE_AT", 0)), os.environ.get("FAKE_PAUSE_UNTIL", "")
+    pause_at = int(env_float("FAKE_PAUSE_AT", 0))
+    pause_until = os.environ.get("FAKE_PAUSE_UNTIL", "").replace("{run}", run_dir.name)
     print("fake worker started; HF_TOKEN set:", bool(os.environ.get("HF_TOKEN")), flush=True)
     if mode == "exit3":
         print("fake worker: cannot go on, exiting with code 3", flush=True)

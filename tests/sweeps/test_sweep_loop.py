@@ -27,12 +27,18 @@ GOOD, SMALL, LARGE = 1e-3, 1e-5, 1e-1
 
 @pytest.fixture
 def release(tmp_path, monkeypatch) -> Path:
-    """The fake trials: losses by learning rate; each pauses after step PAUSE_AT until this file exists."""
-    marker = tmp_path / "release"
+    """The fake trials: losses by learning rate; each pauses after step PAUSE_AT until the file
+    ``release-<run id>`` exists in the returned folder."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
     for name, value in (("LOSSES", "lr"), ("STEPS", str(STEPS)), ("EVAL_EVERY", str(EVERY)), ("DELAY", "0"),
-                        ("PAUSE_AT", str(PAUSE_AT)), ("PAUSE_UNTIL", str(marker))):
+                        ("PAUSE_AT", str(PAUSE_AT)), ("PAUSE_UNTIL", str(markers / "release-{run}"))):
         monkeypatch.setenv(f"FAKE_{name}", value)
-    return marker
+    return markers
+
+
+def let_go(markers: Path, run_id: str) -> None:
+    (markers / f"release-{run_id}").touch()
 
 
 def sweep_config(values: list[float], **sweep) -> SweepConfig:
@@ -50,20 +56,18 @@ def trial_runs(orch, sweep_id: str) -> dict[int, list]:
     return runs
 
 
-def drive(runner: SweepRunner, orch, sweep_id: str, release: Path, until=None) -> None:
-    """Tick the sweep; let each trial go on past PAUSE_AT only after the driver has seen its first evaluation."""
+def drive(runner: SweepRunner, orch, sweep_id: str, release: Path) -> None:
+    """Tick the sweep; let each trial go on past PAUSE_AT only after the driver has seen its evaluation there."""
     def settled() -> bool:
         runner.tick_once()
-        if until is not None and until():
-            return True
-        active = [r for r in orch.store.sweep_runs(sweep_id) if not r.status.is_terminal()]
-        for run in active:
+        for run in orch.store.sweep_runs(sweep_id):
+            if run.status.is_terminal():
+                continue
             frame = orch.store.metrics_frame(run.id, columns=("eval_loss",))
-            if frame["step"].max() >= PAUSE_AT if len(frame) else False:
+            # its evaluation at PAUSE_AT is stored (the eval row comes after the step's progress row)
+            if frame.loc[frame["eval_loss"].notna(), "step"].ge(PAUSE_AT).any():
                 runner.tick_once()  # the driver reports (and prunes) before the trial goes on
-                release.touch()
-        if not active:
-            release.unlink(missing_ok=True)
+                let_go(release, run.id)
         return not record.read(sweep_id).status.is_active()
     wait_until(settled, timeout=120, what=f"sweep {sweep_id} to settle")
 
@@ -136,10 +140,9 @@ def test_stop_and_resume_lose_no_trial_and_run_none_twice(orch, release, home):
     wait_until(lambda: runner.tick_once() or first_trial_paused(), timeout=60, what="the first trial to pause")
     runner.stop(sweep_id)
     runner.tick_once()  # marks the trial paused and asks its run to stop and save
-    release.touch()
+    let_go(release, orch.store.sweep_runs(sweep_id)[0].id)
     wait_until(lambda: runner.tick_once() or record.read(sweep_id).status is SweepStatus.STOPPED, timeout=60,
                what="the sweep to stop")
-    release.unlink()
     study = open_study(record.sweep_dir(sweep_id), record.read(sweep_id).config.spec)
     (trial,) = study.trials  # nothing new started while it stopped
     assert trial.state is TrialState.RUNNING and trial.user_attrs[PAUSED] is True
