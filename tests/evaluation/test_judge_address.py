@@ -1,6 +1,6 @@
-"""Where a judge may be: a judge URL at a loopback, link-local, private or otherwise non-public address is refused unless
-the admin allows it, checked on the resolved address at validation and again before every request (which goes to the
-address checked); redirects are not followed and a response body is never quoted in a message."""
+"""Where a judge may be: a judge URL at a loopback, link-local, private or otherwise non-public address is refused
+unless the admin allows it, checked on the resolved address at validation and again before every request (which
+goes to the address checked); redirects are not followed and a response body is never quoted in a message."""
 from __future__ import annotations
 
 import ipaddress
