@@ -64,7 +64,7 @@ def _parse(path: Path, suffix: str, field_name: str) -> list[dict]:
         raise DatasetError(field_name, f"{path.name} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}): "
                                        "re-save it as UTF-8 (in Excel: Save As > CSV UTF-8)") from None
     if suffix == ".jsonl":
-        return _parse_jsonl(text, path.name, field_name)
+        return parse_jsonl(text, path.name, field_name)
     if suffix == ".json":
         return _parse_json(text, path.name, field_name)
     return _parse_csv(text, path.name, field_name)
@@ -74,7 +74,7 @@ _TOO_DEEP = ("nests lists or objects too deeply to read (hundreds of levels, suc
              "object of text fields or a list of chat turns: fix the file")
 
 
-def _parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
+def parse_jsonl(text: str, name: str, field_name: str) -> list[dict]:
     rows = []
     # split on \n only: str.splitlines would also split on U+2028 inside unescaped JSON strings
     for number, line in enumerate(text.split("\n"), start=1):
@@ -103,7 +103,7 @@ def _parse_json(text: str, name: str, field_name: str) -> list[dict]:
         raise DatasetError(field_name, f"{name} {_TOO_DEEP}") from None
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # several objects one after another: a JSONL file named .json
-            return _parse_jsonl(text, name, field_name)
+            return parse_jsonl(text, name, field_name)
         raise DatasetError(field_name, f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} "
                                        f"column {exc.colno}") from None
     if isinstance(data, dict):

@@ -1,0 +1,118 @@
+"""What an uploaded fine-tuning file holds, checked line by line with the studio's own readers and format detection.
+
+Three shapes are accepted, each also how the studio's form reads it:
+
+- ``chat``: OpenAI's supervised rows ``{"messages": [...]}`` (and the studio's other layouts: alpaca, sharegpt,
+  text), read by ``data.formats`` exactly as a training run reads them;
+- ``pairs``: OpenAI's preference rows ``{"input": {"messages": [...]}, "preferred_output": [...],
+  "non_preferred_output": [...]}``, converted to the studio's ``{prompt, chosen, rejected}`` message lists
+  (``data.preference``), or rows already in that shape.
+
+A problem names the line (1-based, as an editor shows it) and what to fix; the whole file is refused.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from trainer_core.api.errors import ApiError, invalid
+from trainer_core.data import DatasetError, formats, preference, readers
+
+OPENAI_PAIR_KEYS = ("input", "preferred_output", "non_preferred_output")
+SHAPES = {"chat": "supervised (chat or text rows)", "pairs": "preference pairs (DPO)"}
+
+
+@dataclass
+class CheckedFile:
+    shape: str  # "chat" or "pairs"
+    format: str  # what the studio detected: chatml, alpaca, sharegpt, text; pairs
+    rows: int
+    training_rows: list[dict] | None  # rows to write in the studio's shape; None: the upload itself is read as is
+
+
+def file_error(message: str) -> ApiError:
+    return invalid(message, "file", "invalid_file_format")
+
+
+def check(data: bytes, filename: str) -> CheckedFile:
+    """The upload's shape, or an ApiError naming the line that is wrong."""
+    if not filename.lower().endswith(".jsonl"):
+        raise file_error(f"{filename} is not a .jsonl file: fine-tuning files are JSON Lines, one example per line "
+                         "(name the file *.jsonl)")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise file_error(f"{filename}: line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x}): "
+                         "save the file as UTF-8") from None
+    try:
+        rows = readers.parse_jsonl(text, filename, "file")
+    except DatasetError as exc:
+        raise file_error(exc.message) from None
+    if not rows:
+        raise file_error(f"{filename} has no examples: write one JSON object per line")
+    # parse_jsonl skips blank lines: the line each row came from
+    lines = [number for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if all(key in rows[0] for key in OPENAI_PAIR_KEYS):
+        return _openai_pairs(rows, lines, filename)
+    if all(key in rows[0] for key in ("chosen", "rejected")):
+        return _studio_pairs(rows, lines, filename)
+    return _chat(rows, lines, filename)
+
+
+def _chat(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
+    try:
+        fmt, _ = formats.detect_format(rows)
+    except DatasetError as exc:
+        raise file_error(f"{filename}: {exc.message}") from None
+    for row, line in zip(rows, lines):
+        problem = _chat_row_problem(row, fmt)
+        if problem:
+            raise file_error(f"{filename}: line {line}: {problem}. Fix or remove that line.")
+    return CheckedFile("chat", fmt, len(rows), None)
+
+
+def _chat_row_problem(row: dict, fmt: str) -> str:
+    try:
+        converted = formats.convert_rows([row], fmt, None, "")
+    except DatasetError as exc:
+        return exc.message
+    return next(iter(converted.dropped), "")
+
+
+def _openai_pairs(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
+    converted = []
+    for row, line in zip(rows, lines):
+        pair, problem = _openai_pair(row)
+        if problem:
+            raise file_error(f"{filename}: line {line}: {problem}. Fix or remove that line.")
+        converted.append(pair)
+    checked = _studio_pairs(converted, lines, filename)
+    checked.training_rows = converted
+    return checked
+
+
+def _openai_pair(row: dict) -> tuple[dict, str]:
+    missing = [key for key in OPENAI_PAIR_KEYS if key not in row]
+    if missing:
+        return {}, f"a preference example needs {', '.join(OPENAI_PAIR_KEYS)}; this one has no {', '.join(missing)}"
+    prompt = row["input"].get("messages") if isinstance(row["input"], dict) else None
+    if not isinstance(prompt, list) or not prompt:
+        return {}, "input must be an object with a non-empty messages list"
+    for key in ("preferred_output", "non_preferred_output"):
+        if not isinstance(row[key], list) or not row[key]:
+            return {}, f"{key} must be a non-empty list of assistant messages"
+    return {"prompt": prompt, "chosen": row["preferred_output"], "rejected": row["non_preferred_output"]}, ""
+
+
+def _studio_pairs(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
+    for row, line in zip(rows, lines):
+        try:
+            preference.normalize([row], "pairs", field_name="file")
+        except DatasetError as exc:
+            raise file_error(f"{filename}: line {line}: {exc.message}") from None
+    return CheckedFile("pairs", "pairs", len(rows), None)
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
