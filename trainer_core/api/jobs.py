@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from db.entities import RunRecord
-from trainer_core.api import files, models, requests
+from trainer_core.api import files, models, requests, servers
 from trainer_core.api.errors import ApiError, forbidden, invalid, not_found
 from trainer_core.auth import access
 from trainer_core.config import ConfigError
@@ -101,6 +101,7 @@ def create(orch: Orchestrator, body: object, actor: access.Actor) -> dict:
         raise requests.config_error(exc, shown) from None
     except RunRefused as exc:
         raise forbidden(str(exc)) from None
+    servers.make_room(orch, run_id)
     record = JobRecord(run_id=run_id, created_at=int(orch.get_run(run_id).created_at), owner=actor.name,
                        base_model=cfg.model_name, request=asdict(request))
     _save(record)
@@ -189,7 +190,9 @@ def resume(orch: Orchestrator, record: JobRecord, actor: access.Actor) -> dict:
     if latest.status is not RunStatus.STOPPED or record.cancelled:
         raise invalid(f"Job {record.id} is {status_of(orch, record)}: only a paused job can be resumed",
                       "fine_tuning_job_id")
-    _act(lambda: orch.resume(latest.id, actor=actor))
+    resumed: list[str] = []
+    _act(lambda: resumed.append(orch.resume(latest.id, actor=actor)))
+    servers.make_room(orch, resumed[0])
     return render(orch, record)
 
 
