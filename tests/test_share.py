@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import json
 import itertools
 import os
 import shutil
@@ -253,6 +254,26 @@ def test_the_dashboard_process_holds_no_secret(password_share):
     assert b"--secrets.files" in cmdline  # never reads secrets.toml (it would copy the password into its environment)
     for log in password_share.run_dir.glob("*.log"):
         assert PASSWORD not in log.read_text(errors="replace"), log
+
+
+def test_the_fine_tuning_api_answers_under_v1_with_a_token_only(password_share):
+    """/v1/ goes to the API server (gateway/api.py), which wants an API token: a dashboard session is not one."""
+    cookie = sign_in(password_share, "bob")
+    for headers in ({}, {"Cookie": cookie}):
+        response = request(password_share, "GET", "/v1/fine_tuning/jobs", headers)
+        assert response.status == 401
+    store = Store(f"sqlite:///{password_share.run_dir.parent / 'studio.db'}")
+    token = users.create_token(store, "bob", "api test")
+    store.engine.dispose()
+    conn = http.client.HTTPConnection("127.0.0.1", password_share.port, timeout=60)
+    conn.request("GET", "/v1/fine_tuning/jobs", headers={"Authorization": f"Bearer {token}"})
+    answer = conn.getresponse()
+    assert answer.status == 200 and json.loads(answer.read()) == {"object": "list", "data": [], "has_more": False,
+                                                                  "first_id": None, "last_id": None}
+    conn.close()
+    environ = Path(f"/proc/{password_share.procs['api'].pid}/environ").read_bytes()
+    assert PASSWORD.encode() not in environ and b"FINETUNE_STUDIO_PASSWORD" not in environ
+    assert "bob GET /v1/fine_tuning/jobs -> 200" in password_share.log_tail("api")
 
 
 # ====================================================================== the browser through the proxy

@@ -196,12 +196,14 @@ def test_the_failure_window_ages_out(monkeypatch):
 
 
 def test_nginx_sends_no_page_to_a_frame_and_does_not_count_sign_ins(tmp_path):
-    conf = nginx.render(nginx.Layout("127.0.0.1", 8443, 1, 2, tmp_path))
+    conf = nginx.render(nginx.Layout("127.0.0.1", 8443, 1, 2, 3, tmp_path))
     assert "add_header X-Frame-Options DENY always;" in conf
     assert "add_header Content-Security-Policy \"frame-ancestors 'none'\" always;" in conf
     assert "add_header X-Content-Type-Options nosniff always;" in conf
     assert "limit_req" not in conf  # successful sign-ins never count; the sign-in service counts failures
     assert "proxy_set_header X-Studio-Session $studio_session;" in conf
+    api = conf[conf.index("location /v1/ {"):conf.index("location = /_stcore/stream")]
+    assert "proxy_pass http://api;" in api and "auth_request" not in api  # the API checks its own tokens
 
 
 # ====================================================================== OIDC redirect

@@ -1,0 +1,57 @@
+"""The one real job through the API: the official ``openai`` client against ``python -m gateway.api`` (real
+orchestrator, real worker, real serve job) on the bundled model. Upload, create, poll to succeeded, events with
+the run's real losses, checkpoints, and a chat with ``fine_tuned_model`` that answers in the style it learned."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import pytest
+
+from tests.api.server_support import ApiServer
+from tests.serving.test_tuned_style import STYLE, TRAIN, UNSEEN
+from tests.support import ROOT, bundled_model_folder, wait_until
+from trainer_core.auth.access import Role
+
+pytestmark = pytest.mark.train
+
+
+def test_a_real_job_from_upload_to_the_tuned_answer(tmp_path):
+    bundled_model_folder()  # converted once into the test cache: neither the run nor the server converts it again
+    api = ApiServer(tmp_path / "home", tmp_path, command=[sys.executable, "-m", "gateway.api", "--port", "0"],
+                    extra_env={"FINETUNE_STUDIO_ALLOWED_ROOTS": f"{tmp_path}:{ROOT / '.test-cache'}"})
+    api.command[-1] = str(api.port)
+    try:
+        api.start()
+        client = api.client("ana", Role.OPERATOR)
+        rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": f"{STYLE} {a}"}]}
+                for q, a in TRAIN]
+        upload = client.files.create(file=("pirate.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
+                                     purpose="fine-tune")
+        # the recipe of tests/serving/test_tuned_style.py, which learns the style in 24 steps
+        job = client.fine_tuning.jobs.create(
+            model="SmolLM2-135M-Instruct", training_file=upload.id, suffix="pirate", hyperparameters={"batch_size": 4},
+            extra_body={"studio": {"max_steps": 24, "save_steps": 12, "learning_rate": 3e-3, "warmup_steps": 0,
+                                   "max_seq_length": 64, "lora_r": 8, "lora_alpha": 16}})
+        wait_until(lambda: client.fine_tuning.jobs.retrieve(job.id).status not in ("queued", "running"), timeout=600,
+                   what="the job to end")
+        job = client.fine_tuning.jobs.retrieve(job.id)
+        assert job.status == "succeeded", (job.error, api.log_text()[-3000:])
+        assert job.fine_tuned_model == f"ft:smollm2-135m-instruct:pirate:{job.id}" and job.trained_tokens > 0
+
+        events = list(client.fine_tuning.jobs.list_events(job.id, limit=50))
+        steps = [e.data["step"] for e in events if e.type == "metrics"]
+        assert steps == list(range(24, 0, -1))
+        losses = [e.data["train_loss"] for e in events if e.type == "metrics"]
+        assert all(loss > 0 for loss in losses) and losses[0] < losses[-1]  # it learned: last step below the first
+        checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id).data
+        assert [c.step_number for c in checkpoints][-1] == 12 and 12 in [c.step_number for c in checkpoints]
+        assert checkpoints[-1].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-12"
+
+        answer = client.chat.completions.create(model=job.fine_tuned_model, temperature=0, max_tokens=12,
+                                                messages=[{"role": "user", "content": UNSEEN[0]}])
+        assert answer.choices[0].message.content.startswith(STYLE), answer.choices[0].message.content
+        assert answer.model == job.fine_tuned_model
+    finally:
+        api.kill(signal.SIGTERM)  # its chat server is tied to it and ends with it
