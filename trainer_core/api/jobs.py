@@ -98,7 +98,7 @@ def create(orch: Orchestrator, body: object, actor: access.Actor) -> dict:
     try:
         run_id = orch.start(cfg, actor=actor)
     except ConfigError as exc:
-        raise requests.config_error(exc, shown) from None
+        raise requests.config_error(exc, shown, request.studio) from None
     except RunRefused as exc:
         raise forbidden(str(exc)) from None
     servers.make_room(orch, run_id)

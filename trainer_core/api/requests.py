@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Iterable
 
 from trainer_core.api import files, models
 from trainer_core.api.errors import ApiError, invalid, unsupported
@@ -24,11 +24,14 @@ KNOWN = {"model", "training_file", "validation_file", "hyperparameters", "method
 AUTO_EPOCHS = 3
 RANGES = {"n_epochs": (1, 50), "batch_size": (1, 256), "learning_rate_multiplier": (0.0, 10.0), "beta": (0.0, 2.0)}
 METHODS = {"supervised": ("sft", "chat"), "dpo": ("dpo", "pairs")}
-# Settings the request names in OpenAI's terms: the extension may not set them a second time.
+# Settings only the request names, in OpenAI's terms: the extension may not set them.
 OWNED = {"model_name": "model", "local_datasets": "training_file", "local_eval_datasets": "validation_file",
-         "hf_dataset": "training_file", "method": "method", "num_epochs": "hyperparameters.n_epochs",
-         "batch_size": "hyperparameters.batch_size", "learning_rate": "hyperparameters.learning_rate_multiplier",
-         "random_seed": "seed", "run_name": "suffix", "dpo": "method.dpo.hyperparameters"}
+         "hf_dataset": "training_file", "method": "method", "run_name": "suffix", "dpo": "method.dpo.hyperparameters"}
+# Settings the extension may set when the request leaves their OpenAI counterpart out (or "auto"); a problem with
+# one is named after that counterpart.
+SHARED = {"num_epochs": "hyperparameters.n_epochs", "max_steps": "hyperparameters.n_epochs",
+          "batch_size": "hyperparameters.batch_size", "learning_rate": "hyperparameters.learning_rate_multiplier",
+          "random_seed": "seed"}
 _SUFFIX_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -45,6 +48,7 @@ class JobRequest:
     method: str  # supervised or dpo
     hyperparameters: dict[str, Any] = field(default_factory=dict)  # as resolved (no "auto" left)
     beta: float | None = None
+    studio: list[str] = field(default_factory=list)  # the run settings the extension field set
 
 
 def read(body: object) -> tuple[JobRequest, TrainConfig]:
@@ -71,6 +75,8 @@ def read(body: object) -> tuple[JobRequest, TrainConfig]:
         seed = studio.get("random_seed", defaults.random_seed)
     elif type(seed) is not int or not 0 <= seed <= 2**31 - 1:
         raise invalid("seed must be an integer from 0 to 2147483647", "seed")
+    elif "random_seed" in studio:
+        raise invalid("seed and studio.random_seed both set it: give one", "seed")
     epochs = _number(hyper, "n_epochs", int)
     batch = _number(hyper, "batch_size", int)
     multiplier = _number(hyper, "learning_rate_multiplier", float)
@@ -93,12 +99,13 @@ def read(body: object) -> tuple[JobRequest, TrainConfig]:
     config["learning_rate"] = base_lr * (multiplier if multiplier is not None else 1.0)
     if method == "dpo" and beta is not None:
         config["dpo"] = {"beta": beta}
-    cfg = from_dict(config)
+    cfg = from_dict(config, studio)
     resolved = {"n_epochs": int(cfg.num_epochs) if cfg.max_steps == 0 else "auto", "batch_size": cfg.batch_size,
                 "learning_rate_multiplier": multiplier if multiplier is not None else 1.0}
     request = JobRequest(model=str(body["model"]), training_file=training.id,
                          validation_file=validation.id if validation else None, suffix=suffix, seed=seed,
-                         metadata=metadata, method=method, hyperparameters=resolved, beta=beta)
+                         metadata=metadata, method=method, hyperparameters=resolved, beta=beta,
+                         studio=sorted(studio))
     return request, cfg
 
 
@@ -192,28 +199,31 @@ def _studio(value: object) -> dict[str, Any]:
     return dict(value)
 
 
-def param_of(error: FieldError) -> str | None:
-    """The request parameter a config problem is fixed in."""
-    if error.field in OWNED:
-        return OWNED[error.field]
+def param_of(error: FieldError, studio: Iterable[str] = ()) -> str | None:
+    """The request parameter a config problem is fixed in (``studio``: the fields the extension set)."""
+    if error.field in studio:
+        return f"studio.{error.field}"
+    if error.field in OWNED or error.field in SHARED:
+        return OWNED.get(error.field) or SHARED[error.field]
     known = {f.name for f in fields(TrainConfig)}
     return f"studio.{error.field}" if error.field in known else None
 
 
-def config_error(exc: ConfigError, request_files: dict[str, str] | None = None) -> ApiError:
+def config_error(exc: ConfigError, request_files: dict[str, str] | None = None, studio: Iterable[str] = ()) -> ApiError:
     """Every problem of a config in one error, named after the first one's parameter; the server's paths of the
     request's files are shown as their ids."""
-    message = "; ".join(f"{param_of(e) or e.field}: {e.message}" for e in exc.errors)
+    studio = set(studio)
+    message = "; ".join(f"{param_of(e, studio) or e.field}: {e.message}" for e in exc.errors)
     for path, file_id in (request_files or {}).items():
         message = message.replace(path, file_id)
-    return invalid(message, param_of(exc.errors[0]) if exc.errors else None)
+    return invalid(message, param_of(exc.errors[0], studio) if exc.errors else None)
 
 
-def from_dict(config: dict[str, Any]) -> TrainConfig:
+def from_dict(config: dict[str, Any], studio: Iterable[str]) -> TrainConfig:
     try:
         return TrainConfig.from_dict(config)
     except ConfigError as exc:
-        raise config_error(exc) from None
+        raise config_error(exc, studio=studio) from None
 
 
 __all__ = ["ApiError", "JobRequest", "read", "config_error"]
