@@ -246,10 +246,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
     ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
     ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
-    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps"),  # trying a model;
-    # what pages draw; people's votes and ratings (over the store and model sources); sweeps (their trials are runs
-    # started through the orchestrator)
-    ("gateway",),  # the shared mode's sign-in service
+    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps", "trainer_core.api"),
+    # trying a model; what pages draw; people's votes and ratings (over the store and model sources); sweeps (their
+    # trials are runs started through the orchestrator); OpenAI's fine-tuning API mapped onto the orchestrator
+    ("gateway",),  # the shared mode's sign-in service, and the fine-tuning API's HTTP server
     ("ui", "trainer_core.cli", "trainer_core.__main__"),  # the surfaces: the dashboard's ui/ (pages/ above) and the CLI
 )
 BESIDE = "trainer_core.worker"  # the worker process: may import every row below the surfaces; nothing imports it

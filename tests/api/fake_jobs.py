@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests import fake_worker  # noqa: E402
-from trainer_core.jobs.jobspec import read_spec  # noqa: E402
+from tests.support import fake_worker  # noqa: E402
+from trainer_core.specs.jobspec import read_spec  # noqa: E402
 from trainer_core.protocol import control  # noqa: E402
 from trainer_core.protocol import events as ev  # noqa: E402
 from trainer_core.protocol.status import JobKind, read_kind  # noqa: E402

@@ -8,7 +8,7 @@ from typing import Callable
 from trainer_core.api import jobs, models
 from trainer_core.api.errors import ApiError, invalid
 from trainer_core.auth import access
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus

@@ -1,7 +1,7 @@
 """Model names of the API: which base models a job may start from, and the names of fine-tuned models.
 
 A finished job's model is ``ft:<base>:<suffix>:<job id>``, a checkpoint's the same with ``:ckpt-step-<N>``
-(OpenAI's own pattern); both are read back into the studio's model sources (``jobspec.ModelSource``), which a
+(OpenAI's own pattern); both are read back into the studio's model sources (``specs.model_source.ModelSource``), which a
 serve job loads. A base model is the bundled one (by any of its names), a model folder under the allowed roots, or
 a hub model already in this host's hub cache (the server does not download models a request names).
 """
@@ -13,7 +13,7 @@ from huggingface_hub import try_to_load_from_cache
 
 from trainer_core.api.errors import ApiError, invalid
 from trainer_core.config import BUNDLED_MODEL
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.protocol import paths
 
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"  # what /v1/models lists for the bundled model

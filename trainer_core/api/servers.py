@@ -23,7 +23,7 @@ import time
 from trainer_core.api.errors import ApiError
 from trainer_core.auth import access
 from trainer_core.config import ConfigError
-from trainer_core.jobs.jobspec import ModelSource
+from trainer_core.specs.model_source import ModelSource
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobs.refusals import RunRefused
 from trainer_core.protocol.status import RunStatus

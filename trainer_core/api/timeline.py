@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trainer_core.api import jobs
 from trainer_core.api.jobs import JobRecord
-from trainer_core.jobs import checkpoints
+from trainer_core.specs import checkpoints
 from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.protocol import paths
 
