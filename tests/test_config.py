@@ -117,7 +117,7 @@ def test_unknown_choices(home):
                                         "constant_with_warmup"),
         FieldError("optim", "choose one of adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, adafactor, "
                             "sgd"),
-        FieldError("format_type", "choose one of auto, alpaca, chatml, sharegpt, text"),
+        FieldError("format_type", "choose one of auto, alpaca, chatml, sharegpt, xlam, text"),
     ]
 
 

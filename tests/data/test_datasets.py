@@ -136,6 +136,7 @@ def test_undetectable_format_lists_columns_and_what_each_format_needs():
         "alpaca needs 'instruction' and 'output' columns (and optionally 'input'); "
         "chatml needs a 'messages' column holding a list of {role, content} turns; "
         "sharegpt needs a 'conversations' column holding a list of {from, value} turns; "
+        "xlam needs 'query', 'answers' (the tool calls) and 'tools' columns; "
         "text needs a 'text' column of raw text. Rename your columns, or map them with "
         "custom_format_mapping (e.g. {instruction: question, output: answer}).")
     assert str(info.value) == f"format_type: {info.value.message}"
@@ -219,7 +220,7 @@ def test_dropped_chat_rows_are_counted_by_reason():
     assert len(data.rows) == 2
     assert data.dropped == {"empty conversation": 1, "no assistant turn": 1, formats.UNSUPPORTED_ROLE: 1,
                             "malformed turn": 1, "missing messages": 1}
-    assert data.drop_examples == {formats.UNSUPPORTED_ROLE: ["'tool'"]}
+    assert data.drop_examples == {formats.UNSUPPORTED_ROLE: ["'robot'"]}
     assert data.summary().endswith("dropped 5 (empty conversation: 1, malformed turn: 1, missing messages: 1, "
                                    "no assistant turn: 1, unsupported role (map it in custom_format_mapping, e.g. "
                                    "{bot: assistant}): 1)")

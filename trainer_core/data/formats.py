@@ -16,18 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer_core.config import FORMAT_TYPES
-from trainer_core.data import DatasetError, quoted
+from trainer_core.data import DatasetError, quoted, tool_formats
 
 REQUIRED_COLUMNS = {
     "alpaca": ("instruction", "output"),
     "chatml": ("messages",),
     "sharegpt": ("conversations",),
+    "xlam": ("query", "answers"),
     "text": ("text",),
 }
 FORMAT_NEEDS = {
     "alpaca": "'instruction' and 'output' columns (and optionally 'input')",
     "chatml": "a 'messages' column holding a list of {role, content} turns",
     "sharegpt": "a 'conversations' column holding a list of {from, value} turns",
+    "xlam": "'query', 'answers' (the tool calls) and 'tools' columns",
     "text": "a 'text' column of raw text",
 }
 ROLE_ALIASES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -117,6 +119,8 @@ def _detect(rows: list[dict], m: _Mapping, columns: list[str]) -> tuple[str, str
             shape = _turn_shape(rows, m.col(name), m)
             if shape:
                 return fmt, f"found a {found(name)} column with {shape} turns"
+    if "query" in columns and "answers" in columns:
+        return "xlam", "found 'query', 'answers' and 'tools' columns (tool calls, xLAM layout)"
     if m.col("instruction") in columns and m.col("output") in columns:
         names = ["instruction", "input", "output"] if m.col("input") in columns else ["instruction", "output"]
         listed = ", ".join(found(n) for n in names[:-1]) + f" and {found(names[-1])}"
@@ -248,9 +252,10 @@ def convert_rows(rows: list[dict], format_type: str, mapping: dict[str, str] | N
         elif fmt == "text":
             out.append({"text": value})
         else:
-            if system and value[0]["role"] != "system":
-                value.insert(0, {"role": "system", "content": system})
-            out.append({"messages": value})
+            shaped = value if isinstance(value, dict) else {"messages": value}  # a tool row carries its tools
+            if system and shaped["messages"][0]["role"] != "system":
+                shaped["messages"].insert(0, {"role": "system", "content": system})
+            out.append(shaped)
     return NormalizedData(format=fmt, reason=reason, rows=out, dropped=dict(dropped),
                           drop_examples={k: v for k, v in examples.items() if v})
 
@@ -322,6 +327,8 @@ def _chat(column: str):
             return None, f"{column} is not a list of turns"
         role_keys = (m.turn.get("role", "role"), m.turn.get("from", "from"))
         content_keys = (m.turn.get("content", "content"), m.turn.get("value", "value"))
+        if tool_formats.tool_row_wanted(row, turns):  # calls, results or a tools list: read by data.tool_formats
+            return tool_formats.read_conversation(row, turns, m.roles, role_keys, content_keys, UNSUPPORTED_ROLE)
         messages = []
         for turn in turns:
             if not isinstance(turn, dict):
@@ -358,7 +365,8 @@ def _text(row: dict, m: _Mapping) -> tuple[Any, str | None]:
 UNSUPPORTED_ROLE = "unsupported role (map it in custom_format_mapping, e.g. {bot: assistant})"
 MAX_DROP_EXAMPLES = 3
 
-_CONVERTERS = {"alpaca": _alpaca, "chatml": _chat("messages"), "sharegpt": _chat("conversations"), "text": _text}
+_CONVERTERS = {"alpaca": _alpaca, "chatml": _chat("messages"), "sharegpt": _chat("conversations"),
+               "xlam": lambda row, m: tool_formats.read_xlam(row), "text": _text}
 
 
 def no_usable_rows(field_name: str, total: int, dropped: dict[str, int]) -> DatasetError:
