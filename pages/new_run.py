@@ -29,7 +29,7 @@ from trainer_core.config import presets
 from trainer_core.config import promptsets
 from trainer_core.auth.access import Action, Role, allowed
 from trainer_core.views.charts import length_chart
-from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, ConfigError, FieldError,
+from trainer_core.config import (FORMAT_TYPES, OPTIMIZERS, SCHEDULERS, TOOL_TEMPLATES, ConfigError, FieldError,
                                  TrainConfig)
 from trainer_core.data import DatasetError, formats
 from trainer_core.data import audio as audio_data
@@ -425,6 +425,11 @@ def render_preview(p: preview.Preview) -> None:
     if p.truncated:
         st.warning(f"{p.truncated} row(s) are longer than max_seq_length={p.max_seq_length} and will be cut: raise "
                    "max_seq_length or accept the cut.")
+    if p.tool_template:
+        st.markdown(f"**Tools:** conversations with tools train with {safe(p.tool_template)}. Trained: the "
+                    "assistant's calls and answers (tool results too with Train on tool results).")
+    if p.tool_problems:
+        st.warning("Rows that do not fit their tools: " + "; ".join(safe(problem) for problem in p.tool_problems))
     if p.lengths:
         st.altair_chart(length_chart(p.lengths, p.max_seq_length), width="stretch")
     trained_all = all(trained for row in p.rows for _, trained in row.segments)
@@ -582,6 +587,9 @@ with st.expander("Advanced training"):
     adv[0].checkbox("Packing", key=K + "packing", help=H("packing"))
     adv[1].checkbox("Gradient checkpointing", key=K + "gradient_checkpointing", help=H("gradient_checkpointing"))
     adv[2].checkbox("Load in 4-bit", key=K + "load_in_4bit", help=H("load_in_4bit"))
+    adv = st.columns(4)
+    adv[0].selectbox("Tool template", TOOL_TEMPLATES, key=K + "tool_template", help=H("tool_template"))
+    adv[1].checkbox("Train on tool results", key=K + "train_on_tool_results", help=H("train_on_tool_results"))
     st.text_input("Resume from checkpoint", key=K + "resume_from_checkpoint", help=H("resume_from_checkpoint"))
     st.checkbox("Start even when the memory estimate is far above this device's memory",
                 key=K + "allow_memory_overcommit", help=H("allow_memory_overcommit"))

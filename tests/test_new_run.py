@@ -375,7 +375,8 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
                       finetune_attention_modules=False, finetune_mlp_modules=False, gpu_ids=[1], num_processes=1,
                       enable_tensorboard=True, tensorboard_dir="tb", wandb_project="p2", allow_memory_overcommit=True,
                       sample_prompts=["Say hi, briefly.", "Two lines:\nfirst\n\nsecond"], sample_every_steps=5,
-                      sample_max_new_tokens=32, sample_images=["", str(tmp_path / "second.png")], image_max_side=512)
+                      sample_max_new_tokens=32, sample_images=["", str(tmp_path / "second.png")], image_max_side=512,
+                      tool_template="hermes", train_on_tool_results=True)
     untouched = {name for name in TrainConfig.field_names() if getattr(cfg, name) == getattr(TrainConfig(), name)}
     assert untouched == UNTOUCHED  # every other field is set away from its default here
     presets.save_preset("everything", cfg)

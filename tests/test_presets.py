@@ -24,6 +24,7 @@ CPU_ERRORS = {
     "cpt-raw-text": set(),
     "dpo-demo": set(),
     "grpo-demo": set(),
+    "tool-calling-demo": set(),
 }
 
 
@@ -31,7 +32,7 @@ def builtin_names() -> list[str]:
     return [p.name for p in presets.list_presets() if p.builtin]
 
 
-def test_the_builtin_presets_are_the_documented_six(home):
+def test_the_builtin_presets_are_the_documented_seven(home):
     assert sorted(builtin_names()) == sorted(CPU_ERRORS)
     assert all(p.description for p in presets.list_presets() if p.builtin)
 

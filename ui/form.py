@@ -25,6 +25,7 @@ from trainer_core.config import (
     OPTIMIZERS,
     SCHEDULERS,
     SECRET_FIELDS,
+    TOOL_TEMPLATES,
     ConfigError,
     FieldError,
     TrainConfig,
@@ -52,7 +53,7 @@ UPLOAD_TYPES = [ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS]
 EXTRA_MODULES = list(EMBEDDING_MODULES)
 MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
 CHOICES = {"method": list(METHODS), "adapter": list(ADAPTERS), "format_type": FORMAT_TYPES,
-           "lr_scheduler_type": SCHEDULERS, "optim": OPTIMIZERS}  # fields shown as selectboxes
+           "lr_scheduler_type": SCHEDULERS, "optim": OPTIMIZERS, "tool_template": TOOL_TEMPLATES}  # selectboxes
 # The method sections: each registered method's own fields (its spec's ``section``), shown together under
 # the Method picker, those of the other methods greyed out. A label per field; a new method adds its lines.
 SECTION_LABELS = {"train_on_completions": "Train on completions only",
@@ -72,7 +73,7 @@ PLAIN_FIELDS = (
     "embedding_learning_rate", "batch_size", "gradient_accumulation_steps", "warmup_steps", "warmup_ratio",
     "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
     "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
-    "image_max_side",
+    "image_max_side", "tool_template", "train_on_tool_results",
     "lora_r",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from trainer_core.data import formats
-from trainer_core.data.tool_calls import (CallScore, ToolFormatError, call_accuracy, normalize_call, normalize_tools,
-                                          pair_tool_results, parse_hermes_calls, row_calls, score_calls,
-                                          template_messages)
+from trainer_core.data.tool_calls import (CallScore, ToolFormatError, call_accuracy, first_reply_case, normalize_call,
+                                          normalize_tools, pair_tool_results, parse_hermes_calls, row_calls,
+                                          score_calls, template_messages)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -280,3 +280,12 @@ def test_a_schema_that_is_not_json_schema_names_the_field_and_the_fix():
         "tools: 'get_weather'.parameters is not valid JSON Schema ('objekt' is not valid under any of the given "
         "schemas at type); fix it to a JSON Schema object, e.g. {\"type\": \"object\", \"properties\": {\"city\": "
         "{\"type\": \"string\"}}}"]
+
+
+def test_the_first_reply_of_a_held_out_row_is_the_case_scored():
+    row = tool_row(("get_weather", {"city": "Oslo"}))
+    row["messages"] += [{"role": "tool", "content": "4C", "tool_call_id": "c0"}, {"role": "assistant", "content": "Cold."}]
+    assert first_reply_case(row) == ([{"role": "user", "content": "q"}], [("get_weather", {"city": "Oslo"})])
+    words = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]}
+    assert first_reply_case(words) == ([{"role": "user", "content": "hi"}], [])
+    assert first_reply_case({"messages": [{"role": "user", "content": "hi"}]}) is None

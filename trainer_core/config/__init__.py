@@ -17,7 +17,7 @@ from trainer_core.config.limits import (_HUB_ID_RE, ATTENTION_MODULES, BUNDLED_D
                                         MAPPING_VALUE_MAX, MLP_MODULES, OPTIMIZERS, RAY_ADDRESS_ENV,
                                         RAY_ADDRESSES_ENV, RAY_MAX_FAILURES, SAMPLE_NEW_TOKENS_MAX,
                                         SAMPLE_PROMPT_CHARS, SAMPLE_PROMPTS_MAX, SCHEDULERS, SHARED_STORAGE_ENV,
-                                        TEXT_LIMITS)
+                                        TEXT_LIMITS, TOOL_TEMPLATES)
 from trainer_core.config.reading import (IS_EMBEDDING_NOTE, TrainingTypeDeprecation, load_yaml, read_is_embedding,
                                          read_training_type, secrets_in_file, training_type_note)
 from trainer_core.config.train_config import TrainConfig
@@ -28,6 +28,7 @@ __all__ = ["ATTENTION_MODULES", "BUNDLED_DATASET", "BUNDLED_MODEL", "BUNDLED_PAI
            "ConfigError", "DEFAULT_TARGET_MODULES", "FORMAT_TYPES", "FieldError", "HUB_ID_MAX", "IS_EMBEDDING_NOTE",
            "LAUNCHERS", "MAPPING_VALUE_MAX", "MLP_MODULES", "OPTIMIZERS", "RAY_ADDRESSES_ENV", "RAY_ADDRESS_ENV",
            "RAY_MAX_FAILURES", "SAMPLE_NEW_TOKENS_MAX", "SAMPLE_PROMPTS_MAX", "SAMPLE_PROMPT_CHARS", "SCHEDULERS",
+           "TOOL_TEMPLATES",
            "SECRET_FIELDS", "SHARED_STORAGE_ENV", "TEXT_LIMITS", "TrainConfig", "TrainingTypeDeprecation",
            "_HUB_ID_RE", "builtin_loader_names", "hub_dataset_problem", "load_yaml", "looks_like_path",
            "ray_address_problem", "read_is_embedding", "read_training_type", "sample_prompts_of", "server_cluster", "secrets_in_file",

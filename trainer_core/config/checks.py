@@ -24,7 +24,7 @@ from trainer_core.protocol.errors import FieldError
 from trainer_core.config.limits import (BUNDLED_MODEL, FORMAT_TYPES, HUB_ID_MAX, LAUNCHERS, MAPPING_VALUE_MAX,
                                         OPTIMIZERS, RAY_ADDRESSES_ENV, RAY_ADDRESS_ENV, RAY_MAX_FAILURES,
                                         SAMPLE_NEW_TOKENS_MAX, SAMPLE_PROMPTS_MAX, SAMPLE_PROMPT_CHARS, SCHEDULERS,
-                                        TEXT_LIMITS, _HUB_ID_RE, _RUN_NAME_RE)
+                                        TEXT_LIMITS, TOOL_TEMPLATES, _HUB_ID_RE, _RUN_NAME_RE)
 from trainer_core.methods.settings import check_settings
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ def validate(cfg: TrainConfig) -> list[FieldError]:
             "(pip install -e '.[gpu]'), or choose adamw_torch")
     if cfg.format_type not in FORMAT_TYPES:
         bad("format_type", f"choose one of {', '.join(FORMAT_TYPES)}")
+    if cfg.tool_template not in TOOL_TEMPLATES:
+        bad("tool_template", f"choose one of {', '.join(TOOL_TEMPLATES)}")
     if spec is not None:
         errors.extend(check_settings(cfg.method_settings, cfg.method))  # the method's own settings, at the place
         errors.extend(spec.validate(cfg))  # their checks always had

@@ -64,7 +64,9 @@ class TrainConfig:
     hf_dataset: str = _f("", "Hub dataset id (org/name). Leave empty to use local files.", "dataset")
     local_datasets: list = _f([BUNDLED_DATASET], "Local dataset files (.jsonl/.json/.csv/.parquet) or the bundled demo.", "dataset")
     local_eval_datasets: list = _f([], "Local files used as the eval set.", "dataset")
-    format_type: str = _f("auto", "auto, alpaca, chatml (messages), sharegpt, or text (raw).", "dataset")
+    format_type: str = _f("auto", "auto, alpaca, chatml (messages; also with tool calls), sharegpt (also with "
+                          "function_call/observation turns), xlam (query, tools, answers: tool calls), or text (raw). "
+                          "See docs/data-formats.md.", "dataset")
     subset: str = _f("", "Hub dataset subset (configuration) name.", "dataset")
     train_split: str = _f("train", "Hub dataset split to train on.", "dataset")
     eval_split: str = _f("", "Hub dataset split to evaluate on (empty: none, or use eval_fraction).", "dataset")
@@ -99,6 +101,14 @@ class TrainConfig:
     random_seed: int = _f(3407, "Seed for data order, LoRA init and held-out split.", "advanced")
     packing: bool = _f(False, "Pack short rows into full-length sequences.", "advanced")
     train_on_completions: bool = _f(False, "Compute loss only on assistant replies (chat formats).", "advanced")
+    tool_template: str = _f("auto", "Chat template for conversations with tools: auto (the model's own when it writes "
+                            "the tools into the prompt, else the Hermes tool template), model (the model's own; refused "
+                            "when it ignores tools) or hermes (tools in the system prompt inside <tools></tools>, calls "
+                            "as <tool_call> JSON, results as <tool_response>). Saved with the adapter and merged model. "
+                            "Data without tools keeps the model's template.", "advanced")
+    train_on_tool_results: bool = _f(False, "Conversations with tools train on the assistant's calls and answers; on: "
+                                     "also on the tool results (off: the model learns to call, not to predict what a "
+                                     "tool returns).", "advanced")
     gradient_checkpointing: bool = _f(False, "Trade compute for memory.", "advanced")
     logging_steps: int = _f(1, "Log metrics every N steps.", "advanced")
     save_steps: int = _f(0, "Save a checkpoint every N steps (0: only at the end or on Stop).", "advanced")

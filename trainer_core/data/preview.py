@@ -33,6 +33,7 @@ PREVIEW_FIELDS = (
     "local_eval_datasets", "format_type", "subset", "train_split", "eval_split", "eval_fraction",
     "dataset_slice_start", "dataset_slice_end", "custom_format_mapping", "system_prompt", "random_seed",
     "packing", "batch_size", "gradient_accumulation_steps", "num_processes", "gpu_ids", "image_max_side",
+    "tool_template", "train_on_tool_results",
 ) + tuple(dict.fromkeys(name for spec in METHODS.values() for name in spec.preview_fields))  # each method's hook
 TRUNCATION_DROP = "no trained tokens left after truncation (the prompt fills max_seq_length)"
 _CACHE_SIZE = 8
@@ -65,6 +66,8 @@ class Preview:
     eval_rows: int
     processes: int = 1  # data-parallel processes the launcher will start
     global_batch: int = 0  # rows per optimizer update: batch_size x gradient_accumulation_steps x processes
+    tool_template: str = ""  # the chat template rows with tools train with ("" when no row has tools)
+    tool_problems: tuple[str, ...] = ()  # "row N: ..." for calls to unknown tools, arguments off their schema
 
 
 class PreviewError(ValueError):
@@ -147,4 +150,5 @@ def _from_json(data: dict[str, Any]) -> Preview:
     rows = tuple(RenderedRow(index=r["index"], text=r["text"], segments=tuple((t, bool(b)) for t, b in r["segments"]),
                              num_tokens=r["num_tokens"], truncated=r["truncated"], label=r.get("label", ""))
                  for r in data["rows"])
-    return Preview(**{**data, "rows": rows, "lengths": tuple(data["lengths"])})
+    return Preview(**{**data, "rows": rows, "lengths": tuple(data["lengths"]),
+                      "tool_problems": tuple(data.get("tool_problems", ()))})

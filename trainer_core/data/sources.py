@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainer_core.protocol import paths
-from trainer_core.config import BUNDLED_DATASET, BUNDLED_PAIRS
+from trainer_core.config.limits import BUNDLED_DATASET, BUNDLED_PAIRS, BUNDLED_TOOLS, BUNDLED_TOOLS_EVAL
 from trainer_core.data import DatasetError
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
 
 
 # name -> file beside this module: the demo chat (SFT), and the same questions as preference pairs
-BUNDLED_FILES = {BUNDLED_DATASET: "demo_chat.jsonl", BUNDLED_PAIRS: "demo_pairs.jsonl"}
+BUNDLED_FILES = {BUNDLED_DATASET: "demo_chat.jsonl", BUNDLED_PAIRS: "demo_pairs.jsonl",
+                 BUNDLED_TOOLS: "demo_tools.jsonl", BUNDLED_TOOLS_EVAL: "demo_tools_eval.jsonl"}
 
 
 def bundled_demo_path(name: str = BUNDLED_DATASET) -> Path:

@@ -228,6 +228,17 @@ def row_calls(row: dict) -> list[tuple[str, dict]]:
             for message in row.get("messages") or [] for call in (message.get("tool_calls") or [])]
 
 
+def first_reply_case(row: dict) -> tuple[list[dict], list[tuple[str, dict]]] | None:
+    """(the conversation before the first assistant reply, the calls that reply makes): one held-out question
+    for a tool-call accuracy (no calls: the right answer is to call nothing). None without an assistant reply."""
+    messages = row.get("messages") or []
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first is None:
+        return None
+    return messages[:first], [(call["function"]["name"], json_value(call["function"]["arguments"]))
+                              for call in (messages[first].get("tool_calls") or [])]
+
+
 def tool_names(row: dict) -> list[str]:
     return [tool["function"]["name"] for tool in normalize_tools(row.get("tools"))]
 

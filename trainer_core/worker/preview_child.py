@@ -15,9 +15,12 @@ from trainer_core.config import ConfigError, TrainConfig
 from trainer_core.data import DatasetError
 from trainer_core.data.loading import load_for_training
 from trainer_core.data.preview import TRUNCATION_DROP, Preview, RenderedRow
+from trainer_core.data.tool_calls import is_tool_row
+from trainer_core.data.tool_schema import row_problems
+from trainer_core.export.tool_templates import ToolTemplateError
 from trainer_core.protocol import paths
 from trainer_core.worker import methods as worker_methods
-from trainer_core.worker import model_files, token_cache, vision
+from trainer_core.worker import model_files, token_cache, tool_template, vision
 
 
 def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> Preview:
@@ -39,6 +42,10 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     if not train_rows:
         raise DatasetError("train_on_completions", "no training rows are left: every conversation lacks a "
                                                    "prompt before its last assistant reply")
+    try:
+        template = tool_template.apply(tokenizer, train_rows + eval_rows, cfg)  # as the worker does
+    except ToolTemplateError as exc:
+        raise DatasetError("tool_template", str(exc).removeprefix("tool_template: ")) from None
     arrow_rows = token_cache.Dataset.from_list(train_rows).to_list()  # the round trip the engine's rows take
     if vision.is_vision_rows(arrow_rows):  # image rows: the processor expands every image to its tokens
         from trainer_core.worker import model_resolver
@@ -48,7 +55,7 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
     else:
         tokenized, _ = token_cache.tokenize(arrow_rows, tokenizer, cfg, log=log)
         ids_list = tokenized["input_ids"]
-        masks = tokenized["completion_mask"] if "completion_mask" in tokenized.column_names else [None] * len(ids_list)
+        masks = token_cache.trained_masks(tokenized)
     counts = _count(cfg, ids_list, masks)
     processes = parallel.process_count(cfg)
     if counts["fully_masked"]:
@@ -64,7 +71,19 @@ def compute(cfg: TrainConfig, rows_shown: int = 5, log=lambda message: None) -> 
         total_tokens=counts["tokens"], trained_tokens=counts["trained"],
         steps_per_epoch=parallel.steps_per_epoch(counts["examples"], cfg.batch_size, cfg.gradient_accumulation_steps,
                                         processes),
-        eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes))
+        eval_rows=len(eval_rows), processes=processes, global_batch=parallel.global_batch(cfg, processes),
+        tool_template=template, tool_problems=_tool_problems(data.rows))
+
+
+def _tool_problems(rows: list[dict], limit: int = 20) -> tuple[str, ...]:
+    """"row N: ..." for the first ``limit`` problems of rows with tools (0-based, as the preview numbers rows)."""
+    found: list[str] = []
+    for index, row in enumerate(rows):
+        if is_tool_row(row):
+            found += [f"row {index}: {problem}" for problem in row_problems(row)]
+        if len(found) >= limit:
+            break
+    return tuple(found[:limit])
 
 
 def _count(cfg: TrainConfig, ids_list: list[list[int]], masks: list) -> dict[str, int]:

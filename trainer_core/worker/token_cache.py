@@ -27,6 +27,7 @@ from trl.data_utils import common_prefix_length, pack_dataset
 
 from trainer_core.protocol import paths
 from trainer_core.config import TrainConfig
+from trainer_core.data import tool_calls
 
 CACHE_FORMAT = 1  # bump when encode() changes what it produces
 STATS: Counter[str] = Counter()  # "hit" / "miss" per process, for logs and tests
@@ -37,6 +38,7 @@ NO_PROMPT = "no prompt before the last assistant reply (train on completions)"
 class Encoded:
     input_ids: list[int]
     completion_mask: list[int] | None  # 1 = trained; None = every token is trained
+    assistant_mask: list[int] | None = None  # a tool row's trained turns (TRL's "assistant_masks"); None: no such mask
 
 
 def load_tokenizer(cfg: TrainConfig, model_ref: str, token: str | None):
@@ -53,13 +55,23 @@ def training_rows(rows: list[dict], completions_only: bool) -> tuple[list[dict],
 
     Chat rows stay ``{"messages"}``; for completions-only loss each becomes ``{"prompt", "completion"}``,
     split before the last assistant turn (turns after it are not trained on). Text rows stay ``{"text"}``.
+    Rows with tools stay whole: their mask trains every assistant turn (``encode``).
     """
     if not (completions_only and rows and "messages" in rows[0]):
-        return list(rows), {}
-    shaped = [prompt_completion(row["messages"]) for row in rows]
+        return _same_keys(list(rows)), {}
+    shaped = [row if tool_calls.is_tool_row(row) else prompt_completion(row["messages"]) for row in rows]
     kept = [row for row in shaped if row is not None]
     dropped = len(shaped) - len(kept)
-    return kept, ({NO_PROMPT: dropped} if dropped else {})
+    return _same_keys(kept), ({NO_PROMPT: dropped} if dropped else {})
+
+
+def _same_keys(rows: list[dict]) -> list[dict]:
+    """Rows with and without tools given the same keys (None where a row has none): ``Dataset.from_list`` takes
+    its columns from the first row, and would drop a later row's ``tools`` or its prompt/completion split."""
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    if all(len(row) == len(keys) for row in rows):
+        return rows
+    return [{key: row.get(key) for key in keys} for row in rows]
 
 
 def prompt_completion(messages: list[dict]) -> dict | None:
@@ -70,14 +82,17 @@ def prompt_completion(messages: list[dict]) -> dict | None:
 
 
 # ---------------------------------------------------------------------- tokenizing (mirrors trl 1.16)
-def encode(tokenizer, row: dict) -> Encoded:
-    """One row's token ids, as ``SFTTrainer._prepare_dataset`` tokenizes it (trl 1.16, no assistant masks)."""
-    if "prompt" in row:  # prompt-completion: the completion starts where both tokenizations diverge
+def encode(tokenizer, row: dict, train_on_tool_results: bool = False) -> Encoded:
+    """One row's token ids, as ``SFTTrainer._prepare_dataset`` tokenizes it (trl 1.16, no assistant masks);
+    a row with tools gets its own mask (``encode_tool_row``)."""
+    if row.get("messages") is not None and tool_calls.is_tool_row(row):
+        return encode_tool_row(tokenizer, row, train_on_tool_results)
+    if row.get("prompt") is not None:  # prompt-completion: the completion starts where both tokenizations diverge
         prompt_ids = _chat_ids(tokenizer, row["prompt"], add_generation_prompt=True)
         ids = _chat_ids(tokenizer, row["prompt"] + row["completion"])
         start = common_prefix_length(prompt_ids, ids)
         return Encoded(ids, [0] * start + [1] * (len(ids) - start))
-    if "messages" in row:
+    if row.get("messages") is not None:
         return Encoded(_chat_ids(tokenizer, row["messages"]), None)
     text = row["text"]
     if not text.endswith(tokenizer.eos_token):  # TRL appends EOS to raw text so the model learns to stop
@@ -85,10 +100,37 @@ def encode(tokenizer, row: dict) -> Encoded:
     return Encoded(list(tokenizer(text=text)["input_ids"]), None)
 
 
-def _chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, chat_template=None, tools=None,
+def _chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
+              tools: list[dict] | None = None) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, chat_template=None, tools=tools,
                                         add_generation_prompt=add_generation_prompt)
     return list(out["input_ids"])
+
+
+def encode_tool_row(tokenizer, row: dict, train_on_tool_results: bool = False) -> Encoded:
+    """A conversation with tools, rendered with its tools; trained: every assistant turn (its words and calls, up
+    to its end-of-turn), and the tool results only when ``train_on_tool_results``. A turn's tokens are where the
+    conversation rendered up to it and through it diverge from the whole (templates render prefixes alike)."""
+    messages, tools = tool_calls.template_messages(row)
+    ids = _chat_ids(tokenizer, messages, tools=tools)
+    mask = [0] * len(ids)
+    for i, message in enumerate(messages):
+        assistant = message["role"] == "assistant"
+        if not (assistant or (train_on_tool_results and message["role"] == tool_calls.TOOL_ROLE)):
+            continue
+        head = _chat_ids(tokenizer, messages[:i], add_generation_prompt=assistant, tools=tools) if i else []
+        start = common_prefix_length(head, ids)
+        end = common_prefix_length(_chat_ids(tokenizer, messages[:i + 1], tools=tools), ids)
+        mask[start:end] = [1] * (end - start)
+    return Encoded(ids, None, mask)
+
+
+def trained_masks(tokenized: Dataset) -> list[list[int] | None]:
+    """Per row, which tokens count towards the loss (TRL multiplies the masks it finds); None: all of them."""
+    columns = [c for c in ("completion_mask", "assistant_masks") if c in tokenized.column_names]
+    if not columns:
+        return [None] * len(tokenized)
+    return [[int(all(bits)) for bits in zip(*masks)] for masks in zip(*(tokenized[c] for c in columns))]
 
 
 def packing_strategy(cfg: TrainConfig) -> str:
@@ -139,6 +181,8 @@ def cache_key(rows: list[dict], tokenizer, cfg: TrainConfig) -> str:
         "packing": cfg.packing, "train_on_completions": cfg.train_on_completions, "format_type": cfg.format_type,
         "mapping": sorted(cfg.custom_format_mapping.items()), "system_prompt": cfg.system_prompt,
     }
+    if cfg.train_on_tool_results:  # only when set: the keys of runs without tools stay what they were
+        settings["train_on_tool_results"] = True
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
@@ -152,14 +196,20 @@ def tokenize(rows: list[dict], tokenizer, cfg: TrainConfig, log=print) -> tuple[
         log(f"Tokenized data: cache hit ({len(rows)} rows, {folder})")
         return Dataset.load_from_disk(str(folder)), True
     STATS["miss"] += 1
-    encoded = [encode(tokenizer, row) for row in rows]
+    encoded = [encode(tokenizer, row, cfg.train_on_tool_results) for row in rows]
     columns: dict[str, list] = {"input_ids": [e.input_ids for e in encoded]}
-    if cfg.train_on_completions and encoded and encoded[0].completion_mask is not None:
-        columns["completion_mask"] = [e.completion_mask for e in encoded]
+    if cfg.train_on_completions and any(e.completion_mask is not None for e in encoded):
+        columns["completion_mask"] = [_or_all(e.completion_mask, e) for e in encoded]
+    if any(e.assistant_mask is not None for e in encoded):  # rows with tools (the others: every token, as before)
+        columns["assistant_masks"] = [_or_all(e.assistant_mask, e) for e in encoded]
     dataset = Dataset.from_dict(columns)
     _save(dataset, folder)
     log(f"Tokenized data: {len(rows)} rows tokenized and cached in {folder}")
     return Dataset.load_from_disk(str(folder)), False
+
+
+def _or_all(mask: list[int] | None, encoded: Encoded) -> list[int]:
+    return mask if mask is not None else [1] * len(encoded.input_ids)
 
 
 def _save(dataset: Dataset, folder: Path) -> None:

@@ -31,7 +31,7 @@ from trainer_core.protocol import control, events as ev, secrets
 from trainer_core.protocol.metrics import open_metrics
 from trainer_core.config import TrainConfig, looks_like_path
 from trainer_core.data import fingerprint
-from trainer_core.worker import ranks
+from trainer_core.worker import ranks, tool_template
 from trainer_core.worker.engines import TRANSFORMERS, UnslothCannotLoad, choose_engine
 from trainer_core.protocol.status import RunStatus
 
@@ -155,6 +155,9 @@ class Worker:
             if not cfg.method_spec.loads_own_model:
                 tokenizer, train_rows, eval_rows = vision.prepare_run(tokenizer, train_rows, eval_rows, cfg,
                                                                       self.warn, self.log)
+                template = tool_template.apply(tokenizer, train_rows + eval_rows, cfg)  # rows with tools: a template
+                if template:  # that shows them; saved with the tokenizer beside the adapter
+                    self.log(f"Chat template for tool calls: {template}")
             train_ds = engine.to_dataset(train_rows, cfg)  # in the shape the run's method trains on
             eval_ds = engine.to_dataset(eval_rows, cfg) if eval_rows else None
             self.check_cancel()
