@@ -69,6 +69,10 @@ def test_a_person_withdraws_their_own_vote_here(app_home):
     seed(get_orchestrator().store, me)
     at = open_page()
     [mine] = Feedback(get_orchestrator().store).votes_of(me)
+    at.multiselect(key="fb_labels").set_value([votes.A_BETTER]).run()  # the filters apply to one's own votes too
+    assert "Your votes (0)" in [s.value for s in at.subheader] and "None match the filters above." in \
+        [c.value for c in at.caption]
+    at.multiselect(key="fb_labels").set_value([]).run()
     at.button(key=f"fb_withdraw_{mine.id}").click().run()
     assert not at.exception, at.exception
     assert {m.label: m.value for m in at.metric}["Votes"] == "2"

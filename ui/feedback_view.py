@@ -116,11 +116,14 @@ def render_summary(chosen: list[VoteRecord], names: dict[str, str]) -> None:
         st.dataframe(votes_table(chosen, names), hide_index=True)
 
 
-def render_my_votes(feedback: Feedback, actor: Actor, names: dict[str, str]) -> None:
-    mine = feedback.votes_of(actor)
+def render_my_votes(feedback: Feedback, actor: Actor, filters: agreement.Filters) -> None:
+    """The person's own votes (the page's filters apply), newest first, each with Withdraw."""
+    everything = feedback.votes_of(actor)
+    mine = agreement.select(everything, filters)
     st.subheader(f"Your votes ({len(mine)})")
     if not mine:
-        st.caption("You have not voted yet: vote on answers in the Playground, or give a second opinion below.")
+        st.caption("None match the filters above." if everything else
+                   "You have not voted yet: vote on answers in the Playground, or give a second opinion below.")
         return
     for vote in mine[:50]:
         text, button = st.columns([5, 1])

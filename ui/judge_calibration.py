@@ -47,7 +47,7 @@ def render(feedback: Feedback, job_id: str, samples: pd.DataFrame) -> None:
     judged = samples.dropna(subset=["judge"]) if "judge" in samples else samples.iloc[0:0]
     if judged.empty:
         return
-    ratings = feedback.ratings(job_id)
+    ratings = feedback.ratings_for(job_id)  # with those of the same answers in earlier evals (an edited rubric)
     found = calibrations(judged, ratings)
     shown = max(found.values(), key=lambda c: c.n)  # the scale people rated most
     st.caption(safe(f"{headline(shown)} ({SCALE_TEXT[shown.scale]}): {shown.reason}"))

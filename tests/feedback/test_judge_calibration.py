@@ -118,3 +118,27 @@ def test_the_bootstrap_statistics_match_scipys_and_the_kappa_formula():
     assert calibration._resampled("kappa", a, b) == pytest.approx([calibration.cohen_kappa(x, y) for x, y in zip(a, b)])
     # kappa by hand: 3 of 4 agree; chance agreement 0.5 * 0.25 + 0.5 * 0.75 = 0.5: (0.75 - 0.5) / (1 - 0.5)
     assert calibration.cohen_kappa(np.array([1, 1, 0, 0.0]), np.array([1, 0, 0, 0.0])) == pytest.approx(1 / 2)
+
+
+def test_an_eval_run_again_with_an_edited_rubric_is_checked_against_the_same_ratings(home, store):
+    """The same model on the same data, judged again: its greedy answers repeat, so people's ratings carry over (a
+    changed answer's do not), and the new rubric's agreement is measured on them."""
+    feedback = Feedback(store)
+    for job_id, judge, created in (("eval-old", [2.0 * (6 - h) for h in HUMAN], 1.0),  # the old rubric: reversed
+                                   ("eval-new", [2.0 * h for h in HUMAN], 2.0)):  # the edited rubric agrees
+        eval_job(store, judge, job_id)
+        store.save_eval_result(job_id, source_key="run:r1", source_run_id="r1", data_fingerprint="fp",
+                               created_at=created)
+    store.save_eval_sample("eval-new", 0, prompt="q0", answer="a different answer", judge=2.0)
+    rate_all(feedback, "eval-old", "score5", HUMAN)
+    old = calibrated(feedback, store, "eval-old", "score5")
+    assert old.status == calibration.LOW
+    carried = feedback.ratings_for("eval-new")
+    assert len(carried) == 24 and {r.job_id for r in carried} == {"eval-new"} and 0 not in {r.index for r in carried}
+    new = calibration.calibrate(calibration.paired(store.eval_samples("eval-new"), carried, "score5"), "score5")
+    assert (new.status, new.n, new.statistics[0].value) == (calibration.CALIBRATED, 24, 1.0)
+    feedback.rate(VAL, "eval-new", 1, "score5", 1)  # a rating of this job wins over the carried one
+    assert [r.value for r in feedback.ratings_for("eval-new") if r.index == 1] == [1.0]
+    eval_job(store, [2.0 * h for h in HUMAN], "eval-other")  # the same answers on other data: nothing carries
+    store.save_eval_result("eval-other", source_key="run:r1", source_run_id="r1", data_fingerprint="other-data")
+    assert feedback.ratings_for("eval-other") == []

@@ -126,7 +126,7 @@ def judge_report(feedback: Feedback, job_id: str) -> dict:
     samples = feedback.store.eval_samples(job_id)
     if samples.empty or samples["judge"].isna().all():
         raise FeedbackError(f"eval job {job_id[:64]!r} has no answers scored by the LLM judge")
-    ratings = feedback.ratings(job_id)
+    ratings = feedback.ratings_for(job_id)
     out = {}
     for scale in SCALE_TEXT:
         found = calibration.calibrate(calibration.paired(samples, ratings, scale), scale)

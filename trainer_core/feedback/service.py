@@ -5,6 +5,7 @@ admin neither: a withdrawn vote is gone for everyone); exporting writes a datase
 (the rule of training itself)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -130,6 +131,34 @@ class Feedback:
 
     def ratings(self, job_id: str) -> list[RatingRecord]:
         return self.store.ratings(job_id)
+
+    def ratings_for(self, job_id: str) -> list[RatingRecord]:
+        """The ratings to check eval job ``job_id``'s judge against: its own, and those people gave the same answers in
+        the other evals of the same model on the same data. An eval run again with an edited judge rubric repeats its
+        greedy answers, so the new rubric is checked against the same ratings. Matched by answer number and text; a
+        person's rating of this job wins over a carried one."""
+        result = self.store.eval_result(job_id)
+        own = self.store.ratings(job_id)
+        if result is None:
+            return own
+        answers = self._answers(job_id)
+        have = {(r.index, r.rater, r.scale) for r in own}
+        carried = []
+        for other in self.store.eval_results(result.source_run_id):
+            if other.job_id == job_id or (other.source_key, other.data_fingerprint) != (result.source_key,
+                                                                                      result.data_fingerprint):
+                continue
+            theirs = self._answers(other.job_id)
+            for rating in self.store.ratings(other.job_id):  # newest eval first: its rating wins a tie
+                key = (rating.index, rating.rater, rating.scale)
+                if key not in have and rating.index in answers and theirs.get(rating.index) == answers[rating.index]:
+                    have.add(key)
+                    carried.append(dataclasses.replace(rating, job_id=job_id))
+        return own + carried
+
+    def _answers(self, job_id: str) -> dict[int, str]:
+        samples = self.store.eval_samples(job_id)
+        return dict(zip(samples["index"].astype(int), samples["answer"].astype(str)))
 
     def _check_scale(self, scale: str) -> tuple[float, float]:
         if scale not in SCALES:
