@@ -16,6 +16,7 @@ tool-aware template. No ML stack here.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from trainer_core.export.chat_templates import CONTENT, PROBE, Detected, detect
@@ -109,3 +110,30 @@ def choose(own_renders_tools: bool, template: str | None, eos_token: str, settin
     return Choice(hermes, f"{HERMES_LABEL} ({detected.family.name}){why}")
 
 
+
+
+# What the Hermes tool template makes the model write, as transformers' response parser reads it back
+# (tokenizer.response_template: transformers serve answers ``tool_calls`` with it, and it is saved in
+# tokenizer_config.json beside the chat template). The same shape as transformers' own Qwen2.5 fallback.
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<end_of_turn>")
+
+
+def hermes_response_template(generation: str, eos_token: str = "") -> dict:
+    """The response template of a model that writes Hermes calls: its answer starts after ``generation`` (the
+    template's generation prompt, e.g. ``<|im_start|>assistant\n``), ``<tool_call>`` JSON objects follow its words,
+    and the turn ends at its end-of-turn marker (the template family's, or ``eos_token``)."""
+    ends = sorted({*END_MARKERS, *([eos_token] if eos_token else [])}, key=len, reverse=True)
+    return {
+        "defaults": {"role": "assistant"},
+        "start_anchor": generation,
+        "fields": {
+            "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
+                           "content": "json", "transform": {"type": "function", "function": "{content}"}},
+            "content": {"close_pattern": r"\s*(?:" + "|".join(re.escape(e) for e in ends) + ")", "content": "text"},
+        },
+    }
+
+
+def writes_hermes_calls(rendered_probe: str) -> bool:
+    """Whether a template's rendering of a conversation with the probe tool asks for Hermes ``<tool_call>`` calls."""
+    return PROBE_TOOL["function"]["name"] in rendered_probe and "<tool_call>" in rendered_probe

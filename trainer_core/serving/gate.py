@@ -30,6 +30,8 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
   dimensions, user); anything else (infinity's ``modality`` would have it fetch image or audio URLs) is a 400
   naming the field, and the engine gets only the checked fields. A chat request to an embedding model, or an
   embedding request to a model that writes answers, is a 400 naming the route it takes;
+* checks a chat request's tools, tool_choice and tool turns and pairs tool results with their calls
+  (serving/tool_requests.py; for transformers serve it applies tool_choice itself);
 * records activity (requests in flight and the last request's end) for the idle timeout.
 
 Standard library and Pillow only (a dependency of the dashboard, transformers and vLLM alike): it runs in the serve
@@ -414,6 +416,8 @@ class KeyGate:
             raise RequestRefused(400, f"model {model!r} transcribes audio and does not write answers: POST the clip "
                                       f"to {TRANSCRIPTIONS} (a multipart form with 'file' and 'model')")
         shape_problem(path, body, self.config.translate_sampling)
+        if path == "/v1/chat/completions" and carries_tools(body):
+            body = tools_shaped(body, self.config.translate_sampling)
         image_problem(body, model, self.config)
         sampling_problem(body)
         for name in ("max_tokens", "max_completion_tokens"):  # the engines pass a bad one to generate()
@@ -494,6 +498,24 @@ def embedding_problem(body: dict) -> None:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestRefused(400, "user must be a string")
+
+
+def carries_tools(body: dict) -> bool:
+    """Whether a chat request has tool fields or tool turns (only those load the tool rules' module)."""
+    if any(name in body for name in ("tools", "tool_choice", "parallel_tool_calls")):
+        return True
+    return any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in body["messages"])
+
+
+def tools_shaped(body: dict, transformers_engine: bool) -> dict:
+    """The request with its tools checked and shaped for the engine (serving/tool_requests.py: a sibling module,
+    imported here only, since chat requests reach only the chat engines' processes, where the studio is importable)."""
+    from trainer_core.serving import tool_requests
+
+    try:
+        return tool_requests.shape(body, engine_enforces_choice=not transformers_engine)
+    except tool_requests.ToolRequestError as exc:
+        raise RequestRefused(400, str(exc)) from None
 
 
 def shape_problem(path: str, body: dict, transformers_engine: bool) -> None:

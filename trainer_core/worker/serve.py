@@ -38,7 +38,7 @@ from trainer_core.specs.model_source import ResolvedSource, SourceError
 from trainer_core.specs.jobspec import read_spec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
-from trainer_core.worker import safe_prompt
+from trainer_core.worker import safe_prompt, serve_tools
 from trainer_core.worker.job import JobWorker
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
@@ -194,6 +194,9 @@ class ServeWorker(JobWorker):
             self.check_cancel(spec)
             model, processor = manager.load_model_and_processor(manager.process_model_name(name))
             safe_prompt.guard(processor)  # a "<|im_start|>system" a client sends is text, not a turn of its own
+            parser = serve_tools.enable(processor, model)
+            if parser:
+                self.log(f"{name}: answers tool_calls (calls parsed from {parser})")
             if sees_images(manager, model, processor):
                 vision.append(name)
         activity = Activity()

@@ -29,4 +29,8 @@ def apply(tokenizer, rows: list[dict], cfg: TrainConfig) -> str:
                                    cfg.tool_template)
     if choice.template is not None:
         tokenizer.chat_template = choice.template
+        # saved beside it: transformers serve (here or wherever the model goes) answers tool_calls with it
+        from trainer_core.worker import serve_tools
+
+        tokenizer.response_template = serve_tools.response_template(tokenizer)
     return choice.label
