@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import inspect
 import json
 import sys
-import threading
 import time
 import traceback
 from typing import Any, Awaitable, Callable
@@ -35,6 +33,7 @@ from starlette.routing import Route
 
 from db import users
 from db.store import Store
+from gateway.api_tokens import VerifiedTokens
 from trainer_core.api import chat as chat_models, files, jobs, models, servers, timeline
 from trainer_core.api.errors import AUTH, ApiError, forbidden, invalid
 from trainer_core.auth import access
@@ -48,37 +47,6 @@ UPSTREAM_TIMEOUT_S = 600.0
 def log(who: str, method: str, path: str, status: int) -> None:
     print(f"[finetune-studio api] {time.strftime('%Y-%m-%dT%H:%M:%S')} {who} {method} {path} -> {status}",
           file=sys.stderr, flush=True)
-
-
-class VerifiedTokens:
-    """Tokens this process verified, by their sha256 (memory only): argon2 costs 0.1 to 0.8 s a check on a busy host,
-    which a script polling a job would pay on every call. Each request still reads the token's row and its user:
-    a revoked or replaced token, a removed user and a changed role count at once."""
-
-    MAX = 10_000
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[str, str]] = {}  # sha256 of the token -> (token id, its stored hash)
-        self._lock = threading.Lock()
-
-    def actor(self, store: Store, token: str) -> access.Actor:
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        with self._lock:
-            known = self._known.get(digest)
-        if known is not None:
-            actor = users.verified_actor(store, *known)
-            if actor is not None:
-                return actor
-        try:
-            actor = users.user_for_token(store, token)
-        except users.UnknownToken as exc:
-            raise ApiError(401, f"Incorrect API key provided: {exc}", AUTH, None, "invalid_api_key") from None
-        token_id = users.token_id_of(token)
-        with self._lock:
-            if len(self._known) >= self.MAX:
-                self._known.clear()
-            self._known[digest] = (token_id, users.stored_hash(store, token_id))
-        return actor
 
 
 def create_app(make_orchestrator: Callable[[], Orchestrator] = Orchestrator) -> Starlette:
@@ -159,7 +127,7 @@ def create_app(make_orchestrator: Callable[[], Orchestrator] = Orchestrator) -> 
         found = [f.public() for f in files.list_files(request.query_params.get("purpose"))]
         if request.query_params.get("order") == "asc":
             found.reverse()
-        return JSONResponse(jobs.page(jobs._after(found, request.query_params.get("after"), lambda f: f["id"])
+        return JSONResponse(jobs.page(jobs.after(found, request.query_params.get("after"), lambda f: f["id"])
                                       [:limit + 1], limit))
 
     def get_file(request: Request, actor: access.Actor) -> Response:

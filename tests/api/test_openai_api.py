@@ -97,7 +97,7 @@ def test_a_job_from_upload_to_chat(server, ana, chat_file):
     assert "".join(c.choices[0].delta.content or "" for c in stream) == f"echo {SERVED_NAME}: 3 + 3? "
     assert job.fine_tuned_model in [m.id for m in ana.models.list().data]
     log = server.log_text()
-    assert f"ana POST /v1/fine_tuning/jobs -> 200" in log and "ana POST /v1/chat/completions -> 200" in log
+    assert "ana POST /v1/fine_tuning/jobs -> 200" in log and "ana POST /v1/chat/completions -> 200" in log
     assert "fts_" not in log  # who, never the token
 
 

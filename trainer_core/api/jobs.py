@@ -142,16 +142,17 @@ def fine_tuned_model(record: JobRecord, step: int | None = None) -> str:
     return models.fine_tuned_name(record.base_model, record.request.get("suffix", ""), record.id, step)
 
 
-def listing(orch: Orchestrator, after: str | None, limit: int, metadata: dict[str, str]) -> dict:
+def listing(orch: Orchestrator, cursor: str | None, limit: int, metadata: dict[str, str]) -> dict:
     records = [r for r in all_records() if all(r.request.get("metadata", {}).get(k) == v for k, v in metadata.items())]
-    return page([render(orch, r) for r in _after(records, after, lambda r: r.id)[:limit + 1]], limit)
+    return page([render(orch, r) for r in after(records, cursor, lambda r: r.id)[:limit + 1]], limit)
 
 
-def _after(items: list, after: str | None, key) -> list:
-    if not after:
+def after(items: list, cursor: str | None, key) -> list:
+    """The items after the one whose ``key`` is ``cursor`` (OpenAI's ``after``); all of them without a cursor."""
+    if not cursor:
         return items
     ids = [key(item) for item in items]
-    return items[ids.index(after) + 1:] if after in ids else []
+    return items[ids.index(cursor) + 1:] if cursor in ids else []
 
 
 def page(data: list[dict], limit: int) -> dict:

@@ -58,7 +58,7 @@ def events(orch: Orchestrator, record: JobRecord) -> list[dict]:
 
 
 def events_page(orch: Orchestrator, record: JobRecord, after: str | None, limit: int) -> dict:
-    return jobs.page(jobs._after(events(orch, record), after, lambda e: e["id"])[:limit + 1], limit)
+    return jobs.page(jobs.after(events(orch, record), after, lambda e: e["id"])[:limit + 1], limit)
 
 
 def checkpoint_list(orch: Orchestrator, record: JobRecord) -> list[dict]:
@@ -86,4 +86,4 @@ def checkpoint_list(orch: Orchestrator, record: JobRecord) -> list[dict]:
 
 
 def checkpoints_page(orch: Orchestrator, record: JobRecord, after: str | None, limit: int) -> dict:
-    return jobs.page(jobs._after(checkpoint_list(orch, record), after, lambda c: c["id"])[:limit + 1], limit)
+    return jobs.page(jobs.after(checkpoint_list(orch, record), after, lambda c: c["id"])[:limit + 1], limit)
