@@ -62,7 +62,9 @@ def test_a_job_from_upload_to_chat(server, ana, chat_file):
     assert chat_file.purpose == "fine-tune" and chat_file.filename == "train.jsonl" and chat_file.status == "processed"
     assert ana.files.retrieve(chat_file.id).bytes == len(jsonl(CHAT))
     assert ana.files.content(chat_file.id).read() == jsonl(CHAT)
+    held_out = ana.files.create(file=("valid.jsonl", jsonl(CHAT[:2])), purpose="fine-tune")
     job = ana.fine_tuning.jobs.create(model="SmolLM2-135M-Instruct", training_file=chat_file.id, suffix="sums",
+                                      validation_file=held_out.id,
                                       seed=7, metadata={"team": "math"}, hyperparameters={"n_epochs": 2},
                                       extra_body={"studio": {"lora_r": 8}})
     assert job.status in ("queued", "running") and job.fine_tuned_model is None and job.seed == 7
@@ -73,6 +75,7 @@ def test_a_job_from_upload_to_chat(server, ana, chat_file):
     run_id = job.id.removeprefix("ftjob-")
     config = (server.home / "runs" / run_id / "config.yaml").read_text()  # an ordinary run with the asked settings
     assert "num_epochs: 2.0" in config and "lora_r: 8" in config and "random_seed: 7" in config
+    assert f"openai-files/{held_out.id}.jsonl" in config and job.validation_file == held_out.id
 
     events = list(ana.fine_tuning.jobs.list_events(job.id, limit=4))  # the client follows the pages
     metrics = [e for e in events if e.type == "metrics"]
