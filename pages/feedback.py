@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from trainer_core.feedback import agreement, votes
+from trainer_core.feedback import agreement, served, votes
 from trainer_core.feedback.service import Feedback
 from trainer_core.views.run_rules import run_labels
 from ui import feedback_view as view
@@ -21,6 +21,9 @@ feedback = Feedback(orch.store)
 st.title("Feedback")
 st.caption("Votes on answers from the Playground and second opinions here: the preference data DPO and KTO train on.")
 
+synced = served.sync(feedback)  # ratings an app posted to a serve job's endpoint since the last look
+if synced.added:
+    st.toast(f"{synced.added} rating(s) from served answers recorded as votes", icon="🔌")
 every = feedback.all_votes()
 voted_runs = orch.get_runs(sorted({r for v in every for r in votes.run_ids(v)}))
 names = {**run_labels(voted_runs), agreement.BASE_ONLY: agreement.BASE_ONLY}

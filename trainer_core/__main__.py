@@ -580,6 +580,9 @@ def _add_serving_commands(sub) -> None:
                             "(RAY_ADDRESS; docs/ray.md)")
     serve.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
                        help="with --launcher ray: the GPUs Ray gives the server on its node (default 0: its CPU)")
+    serve.add_argument("--store-completions", action="store_true",
+                       help="keep each chat completion in the job folder so the app can rate it at POST /v1/feedback "
+                            "(docs/feedback.md)")
     serve.set_defaults(func=lambda a: serving_cli.cmd_serve(a, _find, cli_actor))
 
 

@@ -75,6 +75,10 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                    help="With its key: the endpoint speaks HTTPS. The file must be under the data "
                                         "root or an allowed folder.")
         tls_key = key_col.text_input("TLS private key (PEM file)", key=f"serve_tls_key_{run.id}")
+        keep = st.checkbox("Keep completions for ratings", key=f"serve_store_{run.id}",
+                           help="Each chat completion is kept in the job folder, so the app using the endpoint can "
+                                "rate it (POST /v1/feedback with the key): the ratings become votes on the Feedback "
+                                "page. Off: nothing is kept.")
         warning = "" if cert.strip() else CLUSTER_PLAIN_HTTP if place == "ray" else plain_http_warning(host)
         if warning:
             st.warning(safe(warning), icon="🔓")
@@ -86,7 +90,7 @@ def _form(orch: Orchestrator, run: RunRecord) -> None:
                                             port=int(port), idle_timeout_s=int(idle) * 60, max_tokens_cap=int(cap),
                                             request_timeout_s=int(timeout), tls_certfile=cert.strip(),
                                             tls_keyfile=tls_key.strip(), launcher=place,
-                                            ray_gpus_per_worker=gpus)
+                                            ray_gpus_per_worker=gpus, store_completions=keep)
         except ConfigError as exc:
             for error in exc.errors:
                 st.error(f"{safe(error.field)}: {safe(shown(error.message))}")

@@ -122,10 +122,11 @@ def test_a_network_bind_without_tls_is_warned_about_and_the_limits_reach_the_job
     assert not [w for w in at.warning if "plain HTTP" in w.value]
     at.number_input(key=f"serve_cap_{RUN}").set_value(512)
     at.number_input(key=f"serve_timeout_{RUN}").set_value(60)
+    at.checkbox(key=f"serve_store_{RUN}").check()  # issue 34: the opt-in to keep completions for ratings
     at.button(key=f"serve_start_{RUN}").click().run()
     assert not at.exception
     [kwargs] = started
-    assert (kwargs["max_tokens_cap"], kwargs["request_timeout_s"]) == (512, 60)
+    assert (kwargs["max_tokens_cap"], kwargs["request_timeout_s"], kwargs["store_completions"]) == (512, 60, True)
     assert (kwargs["tls_certfile"], kwargs["tls_keyfile"]) == ("cert.pem", "key.pem")
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from trainer_core.feedback import agreement, calibration, export, votes
+from trainer_core.feedback import agreement, calibration, export, served, votes
 from trainer_core.feedback.service import SCALE_TEXT, Feedback, FeedbackRefused
 from trainer_core.feedback.votes import FeedbackError
 from trainer_core.protocol import paths
@@ -64,6 +64,9 @@ def cmd_feedback(args, actor_of: Callable) -> int:
     try:
         feedback = Feedback(store)
         actor = actor_of(store)
+        synced = served.sync(feedback)  # ratings posted to serve jobs' endpoints become votes first
+        for skipped in synced.skipped:
+            print(f"warning: a served rating was not recorded: {skipped}", file=sys.stderr)
         return COMMANDS[args.feedback_command](args, feedback, actor)
     except (FeedbackError, UnknownToken) as exc:
         print(f"{'refused' if isinstance(exc, (FeedbackRefused, UnknownToken)) else 'error'}: {exc}", file=sys.stderr)

@@ -252,7 +252,8 @@ def cmd_serve(args, find: Callable, actor_of: Callable) -> int:
                             max_tokens_cap=args.max_tokens_cap, request_timeout_s=args.request_timeout,
                             tls_certfile=args.tls_cert or "", tls_keyfile=args.tls_key or "",
                             launcher="ray" if on_ray else "local",
-                            ray_gpus_per_worker=getattr(args, "ray_gpus", 0.0) or 0.0)
+                            ray_gpus_per_worker=getattr(args, "ray_gpus", 0.0) or 0.0,
+                            store_completions=bool(getattr(args, "store_completions", False)))
         warning = "" if args.tls_cert or on_ray else plain_http_warning(args.host)
         if warning:
             print(f"warning: {warning}", file=sys.stderr, flush=True)

@@ -22,7 +22,7 @@ ALL_LABELS = tuple(label for labels in LABELS.values() for label in labels)
 FLIPPED = {A_BETTER: B_BETTER, B_BETTER: A_BETTER}
 ANSWER_MAX = 100_000  # characters in one answer or edit (a Playground answer is bounded by its max new tokens)
 CONVERSATION_MAX = 400_000  # characters in the whole conversation a vote keeps
-ORIGINS = ("playground", "second opinion", "import")
+ORIGINS = ("playground", "second opinion", "import", "served")
 
 
 class FeedbackError(ValueError):
@@ -93,7 +93,7 @@ def _check_messages(messages: Any) -> list[dict]:
 
 def build(voter: str, kind: str, label: str, messages: list[dict], answers: list[str], models: list[Model],
           sampling: dict | None = None, edited: str = "", origin: str = "playground",
-          now: float | None = None) -> VoteRecord:
+          now: float | None = None, vote_id: str = "") -> VoteRecord:
     """A checked vote: ``answers`` holds two answers for a pair, one otherwise; ``edited`` the person's better version
     of the one answer (kind edit). FeedbackError names the problem."""
     if kind not in LABELS:
@@ -119,7 +119,7 @@ def build(voter: str, kind: str, label: str, messages: list[dict], answers: list
         raise FeedbackError("only an edit vote carries an edited answer")
     key_answers = checked[:2] if kind == PAIR else checked[:1]
     return VoteRecord(
-        id=f"v-{secrets.token_hex(8)}", created_at=time.time() if now is None else now, voter=voter, kind=kind,
+        id=vote_id or f"v-{secrets.token_hex(8)}", created_at=time.time() if now is None else now, voter=voter, kind=kind,
         label=label, messages=checked_messages, answer_a=checked[0],
         answer_b=checked[1] if len(checked) > 1 else "", models=[m.to_dict() for m in models],
         sampling=dict(sampling or {}), origin=origin,

@@ -32,7 +32,11 @@ not reach (``/load_model`` loads any hub model, ``/reset`` unloads everything). 
   embedding request to a model that writes answers, is a 400 naming the route it takes;
 * checks a chat request's tools, tool_choice and tool turns and pairs tool results with their calls
   (serving/tool_requests.py; for transformers serve it applies tool_choice itself);
-* records activity (requests in flight and the last request's end) for the idle timeout.
+* records activity (requests in flight and the last request's end) for the idle timeout;
+* when its serve job keeps completions (opt-in, ``store_completions``): appends each answered chat request and its
+  answer, under the engine's completion id, to the job's completions file, and takes POST /v1/feedback (a rating,
+  an edit or a preferred answer of a stored completion id, with the same key) into the job's feedback file, which
+  the dashboard reads into its votes (trainer_core/feedback/served.py).
 
 Standard library and Pillow only (a dependency of the dashboard, transformers and vLLM alike): it runs in the serve
 worker and, for vLLM, inside vLLM's process (``--middleware``, configured through the GATE_ENV file).
@@ -66,8 +70,11 @@ GATE_ENV = "FINETUNE_STUDIO_SERVE_GATE"  # a gate.json path, for a gate built by
 MAX_BODY_BYTES = 4 << 20  # a long conversation is well under 1 MB of JSON
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 EMBEDDINGS = "/v1/embeddings"
+FEEDBACK = "/v1/feedback"  # a rating, edit or preferred answer of a stored completion (issue 34)
 ROUTES = {("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-          ("POST", TRANSCRIPTIONS), ("POST", EMBEDDINGS)}
+          ("POST", TRANSCRIPTIONS), ("POST", EMBEDDINGS), ("POST", FEEDBACK)}
+CAPTURE_BYTES = 8 << 20  # a stored completion's response read at most this far (a streamed one is many small events)
+FEEDBACK_TEXT_MAX = 100_000  # characters of an edit or preferred answer (as a vote in the dashboard)
 MAX_EMBEDDING_INPUTS = 2048  # texts in one embeddings request, as OpenAI's API takes them
 EMBEDDING_FIELDS = ("model", "input", "encoding_format", "dimensions", "user")  # OpenAI's embeddings request
 ENCODING_FORMATS = ("float", "base64")
@@ -116,6 +123,10 @@ class GateConfig:
     max_images: int = MAX_IMAGES
     max_image_bytes: int = MAX_IMAGE_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    # Opt-in per serve job (``store_completions``, like OpenAI's ``store: true``): each chat completion is appended to
+    # completions_file, and POST /v1/feedback appends a rating of one of them to feedback_file ("": neither).
+    completions_file: str = ""
+    feedback_file: str = ""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -232,11 +243,16 @@ class KeyGate:
 
     async def _handle(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        stored = None  # a chat request whose completion is kept (completions_file)
         try:
             if (method, path) not in ROUTES:
                 raise RequestRefused(404, f"{method} {path} is not served here; this endpoint serves "
                                           "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
                                           f"POST {TRANSCRIPTIONS}, POST {EMBEDDINGS}", "not_found")
+            if path == FEEDBACK:
+                body, _ = await self._read_body(scope, receive)
+                await _json(send, 200, await asyncio.to_thread(self._record_feedback, body))
+                return
             if path == "/v1/models":
                 await _json(send, 200, {"object": "list", "data": [
                     {"id": name, "object": "model", "created": 0, "owned_by": "finetune-studio"}
@@ -252,6 +268,8 @@ class KeyGate:
             elif method == "POST":
                 body, size = await self._read_body(scope, receive)
                 self._check_size(body, size)
+                if self.config.completions_file and path == "/v1/chat/completions":
+                    stored = json.loads(json.dumps(body))  # as the client sent it (the rewrite below edits body)
                 raw = json.dumps(self._rewrite(body, path)).encode()
             if method == "POST":
                 headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
@@ -262,14 +280,15 @@ class KeyGate:
         if method != "POST":
             await self.app(scope, receive, send)  # GET /health: nothing to generate, nothing to end early
             return
-        await self._supervise(scope, raw, receive, send)
+        await self._supervise(scope, raw, receive, send, stored)
 
-    async def _supervise(self, scope, raw: bytes, receive, send) -> None:
+    async def _supervise(self, scope, raw: bytes, receive, send, stored: dict | None = None) -> None:
         """Run the engine on one request until it answers, the client disconnects or the request timeout
         passes; in the last two cases the engine's task is cancelled, which is how both engines stop
         generating (a non-streaming answer included: nothing else tells the engine the client is gone)."""
         gone = asyncio.Event()
         started = finished = False
+        response, status = bytearray(), 0
 
         async def watch() -> None:  # the only reader of the connection once the body is in
             while (await receive())["type"] != "http.disconnect":
@@ -281,10 +300,15 @@ class KeyGate:
             return {"type": "http.disconnect"}
 
         async def tracked_send(message: dict) -> None:
-            nonlocal started, finished
+            nonlocal started, finished, status
             started = True
             finished = message["type"] == "http.response.body" and not message.get("more_body", False)
+            status = message.get("status", status)
+            if stored is not None and message["type"] == "http.response.body" and len(response) < CAPTURE_BYTES:
+                response.extend(message.get("body", b""))
             await send(message)
+            if stored is not None and finished and status == 200:
+                await asyncio.to_thread(self._store_completion, stored, bytes(response))
 
         engine = asyncio.ensure_future(self.app(scope, _replay(raw, engine_receive), tracked_send))
         watcher = asyncio.ensure_future(watch())
@@ -309,6 +333,45 @@ class KeyGate:
             for task in (engine, watcher):
                 task.cancel()
             await asyncio.gather(engine, watcher, return_exceptions=True)
+
+    def _store_completion(self, request: dict, response: bytes) -> None:
+        """Append one answered chat request to completions_file: its id (the engine's, which the client got), the
+        request's messages, model and sampling, and the answer (a streamed one joined from its deltas)."""
+        found = completion_of(response)
+        if found is None:
+            return
+        completion_id, answer = found
+        sampling = {k: request[k] for k in ("temperature", "top_p", "max_tokens", "seed", *SAMPLING_EXTRAS)
+                    if k in request}
+        _append(self.config.completions_file, {"id": completion_id, "created": time.time(),
+                                               "model": request.get("model"), "messages": request.get("messages"),
+                                               "answer": answer, "sampling": sampling})
+
+    def _record_feedback(self, body: dict) -> dict:
+        """A rating (up/down), an edit or a preferred answer of a completion this endpoint stored."""
+        if not self.config.completions_file:
+            raise RequestRefused(404, "this endpoint does not keep its completions (its serve job was started "
+                                      "without store_completions), so none can be rated", "not_found")
+        completion_id = body.get("completion_id")
+        if not isinstance(completion_id, str) or not completion_id:
+            raise RequestRefused(400, "completion_id: the id of a chat completion this endpoint returned")
+        if not _has_completion(self.config.completions_file, completion_id):
+            raise RequestRefused(404, f"no completion {completion_id[:80]!r} was stored by this endpoint: rate the id "
+                                      "of a chat completion it returned (each serve job keeps its own)", "not_found")
+        given = {k: body[k] for k in ("rating", "edited", "preferred") if body.get(k) is not None}
+        if len(given) != 1:
+            raise RequestRefused(400, "give exactly one of rating (\"up\" or \"down\"), edited (your better answer) "
+                                      "or preferred (an answer you prefer)")
+        (kind, value), = given.items()
+        if kind == "rating" and value not in ("up", "down"):
+            raise RequestRefused(400, f"rating is \"up\" or \"down\", not {str(value)[:20]!r}")
+        if kind != "rating" and (not isinstance(value, str) or not value.strip() or len(value) > FEEDBACK_TEXT_MAX):
+            raise RequestRefused(400, f"{kind} is a non-empty text of at most {FEEDBACK_TEXT_MAX:,} characters")
+        user = body.get("user") if isinstance(body.get("user"), str) else ""
+        record = {"id": f"fb-{os.urandom(8).hex()}", "completion_id": completion_id, kind: value, "user": user[:200],
+                  "created": time.time()}
+        _append(self.config.feedback_file, record)
+        return {"id": record["id"], "object": "feedback", "completion_id": completion_id}
 
     def _check_key(self, scope) -> None:
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
@@ -696,6 +759,53 @@ def looks_like_audio(clip: bytes) -> bool:
     return (head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE" or head[:4] in (b"fLaC", b"OggS", b".snd")
             or head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
             or head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"))
+
+
+_APPEND_LOCK = threading.Lock()
+
+
+def _append(path: str, record: dict) -> None:
+    line = json.dumps(record, ensure_ascii=False) + "\n"
+    with _APPEND_LOCK, open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _has_completion(path: str, completion_id: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    if json.loads(line).get("id") == completion_id:
+                        return True
+                except (ValueError, AttributeError):
+                    continue
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def completion_of(response: bytes) -> tuple[str, str] | None:
+    """(id, answer text) of a chat completion response: one JSON body, or server-sent events whose deltas are joined;
+    None when it is neither (an error body, a cut stream without an id)."""
+    text = response.decode("utf-8", errors="replace").strip()
+    try:
+        if text.startswith("{"):
+            data = json.loads(text)
+            return str(data["id"]), str(data["choices"][0]["message"].get("content") or "")
+        completion_id, parts = "", []
+        for line in text.splitlines():
+            payload = line[5:].strip() if line.startswith("data:") else ""
+            if not payload or payload == "[DONE]":
+                continue
+            chunk = json.loads(payload)
+            completion_id = completion_id or str(chunk.get("id") or "")
+            for choice in chunk.get("choices") or []:
+                parts.append(str((choice.get("delta") or {}).get("content") or ""))
+        return (completion_id, "".join(parts)) if completion_id else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
 
 
 def json_depth(value: Any) -> int:

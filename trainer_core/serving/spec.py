@@ -250,6 +250,9 @@ class ServeSpec(JobSpec):
     # key gate; endpoint.json in the job folder on the shared storage says where (docs/ray.md).
     launcher: str = "local"
     ray_gpus_per_worker: float = 0.0  # launcher ray: the GPUs Ray gives the server on its node (0: it serves on CPU)
+    # Keep each chat completion (request and answer) in the job folder, so the app using the endpoint can rate it
+    # (POST /v1/feedback with the same key) and the ratings become votes (docs/feedback.md); off unless asked for.
+    store_completions: bool = False
 
     def model_sources(self) -> list[ModelSource]:
         return list(self.sources) if isinstance(self.sources, list) else []
@@ -399,3 +402,14 @@ class ServeSpec(JobSpec):
     @property
     def scheme(self) -> str:
         return "https" if self.tls_certfile else "http"
+
+
+COMPLETIONS_FILE = "completions.jsonl"  # in the serve job's folder, when store_completions is on
+FEEDBACK_FILE = "feedback.jsonl"  # ratings posted to the endpoint's /v1/feedback
+
+
+def feedback_files(run_dir: Path, spec: ServeSpec) -> dict[str, str]:
+    """The gate's completions_file and feedback_file for a serve job (empty unless it stores completions)."""
+    if not spec.store_completions:
+        return {}
+    return {"completions_file": str(run_dir / COMPLETIONS_FILE), "feedback_file": str(run_dir / FEEDBACK_FILE)}

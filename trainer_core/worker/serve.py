@@ -45,7 +45,8 @@ from trainer_core.serving.endpoint import NODE_ADDRESS_ENV, NODE_ID_ENV
 from trainer_core.serving.gate import ENGINE_DEFAULT_MAX_TOKENS, GATE_ENV, Activity, GateConfig, KeyGate
 from trainer_core.serving import infinity_app
 from trainer_core.serving.spec import (CLUSTER_PLAIN_HTTP, INFINITY, VLLM, WILDCARDS, ServeSpec, adapter_rank, choose_serve_engine,
-                                      consumer_gone, embed_python, embedding_folder, plain_http_warning, served_names)
+                                      consumer_gone, embed_python, embedding_folder, feedback_files, plain_http_warning,
+                                      served_names)
 
 WATCH_S = 0.25  # how often Stop/Cancel and the idle timeout are checked
 VLLM_READY_S = 900.0  # a large model takes minutes to load into vLLM
@@ -204,7 +205,7 @@ class ServeWorker(JobWorker):
                             translate_sampling=True, max_tokens_cap=spec.max_tokens_cap,
                             request_timeout_s=spec.request_timeout_s,
                             speech_models=[n for n, r in zip(names, resolved) if r.output == "speech"],
-                            vision_models=vision)
+                            vision_models=vision, **feedback_files(self.run_dir, spec))
         if vision:
             self.log(f"taking images (data: URLs) for: {', '.join(vision)}")
         gated = KeyGate(app, config, activity, limits=prompt_limits(manager))
@@ -239,7 +240,8 @@ class ServeWorker(JobWorker):
         gate_file.write_text(GateConfig(key_hash=spec.api_key_hash, models={n: "" for n in names},
                                         translate_sampling=False, activity_file=str(activity_file),
                                         max_tokens_cap=spec.max_tokens_cap,
-                                        request_timeout_s=spec.request_timeout_s, vision_models=vision).to_json())
+                                        request_timeout_s=spec.request_timeout_s, vision_models=vision,
+                                        **feedback_files(self.run_dir, spec)).to_json())
         command = vllm_command(base, base_name, adapters, self.host, port,
                                max((adapter_rank(a) for _, a in adapters), default=0))
         if spec.tls_certfile:
