@@ -75,8 +75,8 @@ def _vote(feedback: Feedback, job_id: str, rating: dict, completion: dict, model
 
 def sync(feedback: Feedback, job_ids: list[str] | None = None) -> SyncReport:
     """Record the ratings posted to serve jobs' endpoints that are not votes yet (``job_ids``: these jobs; default the
-    newest serve jobs). A rating that cannot be a vote (a conversation with images, an unknown completion) is
-    skipped and named."""
+    newest serve jobs). A rating that cannot be a vote (a conversation with images or tool turns, an unknown
+    completion) is skipped and named."""
     report = SyncReport()
     if job_ids is None:
         job_ids = [r.id for r in feedback.store.list_runs(limit=SERVE_JOBS_READ, kinds=[JobKind.SERVE.value])]
