@@ -127,6 +127,7 @@ class SampleRecord:
     flags: dict = dataclasses.field(default_factory=dict)
     ts: float = 0.0
     audio: str = ""  # a spoken sample's WAV, relative to the run folder ("": a text answer)
+    turns: tuple = ()  # a GRPO rollout with tools: its turns (dicts, protocol.events.SampleEvent); () otherwise
 
     @classmethod
     def from_row(cls, row: Sample) -> "SampleRecord":
@@ -134,9 +135,14 @@ class SampleRecord:
             flags = json.loads(row.flags) if row.flags else {}
         except ValueError:
             flags = {}
+        try:
+            turns = json.loads(row.turns) if row.turns else []
+        except ValueError:
+            turns = []
         return cls(run_id=row.run_id, step=row.step, index=row.idx, prompt=row.prompt, text=row.text,
                    new_tokens=row.new_tokens, flags=flags if isinstance(flags, dict) else {}, ts=row.ts,
-                   audio=row.audio or "")
+                   audio=row.audio or "", turns=tuple(t for t in turns if isinstance(t, dict))
+                   if isinstance(turns, list) else ())
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ class Sample(SQLModel, table=True):
     new_tokens: int = 0
     flags: str = ""  # JSON object: degeneration kind -> what was found ("" or "{}": none)
     audio: str = ""  # a spoken sample's WAV, relative to the run folder ("": a text answer)
+    turns: str = ""  # JSON list: a GRPO rollout's tool-calling turns (protocol.events.SampleEvent; "": none)
 
 
 class EvalResult(SQLModel, table=True):

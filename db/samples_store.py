@@ -19,7 +19,8 @@ class SamplesStore:
         """Upsert sample answers on (run, step, index): a replayed event log rewrites the same rows."""
         values = [{"run_id": run_id, "step": int(r["step"]), "idx": int(r["index"]), "ts": float(r.get("ts") or 0.0),
                    "prompt": r["prompt"], "text": r["text"], "new_tokens": int(r.get("new_tokens") or 0),
-                   "flags": json.dumps(r.get("flags") or {}, sort_keys=True), "audio": str(r.get("audio") or "")}
+                   "flags": json.dumps(r.get("flags") or {}, sort_keys=True), "audio": str(r.get("audio") or ""),
+                   "turns": json.dumps(r["turns"]) if r.get("turns") else ""}
                   for r in rows]
         if not values:
             return
@@ -27,7 +28,7 @@ class SamplesStore:
         stmt = (sqlite if self.is_sqlite else postgresql).insert(Sample.__table__)
         stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "idx"],
                                           set_={c: stmt.excluded[c] for c in ("ts", "prompt", "text", "new_tokens",
-                                                                              "flags", "audio")})
+                                                                              "flags", "audio", "turns")})
         with self._write_lock, Session(self.engine) as session:
             session.connection().execute(stmt, list(by_key.values()))
             session.commit()

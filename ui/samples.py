@@ -18,6 +18,7 @@ from trainer_core.protocol import paths
 from ui import format as fmt
 from ui.text import safe
 
+TRAJECTORY_STEPS = 3  # sampling steps of a GRPO run with tools whose trajectories are shown (newest first)
 AUDIO_STEPS = 3  # sampling steps of a text-to-speech run shown with players (newest first)
 CELL_CHARS = 2_000  # an answer cut to this in a table cell (a 1,024-token answer is far longer than a cell)
 HEADER_CHARS = 40
@@ -72,7 +73,46 @@ def prompt_table(runs: Sequence[RunRecord], labels: dict[str, str], samples: Seq
     return pd.DataFrame(rows, columns=["run", "step", "answer"])
 
 
+def trajectory_lines(sample: SampleRecord) -> list[tuple[str, str]]:
+    """(label, text) per part of a GRPO rollout with tools: the model's words, each call with its arguments (JSON
+    text), each tool's result, in order; the last words are its final answer."""
+    lines = []
+    for turn in sample.turns:
+        if turn.get("role") == "tool":
+            lines.append((f"result of {turn.get('name', '')}", str(turn.get("content", ""))))
+            continue
+        if str(turn.get("content", "")).strip():
+            lines.append(("model", str(turn["content"])))
+        lines += [(f"call {call.get('name', '')}", str(call.get("arguments", ""))) for call in turn.get("calls") or []]
+    return lines
+
+
+def reward_text(flags: dict) -> str:
+    """"correct 1 · length 0.25": a GRPO sample's reward scores by reward name."""
+    return " · ".join(f"{key.removeprefix('reward:')} {value}" for key, value in flags.items()
+                      if key.startswith("reward:"))
+
+
 # ---------------------------------------------------------------------- renderers
+def render_trajectories(samples: Sequence[SampleRecord], steps_shown: int = TRAJECTORY_STEPS) -> None:
+    """A GRPO run with tools: per sampling step (newest first), each sampled rollout's calls, results, final answer
+    and rewards. Labels are escaped markdown; the texts are code blocks, shown as the characters they are."""
+    with_turns = [s for s in samples if s.turns]
+    steps = sorted({s.step for s in with_turns}, reverse=True)
+    st.markdown("**Trajectories** (rollouts with tool calls)")
+    for step in steps[:steps_shown]:
+        for sample in sorted((s for s in with_turns if s.step == step), key=lambda s: s.index):
+            calls = sum(len(turn.get("calls") or []) for turn in sample.turns)
+            label = f"Step {step} · #{sample.index + 1} · {calls} call(s) · reward {reward_text(sample.flags) or '—'}"
+            with st.expander(safe(label, 200)):
+                st.caption(safe(sample.prompt, 500))
+                for name, text in trajectory_lines(sample):
+                    st.caption(safe(name, 100))
+                    st.code(text or EMPTY_ANSWER, language=None, wrap_lines=True)
+    st.caption(f"The newest {min(len(steps), steps_shown)} of {len(steps)} sampling step(s) with tool calls.")
+
+
+
 def audio_file(sample: SampleRecord) -> Path | None:
     """A spoken sample's WAV in its run's folder; None when it is not there (deleted) or leads out of the folder."""
     if not sample.audio:
@@ -162,6 +202,8 @@ def render_samples(samples: Sequence[SampleRecord], expected: bool, audio_steps:
     flagged = sum(1 for s in samples if s.flags)
     st.caption(f"Greedy answers with a fixed seed, newest step first; {len(table)} sampling step(s)"
                + (f", {flagged} degenerate answer(s) marked ⚠️." if flagged else "."))
+    if any(s.turns for s in samples):
+        render_trajectories(samples)
 
 
 def render_prompt_compare(runs: Sequence[RunRecord], labels: dict[str, str], prompts: Sequence[str],
@@ -179,5 +221,6 @@ def render_prompt_compare(runs: Sequence[RunRecord], labels: dict[str, str], pro
 
 def sampling_configured(config: dict) -> bool:
     """Whether a run's (public) config asks for samples (a text-to-speech run always speaks some)."""
+    grpo = config.get("grpo") if isinstance(config.get("grpo"), dict) else {}
     return bool(config.get("sample_prompts") or str(config.get("sample_prompt_set") or "").strip()
-                or config.get("method") == "tts")
+                or config.get("method") == "tts" or (config.get("method") == "grpo" and grpo.get("sample_every", 10)))

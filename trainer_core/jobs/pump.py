@@ -296,7 +296,9 @@ def _on_sample(t: Tracker, e: ev.SampleEvent) -> None:
     flags = {str(k)[:50]: str(v)[:500] for k, v in list(e.flags.items())[:10]}  # a worker only sends a few
     t.samples.append({"step": e.step, "index": e.index, "ts": e.ts, "prompt": _storable(e.prompt, SAMPLE_TEXT_MAX),
                       "text": _storable(e.text, SAMPLE_TEXT_MAX), "new_tokens": e.new_tokens, "flags": flags,
-                      "audio": e.audio if SAMPLE_AUDIO.fullmatch(e.audio or "") else ""})
+                      "audio": e.audio if SAMPLE_AUDIO.fullmatch(e.audio or "") else "",
+                      "turns": [{k: _storable(v, SAMPLE_TEXT_MAX) if isinstance(v, str) else v for k, v in turn.items()}
+                                for turn in e.turns]})
     for alert in t.sample_alerts.observe(e.step, e.index, flags):
         t.live.add_alert(alert)
         t.timeline.append((e.ts, "alert", alert.message))

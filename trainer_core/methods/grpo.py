@@ -3,7 +3,8 @@
 Validation catches before start what fails late in TRL: a group size that does not divide the generation
 batch, prompt + completion longer than the context, rewards that cannot be loaded (an unknown built-in, a
 bad parameter, a Python file outside the allowed roots or without the function, a missing reward model),
-vLLM asked for without CUDA or the vllm extra.
+tool files that cannot be tools (outside the roots, no tool in them, a tool without the docstring and type hints
+its schema is built from), vLLM asked for without CUDA or the vllm extra.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from trainer_core.methods.base import TRAINER_METRICS, MethodSpec, MetricSpec
 from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.protocol import paths
 from trainer_core.protocol.errors import FieldError
-from trainer_core.rewards import files
+from trainer_core.rewards import files, tools
 from trainer_core.rewards.spec import RewardSpec, needs_admin, parse_rewards
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
@@ -26,6 +27,12 @@ def rewards_of(cfg: Any) -> list[RewardSpec]:
     """A run's reward functions: none for a run of another method."""
     settings = cfg.method_settings
     return parse_rewards(settings.rewards)[0] if isinstance(settings, GRPOSettings) else []
+
+
+def tools_of(cfg: Any) -> list[tools.ToolFile]:
+    """A run's tool files: none for a run of another method."""
+    settings = cfg.method_settings
+    return tools.parse_tools(settings.tools)[0] if isinstance(settings, GRPOSettings) else []
 
 
 def _model_problem(spec: RewardSpec) -> str | None:
@@ -63,6 +70,11 @@ def validate(cfg: Any) -> list[FieldError]:
             problem = _model_problem(spec)
             if problem:
                 problems.append(FieldError(f"grpo.rewards[{index}].model", problem))
+    tool_files, tool_problems = tools.parse_tools(s.tools)
+    problems += [FieldError(field, message) for field, message in tool_problems + tools.problems_of(tool_files)]
+    if tool_files and s.use_vllm:
+        problems.append(FieldError("grpo.use_vllm", "tools run with the trainer's own generate here: turn use_vllm "
+                                                    "off, or leave out grpo.tools"))
     batch = generation_batch(cfg)
     if batch % s.num_generations:
         problems.append(FieldError("grpo.num_generations", (
@@ -91,10 +103,16 @@ def metrics_for(config: dict) -> tuple[MetricSpec, ...]:
     """The specs of a stored GRPO config: one reward chart and tile per reward function, by its name."""
     section = config.get("grpo") if isinstance(config.get("grpo"), dict) else {}
     specs, _ = parse_rewards(section.get("rewards") or [])
-    return metric_specs([spec.name for spec in specs])
+    return metric_specs([spec.name for spec in specs], with_tools=bool(tools.parse_tools(section.get("tools"))[0]))
 
 
-def metric_specs(reward_names: list[str]) -> tuple[MetricSpec, ...]:
+TOOL_METRICS = (
+    MetricSpec("tools/call_frequency", "Tool calls per completion", axis="calls", tile=True),
+    MetricSpec("tools/failure_frequency", "Tool calls that failed", axis="share of calls", format=".0%", tile=True),
+)
+
+
+def metric_specs(reward_names: list[str], with_tools: bool = False) -> tuple[MetricSpec, ...]:
     per_reward = tuple(MetricSpec(f"rewards/{name}/mean", f"Reward: {name}", axis="reward", tile=True)
                        for name in reward_names)
     return (
@@ -105,6 +123,7 @@ def metric_specs(reward_names: list[str]) -> tuple[MetricSpec, ...]:
                    tile=True),
         MetricSpec("completions/mean_length", "Completion length (mean)", axis="tokens", tile=True),
         MetricSpec("completions/clipped_ratio", "Completions cut at max length", axis="share", format=".0%"),
+        *(TOOL_METRICS if with_tools else ()),
         MetricSpec("kl", "KL to the reference", axis="KL"),
         MetricSpec("entropy", "Entropy", axis="nats"),
         *TRAINER_METRICS[:4],
@@ -115,12 +134,17 @@ ADMIN_REASON = ("a custom Python reward runs its code on this host, so only an a
                 "the built-in rewards, or ask an admin to start it.")
 
 
+TOOLS_REASON = ("grpo.tools run their code on this host during training, so only an admin may start a run with "
+                "them; leave out grpo.tools, or ask an admin to start it.")
+
+
 def admin_reasons(cfg: Any) -> list[str]:
-    return [ADMIN_REASON] if needs_admin(rewards_of(cfg)) else []
+    return [ADMIN_REASON] * needs_admin(rewards_of(cfg)) + [TOOLS_REASON] * bool(tools_of(cfg))
 
 
 def job_files(cfg: Any, run_dir: Path) -> None:
     files.snapshot(rewards_of(cfg), run_dir)
+    tools.snapshot(tools_of(cfg), run_dir)
 
 
 SPEC = MethodSpec(

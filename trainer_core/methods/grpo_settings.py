@@ -1,4 +1,4 @@
-"""GRPO's settings: generation, the policy loss and the rewards (``grpo: {...}`` in YAML)."""
+"""GRPO's settings: generation, the policy loss, the rewards and the tools (``grpo: {...}`` in YAML)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,5 +32,13 @@ class GRPOSettings:
                                           "at all (none: Dr. GRPO).", choices=("group", "batch", "none"))
     use_vllm: bool = setting(False, "Generate with vLLM in the training process (TRL's colocate mode; CUDA "
                                     "and the vllm extra).")
+    tools: list = setting([], "Python tool files the model may call during its rollouts (an agent trained with "
+                              "rewards): every public function of each file is a tool, or pick some with "
+                              "{python: FILE, functions: [NAME]}. Each tool needs a docstring with Args: and typed "
+                              "parameters. The rewards see the whole trajectory (calls, results, answer). "
+                              "docs/tool-calling.md.")
+    max_tool_turns: int = setting(3, "With tools: at most this many rounds of tool calls per completion (call, "
+                                     "result, continue); tool results count toward max_completion_length and are "
+                                     "not trained on.", low=1, high=64)
     sample_every: int = setting(10, "Every this many steps, a few completions with each reward's score are "
                                     "kept and shown on Live and Run details (0: never).", low=0, high=1_000_000)

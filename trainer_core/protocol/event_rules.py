@@ -105,6 +105,26 @@ def eval_metrics(value: Any) -> str:
 
 
 _TIMES = {"ts": between(0)}
+TURNS_MAX = 64  # turns of one sampled trajectory (the worker keeps at most 32)
+
+
+def _turn_ok(turn: Any) -> bool:
+    if not isinstance(turn, dict) or not isinstance(turn.get("content", ""), str):
+        return False
+    if turn.get("role") == "tool":
+        return set(turn) <= {"role", "name", "content"} and isinstance(turn.get("name", ""), str)
+    calls = turn.get("calls", [])
+    return (turn.get("role") == "assistant" and set(turn) <= {"role", "content", "calls"} and isinstance(calls, list)
+            and all(isinstance(c, dict) and set(c) <= {"name", "arguments"}
+                    and all(isinstance(v, str) for v in c.values()) for c in calls))
+
+
+def trajectory_turns(value: Any) -> str:
+    ok = isinstance(value, list) and len(value) <= TURNS_MAX and all(_turn_ok(turn) for turn in value)
+    return "" if ok else (f"at most {TURNS_MAX} turns, each {{role: assistant, content, calls: [{{name, arguments}}]}} "
+                          "or {role: tool, name, content} with text values")
+
+
 FIELD_RULES: dict[str, dict[str, Rule]] = {
     "status": {},
     "warning": {},
@@ -119,7 +139,7 @@ FIELD_RULES: dict[str, dict[str, Rule]] = {
     "eval_sample": {"index": whole(), "exact": between(0, 1), "rouge_l": between(0, 1), "bleu": between(0, 100),
                     "loss": between(0), "tokens": whole(), "judge": between(1, 10)},
     "eval_result": {"metrics": eval_metrics, "checkpoint": whole()},
-    "sample": {"step": whole(), "index": whole(), "new_tokens": whole()},
+    "sample": {"step": whole(), "index": whole(), "new_tokens": whole(), "turns": trajectory_turns},
     "artifact": {"artifact": identifier, "size": whole(0, BYTES_MAX), "sha256": sha256_hex},
     "verify": {"identical": whole(), "total": whole()},
     "data": {"fingerprint": hex_digest, "rows": whole(), "eval_rows": whole()},

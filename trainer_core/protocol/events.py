@@ -182,6 +182,9 @@ class SampleEvent(Event):
     new_tokens: int = 0
     flags: dict = field(default_factory=dict)
     audio: str = ""  # a spoken sample (method tts): its WAV file, relative to the run folder (samples/step-...wav)
+    # a GRPO rollout with tools: its turns, {role: assistant, content, calls: [{name, arguments (JSON text)}]} and
+    # {role: tool, name, content} (event_rules.trajectory_turns); [] for a plain answer
+    turns: list = field(default_factory=list)
 
 
 EVENT_TYPES[SampleEvent.kind] = SampleEvent
@@ -246,7 +249,8 @@ class UnknownEvent(InvalidEvent):
 
 
 # JSON types each annotation accepts. Exact type checks: a JSON true is not a step, "3" is not a number.
-_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "dict": (dict,), "None": (type(None),)}
+_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "dict": (dict,), "list": (list,),
+               "None": (type(None),)}
 # Values a status field may take: a status event never ends a run, a complete event always does.
 _ALLOWED = {
     ("status", "status"): frozenset(s.value for s in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)),

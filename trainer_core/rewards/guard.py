@@ -16,10 +16,15 @@ reward ended the worker naming nothing. ``guard`` wraps one reward so that:
   ended and stops the run naming the reward, instead of holding the step, the device and the queue for ever
   (a SIGALRM timer, so in the main thread only, where TRL calls rewards; elsewhere the stall alert and Stop remain).
 
+``guard_tool`` wraps a GRPO tool the same way, except that a fault is the tool's result, not the run's end: what a call
+raises, an exit or a hang past ``FINETUNE_STUDIO_TOOL_TIMEOUT_S`` becomes a ``ToolError`` naming the tool, which TRL's
+tool loop gives the model as an error result; the first of each fault per tool is one warning.
+
 Pure Python: no ML import, so the dashboard's tests use it as it is.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
@@ -192,3 +197,76 @@ def _where(exc: BaseException) -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(here)]
     return f"{frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+
+
+# ---------------------------------------------------------------------- tools
+TOOL_TIMEOUT_ENV = "FINETUNE_STUDIO_TOOL_TIMEOUT_S"
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+
+
+class ToolError(Exception):
+    """A tool call failed (raised, exited, hung). An ``Exception``: TRL's tool loop catches it, gives the model
+    ``{"error": <this message>}`` as the tool's result, counts it in ``tools/failure_frequency`` and goes on.
+    ``where``: the line of the tool's own file, for the warning (the model's context gets no host paths)."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__(message)
+        self.where = where
+
+
+def tool_time_limit() -> float:
+    """Seconds one tool call may take (0: no limit)."""
+    try:
+        value = float(os.environ.get(TOOL_TIMEOUT_ENV, DEFAULT_TOOL_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TOOL_TIMEOUT_S
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def guard_tool(fn: Callable, name: str, warn: Callable[[str], None]) -> Callable:
+    """``fn`` as TRL calls it during rollouts: its name, signature and docstring kept (transformers builds the
+    schema the model sees from them); a call that raises, exits or runs past ``tool_time_limit()`` becomes a
+    ToolError naming the tool, and the first fault of each kind per tool is one warning."""
+    trap_exit()
+    warned: set[str] = set()
+
+    @functools.wraps(fn)
+    def tool(*args, **kwargs):
+        try:
+            return _call_tool(name, fn, args, kwargs)
+        except ToolError as exc:
+            kind = str(exc).split(":", 1)[0]
+            if kind not in warned:
+                warned.add(kind)
+                warn(f"{exc}{f' (at {exc.where})' if exc.where else ''}. The model got this error as the tool's "
+                     "result and training goes on; fix the tool (tools/failure_frequency counts failed calls).")
+            raise
+
+    return tool
+
+
+def _call_tool(name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    _inside.reward = name
+    limit = tool_time_limit() if threading.current_thread() is threading.main_thread() else 0.0
+    previous = signal.signal(signal.SIGALRM, _on_alarm) if limit else None
+    if limit:
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return fn(*args, **kwargs)
+    except _TimedOut:
+        raise ToolError(f"tool '{name}' took longer than {limit:g} s: it was ended (raise {TOOL_TIMEOUT_ENV} if it "
+                        "needs longer)") from None
+    except _ExitCalled as exc:
+        raise ToolError(f"tool '{name}' called os._exit({exc.code}): a tool returns its result and never ends the "
+                        "worker", _where(exc)) from None
+    except SystemExit as exc:
+        raise ToolError(f"tool '{name}' called sys.exit({exc.code}): a tool returns its result and never ends the "
+                        "worker", _where(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - user code: whatever it raises is the tool's fault, named
+        raise ToolError(f"tool '{name}' raised {type(exc).__name__}: {str(exc)[:300]}", _where(exc)) from None
+    finally:
+        if limit:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        _inside.reward = None
+

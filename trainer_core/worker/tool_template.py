@@ -25,6 +25,13 @@ def apply(tokenizer, rows: list[dict], cfg: TrainConfig) -> str:
     Raises ``tool_templates.ToolTemplateError`` naming tool_template when no template can show the tools."""
     if not any(is_tool_row(row) for row in rows):
         return ""
+    return use(tokenizer, cfg)
+
+
+def use(tokenizer, cfg: TrainConfig) -> str:
+    """Set the run's tool template on ``tokenizer`` (the model's own when it renders tools, else Hermes) with the
+    response template that reads the model's calls back; what New run shows. GRPO with tools calls it directly:
+    its prompts carry no tools, the trainer adds them. Raises ``tool_templates.ToolTemplateError``."""
     choice = tool_templates.choose(own_renders_tools(tokenizer), tokenizer.chat_template, tokenizer.eos_token or "",
                                    cfg.tool_template)
     if choice.template is not None:
