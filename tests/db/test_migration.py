@@ -92,7 +92,7 @@ def test_every_table_gets_its_new_columns_and_the_open_metric_table_is_created(t
     store = Store(f"sqlite:///{path}")
     try:
         [sample] = store.samples("20260101-120000-abc123")
-        assert (sample.prompt, sample.text, sample.new_tokens, sample.flags) == ("hi?", "hello", 0, {})
+        assert (sample.prompt, sample.text, sample.new_tokens, sample.flags, sample.turns) == ("hi?", "hello", 0, {}, ())
         store.append_metrics("20260101-120000-abc123", [{"step": 1, "rewards/format/mean": 0.5}], event_offset=2000)
         frame = store.metrics_frame("20260101-120000-abc123")
         assert frame["loss"].tolist() == [2.0]  # the old wide row, untouched
@@ -102,5 +102,5 @@ def test_every_table_gets_its_new_columns_and_the_open_metric_table_is_created(t
         store.engine.dispose()
     with sqlite3.connect(path) as conn:
         assert [row[1] for row in conn.execute("PRAGMA table_info(sample)")] == \
-            ["run_id", "step", "idx", "ts", "prompt", "text", "new_tokens", "flags", "audio"]
+            ["run_id", "step", "idx", "ts", "prompt", "text", "new_tokens", "flags", "audio", "turns"]
         assert [row[1] for row in conn.execute("PRAGMA table_info(metricvalue)")] == ["run_id", "key", "step", "value"]

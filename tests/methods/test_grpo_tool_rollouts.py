@@ -14,6 +14,7 @@ import pytest
 
 from tests.support import ROOT, build_tiny_model, cache_lock, run_python
 from trainer_core.config import TrainConfig
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.protocol import events as ev, paths
 from trainer_core.protocol.status import RunStatus
 
@@ -108,9 +109,10 @@ def test_a_grpo_run_with_a_tool_records_trajectories(studio, tmp_path):
     cfg = TrainConfig(run_name="grpo tools", model_name=str(model), method="grpo", max_steps=2, batch_size=2,
                       max_seq_length=512, warmup_steps=0, logging_steps=1, save_steps=0, learning_rate=1e-4,
                       local_datasets=[str(train)], eval_fraction=0.0,
-                      grpo={"num_generations": 2, "max_completion_length": 128, "max_prompt_length": 384,
-                            "sample_every": 1, "max_tool_turns": 2, "temperature": 0.3, "tools": [str(tmp_path / "calc.py")],
-                            "rewards": [{"python": str(tmp_path / "reward.py"), "function": "got_five"}]})
+                      method_settings=GRPOSettings(
+                          num_generations=2, max_completion_length=128, max_prompt_length=384, sample_every=1,
+                          max_tool_turns=2, temperature=0.3, tools=[str(tmp_path / "calc.py")],
+                          rewards=[{"python": str(tmp_path / "reward.py"), "function": "got_five"}]))
     run_id = studio.start(cfg)
     snap = studio.wait(run_id, timeout=600)
     assert snap.status is RunStatus.COMPLETED, f"{snap.error}\n{studio.log_tail(run_id, 60)}"

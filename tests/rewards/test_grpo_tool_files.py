@@ -14,6 +14,7 @@ import pytest
 
 from trainer_core.config import TrainConfig
 from trainer_core.methods import grpo as grpo_method
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.protocol import events as ev
 from trainer_core.rewards import tools
 from trainer_core.rewards.guard import TOOL_TIMEOUT_ENV, ToolError, guard_tool
@@ -42,7 +43,7 @@ def roots(tmp_path, monkeypatch):
 
 def config(**grpo) -> TrainConfig:
     return TrainConfig(model_name="m", method="grpo", batch_size=4, max_seq_length=512,
-                       grpo={"rewards": [{"type": "length"}], **grpo})
+                       method_settings=GRPOSettings(**{"rewards": [{"type": "length"}], **grpo}))
 
 
 def tool_problems(cfg: TrainConfig) -> list[tuple[str, str]]:
