@@ -167,3 +167,22 @@ def test_a_spoken_sample_whose_file_is_gone_or_leads_out_of_the_run_is_not_playe
     at = open_page("pages/run.py", detail_run_id="20260101-000000-tttttt")
     assert not at.get("audio")
     assert [c.value for c in at.caption].count("The clip is no longer in the run's folder.") == 2
+
+
+def test_live_and_run_details_show_a_grpo_runs_trajectories_with_their_rewards(pages_store):
+    """Issue 32: a rollout with tool calls shows its calls, results and final answer as code (user text stays text)."""
+    run_id = "20260101-000000-gggggg"
+    pages_store.create_run(RunRecord(id=run_id, name="agent", status=RunStatus.RUNNING.value, created_at=time.time(),
+                                     started_at=time.time(), config_json=json.dumps({"method": "grpo", "grpo": {}})))
+    turns = [{"role": "assistant", "content": "", "calls": [{"name": "add", "arguments": '{"a": 2, "b": 3}'}]},
+             {"role": "tool", "name": "add", "content": "**5**"},
+             {"role": "assistant", "content": "The sum is 5.", "calls": []}]
+    pages_store.append_samples(run_id, [{"step": 2, "index": 0, "prompt": "Add 2 and 3.", "text": "The sum is 5.",
+                                         "ts": 1.0, "flags": {"reward:got_five": "1"}, "turns": turns}])
+    for page, key in (("pages/live.py", "live_run_id"), ("pages/run.py", "detail_run_id")):
+        at = open_page(page, **{key: run_id})
+        assert [e.label for e in at.expander if e.label.startswith("Step")] == [
+            safe("Step 2 · #1 · 1 call(s) · reward got_five 1")], page
+        codes = [c.value for c in at.code]
+        assert codes[codes.index('{"a": 2, "b": 3}'):] == ['{"a": 2, "b": 3}', "**5**", "The sum is 5."], page
+        assert {"call add", "result of add"} <= {c.value for c in at.caption}, page
