@@ -419,3 +419,18 @@ def test_a_methods_admin_reasons_hook_refuses_an_operator_and_its_job_files_land
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == [
         "rewards", "rewards/manifest.json", "rewards/score.py"]
     assert (folder / "rewards" / "score.py").read_text() == reward.read_text()
+
+
+def test_grpo_tools_are_an_admins_like_python_rewards(orch, monkeypatch, tmp_path):
+    """Issue 32: a GRPO run with tool files runs their code on this host: an operator is refused naming grpo.tools and
+    the way out; the refusal comes before validation, so nothing is recorded."""
+    tool = tmp_path / "calc.py"
+    tool.write_text('def add(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n        a: A.\n        b: B.\n    """\n'
+                    "    return a + b\n")
+    cfg = dataclasses.replace(fake(monkeypatch, steps=1), method="grpo",
+                              method_settings=GRPOSettings(rewards=["length"], tools=[str(tool)]))
+    with pytest.raises(RunRefused, match=r"^Not allowed: grpo\.tools run their code on this host during training, so "
+                                         r"only an admin may start a run with them; leave out grpo\.tools, or ask an "
+                                         r"admin to start it\.$"):
+        orch.start(cfg, actor=ANN)
+    assert orch.list_runs() == []

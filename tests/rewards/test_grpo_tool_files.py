@@ -188,3 +188,15 @@ def test_a_sample_event_carries_the_trajectory_and_refuses_a_malformed_one():
                 [{"role": "assistant", "content": "", "calls": [{"name": "add", "arguments": {"a": 1}}]}]):
         with pytest.raises(ev.InvalidEvent, match="turns"):
             ev.decode(json.dumps({**line, "turns": bad}))
+
+
+def test_built_in_rewards_score_the_models_words_not_the_tools_results():
+    from trainer_core.rewards.builtin import BUILTINS
+
+    trajectory = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "search", "arguments": {"q": "x"}}}]},
+                  {"role": "tool", "name": "search", "content": "forbidden " * 50},
+                  {"role": "assistant", "content": "The answer is 5."}]
+    assert BUILTINS["length"]([None], [trajectory], target=4) == BUILTINS["length"]([None], ["The answer is 5."],
+                                                                                       target=4)
+    assert BUILTINS["not_contains"]([None], [trajectory], keywords=["forbidden"]) == [-0.0]

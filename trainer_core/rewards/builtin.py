@@ -2,7 +2,8 @@
 
 Every reward is called the way TRL's GRPOTrainer calls a reward function,
 ``fn(prompts, completions, **columns) -> list[float | None]``, with ``completions`` either strings or
-conversational completions (a list of ``{"role", "content"}`` messages). The parameters of each are the
+conversational completions (a list of ``{"role", "content"}`` messages; with grpo.tools, the assistant's turns with
+their calls and the tools' results, which the built-ins leave out: they score the model's own words). The parameters of each are the
 keyword-only arguments after ``completions``; ``PARAMS`` documents them for the config reference and the form.
 
 User patterns (``format``'s pattern, a ``json_valid`` schema's ``pattern``, ``patternProperties`` and
@@ -53,7 +54,10 @@ def completion_text(completion: Any) -> str:
 
 
 def _texts(completions: list) -> list[str]:
-    return [completion_text(c) for c in completions]
+    """What the model wrote in each completion: in a GRPO rollout with tools, its turns without the tools' results
+    (those are the tools' words, not the model's; a reward of your own sees them in ``completions``)."""
+    return [completion_text([m for m in c if not (isinstance(m, dict) and m.get("role") == "tool")]
+                            if isinstance(c, list) else c) for c in completions]
 
 
 def length(prompts: list, completions: list, *, target: int = 20, unit: str = "words", tolerance: int = 0,
