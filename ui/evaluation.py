@@ -45,7 +45,12 @@ METRIC_LABELS = {"exact": ("Exact match", True), "rouge_l": ("ROUGE-L", True), "
                  "ndcg@10": ("NDCG@10", True), "mrr@10": ("MRR@10", True), "recall@1": ("Recall@1", True),
                  "recall@10": ("Recall@10", True), "accuracy@1": ("Accuracy@1", True),
                  # a speech-to-text model's transcripts (jiwer, over all the words / characters of the set)
-                 "wer": ("WER", False), "cer": ("CER", False)}
+                 "wer": ("WER", False), "cer": ("CER", False),
+                 # tool calls (metric tool_calls): the first reply of conversations with tools, 0-1
+                 "tool_call_accuracy": ("Tool call / no call", True), "tool_name_accuracy": ("Tool names", True),
+                 "tool_exact_accuracy": ("Tool calls exact", True), "tool_argument_accuracy": ("Tool arguments", True),
+                 "tool_json_valid": ("Tool calls valid JSON", True),
+                 "tool_schema_valid": ("Tool calls fit schema", True)}
 REWARD_PREFIX = "reward/"  # one metric per reward function of the GRPO run: reward/<name>
 METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answer the model prefers: a LoRA run by "
                                       "its implicit reward (log-prob minus the base's, adapter disabled), a model "
@@ -59,13 +64,24 @@ METRIC_HELP = {"preference_accuracy": "Share of held-out pairs whose chosen answ
                "accuracy@1": "Share of queries whose top hit is relevant",
                "wer": "Word error rate over all clips: (substituted + deleted + inserted words) / reference words, "
                       "on lower-cased text without punctuation",
-               "cer": "Character error rate over all clips, likewise"}
+               "cer": "Character error rate over all clips, likewise",
+               "tool_call_accuracy": "Share of questions where the model calls a tool when the reference reply does, "
+                                     "and answers without one when it does not",
+               "tool_name_accuracy": "Share of questions answered with the reference's functions, in order (no call "
+                                     "when it makes none)",
+               "tool_exact_accuracy": "Share of questions answered with the reference's calls and exactly its "
+                                      "arguments",
+               "tool_argument_accuracy": "Share of the reference calls' arguments the model gives with the same value, "
+                                         "in its call to the same function",
+               "tool_json_valid": "Share of the model's <tool_call> blocks that parse as {\"name\", \"arguments\"}",
+               "tool_schema_valid": "Share of the model's calls that name one of the row's tools with arguments "
+                                    "fitting its JSON Schema"}
 SORTABLE = {"rouge_l": "ROUGE-L", "bleu": "BLEU", "exact": "Exact match", "judge": "Judge", "loss": "Loss",
             "margin": "Preference margin", "reward": "Reward", "rank": "Rank of the relevant passage",
-            "wer": "WER", "cer": "CER"}
+            "wer": "WER", "cer": "CER", "tool_exact": "Tool calls exact", "tool_arguments": "Tool arguments"}
 LOWER_IS_BETTER = ("loss", "rank", "wer", "cer")
 # metrics whose per-sample scores are in predictions.jsonl only (retrieval: each query's rank and top hits)
-PER_SAMPLE = ("preference_accuracy", "reward", "ndcg@10", "wer")
+PER_SAMPLE = ("preference_accuracy", "reward", "ndcg@10", "wer", "tool_call_accuracy")
 K = "evaltab_"
 
 
@@ -102,9 +118,10 @@ def worst_first(samples: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def headline(metrics: dict | None) -> str:
-    """History's short text for an eval: its ROUGE-L, else exact match, BLEU, judge, preference accuracy, reward or
+    """History's short text for an eval: its exact tool calls (a tool-call eval), else ROUGE-L, else exact match, BLEU, judge, preference accuracy, reward or
     NDCG@10 (retrieval)."""
-    for key in ("rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward", "ndcg@10", "wer"):
+    for key in ("tool_exact_accuracy", "rouge_l", "exact", "bleu", "judge", "preference_accuracy", "reward", "ndcg@10",
+                "wer"):
         if metrics and _number(metrics.get(key)) is not None:
             return f"{METRIC_LABELS[key][0]} {metrics[key]:.3f}"
     return ""
@@ -258,8 +275,8 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
     by = st.selectbox("Sort by (worst first)", choices, format_func=SORTABLE.get, key=f"{K}sort_{key}") \
         if choices else None
     shown = worst_first(samples, by) if by else samples
-    columns = [c for c in ("index", "rank", "wer", "cer", "rouge_l", "bleu", "exact", "judge", "loss", "preferred",
-                           "margin", "reward", "prompt", "reference", "answer")
+    columns = [c for c in ("index", "rank", "wer", "cer", "tool_exact", "tool_arguments", "rouge_l", "bleu", "exact",
+                           "judge", "loss", "preferred", "margin", "reward", "prompt", "reference", "answer")
                if c in shown and (c not in SORTABLE and c != "preferred" or shown[c].notna().any())]
     retrieved = "rank" in shown  # an embedding model's rows: a query, its relevant passage, the top hit
     heard = "wer" in shown  # a speech model's rows: a clip, its reference transcript, the model's
@@ -277,6 +294,8 @@ def render_samples(samples: pd.DataFrame, key: str = "done") -> None:
         "preferred": st.column_config.NumberColumn("Prefers chosen", format="%.0f"),
         "margin": st.column_config.NumberColumn("Margin", format="%.3f"),
         "reward": st.column_config.NumberColumn("Reward", format="%.3f"),
+        "tool_exact": st.column_config.NumberColumn("Calls exact", format="%.0f"),
+        "tool_arguments": st.column_config.NumberColumn("Arguments", format="%.2f"),
         "prompt": st.column_config.TextColumn("Query" if retrieved else "Clip" if heard else "Prompt", width="medium"),
         "reference": st.column_config.TextColumn("Relevant passage" if retrieved else "Reference", width="medium"),
         "answer": st.column_config.TextColumn("Top hit" if retrieved else "Transcript" if heard else "Answer",

@@ -35,6 +35,7 @@ def add_parser(sub, find: Callable, actor_of: Callable) -> None:
                                                   "a file with audio and text columns or an audio folder")
     parser.add_argument("--metrics", default=None,
                         help="comma-separated: exact, rouge, bleu, perplexity, judge, preference_accuracy, reward; "
+                             "tool_calls on conversations with tools (with exact, rouge, bleu, judge); "
                              f"retrieval alone for an embedding run; wer, cer for a speech run (default: "
                              f"{','.join(DEFAULT_METRICS)}, retrieval for an embedding run, wer,cer for a speech run)")
     parser.add_argument("--max-samples", type=int, default=200, help="test rows evaluated, 0 for all (default 200)")

@@ -4,10 +4,12 @@ read from the environment variable the spec names (one an admin declared, ``endp
 Authorization header, to an address checked before every request (``endpoint.resolve``)."""
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
 
+from trainer_core.data.tool_calls import ToolFormatError, normalize_tools
 from trainer_core.evaluation import endpoint
 
 TIMEOUT_S = 60.0
@@ -21,6 +23,20 @@ class JudgeUnavailable(RuntimeError):
 def render(rubric: str, prompt: str, reference: str, answer: str) -> str:
     """The rubric with its three fields filled in (replace, not str.format: user text may hold braces)."""
     return rubric.replace("{prompt}", prompt).replace("{reference}", reference).replace("{answer}", answer)
+
+
+def with_tools(prompt: str, tools: str) -> str:
+    """The question as the judge reads it: with the tools the model was offered (``tools``: JSON text of the row's
+    tools, "" for none), one JSON line each, so the judge can tell a right call from a wrong one."""
+    try:
+        listed = normalize_tools(tools)
+    except ToolFormatError:
+        listed = []
+    if not listed:
+        return prompt
+    lines = "\n".join(json.dumps(tool["function"], ensure_ascii=False) for tool in listed)
+    return f"{prompt}\n\nTools the assistant may call (it writes a call as <tool_call>{{\"name\", \"arguments\"}}" \
+           f"</tool_call>):\n{lines}"
 
 
 def parse_score(reply: str) -> float | None:

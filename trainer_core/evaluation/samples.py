@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainer_core.config import TrainConfig, hub_dataset_problem
-from trainer_core.data import DatasetError, images, loading, preference
+from trainer_core.data import DatasetError, images, loading, preference, tool_calls
 from trainer_core.data.fingerprint import data_fingerprint
 from trainer_core.data.formats import NormalizedData
 from trainer_core.methods import grpo
+from trainer_core.evaluation import tool_scoring
 from trainer_core.protocol import paths
 from trainer_core.rewards import files
 
@@ -38,8 +39,9 @@ NO_REFERENCE = "no assistant reply after a prompt (nothing to compare an answer 
 PAIRS_METRIC = "preference_accuracy"  # needs preference pairs
 REWARD_METRIC = "reward"  # scores generated answers with a GRPO run's reward functions
 RETRIEVAL_METRIC = "retrieval"  # an embedding model's retrieval scores (evaluation/retrieval.py), alone
+TOOL_METRIC = tool_scoring.METRIC  # the first reply's tool calls (evaluation/tool_scoring.py)
 REFERENCE_METRICS = ("exact", "rouge", "bleu", "perplexity", "judge")  # compare with a reference answer
-GENERATION_METRICS = ("exact", "rouge", "bleu", "judge", "reward")  # score the model's own answers
+GENERATION_METRICS = ("exact", "rouge", "bleu", "judge", "reward", TOOL_METRIC)  # score the model's own answers
 SHAPE_METHOD = {"pairs": "dpo", "prompts": "grpo"}  # the method whose loader reads that shape
 
 
@@ -54,6 +56,10 @@ class Sample:
     # image rows (data.images' one vision shape): the prompt's turns hold {"type": "image"} parts filled from these
     # paths in order (resolved and checked under the allowed roots by the loader, as for training), or bytes
     images: tuple = ()
+    # metric tool_calls: the row's tools (JSON text of OpenAI tools, "" for none) and the calls the reference reply
+    # makes, as (name, arguments) pairs (none: the right answer calls nothing)
+    tools: str = ""
+    calls: tuple = ()
 
 
 def data_shape(metrics: list) -> str:
@@ -184,8 +190,10 @@ def _renamed(read, also: tuple[str, ...] = ()):
         raise DatasetError(field, exc.message) from None
 
 
-def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool = True) -> tuple[list[Sample], int]:
-    """(samples, rows left out for having no reference answer); DatasetError when none is left."""
+def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool = True,
+               first_reply: bool = False) -> tuple[list[Sample], int]:
+    """(samples, rows left out for having no reference answer); DatasetError when none is left. ``first_reply``
+    (metric tool_calls): each conversation up to its first assistant reply, with its tools."""
     if data.format in ("pairs", "prompts"):
         return _preference_samples(data, max_samples, needs_reference)
     if data.format == images.FORMAT:
@@ -194,6 +202,8 @@ def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool
         raise DatasetError("data", f"raw text has no reference answers ({data.reason}): evaluate on chat or "
                                    "instruction data (alpaca instruction/output, chatml messages or sharegpt "
                                    "conversations ending in an assistant reply)")
+    if first_reply:
+        return _tool_samples(data, max_samples)
     samples: list[Sample] = []
     skipped = 0
     for row in data.rows:
@@ -202,12 +212,41 @@ def to_samples(data: NormalizedData, max_samples: int = 0, needs_reference: bool
         if last is None or last == 0 or not messages[last]["content"].strip():
             skipped += 1
             continue
-        samples.append(Sample(len(samples), messages[:last], messages[last]["content"]))
+        samples.append(Sample(len(samples), messages[:last], messages[last]["content"], tools=_tools_text(row)))
         if max_samples and len(samples) >= max_samples:
             break
     if not samples:
         raise DatasetError("data", f"none of the {len(data.rows):,} rows has a prompt followed by an assistant "
                                    "reply to compare with: every test row needs a question and its reference answer")
+    return samples, skipped
+
+
+def _tools_text(row: dict) -> str:
+    """A row's tools as JSON text ("" for none): the model is shown them, and so is the judge."""
+    tools = row.get("tools") or ""
+    return tools if isinstance(tools, str) else json.dumps(tools)
+
+
+def _tool_samples(data: NormalizedData, max_samples: int) -> tuple[list[Sample], int]:
+    """Held-out tool questions: the turns before each row's first assistant reply, the row's tools, and that
+    reply's calls (the reference text: its words and calls as the Hermes template writes them)."""
+    samples: list[Sample] = []
+    skipped = 0
+    for row in data.rows:
+        case = tool_calls.first_reply_case(row)
+        if case is None or not case[0]:
+            skipped += 1
+            continue
+        prompt, calls = case
+        reply = row["messages"][len(prompt)]
+        samples.append(Sample(len(samples), prompt, tool_scoring.reference_text(reply.get("content"), calls),
+                              tools=_tools_text(row), calls=tuple(calls)))
+        if max_samples and len(samples) >= max_samples:
+            break
+    if not samples:
+        raise DatasetError("data", f"none of the {len(data.rows):,} rows has a question followed by an assistant "
+                                   "reply: every test row needs a user turn and the assistant's reply (its tool calls, "
+                                   "or its answer when no tool is needed)")
     return samples, skipped
 
 
@@ -281,7 +320,8 @@ def _preference_samples(data: NormalizedData, max_samples: int, needs_reference:
 def load_samples(spec: "EvalSpec") -> tuple[list[Sample], str | None]:
     """(samples, one warning naming every row left out and why, or None)."""
     data = load_rows(spec)
-    samples, skipped = to_samples(data, spec.max_samples, any(m in REFERENCE_METRICS for m in spec.metrics))
+    samples, skipped = to_samples(data, spec.max_samples, any(m in REFERENCE_METRICS for m in spec.metrics),
+                                  first_reply=TOOL_METRIC in spec.metrics)
     return samples, left_out_warning(data, skipped)
 
 

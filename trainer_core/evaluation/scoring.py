@@ -8,6 +8,7 @@ per pair), with the mean ``margin``; the worker computes both from sequence log-
 reward of a LoRA run against its own base, or the plain log-prob of a model without a reference).
 ``reward``: the weighted total of a GRPO run's rewards per answer, averaged, and each reward's mean
 (``reward/<name>``), from the values the worker's reward functions gave.
+``tool_calls``: the calls in the answers against the reference replies' calls (``tool_scoring``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import sacrebleu
 from rouge_score import rouge_scorer
+
+from trainer_core.evaluation import tool_scoring
 
 _ROUGE = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
 
@@ -54,6 +57,7 @@ class SampleScores:
     margin: float | None = None  # a pair: reward(chosen) - reward(rejected), in nats (not scaled by a DPO beta)
     reward: float | None = None  # the weighted total of the rewards that scored this answer
     rewards: dict | None = None  # reward name -> value (None: that reward gave no score for this answer)
+    tool: tool_scoring.ToolCallScore | None = None  # metric tool_calls: the answer's calls against the reference's
 
 
 def score_text(answer: str, reference: str, metrics: list[str]) -> SampleScores:
@@ -89,6 +93,8 @@ def overall(scores: list[SampleScores], answers: list[str], references: list[str
         names = dict.fromkeys(name for s in scores for name in (s.rewards or {}))
         for name in names:
             result[f"reward/{name}"] = _mean([(s.rewards or {}).get(name) for s in scores])
+    if tool_scoring.METRIC in metrics:
+        result.update(tool_scoring.tool_call_metrics([s.tool for s in scores if s.tool is not None]))
     return result
 
 

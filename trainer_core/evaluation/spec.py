@@ -11,7 +11,7 @@ from trainer_core.specs import model_source
 from trainer_core.config import FORMAT_TYPES, FieldError
 from trainer_core.data import DatasetError
 from trainer_core.evaluation import endpoint
-from trainer_core.evaluation import retrieval, speech, vision
+from trainer_core.evaluation import retrieval, speech, tool_checks, vision
 from trainer_core.evaluation import samples as eval_samples
 from trainer_core.specs.jobspec import JobSpec, register
 from trainer_core.launchers import ray as ray_jobs
@@ -24,7 +24,8 @@ from trainer_core.rewards import spec as reward_spec
 # the base's, the adapter disabled) prefers the chosen answer; the base model has no reference, so its plain
 # log-prob margin decides. reward: a GRPO run's reward functions on the model's answers. retrieval: an embedding
 # model's InformationRetrievalEvaluator scores on a BEIR-like folder or a pairs file (docs/evaluation.md).
-METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "retrieval", "wer", "cer")
+METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "retrieval", "wer", "cer",
+           "tool_calls")
 DEFAULT_METRICS = ["exact", "rouge", "bleu", "perplexity"]
 DEFAULT_RUBRIC = (
     "You are grading an assistant's answer against a reference answer.\n\n"
@@ -186,6 +187,8 @@ class EvalSpec(JobSpec):
             errors.extend(self._judge_errors())
         if isinstance(self.metrics, list) and eval_samples.REWARD_METRIC in self.metrics:
             errors.extend(self._reward_errors())
+        if isinstance(self.metrics, list) and eval_samples.TOOL_METRIC in self.metrics:
+            errors.extend(tool_checks.metric_errors(self))
         if _int(self.max_seq_length) is None or self.max_seq_length < 0:
             bad("max_seq_length", "tokens per text for retrieval, 0 for the model's own maximum")
         if _int(self.image_max_side) is None or not (self.image_max_side == 0 or 28 <= self.image_max_side <= 8192):
@@ -287,7 +290,7 @@ class EvalSpec(JobSpec):
             samples, _ = eval_samples.load_samples(self)
         except DatasetError as exc:
             return [FieldError(exc.field, exc.message)]
-        return vision.source_errors(self, samples)  # image rows: a model that sees them, the text metrics
+        return tool_checks.data_errors(self, samples) + vision.source_errors(self, samples)  # image rows: a model that sees them, the text metrics
 
     def memory_errors(self) -> list[FieldError]:
         """The model's weights must fit the device's free memory (GPU, or RAM on a CPU host)."""

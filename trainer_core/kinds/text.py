@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainer_core.kinds.base import CHAT, NO_ONNX, Facts, ModelKind
 
-TEXT_METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward")
+TEXT_METRICS = ("exact", "rouge", "bleu", "perplexity", "judge", "preference_accuracy", "reward", "tool_calls")
 
 
 def detect(facts: Facts) -> bool:

@@ -28,12 +28,13 @@ from trainer_core.specs import jobspec, model_source
 from trainer_core.evaluation import retrieval, speech
 from trainer_core.evaluation import vision as eval_vision
 from trainer_core.evaluation import samples as eval_samples
-from trainer_core.evaluation import scoring
-from trainer_core.evaluation.judge import Judge, JudgeUnavailable
+from trainer_core.evaluation import scoring, tool_scoring
+from trainer_core.evaluation.judge import Judge, JudgeUnavailable, with_tools
 from trainer_core.evaluation.spec import EvalSpec
 from trainer_core.protocol import control, events as ev
 from trainer_core.protocol.status import RunStatus
 from trainer_core.worker.job import JobWorker
+from trainer_core.data.tool_calls import template_messages
 from trainer_core.worker.safe_prompt import chat_batch, chat_ids
 
 PREDICTIONS = "predictions.jsonl"
@@ -85,6 +86,8 @@ class Evaluator(JobWorker):
             resolved = model_source.resolve(spec.source)
             seeing = any(sample.images for sample in samples)  # image rows: answered with their images
             model, tokenizer, device = self.load_seeing(resolved) if seeing else self.load(resolved)
+            if any(sample.tools for sample in samples) and not seeing:
+                self.show_tools(tokenizer)
             samples = self.fitting_images(samples, model, tokenizer, spec) if seeing else \
                 self.fitting(samples, model, tokenizer, spec)
             self.check_cancel()
@@ -245,6 +248,22 @@ class Evaluator(JobWorker):
         self.log(f"Loaded {resolved.label} on {device}")
         return model, tokenizer, device
 
+    def show_tools(self, tokenizer) -> None:
+        """Rows with tools (metric tool_calls): the model sees each row's tools through its chat template (a run's is the one it trained
+        with); a template that ignores tools gets the Hermes tool template, as a run on tool data does (tool_template
+        auto), so a base model and its runs are asked the same way."""
+        from trainer_core.export import tool_templates
+        from trainer_core.worker.tool_template import own_renders_tools
+
+        try:
+            choice = tool_templates.choose(own_renders_tools(tokenizer), tokenizer.chat_template,
+                                           tokenizer.eos_token or "", "auto")
+        except tool_templates.ToolTemplateError as exc:
+            raise NothingToScore(f"{exc} (tool_calls shows the model each row's tools)") from None
+        if choice.template is not None:
+            tokenizer.chat_template = choice.template
+        self.log(f"Tools shown with {choice.label}")
+
     def load_seeing(self, resolved: model_source.ResolvedSource):
         """(model, processor, device) of a vision-language model: the processor it trained with renders every row."""
         import torch
@@ -293,7 +312,7 @@ class Evaluator(JobWorker):
         new_tokens = spec.max_new_tokens if generates(spec) else 0
         fit = []
         for sample in samples:
-            ids = chat_ids(tokenizer, sample.prompt)  # message text as text (worker/safe_prompt.py)
+            ids = prompt_ids(tokenizer, sample)  # message text as text (worker/safe_prompt.py)
             pair = _metrics().pair_lengths(tokenizer, sample.prompt, sample.chosen, sample.rejected) \
                 if eval_samples.PAIRS_METRIC in spec.metrics else 0
             if len(ids) + new_tokens <= context and pair <= context:
@@ -330,7 +349,8 @@ class Evaluator(JobWorker):
                 elif seeing:  # every row of an image set through the processor (one without an image too)
                     answers = _vision().generate(model, tokenizer, batch, spec, device)
                 else:
-                    answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device)
+                    answers = generate(model, tokenizer, [s.prompt for s in batch], spec, device,
+                                       tools=[s.tools for s in batch])
                 rewarded = scorer.score(batch, answers) if scorer is not None else [(None, None)] * len(batch)
                 for sample, answer, (reward, rewards) in zip(batch, answers, rewarded):
                     action = self.requested()
@@ -345,14 +365,19 @@ class Evaluator(JobWorker):
                                                                  device)
                     scores.reward, scores.rewards = reward, rewards
                     extra = {}
+                    if eval_samples.TOOL_METRIC in spec.metrics:
+                        scores.tool = tool_scoring.score_tool_answer(list(sample.calls), answer, sample.tools)
+                        extra = tool_scoring.per_sample(scores.tool)
                     if eval_samples.PAIRS_METRIC in spec.metrics:
                         scores.preferred, scores.margin, extra = _metrics().prefers(model, tokenizer, sample, device)
                     prompt = prompt_text(sample.prompt)
-                    if judge is not None:
-                        judge = self.judge_one(judge, scores, prompt, sample.reference, answer)
+                    if judge is not None:  # the judge sees the tools the model was offered
+                        judge = self.judge_one(judge, scores, with_tools(prompt, sample.tools), sample.reference,
+                                               answer)
                     rows.append((scores, answer, sample.reference))
                     line = {"index": sample.index, "prompt": prompt, "reference": sample.reference, "answer": answer,
-                            **{k: v for k, v in vars(scores).items() if k != "tokens"}, "tokens": scores.tokens,
+                            **{k: v for k, v in vars(scores).items() if k not in ("tokens", "tool")},
+                            "tokens": scores.tokens,
                             **extra}
                     if sample.images:  # a thumbnail in this job's folder: what the model saw, shown beside it
                         line["image"] = _vision().save_thumbnail(sample, self.run_dir)
@@ -469,13 +494,33 @@ def generates(spec: EvalSpec) -> bool:
     return any(metric in eval_samples.GENERATION_METRICS for metric in spec.metrics)
 
 
-def generate(model, tokenizer, prompts: list[list[dict]], spec: EvalSpec, device: str) -> list[str]:
-    """Answers to a batch of chat prompts (left-padded), greedy unless the spec sets a temperature."""
+def prompt_ids(tokenizer, sample) -> list[int]:
+    """A sample's prompt ids (``tool_prompt_ids`` with its tools)."""
+    return tool_prompt_ids(tokenizer, sample.prompt, sample.tools)
+
+
+def tool_prompt_ids(tokenizer, prompt: list[dict], tools: str) -> list[int]:
+    """A prompt's ids; with tools (JSON text, "" for none) rendered with them, its turns' calls parsed as templates
+    take them."""
+    if not tools:
+        return chat_ids(tokenizer, prompt)
+    messages, shown = template_messages({"messages": prompt, "tools": tools})
+    return chat_ids(tokenizer, messages, tools=shown)
+
+
+def generate(model, tokenizer, prompts: list[list[dict]], spec: EvalSpec, device: str,
+             tools: list[str] | None = None) -> list[str]:
+    """Answers to a batch of chat prompts (left-padded; ``tools``: each prompt's tools as JSON text, shown to the
+    model), greedy unless the spec sets a temperature."""
     import torch
     from transformers import set_seed
 
     set_seed(spec.seed)
-    inputs = chat_batch(tokenizer, prompts).to(device)  # left-padded; message text as text (worker/safe_prompt.py)
+    if tools and any(tools):
+        inputs = tokenizer.pad({"input_ids": [tool_prompt_ids(tokenizer, p, t) for p, t in zip(prompts, tools)]},
+                               padding=True, return_tensors="pt").to(device)
+    else:  # left-padded; message text as text (worker/safe_prompt.py)
+        inputs = chat_batch(tokenizer, prompts).to(device)
     sampling = spec.temperature > 0
     options = dict(max_new_tokens=spec.max_new_tokens, do_sample=sampling, repetition_penalty=spec.repetition_penalty,
                    pad_token_id=tokenizer.pad_token_id)
