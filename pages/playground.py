@@ -29,6 +29,7 @@ from trainer_core.protocol.status import JobKind
 from trainer_core.views.run_rules import run_labels
 from trainer_core.serving.client import Sampling
 from ui import playground as pg
+from ui import tool_playground as tp
 from ui import embedding_playground as embedding_mode
 from ui import speech_playground as speech
 from ui import tts_playground as tts_mode
@@ -44,6 +45,7 @@ require_entrypoint("pages/playground.py")
 
 K = "pg_"
 SERVER, CONVO, BATCH, TABLE = K + "server", K + "turns", K + "batch", K + "table"
+TOOLS_ON, TOOLS_TEXT = K + "tools_on", K + "tools_text"
 IMAGE_N = K + "image_n"  # the image picker's generation: a new key empties it once its image is sent
 IMAGE_WIDTH = 160
 RUNS_LISTED = 200  # recent training runs read to find the ones offered as sources
@@ -157,6 +159,8 @@ def finish(info: dict, answers: list[dict[str, pg.Answer]]) -> None:
     if info["kind"] == "chat":
         st.session_state.setdefault(CONVO, []).append(pg.Turn(info["user"], answers[0], info["system"],
                                                               info["sampling"], info.get("image")))
+    elif info["kind"] == "tools":  # one column's answer went on after the person's tool results
+        st.session_state[CONVO][-1].answers[info["key"]] = answers[0][info["key"]]
     else:
         st.session_state[TABLE] = pg.prompt_set_table(info["prompts"], info["columns"], answers)
     del st.session_state[BATCH]
@@ -189,7 +193,23 @@ with st.expander("System prompt and sampling", icon="⚙️"):
         seed=None if row2[3].checkbox("Random seed", key=K + "random_seed") else
         int(row2[2].number_input("Seed", value=0, step=1, key=K + "seed")),
     )
-setting_errors = sampling.validate() + pg.check_message(system, "system prompt")
+
+with st.expander("Tools", icon="🛠️", expanded=bool(st.session_state.get(TOOLS_ON))):
+    offer_tools = st.toggle("Offer tools to the models", key=TOOLS_ON,
+                            help="Sent as the request's tools: a model that calls one shows its call and arguments, "
+                                 "and goes on once each call has a result (a mock reply, or yours)")
+    if TOOLS_TEXT not in st.session_state:  # prefilled once from the first run's training data, when it lists tools
+        first_run = next((src.run_id for c in loaded if (src := ModelSource.from_key(c.key)).run_id), None)
+        st.session_state[TOOLS_TEXT] = tp.tools_text(tp.dataset_tools(first_run) if first_run else [])
+    offered_tools, tool_errors = tp.parse_tools(st.text_area(
+        "Tool schemas (JSON)", key=TOOLS_TEXT, height=220,
+        help='A list of OpenAI tools: [{"type": "function", "function": {"name", "description", "parameters": '
+             '<JSON Schema>}}]'))
+    mocks = {tool["function"]["name"]: st.text_input(
+        f"Mock reply of {safe(tool['function']['name'])}", key=f"{K}mock_{tool['function']['name']}",
+        placeholder="(empty: you answer each call to it)") for tool in offered_tools}
+tool_setup = tp.ToolSetup(offered_tools, mocks) if offer_tools else tp.ToolSetup()
+setting_errors = sampling.validate() + pg.check_message(system, "system prompt") + (tool_errors if offer_tools else [])
 for error in setting_errors:
     st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
 
@@ -202,8 +222,40 @@ def stop_batch() -> None:
         info["batch"].stop()
 
 
+def tool_steps(answer: pg.Answer) -> None:
+    """The answer's tool rounds: its words, each call with its arguments and each result, as code (model output and
+    results are untrusted: never markup)."""
+    for step in answer.steps:
+        if step.content:
+            st.markdown(safe(step.content))
+        for i, call in enumerate(step.calls):
+            st.caption("🛠️ Tool call")
+            st.code(tp.call_text(call), language=None, wrap_lines=True)
+            if step.results is not None:
+                st.caption("↩️ Result")
+                st.code(step.results[i], language=None, wrap_lines=True)
+
+
+def results_form(column: pg.Column, answer: pg.Answer) -> None:
+    """The calls waiting for the person: a result box each, and Send results (the model then goes on)."""
+    calls = answer.steps[-1].calls
+    results = [st.text_area(f"Result of call {i} ({safe(call['function']['name'])})",
+                            key=f"{K}result_{column.key}_{len(answer.steps)}_{i}") for i, call in enumerate(calls, 1)]
+    if st.button("Send results", icon="↩️", key=f"{K}send_{column.key}_{len(answer.steps)}", disabled=busy):
+        errors = tp.check_results(results)
+        for error in errors:
+            st.error(f"**{safe(error.field)}**: {safe(error.message)}", icon="🚫")
+        if not errors:
+            turn = turns[-1]
+            batch = pg.answer_tools(state.url, server["key"], column, turn.system, turns, results,
+                                    turn.sampling or sampling, tool_setup)
+            st.session_state[BATCH] = {"kind": "tools", "key": column.key, "batch": batch}
+            st.rerun()
+
+
 def answer_block(answer: pg.Answer) -> None:
     """One answer as text (model output is untrusted: escaped), its stats, and why it is incomplete."""
+    tool_steps(answer)
     if answer.text:
         st.markdown(safe(answer.text))
     elif answer.status == pg.DONE:
@@ -215,7 +267,9 @@ def answer_block(answer: pg.Answer) -> None:
     elif answer.status == pg.FAILED:
         st.error(safe(shown(answer.error)), icon="🛑")
     elif answer.status == pg.STOPPED:
-        st.caption("Stopped.")
+        st.caption(safe(f"Stopped: {answer.error}") if answer.error else "Stopped.")
+    elif answer.status == pg.CALLING:
+        st.caption("Waiting for the tool results.")
 
 
 def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False, image: bool = False,
@@ -231,10 +285,13 @@ def draw_answers(target, answers: dict[str, pg.Answer], streaming: bool = False,
                 if image and not c.vision:
                     st.caption("(text only: this model did not see the image)")
                 if streaming and answer.status == pg.STREAMING:
+                    tool_steps(answer)
                     st.markdown(safe(answer.text) + " ▌" if answer.text else "▌")
                 else:
                     answer_block(answer)
-                    if n is not None:
+                    if n is not None and n == len(turns) - 1 and answer.status == pg.CALLING:
+                        results_form(c, answer)
+                    elif n is not None:
                         votes_ui.render_answer_votes(feedback, actor, turns, n, c)
 
 
@@ -268,10 +325,21 @@ for col, c in zip(header, loaded):
     col.markdown(f"**{safe(c.label)}**")
 turns: list[pg.Turn] = st.session_state.setdefault(CONVO, [])
 feedback = votes_ui.feedback_for(orch)
+
+
+def going_on(info: dict) -> dict[str, pg.Answer]:
+    """The last turn's answers with the one going on after its tool results, as it streams."""
+    return {**turns[-1].answers, info["key"]: info["batch"].answers()[0][info["key"]]}
+
+
 for n, turn in enumerate(turns):
     with st.chat_message("user"):
         user_message(turn.user, turn.image)
         add_to_set(n, turn.user)
+    if busy and batch_info["kind"] == "tools" and n == len(turns) - 1:
+        placeholders["chat"] = st.empty()
+        draw_answers(placeholders["chat"], going_on(batch_info), streaming=True, image=turn.image is not None)
+        continue
     draw_answers(st.empty(), turn.answers, image=turn.image is not None, n=n)
     votes_ui.render_turn(feedback, actor, turns, n, loaded)
 if busy and batch_info["kind"] == "chat":
@@ -321,7 +389,7 @@ if user_text:
     for error in message_errors:
         st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
     if not message_errors:
-        batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling, image)
+        batch = pg.chat_batch(state.url, server["key"], loaded, system, turns, user_text, sampling, image, tool_setup)
         st.session_state[BATCH] = {"kind": "chat", "user": user_text, "system": system, "sampling": sampling,
                                    "image": image, "batch": batch}
         if image is not None:
@@ -396,9 +464,11 @@ def follow(info: dict) -> None:
                 break
         if info["kind"] == "chat":
             draw_answers(placeholders["chat"], batch.answers()[0], streaming=True)
+        elif info["kind"] == "tools":
+            draw_answers(placeholders["chat"], going_on(info), streaming=True)
         else:
             placeholders["set"].dataframe(pg.prompt_set_table(info["prompts"], loaded, batch.answers()))
-        time.sleep(POLL_S if info["kind"] == "chat" else SET_POLL_S)
+        time.sleep(SET_POLL_S if info["kind"] == "set" else POLL_S)
     finish(info, batch.answers())
     st.rerun()
 

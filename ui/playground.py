@@ -34,6 +34,7 @@ from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
 from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem
 from ui import image_check
+from ui.tool_playground import MAX_TOOL_STEPS, ToolSetup, ToolStep, mock_results, step_messages
 
 MAX_COLUMNS = 3
 OFFERED = (RunStatus.COMPLETED, RunStatus.STOPPED)  # runs that ended with weights to talk to
@@ -41,9 +42,10 @@ PIECE_TIMEOUT_S = 120.0  # longest wait for the next piece of an answer (a slow 
 MESSAGE_MAX = 32_000  # characters in one user message or the system prompt
 IMAGE_TYPES = ("png", "jpg", "jpeg", "webp")  # what the image picker offers
 
-# Answer states. "interrupted": the server failed after part of the answer came; "failed": before any.
-STREAMING, DONE, STOPPED, INTERRUPTED, FAILED, SKIPPED = \
-    "streaming", "done", "stopped", "interrupted", "failed", "skipped"
+# Answer states. "interrupted": the server failed after part of the answer came; "failed": before any; "calling":
+# the model called tools and waits for the person's results (ui/tool_playground.py).
+STREAMING, DONE, STOPPED, INTERRUPTED, FAILED, SKIPPED, CALLING = \
+    "streaming", "done", "stopped", "interrupted", "failed", "skipped", "calling"
 
 
 # ====================================================================== sources
@@ -198,6 +200,7 @@ class Answer:
     status: str = STREAMING
     error: str = ""
     stats: AnswerStats | None = None
+    steps: list[ToolStep] = field(default_factory=list)  # tool rounds before ``text`` (the final answer)
 
     def to_record(self) -> dict[str, Any]:
         stats = asdict(self.stats) if self.stats else {}
@@ -281,7 +284,7 @@ def messages_for(system: str, turns: list[Turn], key: str, new_user: str | None 
         if answer is None or not answer.text:
             continue
         messages += [{"role": "user", "content": user_content(turn.user, turn.image, vision)},
-                     {"role": "assistant", "content": answer.text}]
+                     *step_messages(answer.steps), {"role": "assistant", "content": answer.text}]
     if new_user is not None:
         messages.append({"role": "user", "content": user_content(new_user, new_image, vision)})
     return messages
@@ -316,11 +319,13 @@ class Batch:
     remaining rows are skipped rather than each waiting out a timeout."""
 
     def __init__(self, url: str, api_key: str, columns: list[Column], rows: list[dict[str, list[dict]]],
-                 sampling: Sampling, timeout_s: float = PIECE_TIMEOUT_S):
+                 sampling: Sampling, timeout_s: float = PIECE_TIMEOUT_S, tools: ToolSetup | None = None,
+                 start: list[dict[str, Answer]] | None = None):
         self.columns = columns
+        self.tools = tools or ToolSetup()
         self.cancel = threading.Event()
         self._lock = threading.Lock()
-        self._answers = [{c.key: Answer(c.key, c.label) for c in columns} for _ in rows]
+        self._answers = start or [{c.key: Answer(c.key, c.label) for c in columns} for _ in rows]
         self._threads = [threading.Thread(target=self._answer_column, daemon=True, name=f"playground-{i}",
                                           args=(url, api_key, column, rows, sampling, timeout_s))
                          for i, column in enumerate(columns)]
@@ -344,23 +349,42 @@ class Batch:
 
     def _stream_one(self, index: int, url: str, api_key: str, column: Column, messages: list[dict],
                     sampling: Sampling, timeout_s: float) -> str:
-        """Stream one answer; returns why the column cannot go on ("" when it can)."""
-        stream = None
-        try:
-            stream = stream_chat(url, api_key, column.model, messages, sampling, timeout_s=timeout_s,
-                                 cancel=self.cancel)
-            for piece in stream:
+        """Stream one answer; returns why the column cannot go on ("" when it can). When the model calls tools,
+        each round becomes a step of the answer: answered by the mock replies it asks again, else it waits for the
+        person (CALLING); at most MAX_TOOL_STEPS rounds."""
+        messages = list(messages)
+        while True:
+            stream = None
+            try:
+                stream = stream_chat(url, api_key, column.model, messages, sampling, timeout_s=timeout_s,
+                                     cancel=self.cancel, tools=self.tools.tools or None)
+                for piece in stream:
+                    with self._lock:
+                        self._answers[index][column.key].text += piece
+            except ServeError as exc:
                 with self._lock:
-                    self._answers[index][column.key].text += piece
-        except ServeError as exc:
+                    answer = self._answers[index][column.key]
+                    answer.status, answer.error = (INTERRUPTED if answer.text else FAILED), str(exc)
+                    answer.stats = stream.stats if stream else None
+                return "" if exc.status is not None and exc.status < 500 else "the server failed on an earlier prompt"
+            calls = stream.tool_calls if stream.stats.finish_reason is not None else []
+            if not calls:
+                self._set(index, column.key, status=STOPPED if stream.stats.finish_reason is None else DONE,
+                          stats=stream.stats)
+                return ""
             with self._lock:
                 answer = self._answers[index][column.key]
-                answer.status, answer.error = (INTERRUPTED if answer.text else FAILED), str(exc)
-                answer.stats = stream.stats if stream else None
-            return "" if exc.status is not None and exc.status < 500 else "the server failed on an earlier prompt"
-        self._set(index, column.key, status=STOPPED if stream.stats.finish_reason is None else DONE,
-                  stats=stream.stats)
-        return ""
+                step = ToolStep(answer.text, calls, mock_results(calls, self.tools.mocks))
+                answer.steps.append(step)
+                answer.text, answer.stats = "", stream.stats
+                if step.results is None:
+                    answer.status = CALLING
+                    return ""
+                if len(answer.steps) >= MAX_TOOL_STEPS:
+                    answer.status, answer.error = STOPPED, (f"the model called tools {MAX_TOOL_STEPS} times in a row: "
+                                                            "the Playground stopped asking")
+                    return ""
+            messages += step_messages([step])
 
     def _set(self, index: int, key: str, **values: Any) -> None:
         with self._lock:
@@ -371,7 +395,9 @@ class Batch:
     def answers(self) -> list[dict[str, Answer]]:
         """A copy of every answer as it stands now (the threads keep writing to their own)."""
         with self._lock:
-            return [{k: Answer(**vars(a)) for k, a in row.items()} for row in self._answers]
+            return [{k: Answer(**{**vars(a), "steps": [ToolStep(s.content, list(s.calls), s.results and list(s.results))
+                                                      for s in a.steps]})
+                     for k, a in row.items()} for row in self._answers]
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
@@ -393,9 +419,22 @@ class Batch:
 
 
 def chat_batch(url: str, api_key: str, columns: list[Column], system: str, turns: list[Turn], user: str,
-               sampling: Sampling, image: Attachment | None = None) -> Batch:
+               sampling: Sampling, image: Attachment | None = None, tools: ToolSetup | None = None) -> Batch:
     rows = [{c.key: messages_for(system, turns, c.key, user, c.vision, image) for c in columns}]
-    return Batch(url, api_key, columns, rows, sampling)
+    return Batch(url, api_key, columns, rows, sampling, tools=tools)
+
+
+def answer_tools(url: str, api_key: str, column: Column, system: str, turns: list[Turn], results: list[str],
+                 sampling: Sampling, tools: ToolSetup) -> Batch:
+    """Give the last turn's answer of ``column`` (waiting, CALLING) the person's ``results`` and ask its model
+    again: the answer goes on from its steps in a batch of its own."""
+    turn = turns[-1]
+    answer = turn.answers[column.key]
+    steps = [ToolStep(s.content, s.calls, s.results) for s in answer.steps]
+    steps[-1].results = list(results)
+    messages = messages_for(system, turns[:-1], column.key, turn.user, column.vision, turn.image) + step_messages(steps)
+    going_on = Answer(column.key, column.label, steps=steps)
+    return Batch(url, api_key, [column], [{column.key: messages}], sampling, tools=tools, start=[{column.key: going_on}])
 
 
 def prompt_set_batch(url: str, api_key: str, columns: list[Column], system: str, prompts: tuple[str, ...],

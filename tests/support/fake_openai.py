@@ -11,6 +11,10 @@ What it answers is scripted per model (``answers``), and it can be told to misbe
   died mid-answer);
 * ``gate``: a ``threading.Event``; chunks after the first ``gate_after`` wait for it (the test observes a
   partial answer, then releases the rest; never released, it is a server stuck mid-answer);
+* ``tool_calls``: per model, the calls (``{"name", "arguments"}``) it makes when a request offers ``tools`` and its
+  last message is not a tool result: streamed as OpenAI's ``delta.tool_calls`` (id and name first, the arguments'
+  JSON text in two pieces), ending with ``finish_reason: "tool_calls"``; after a tool result it answers text, with
+  ``{tool}`` in the scripted answer replaced by the last result;
 Requests it received are kept in ``requests`` (the parsed JSON bodies), so tests assert what was sent.
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ class FakeOpenAI:
         self.die_after: dict[str, int] = {}
         self.gate: threading.Event | None = None
         self.gate_after = 1
+        self.tool_calls: dict[str, list[dict]] = {}
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -70,7 +75,13 @@ class FakeOpenAI:
         """The scripted answer; ``{last}`` in it is replaced by the last user message (a different answer per
         prompt, as prompt-set tables need)."""
         last = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-        return self.answers[model].replace("{last}", last)
+        result = next((m["content"] for m in reversed(messages) if m.get("role") == "tool"), "")
+        return self.answers[model].replace("{last}", last).replace("{tool}", result)
+
+    def calls_for(self, model: str, body: dict) -> list[dict]:
+        """The calls to make: the model's scripted ones when tools are offered and no tool result came last."""
+        messages = body.get("messages") or [{}]
+        return self.tool_calls.get(model, []) if body.get("tools") and messages[-1].get("role") != "tool" else []
 
 
 def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
@@ -127,7 +138,10 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"The model {model!r} does not exist", "invalid_request_error")
                 return
             text = fake.answer_for(model, body.get("messages", []))
-            if body.get("stream"):
+            calls = fake.calls_for(model, body)
+            if body.get("stream") and calls:
+                self._stream_calls(model, calls)
+            elif body.get("stream"):
                 self._stream(model, text)
             else:
                 words = text.split(" ")
@@ -143,13 +157,32 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client hung up (Stop, or its page went away): what a real server sees too
 
-        def _send_stream(self, model: str, text: str) -> None:
+        def _open_stream(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")  # the body ends when the connection closes
             self.end_headers()
             self.close_connection = True
+
+        def _stream_calls(self, model: str, calls: list[dict]) -> None:
+            self._open_stream()
+            for i, call in enumerate(calls):
+                arguments = json.dumps(call["arguments"])
+                half = len(arguments) // 2
+                self._event({"choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+                    {"index": i, "id": f"call_fake_{i}", "type": "function",
+                     "function": {"name": call["name"], "arguments": ""}}]}}]}, model)
+                for part in (arguments[:half], arguments[half:]):
+                    self._event({"choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+                        {"index": i, "function": {"arguments": part}}]}}]}, model)
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}, model)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def _send_stream(self, model: str, text: str) -> None:
+            self._open_stream()
             words = text.split(" ")
             pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
             die_after = fake.die_after.get(model)

@@ -9,7 +9,8 @@ middleware; this module talks to it over HTTP like any OpenAI client would:
     stream.stats                  # AnswerStats, set once the stream is exhausted (None before)
 
 ``stream_chat`` returns a ``ChatStream``: an iterator of text pieces that also carries ``.stats`` and
-``.text``. Reading happens on a small background thread so that a ``cancel`` event stops the iteration
+``.text``, and ``.tool_calls`` when the request offered ``tools`` and the model called some (OpenAI's streamed
+``delta.tool_calls`` put together by index: id, name, and the arguments' JSON text). Reading happens on a small background thread so that a ``cancel`` event stops the iteration
 within ``POLL_S`` even while the server is still loading the model or computing the first token; the
 connection is then closed, which makes the server abort the generation.
 
@@ -261,6 +262,7 @@ class ChatStream:
         self._usage_tokens: int | None = None
         self._finish_reason: str | None = None
         self._first_at: float | None = None
+        self._calls: dict[int, dict] = {}  # streamed tool calls by index (written by the reader thread)
         self._started = time.perf_counter()
         self._ended = False
         self._thread = threading.Thread(target=self._read, args=(api_key, body), daemon=True,
@@ -296,6 +298,13 @@ class ChatStream:
     def close(self) -> None:
         if not self._ended:
             self._finish(cancelled=True)
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """The calls the model made, in OpenAI's form: ``{"id", "type": "function", "function": {"name",
+        "arguments"}}`` (arguments as the JSON text the server sent); complete once the iteration has ended."""
+        return [{"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+                for _, call in sorted(self._calls.items())]
 
     def _finish(self, cancelled: bool) -> None:
         self._ended = True
@@ -365,22 +374,45 @@ class ChatStream:
             piece = delta.get("content")
             if isinstance(piece, str) and piece:
                 self._items.put(piece)
+            for call in delta.get("tool_calls") or []:
+                self._take_call(call)
             if choice.get("finish_reason"):
                 self._finish_reason = str(choice["finish_reason"])
 
 
-def chat_body(model: str, messages: list[dict], sampling: Sampling) -> dict:
-    """The streaming chat request: messages, sampling fields, and a request for the usage report."""
+    def _take_call(self, call) -> None:
+        """One ``delta.tool_calls`` item: the first piece of a call brings its id and name, later ones more of its
+        arguments' text."""
+        if not isinstance(call, dict):
+            raise ServeError(f"the model server sent a malformed tool call: {str(call)[:200]!r}")
+        index = call.get("index") if isinstance(call.get("index"), int) else len(self._calls)
+        entry = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        if isinstance(call.get("id"), str) and call["id"]:
+            entry["id"] = call["id"]
+        if isinstance(function.get("name"), str) and function["name"]:
+            entry["name"] = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            entry["arguments"] += arguments
+        elif isinstance(arguments, dict):  # a server that sends the object itself
+            entry["arguments"] += json.dumps(arguments)
+
+
+def chat_body(model: str, messages: list[dict], sampling: Sampling, tools: list[dict] | None = None) -> dict:
+    """The streaming chat request: messages, sampling fields, a request for the usage report, and the tools the
+    model may call (when given)."""
     return {"model": model, "messages": messages, "stream": True,
-            "stream_options": {"include_usage": True}, **sampling.to_body()}
+            "stream_options": {"include_usage": True}, **sampling.to_body(), **({"tools": tools} if tools else {})}
 
 
 def stream_chat(base_url: str, api_key: str, model: str, messages: list[dict], sampling: Sampling, *,
-                timeout_s: float = 30.0, cancel: threading.Event | None = None) -> ChatStream:
+                timeout_s: float = 30.0, cancel: threading.Event | None = None,
+                tools: list[dict] | None = None) -> ChatStream:
     """Start streaming the answer of ``model`` to ``messages``; see ``ChatStream``. ``timeout_s`` bounds
     the wait for the connection and for each next piece (not the whole answer). Invalid sampling settings
     raise ServeError naming the fields, before anything is sent."""
     problems = sampling.validate()
     if problems:
         raise ServeError("; ".join(map(str, problems)))
-    return ChatStream(base_url, api_key, model, chat_body(model, messages, sampling), timeout_s, cancel)
+    return ChatStream(base_url, api_key, model, chat_body(model, messages, sampling, tools), timeout_s, cancel)
