@@ -434,7 +434,8 @@ def answer_tools(url: str, api_key: str, column: Column, system: str, turns: lis
     steps[-1].results = list(results)
     messages = messages_for(system, turns[:-1], column.key, turn.user, column.vision, turn.image) + step_messages(steps)
     going_on = Answer(column.key, column.label, steps=steps)
-    return Batch(url, api_key, [column], [{column.key: messages}], sampling, tools=tools, start=[{column.key: going_on}])
+    return Batch(url, api_key, [column], [{column.key: messages}], sampling, tools=tools,
+                 start=[{column.key: going_on}])
 
 
 def prompt_set_batch(url: str, api_key: str, columns: list[Column], system: str, prompts: tuple[str, ...],

@@ -15,6 +15,7 @@ from trainer_core.evaluation import samples as eval_samples
 from trainer_core.evaluation import scoring
 from trainer_core.evaluation.judge import with_tools
 from trainer_core.evaluation.spec import EvalSpec
+from trainer_core.jobs import evals
 from trainer_core.evaluation.tool_scoring import (ToolCallScore, per_sample, reference_text, score_tool_answer,
                                                   tool_call_metrics)
 from trainer_core.specs.model_source import ModelSource
@@ -117,6 +118,8 @@ def test_held_out_questions_end_at_the_first_reply_with_their_tools(held_out):
     assert json.loads(weather.tools) == rows[1]["tools"]
     assert weather.reference == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'
     assert spec(data=str(held_out)).validate() == []
+    bundled = evals.prepared(spec(data="bundled:demo-tools-eval"))  # named, not pinned to a path outside the roots
+    assert bundled.data == "bundled:demo-tools-eval" and bundled.validate() == []
 
 
 def test_tool_calls_needs_rows_with_tools_and_its_own_reading_of_them(held_out):

@@ -140,7 +140,10 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             text = fake.answer_for(model, body.get("messages", []))
             calls = fake.calls_for(model, body)
             if body.get("stream") and calls:
-                self._stream_calls(model, calls)
+                try:
+                    self._stream_calls(model, calls)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client hung up, as in _stream
             elif body.get("stream"):
                 self._stream(model, text)
             else:

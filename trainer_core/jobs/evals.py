@@ -55,7 +55,9 @@ def prepared(spec: EvalSpec) -> EvalSpec:
             values["custom_format_mapping"] = taken["custom_format_mapping"]
         if taken and (spec.query_prompt, spec.document_prompt, spec.max_seq_length) == ("", "", 0):
             values.update({k: taken[k] for k in ("query_prompt", "document_prompt", "max_seq_length")})
-    if spec.data.strip() and eval_samples.data_kind(spec.data) == "file":
+    # a bundled demo set stays named (its absolute path lies outside the allowed folders), as training keeps it
+    bundled = spec.data.strip().startswith("bundled:")
+    if spec.data.strip() and eval_samples.data_kind(spec.data) == "file" and not bundled:
         try:
             values["data"] = str(resolve_source(spec.data.strip(), "data"))
         except DatasetError:

@@ -303,7 +303,8 @@ class ChatStream:
     def tool_calls(self) -> list[dict]:
         """The calls the model made, in OpenAI's form: ``{"id", "type": "function", "function": {"name",
         "arguments"}}`` (arguments as the JSON text the server sent); complete once the iteration has ended."""
-        return [{"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+        return [{"id": call["id"], "type": "function",
+                 "function": {"name": call["name"], "arguments": call["arguments"]}}
                 for _, call in sorted(self._calls.items())]
 
     def _finish(self, cancelled: bool) -> None:
