@@ -44,7 +44,8 @@ from ui.auth import current_actor
 from ui.entry import require_entrypoint
 from ui.server_paths import shown
 from ui.form import BASE, DATASET_SOURCES, K, MAP_AS, MODEL_SOURCES, MODULE_CHOICES, NOT_MAPPED, PREVIEW, SAVED
-from ui.state import get_orchestrator
+from ui import sweeps as sweeps_ui
+from ui.state import get_orchestrator, get_sweeps
 from ui.text import code, safe
 
 require_entrypoint("pages/new_run.py")
@@ -639,5 +640,20 @@ remember_state()
 if config is not None:
     st.download_button("Download as YAML", config.to_yaml(), file_name="run.yaml", mime="application/x-yaml",
                        help="The same file runs headless: python -m trainer_core run --config run.yaml")
+with st.expander("Sweep: search these settings instead of one run"):
+    st.caption("Each trial is an ordinary run of this form's config with the searched settings set (docs/sweeps.md). "
+               "Settings are TrainConfig keys; a method's own are dotted (dpo.beta).")
+    st.text_area("Sweep (YAML)", value=sweeps_ui.SWEEP_EXAMPLE, key=K + "sweep_yaml", height=230)
+    if st.button("Start sweep", icon="🧭", key=K + "start_sweep"):
+        if config is None or config_errors:
+            show_errors(config_errors, "The sweep was not started")
+        else:
+            sweep_id, sweep_errors = sweeps_ui.start_from_form(get_sweeps(), config, st.session_state[K + "sweep_yaml"],
+                                                               current_actor())
+            if sweep_errors:
+                show_errors(sweep_errors, "The sweep was not started")
+            else:
+                st.session_state["sweep_pick"] = sweep_id  # the Sweeps page opens on it
+                st.switch_page("pages/sweeps.py")
 if st.button("Start training", type="primary", icon="🚀", key=K + "start"):
     start_run()

@@ -3,11 +3,49 @@ table as the page draws it (settings, objective, outcome, run; the best trial st
 from __future__ import annotations
 
 import pandas as pd
+import yaml
 
+from trainer_core.auth.access import Actor
+from trainer_core.config import ConfigError, FieldError, TrainConfig, load_yaml
+from trainer_core.jobs.refusals import RunRefused
+from trainer_core.sweeps import checks
+from trainer_core.sweeps.runner import SweepRunner
 from trainer_core.sweeps.summary import SweepSummary
 from ui import format as fmt
 
+# New run's Sweep section starts from this: the settings most runs search first
+SWEEP_EXAMPLE = """\
+search: tpe            # grid, random or tpe
+params:
+  learning_rate: {low: 1.0e-5, high: 1.0e-3, log: true}
+  lora_r: [8, 16, 32]
+n_trials: 8            # and/or timeout_minutes: 60
+parallel: 1
+objective: eval_loss   # needs an eval set (eval_fraction above)
+direction: minimize
+pruner: median         # median, halving or none
+"""
+
 STATUS_ICONS = {"running": "🏃", "stopping": "🛑", "stopped": "💾", "completed": "✅"}
+
+
+def start_from_form(runner: SweepRunner, cfg: TrainConfig, text: str, actor: Actor) -> tuple[str | None,
+                                                                                            list[FieldError]]:
+    """New run's Sweep section: the form's config as the base and the section's YAML as ``sweep:``. Returns the
+    sweep's id, or every problem (the section's, its ranges', the base config's as a run)."""
+    try:
+        section = load_yaml(text) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
+        return None, [FieldError("sweep", f"not valid YAML: {exc}")]
+    config, errors = checks.read({**cfg.to_public_dict(), "sweep": section})
+    if errors:
+        return None, errors
+    try:
+        return runner.create(config, actor=actor), []
+    except ConfigError as exc:
+        return None, exc.errors
+    except RunRefused as exc:
+        return None, [FieldError("sweep", str(exc))]
 
 
 def sweep_label(summary_state) -> str:

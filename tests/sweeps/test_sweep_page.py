@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from db.entities import RunRecord
 from db.store import Store
 from tests.support import ROOT
-from trainer_core.config import BUNDLED_MODEL
+from trainer_core.config import BUNDLED_MODEL, FieldError
 from trainer_core.protocol.status import RunStatus
 from trainer_core.sweeps import checks, record
 from trainer_core.sweeps.driver import PRUNED, open_study
@@ -97,3 +97,29 @@ def test_the_sweeps_page_shows_the_best_trial_and_its_trials(app_home, finished_
     next(b for b in at.button if b.label == "Open the best trial's run").click().run()
     assert not at.exception, at.exception
     assert at.session_state["detail_run_id"] == "20260101-000001-abcdef"
+
+
+def test_new_runs_sweep_section_starts_a_sweep_of_the_forms_config_or_lists_every_problem(orch, home):
+    from trainer_core.auth.access import Actor
+    from trainer_core.config import TrainConfig
+    from trainer_core.sweeps.runner import SweepRunner
+    from ui.sweeps import SWEEP_EXAMPLE, start_from_form
+
+    runner = SweepRunner(orch, start_thread=False)
+    cfg = TrainConfig(max_steps=20, eval_fraction=0.1, eval_steps=5, learning_rate=3e-4)
+    sweep_id, errors = start_from_form(runner, cfg, SWEEP_EXAMPLE, Actor.local())
+    assert errors == []
+    state = record.read(sweep_id)
+    assert (state.config.base["learning_rate"], state.config.base["eval_steps"]) == (3e-4, 5)
+    assert [p.name for p in state.config.spec.params] == ["learning_rate", "lora_r"]
+    assert state.config.spec.n_trials == 8 and state.status is SweepStatus.RUNNING
+
+    no_eval = TrainConfig(max_steps=20)
+    assert start_from_form(runner, no_eval, "params: {learning_rate: {low: 0, high: 1.0e-3, log: true}}",
+                           Actor.local()) == (None, [
+        FieldError("sweep.params.learning_rate.low", "a log scale cannot reach zero or below: set low above 0 (e.g. "
+                                                     "1e-06) or drop log"),
+        FieldError("sweep.objective", "eval_loss needs an eval set: set eval_fraction (e.g. 0.1), local_eval_datasets "
+                                      "or eval_split in the base config")])
+    assert start_from_form(runner, no_eval, "params: [", Actor.local())[1][0].field == "sweep"
+    assert record.list_ids() == [sweep_id]
