@@ -99,3 +99,17 @@ def sweep_view() -> None:
 
 
 sweep_view()
+
+if state.status.value == "completed":
+    with st.expander("Free disk: delete the other trials' checkpoints"):
+        st.caption("Deletes the checkpoint folders of every trial run but the best one's. Their adapters, configs, "
+                   "metrics and logs stay, and so do the runs in History; they can no longer be resumed.")
+        sure = st.checkbox("Yes, delete them", key="sweep_free_sure")
+        if st.button("Delete checkpoints", disabled=not sure):
+            best_run = {row["run_id"] for row in summarize(sweep_id, orch.store.sweep_runs(sweep_id),
+                                                           importance=False).trials if row["best"]}
+            try:
+                count, freed = runner.free_disk(sweep_id, keep=best_run, actor=actor)
+                st.success(f"Deleted the checkpoints of {count} run(s): {freed / 1e6:.1f} MB freed.")
+            except RunRefused as exc:
+                st.error(safe(exc))

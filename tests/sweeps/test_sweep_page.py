@@ -123,3 +123,30 @@ def test_new_runs_sweep_section_starts_a_sweep_of_the_forms_config_or_lists_ever
                                       "or eval_split in the base config")])
     assert start_from_form(runner, no_eval, "params: [", Actor.local())[1][0].field == "sweep"
     assert record.list_ids() == [sweep_id]
+
+
+def test_freeing_disk_deletes_only_the_other_trials_checkpoints_and_only_when_asked_on_a_completed_sweep(
+        finished_sweep):
+    from types import SimpleNamespace
+
+    from trainer_core.jobs.refusals import RunRefused
+    from trainer_core.protocol import paths
+    from trainer_core.sweeps.runner import SweepRunner
+
+    store = Store()
+    runs = store.sweep_runs(finished_sweep)
+    for run in runs:
+        checkpoint = paths.run_dir(run.id) / "checkpoints" / "checkpoint-5"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "adapter_model.safetensors").write_bytes(b"x" * 1000)
+        (paths.run_dir(run.id) / "adapter").mkdir()
+    runner = SweepRunner(SimpleNamespace(store=store), start_thread=False)
+    best = runs[1].id
+    assert runner.free_disk(finished_sweep, keep={best}) == (3, 3000)
+    assert [(paths.run_dir(r.id) / "checkpoints").exists() for r in runs] == [False, True, False, False]
+    assert all((paths.run_dir(r.id) / "adapter").is_dir() for r in runs)  # the models stay
+    assert [e.message for e in store.get_events(runs[0].id) if e.kind == "sweep"] == [
+        f"checkpoints deleted to free disk (0.0 MB), asked on sweep {finished_sweep}"]
+    record.set_status(finished_sweep, SweepStatus.STOPPED)
+    with pytest.raises(RunRefused, match="Only a completed sweep's checkpoints are deleted"):
+        runner.free_disk(finished_sweep, keep={best})

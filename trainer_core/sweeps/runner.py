@@ -10,6 +10,7 @@ sweep's lock (``driver.lock``, flock) next -- the dashboard coming back, or the 
 from __future__ import annotations
 
 import fcntl
+import shutil
 import sys
 import threading
 from typing import IO
@@ -18,6 +19,7 @@ from trainer_core.auth import access
 from trainer_core.config import ConfigError, FieldError, TrainConfig
 from trainer_core.jobs.orchestrator import admin_reasons
 from trainer_core.jobs.refusals import RunRefused, authorize
+from trainer_core.protocol import paths
 from trainer_core.sweeps import record
 from trainer_core.sweeps.driver import SweepDriver, open_study
 from trainer_core.sweeps.record import SweepStatus
@@ -76,6 +78,26 @@ class SweepRunner:
             record.extend(sweep_id, _asked(state) + more_trials)
         if state.status is not SweepStatus.RUNNING:
             record.set_status(sweep_id, SweepStatus.RUNNING, "resumed")
+
+    def free_disk(self, sweep_id: str, keep: set[str], actor: access.Actor | None = None) -> tuple[int, int]:
+        """Delete the checkpoints of a completed sweep's trial runs except the runs in ``keep`` (the best trial's);
+        their adapters, configs and logs stay, and so do the runs in History. Returns (runs, bytes freed). Only
+        when asked (the Sweeps page's button), never by default, and never while the sweep may resume a trial."""
+        state = self._state(sweep_id, actor, access.Action.DELETE)
+        if state.status is not SweepStatus.COMPLETED:
+            raise RunRefused("Only a completed sweep's checkpoints are deleted: a stopped one resumes its trials "
+                             "from them.")
+        runs, freed = 0, 0
+        for run in self.orch.store.sweep_runs(sweep_id):
+            folder = paths.run_dir(run.id) / "checkpoints"  # run_dir refuses ids that would leave the runs root
+            if run.id in keep or not run.status.is_terminal() or folder.is_symlink() or not folder.is_dir():
+                continue
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(folder)  # rmtree unlinks symlinks inside the tree instead of following them
+            self.orch.store.add_event(run.id, "sweep", f"checkpoints deleted to free disk ({size / 1e6:.1f} MB), "
+                                                       f"asked on sweep {sweep_id}")
+            runs, freed = runs + 1, freed + size
+        return runs, freed
 
     def _state(self, sweep_id: str, actor: access.Actor | None, action: access.Action) -> record.SweepState:
         try:
