@@ -97,8 +97,8 @@ class RunsStore:
     def list_runs(self, limit: int = 500, offset: int = 0, search: str = "",
                   owners: list[str] | None = None, kinds: list[str] | None = None) -> list[RunRecord]:
         """Runs newest first, ``limit`` from ``offset``; ``search`` is a case-insensitive part of the id, name,
-        model, dataset or method; ``owners``, when given, keeps the runs these users started, ``kinds`` the jobs
-        of these kinds. Rows come without config_json and log_tail (read them with get_run)."""
+        model, dataset, method or sweep id (a sweep's trials); ``owners``, when given, keeps the runs these users
+        started, ``kinds`` the jobs of these kinds. Rows come without config_json and log_tail (read them with get_run)."""
         query = self._search(select(Run), search, owners, kinds).order_by(col(Run.created_at).desc(), col(Run.id).desc())
         query = query.options(defer(Run.config_json, raiseload=True), defer(Run.log_tail, raiseload=True))
         with Session(self.engine) as session:
@@ -145,7 +145,7 @@ class RunsStore:
             return query
         pattern = "%" + _like_escape(search) + "%"
         return query.where(or_(*[func.lower(column).like(pattern, escape="\\")
-                                 for column in (Run.id, Run.name, Run.model, Run.dataset, Run.method)]))
+                                 for column in (Run.id, Run.name, Run.model, Run.dataset, Run.method, Run.sweep_id)]))
 
     def active_runs(self) -> list[RunRecord]:
         """Runs with a worker (starting, running, stopping): everything not finished and not queued."""

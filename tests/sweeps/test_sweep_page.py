@@ -150,3 +150,21 @@ def test_freeing_disk_deletes_only_the_other_trials_checkpoints_and_only_when_as
     record.set_status(finished_sweep, SweepStatus.STOPPED)
     with pytest.raises(RunRefused, match="Only a completed sweep's checkpoints are deleted"):
         runner.free_disk(finished_sweep, keep={best})
+
+
+def test_historys_search_finds_a_sweeps_trials_by_its_id(finished_sweep):
+    store = Store()
+    assert [r.sweep_trial for r in store.list_runs(search=finished_sweep.upper())] == [3, 2, 1, 0]
+    assert store.count_runs(search=finished_sweep) == 4
+
+
+def test_a_diverged_trials_objective_puts_the_chart_on_a_log_scale():
+    import pandas as pd
+
+    frame = pd.DataFrame({"trial": [0, 1, 2], "outcome": ["pruned", "completed", "completed"],
+                          "objective": [47.97, 1.692, 3.484], "best": [False, True, False]})
+    spec = objective_chart(frame, "eval_loss").to_dict(validate=True)
+    assert [layer["encoding"]["y"]["scale"] for layer in spec["layer"]] == [{"type": "log"}] * 3
+    assert spec["layer"][1]["encoding"]["y"]["title"] == "eval_loss (lower is better), log scale"
+    calm = objective_chart(frame.iloc[1:], "eval_loss").to_dict(validate=True)
+    assert calm["layer"][1]["encoding"]["y"]["scale"] == {"zero": False}

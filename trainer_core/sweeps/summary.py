@@ -21,7 +21,7 @@ class SweepSummary:
     state: record.SweepState
     trials: list[dict[str, Any]]  # trial, outcome, objective, each param, run, run_id, status, step, note, best
     best: int | None  # the best trial's number
-    importance: dict[str, float]  # param -> share (empty: fewer than two finished trials, or one param)
+    importance: dict[str, float]  # param -> share (empty: fewer than two finished trials, or one setting searched)
 
     @property
     def params(self) -> list[str]:
@@ -49,8 +49,9 @@ def summarize(sweep_id: str, runs: list[RunRecord], importance: bool = True) -> 
                      "status": run.status.label if run else "", "step": run.steps_done if run else 0,
                      "note": t.user_attrs.get(PRUNED) or t.user_attrs.get(ERROR) or "",
                      "best": best is not None and t.number == best.number})
+    searched = len(state.config.spec.params)  # with one setting, its importance is 100% by definition
     return SweepSummary(state, rows, best.number if best else None,
-                        _importance(study) if importance and len(done) >= 2 else {})
+                        _importance(study) if importance and len(done) >= 2 and searched >= 2 else {})
 
 
 def _importance(study: optuna.Study) -> dict[str, float]:

@@ -29,15 +29,19 @@ def objective_chart(trials: pd.DataFrame, objective: str, direction: str = "mini
     best_line = pd.DataFrame({"trial": done["trial"], "best so far": running_best})
     x = alt.X("trial:Q", title="trial", axis=alt.Axis(tickMinStep=1))
     y_title = f"{objective} ({'lower' if direction == 'minimize' else 'higher'} is better)"
+    values = data["objective"]
+    # a diverged trial's loss is often tens of times the others': a log scale keeps the rest apart
+    log = bool(len(values)) and values.min() > 0 and values.max() / values.min() > 10
+    scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
     points = alt.Chart(data).mark_circle(size=80, opacity=0.9).encode(
-        x=x, y=alt.Y("objective:Q", title=y_title, scale=alt.Scale(zero=False)),
+        x=x, y=alt.Y("objective:Q", title=y_title + (", log scale" if log else ""), scale=scale),
         color=alt.Color("outcome:N", scale=alt.Scale(domain=list(OUTCOME_COLOURS),
                                                      range=list(OUTCOME_COLOURS.values())), title="outcome"),
         tooltip=["trial:Q", "outcome:N", alt.Tooltip("objective:Q", format=".4g")])
     line = alt.Chart(best_line).mark_line(interpolate="step-after", color="#888", strokeDash=[4, 3]).encode(
-        x=x, y="best so far:Q", tooltip=[alt.Tooltip("best so far:Q", format=".4g")])
+        x=x, y=alt.Y("best so far:Q", scale=scale), tooltip=[alt.Tooltip("best so far:Q", format=".4g")])
     best = alt.Chart(data[data["best"]]).mark_point(size=400, shape="circle", strokeWidth=3, color="#e45756",
-                                                    filled=False).encode(x=x, y="objective:Q")
+                                                    filled=False).encode(x=x, y=alt.Y("objective:Q", scale=scale))
     return alt.layer(line, points, best).properties(title=f"{objective} per trial (ringed: the best trial)",
                                                     height=HEIGHT)
 
