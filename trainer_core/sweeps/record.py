@@ -114,6 +114,18 @@ def read(sweep_id: str) -> SweepState:
                       config=config, folder=folder)
 
 
+def status(sweep_id: str) -> SweepStatus:
+    """The sweep's status from its state journal alone (the runner asks it of every sweep each second)."""
+    found = SweepStatus.RUNNING
+    for record in _records(sweep_dir(sweep_id)):
+        if record["op"] == "status" and record.get("status") in _STATUSES:
+            found = SweepStatus(record["status"])
+    return found
+
+
+_STATUSES = frozenset(s.value for s in SweepStatus)
+
+
 def list_ids() -> list[str]:
     """Every sweep's id, newest first."""
     root = sweeps_dir()

@@ -123,13 +123,9 @@ class SweepRunner:
                 self._release(sweep_id)
 
     def _attach(self, sweep_id: str) -> None:
-        try:
-            state = record.read(sweep_id)
-        except (OSError, ValueError):
+        if not record.status(sweep_id).is_active():  # most sweeps have ended: their state journal alone says so
             return
-        if not state.status.is_active():
-            return
-        lock_fh = open(state.folder / record.LOCK_FILE, "a")
+        lock_fh = open(record.sweep_dir(sweep_id) / record.LOCK_FILE, "a")
         try:
             fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process (or orchestrator) drives it
