@@ -168,3 +168,13 @@ def test_a_diverged_trials_objective_puts_the_chart_on_a_log_scale():
     assert spec["layer"][1]["encoding"]["y"]["title"] == "eval_loss (lower is better), log scale"
     calm = objective_chart(frame.iloc[1:], "eval_loss").to_dict(validate=True)
     assert calm["layer"][1]["encoding"]["y"]["scale"] == {"zero": False}
+
+
+def test_the_dashboards_orchestrator_comes_with_a_sweep_runner_closed_with_it(app_home):
+    from ui.state import get_orchestrator, get_sweeps
+
+    orch = get_orchestrator()
+    runner = get_sweeps()
+    assert runner.orch is orch and runner._thread.is_alive()
+    orch.close()
+    assert not runner._thread.is_alive() and runner.driving() == []
