@@ -148,6 +148,8 @@ def test_parse_tools_and_the_steps_as_messages():
                                        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18C"}]
     assert tp.call_text({"function": {"name": "f", "arguments": "{not json"}}) == "f({not json)"
     turn = pg.Turn("Weather?", {"k": pg.Answer("k", "K", text="18C in Lima.", status=pg.DONE, steps=steps[:1])})
+    lines = [json.loads(line) for line in pg.conversation_jsonl([turn]).splitlines()]
+    assert lines[1]["tool_steps"] == [{"content": "Checking.", "calls": [call], "results": ["18C"]}]
     assert pg.messages_for("", [turn], "k", "Thanks") == [
         {"role": "user", "content": "Weather?"}, *tp.step_messages(steps[:1]),
         {"role": "assistant", "content": "18C in Lima."}, {"role": "user", "content": "Thanks"}]

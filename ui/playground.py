@@ -294,7 +294,7 @@ def conversation_jsonl(turns: list[Turn]) -> str:
     """One JSON line per message: role and content. A system line comes first, and again wherever the system
     prompt changed; a user line adds its turn and sampling, and for an attached image a placeholder (name, type,
     size, sha256: the bytes would make the file megabytes of base64, and the picture may be private); an answer its
-    turn, source, model, status and stats."""
+    turn, source, model, status and stats, and its tool rounds (``tool_steps``) when it called tools."""
     lines: list[dict[str, Any]] = []
     system = ""
     for n, turn in enumerate(turns, 1):
@@ -305,7 +305,9 @@ def conversation_jsonl(turns: list[Turn]) -> str:
                       **({"image": turn.image.placeholder()} if turn.image else {}),
                       **({"sampling": asdict(turn.sampling)} if turn.sampling else {})})
         for answer in turn.answers.values():
-            lines.append({"role": "assistant", "content": answer.text, "turn": n, **answer.to_record()})
+            steps = [asdict(step) for step in answer.steps]  # the tool rounds before the answer: calls, results
+            lines.append({"role": "assistant", "content": answer.text, "turn": n, **answer.to_record(),
+                          **({"tool_steps": steps} if steps else {})})
     return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
 
