@@ -65,16 +65,17 @@ def _chat(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
         fmt, _ = formats.detect_format(rows)
     except DatasetError as exc:
         raise file_error(f"{filename}: {exc.message}") from None
-    for row, line in zip(rows, lines):
-        problem = _chat_row_problem(row, fmt)
-        if problem:
-            raise file_error(f"{filename}: line {line}: {problem}. Fix or remove that line.")
+    if _chat_rows_problem(rows, fmt):  # the whole file at once; row by row only to name the first bad line
+        for row, line in zip(rows, lines):
+            problem = _chat_rows_problem([row], fmt)
+            if problem:
+                raise file_error(f"{filename}: line {line}: {problem}. Fix or remove that line.")
     return CheckedFile("chat", fmt, len(rows), None)
 
 
-def _chat_row_problem(row: dict, fmt: str) -> str:
+def _chat_rows_problem(rows: list[dict], fmt: str) -> str:
     try:
-        converted = formats.convert_rows([row], fmt, None, "")
+        converted = formats.convert_rows(rows, fmt, None, "")
     except DatasetError as exc:
         return exc.message
     return next(iter(converted.dropped), "")
@@ -106,12 +107,20 @@ def _openai_pair(row: dict) -> tuple[dict, str]:
 
 
 def _studio_pairs(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
-    for row, line in zip(rows, lines):
-        try:
-            preference.normalize([row], "pairs", field_name="file")
-        except DatasetError as exc:
-            raise file_error(f"{filename}: line {line}: {exc.message}") from None
+    if _pairs_problem(rows):  # the whole file at once; row by row only to name the first bad line
+        for row, line in zip(rows, lines):
+            problem = _pairs_problem([row])
+            if problem:
+                raise file_error(f"{filename}: line {line}: {problem}")
     return CheckedFile("pairs", "pairs", len(rows), None)
+
+
+def _pairs_problem(rows: list[dict]) -> str:
+    try:
+        normalized = preference.normalize(rows, "pairs", field_name="file")
+    except DatasetError as exc:
+        return exc.message
+    return next(iter(normalized.dropped), "")
 
 
 def jsonl(rows: list[dict]) -> bytes:
