@@ -100,7 +100,7 @@ CASES = {
     "alpaca": {"local_datasets": [str(FIXTURES / "alpaca.jsonl")]},
     "chatml": {"local_datasets": [str(FIXTURES / "chatml.jsonl")], "train_on_completions": True},
     "sharegpt": {"local_datasets": [str(FIXTURES / "sharegpt.json")]},
-    "text": {"local_datasets": [str(FIXTURES / "text.jsonl")], "format_type": "text", "training_type": "full"},
+    "text": {"local_datasets": [str(FIXTURES / "text.jsonl")], "format_type": "text", "adapter": "full"},
     "custom": {"local_datasets": [str(FIXTURES / "custom.csv")], "format_type": "alpaca",
                "custom_format_mapping": {"instruction": "question", "input": "context", "output": "answer"},
                "system_prompt": "Answer briefly."},
