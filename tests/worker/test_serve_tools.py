@@ -60,3 +60,35 @@ def test_an_older_run_whose_template_asks_for_hermes_calls_gets_the_parser_at_se
     ids = tokenizer('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>',
                     add_special_tokens=False)["input_ids"]
     assert tokenizer.parse_response(ids, prefix=prompt)["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
+
+
+def test_a_call_whose_json_does_not_parse_comes_back_as_words_never_a_500(tiny_model):
+    """Found serving the tuned demo run: an answer echoing "<tool_call> XML tags." from the tools' instructions made
+    transformers serve's parser raise (HTTP 500); streamed, it ended the stream with an error chunk."""
+    from transformers import AutoTokenizer
+    from transformers.cli.serving import chat_completion, utils
+    from transformers.utils.chat_parsing.response_parser import ResponseParser
+
+    from trainer_core.worker import serve_tools, tool_template
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    tool_template.apply(tokenizer, [ROW], TrainConfig(model_name=str(tiny_model)))
+    serve_tools.enable(tokenizer, LLAMA)
+    prompt = tokenizer.apply_chat_template(ROW["messages"][:1], tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    bad = "Use the <tool_call> XML tags.<|im_end|>"
+    ids = tokenizer(bad, add_special_tokens=False)["input_ids"]
+    content, _, calls = chat_completion.parse_assistant_message(tokenizer, LLAMA, ids, prompt_ids,
+                                                                cleaned_content="Use the <tool_call> XML tags.",
+                                                                tools=TOOLS)
+    assert (content, calls) == ("Use the <tool_call> XML tags.", None)
+
+    stream = ResponseParser(tokenizer.response_template, prefix=prompt, tools=TOOLS)
+    events = [e for piece in ("Use the ", "<tool_call> XML", " tags.<|im_end|>") for e in stream.feed(piece)]
+    events += stream.finalize()[1]
+    streamed = utils.response_events_to_chunks(events)
+    assert "".join(c for c in streamed if isinstance(c, str)) == "Use the<tool_call>XML tags.</tool_call>"
+    good = ResponseParser(tokenizer.response_template, prefix=prompt, tools=TOOLS)
+    events = good.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>')
+    calls = [c for c in utils.response_events_to_chunks(events + good.finalize()[1]) if not isinstance(c, str)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]

@@ -127,8 +127,10 @@ def hermes_response_template(generation: str, eos_token: str = "") -> dict:
         "defaults": {"role": "assistant"},
         "start_anchor": generation,
         "fields": {
+            # allow_non_json: a call whose JSON does not parse stays its text (serve_tools answers it as content)
             "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
-                           "content": "json", "transform": {"type": "function", "function": "{content}"}},
+                           "content": "json", "content_args": {"allow_non_json": True},
+                           "transform": {"type": "function", "function": "{content}"}},
             "content": {"close_pattern": r"\s*(?:" + "|".join(re.escape(e) for e in ends) + ")", "content": "text"},
         },
     }

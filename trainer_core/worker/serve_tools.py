@@ -35,10 +35,55 @@ def response_template(tokenizer) -> dict | None:
     return tool_templates.hermes_response_template(generation, tokenizer.eos_token or "") if generation else None
 
 
+def is_call(value) -> bool:
+    """A parsed tool call transformers serve can answer: a function with a name and object arguments."""
+    function = value.get("function") if isinstance(value, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str) \
+        and isinstance(function.get("arguments", {}), (dict, str))
+
+
+def install_lenient_calls() -> None:
+    """A call whose JSON does not parse comes back as the model's words, never a 500 (transformers serve raises on it
+    when it answers whole, and ends a stream with an error chunk): the answer's parse falls back to its plain text,
+    and a stream carries such a call's text as content. Idempotent; patches transformers serve's serving module."""
+    from transformers.cli.serving import chat_completion, response, utils
+
+    if getattr(utils, "_studio_lenient_calls", False):
+        return
+    parse, to_chunks = utils.parse_assistant_message, utils.response_events_to_chunks
+
+    def parse_leniently(processor, model, generated_ids, input_ids, cleaned_content="", tools=None):
+        try:
+            return parse(processor, model, generated_ids, input_ids, cleaned_content=cleaned_content, tools=tools)
+        except (ValueError, TypeError, KeyError, AttributeError):  # a malformed call: the answer as written
+            return cleaned_content, None, None
+
+    def chunks_leniently(events: list[dict]) -> list:
+        out, kept = [], []
+        for event in events:
+            if event.get("type") == "region_close" and event.get("field") == "tool_calls" \
+                    and not is_call(event.get("value")):
+                value = event.get("value")
+                raw = value.get("function") if isinstance(value, dict) else value
+                raw = raw.strip() if isinstance(raw, str) else ""
+                for marker in tool_templates.END_MARKERS:  # a call cut by the end of the turn
+                    raw = raw.removesuffix(marker).rstrip()
+                out += to_chunks(kept) + [f"<tool_call>{raw}</tool_call>"]
+                kept = []
+            else:
+                kept.append(event)
+        return out + to_chunks(kept)
+
+    chat_completion.parse_assistant_message = response.parse_assistant_message = parse_leniently
+    utils.response_events_to_chunks = chunks_leniently
+    utils._studio_lenient_calls = True
+
+
 def enable(processor, model) -> str:
     """Make transformers serve parse the model's tool calls; what it parses them with ("" when it cannot)."""
     from transformers.cli.serving.utils import get_response_template
 
+    install_lenient_calls()
     tokenizer = getattr(processor, "tokenizer", processor)
     if get_response_template(processor, model) is not None:
         return "the model's response template"
