@@ -5,6 +5,7 @@ Stop while the model loads is Stopped, and a predictions file deleted mid-run is
 from __future__ import annotations
 
 import json
+import signal
 import time
 from types import SimpleNamespace
 
@@ -189,9 +190,12 @@ def test_the_cli_prints_the_rows_evaluated_and_the_baselines_progress(capsys):
         def eval_result(self, job_id):
             return None
 
+    before = signal.getsignal(signal.SIGINT)
     assert cli._follow(Orch(), evals.Started("e", "b", True), None, False) == 1
     assert capsys.readouterr().err.splitlines() == ["baseline: 4/10 samples", "1/3 samples", "3/3 samples",
                                                     "eval failed"]
+    # its Ctrl-C handler is put back: left installed, it answered a later test's SIGINT with this eval's cancel
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def run_worker_until_loaded(tmp_path, monkeypatch, action: control.Action) -> list:

@@ -1,12 +1,13 @@
 """A served model that was trained with the Hermes tool template answers OpenAI tool_calls: the run's tokenizer
 carries a response template that transformers serve parses the model's <tool_call> output with (saved at training;
 set at serve time for a model whose template asks for Hermes calls), and a model whose template renders no tools is
-left answering text."""
+left answering text. Each check imports transformers, so it runs in a child process (tests.support.run_in_child)."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
+from tests.support import run_in_child
 from trainer_core.config import TrainConfig
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -20,7 +21,7 @@ ROW = {"messages": [{"role": "user", "content": "Weather in Oslo?"},
 LLAMA = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
 
 
-def test_a_hermes_trained_tokenizer_parses_calls_as_transformers_serve_does(tiny_model, tmp_path):
+def hermes_parsing_in_child(tiny_model: str, tmp_path: str) -> None:
     from transformers import AutoTokenizer
 
     from trainer_core.worker import serve_tools, tool_template
@@ -46,7 +47,7 @@ def test_a_hermes_trained_tokenizer_parses_calls_as_transformers_serve_does(tiny
     assert plain["content"] == "It is sunny." and not plain.get("tool_calls")
 
 
-def test_an_older_run_whose_template_asks_for_hermes_calls_gets_the_parser_at_serve_time(tiny_model):
+def serve_time_parser_in_child(tiny_model: str) -> None:
     from transformers import AutoTokenizer
 
     from trainer_core.worker import serve_tools, tool_template
@@ -62,9 +63,7 @@ def test_an_older_run_whose_template_asks_for_hermes_calls_gets_the_parser_at_se
     assert tokenizer.parse_response(ids, prefix=prompt)["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
 
 
-def test_a_call_whose_json_does_not_parse_comes_back_as_words_never_a_500(tiny_model):
-    """Found serving the tuned demo run: an answer echoing "<tool_call> XML tags." from the tools' instructions made
-    transformers serve's parser raise (HTTP 500); streamed, it ended the stream with an error chunk."""
+def lenient_calls_in_child(tiny_model: str) -> None:
     from transformers import AutoTokenizer
     from transformers.cli.serving import chat_completion, utils
     from transformers.utils.chat_parsing.response_parser import ResponseParser
@@ -92,3 +91,17 @@ def test_a_call_whose_json_does_not_parse_comes_back_as_words_never_a_500(tiny_m
     events = good.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>')
     calls = [c for c in utils.response_events_to_chunks(events + good.finalize()[1]) if not isinstance(c, str)]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+
+
+def test_a_hermes_trained_tokenizer_parses_calls_as_transformers_serve_does(tiny_model, tmp_path):
+    run_in_child(hermes_parsing_in_child, str(tiny_model), str(tmp_path))
+
+
+def test_an_older_run_whose_template_asks_for_hermes_calls_gets_the_parser_at_serve_time(tiny_model):
+    run_in_child(serve_time_parser_in_child, str(tiny_model))
+
+
+def test_a_call_whose_json_does_not_parse_comes_back_as_words_never_a_500(tiny_model):
+    """Found serving the tuned demo run: an answer echoing "<tool_call> XML tags." from the tools' instructions made
+    transformers serve's parser raise (HTTP 500); streamed, it ended the stream with an error chunk."""
+    run_in_child(lenient_calls_in_child, str(tiny_model))

@@ -128,7 +128,15 @@ def _follow(orch, started, actor, as_json: bool) -> int:
               + (f" (its baseline {baseline_id} goes on: another eval waits for it)" if kept else ""),
               file=sys.stderr)
 
-    signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return _await(orch, job_id, baseline_id, as_json)
+    finally:  # the caller's handler back: a later Ctrl-C (or a later command in the same process) is not this eval's
+        signal.signal(signal.SIGINT, previous)
+
+
+def _await(orch, job_id: str, baseline_id: str | None, as_json: bool) -> int:
+    """The eval followed to its end and its metrics printed (against the baseline's); the exit code."""
     shown: dict[str, int] = {}
 
     def progress(label: str, snap) -> None:
