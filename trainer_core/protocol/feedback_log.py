@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer_core.protocol import paths
+from trainer_core.protocol import journal, paths
 
 LOG_FILE = "log.jsonl"
 OPS = ("vote", "withdraw", "rate", "unrate")
@@ -36,16 +36,4 @@ def append(op: str, **data: Any) -> None:
 
 def read(path: Path | None = None) -> list[dict[str, Any]]:
     """The log's records in order; a torn or damaged line is skipped on its own (the others are kept)."""
-    try:
-        data = (path or log_path()).read_bytes()
-    except FileNotFoundError:
-        return []
-    records = []
-    for raw in data.split(b"\n"):
-        try:
-            record = json.loads(raw.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict) and record.get("op") in OPS:
-            records.append(record)
-    return records
+    return [r for r in journal.read_objects(path or log_path()) if r.get("op") in OPS]

@@ -38,8 +38,14 @@ def append(run_id: str, op: str, **data: Any) -> None:
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """The journal's records in order; a torn line (a crash mid-write) is skipped, and so is a line that is not
     JSON, on its own: one damaged byte (invalid UTF-8 is replaced, line by line) never costs the other records."""
+    return [r for r in read_objects(Path(run_dir) / JOURNAL_FILE) if isinstance(r.get("op"), str)]
+
+
+def read_objects(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of an append-only log, line by line, in order ([] without the file): a torn or damaged line
+    is skipped on its own. The journal and the feedback log read through it."""
     try:
-        data = (Path(run_dir) / JOURNAL_FILE).read_bytes()
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
     records = []
@@ -48,7 +54,7 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
             record = json.loads(raw.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("op"), str):
+        if isinstance(record, dict):
             records.append(record)
     return records
 
