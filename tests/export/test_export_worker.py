@@ -201,15 +201,52 @@ def test_end_to_end_merged_and_gguf_answer_like_the_adapter(studio, capsys):
     if importlib.util.find_spec("xllamacpp") is not None:  # the llamacpp extra: the GGUF run by llama.cpp too
         # llama.cpp multiplies q8_0 weights with q8_0-quantized activations: it may drift where transformers'
         # dequantized fp32 does not; drift must then be a warning naming the first difference.
-        [llama] = verify[2:]
+        [llama] = verify[2:-1]
         assert (llama["format"], llama["total"]) == ("gguf q8_0 (llama.cpp)", 2)
         if llama["identical"] < 2:
             assert f"gguf q8_0 (llama.cpp) drifts from the adapter: {llama['identical']}/2 greedy answers identical; " \
                    f"first difference: {llama['first_difference']}" in snap.warnings
     else:
-        assert len(verify) == 2
+        assert len(verify) == 3
+    # the GGUF's tokenizer.chat_template, read back: the run's (SmolLM2's own, which renders no tools)
+    assert (verify[-1]["format"], verify[-1]["identical"], verify[-1]["total"]) == ("gguf q8_0 chat template", 1, 1)
     assert artifacts["Modelfile"].detail == "chatml" and "FROM ./export-test-eeeeee-q8_0.gguf" in \
         (folder / "Modelfile").read_text()
     card = (folder / "README.md").read_text()
     assert "| Final train loss | 1.6000 |" in card and "| gguf q8_0 | 2/2 | — |" in card and "hf_token" not in card
     assert not [p for p in paths.run_dir(job_id).iterdir() if p.name.startswith(".artifacts")]
+
+
+def test_a_run_with_the_hermes_tool_template_exports_a_gguf_and_modelfile_that_take_tools(tiny_env, tiny_model):
+    """The GGUF's tokenizer.chat_template is the run's tool template (read back with the gguf package, it renders a
+    tool's schema, a call and its result), and the Modelfile's TEMPLATE renders the same conversation with tools, as
+    Ollama would, exactly as that jinja template does."""
+    from tests.support.go_template import ollama_render
+    from trainer_core.export import chat_templates as ct, tool_templates as tt
+    from trainer_core.worker import export_template_check
+
+    run = lora_run("20260103-100013-tools0", str(tiny_model), tool_template=True)
+    job = new_job("20260103-100014-tools1", ExportSpec(source=ModelSource(run_id=run.name), targets=["gguf"],
+                                                       quantizations=["f16"], prompt_set="quick-check",
+                                                       max_new_tokens=2))
+    rc, events, output = run_scenario("none", job, tiny_env)
+    assert rc == 0 and (events[-1].kind, events[-1].status) == ("complete", "completed"), output[-3000:]
+    hermes = (run / "adapter" / "chat_template.jinja").read_text()
+    detected = ct.detect(hermes, "<|im_end|>")
+    assert "<tool_call>" in hermes and tt.hermes_tools(hermes, "<|im_end|>") == detected
+    folder = job / "artifacts"
+    gguf_template = export_template_check.read_template(folder / "export-test-tools0-f16.gguf")
+    assert gguf_template == hermes
+    checks = [e for e in events if e.kind == "verify" and e.format == "gguf f16 chat template"]
+    assert [(c.identical, c.total, c.unit) for c in checks] == [(4, 4, "chat template checks passed")]
+    [modelfile] = [e for e in events if e.kind == "artifact" and e.artifact == "modelfile"]
+    assert modelfile.detail == "chatml with tools"
+    text = (folder / "Modelfile").read_text()
+    assert f'TEMPLATE """{tt.go_tool_template(detected)}"""' in text
+    # What llama.cpp renders from the GGUF's template, and what Ollama renders from the Modelfile: the same prompt.
+    tool = export_template_check.TOOL
+    conversation = [*export_template_check.CONVERSATION, {"role": "assistant", "content": "4 degrees, clear."},
+                    {"role": "user", "content": "And in Rome?"}]
+    for messages in (conversation, [{"role": "system", "content": "Be brief."}, *conversation]):
+        assert ollama_render(text, messages, [tool]) == ct.render_jinja(gguf_template, messages, "<|im_start|>",
+                                                                        "<|im_end|>", tools=[tool])

@@ -34,14 +34,19 @@ BUILD_ADAPTER = textwrap.dedent("""
             if "lora_B" in name:
                 param.mul_(scale)
     model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(base).save_pretrained(target)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if sys.argv[4:] == ["hermes"]:  # as a run on tool-call data saves it (worker/tool_template.use)
+        from trainer_core.worker import tool_template
+        tool_template.use(tokenizer, dataclasses.replace(TrainConfig(), tool_template="hermes"))
+    tokenizer.save_pretrained(target)
     print("ok")
 """)
 
 
 def lora_run(run_id: str, model_name: str, adapter: str = "lora", scale: float = 0.2,
-             losses: tuple[float, ...] = (2.5, 2.1, 1.8, 1.6)) -> Path:
-    """runs/<run_id>/ as a completed LoRA (or QLoRA) run leaves it: config, event log, adapter."""
+             losses: tuple[float, ...] = (2.5, 2.1, 1.8, 1.6), tool_template: bool = False) -> Path:
+    """runs/<run_id>/ as a completed LoRA (or QLoRA) run leaves it: config, event log, adapter. ``tool_template``: the
+    adapter's tokenizer carries the Hermes tool template, as a run trained on tool-call data leaves it."""
     run_dir = paths.run_dir(run_id)
     run_dir.mkdir(parents=True)
     cfg = TrainConfig(run_name=f"export test {run_id[-6:]}", model_name=model_name, adapter=adapter,
@@ -55,7 +60,8 @@ def lora_run(run_id: str, model_name: str, adapter: str = "lora", scale: float =
     writer.emit(ev.CompleteEvent(status=RunStatus.COMPLETED.value, output_dir=str(run_dir / "adapter"),
                                  steps=len(losses), final_loss=losses[-1]))
     writer.close()
-    done = run_python(BUILD_ADAPTER, str(run_dir / "adapter"), model_name, str(scale))
+    done = run_python(BUILD_ADAPTER, str(run_dir / "adapter"), model_name, str(scale),
+                      *(["hermes"] if tool_template else []))
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
 

@@ -9,6 +9,7 @@ why: a warning, never a wrong template.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -78,15 +79,22 @@ class Detected:
     writes_bos: bool = False  # the template starts with bos_token (llama.cpp adds BOS itself: not in TEMPLATE)
 
 
-def render_jinja(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
-                 add_generation_prompt: bool = True) -> str:
-    """Render a chat template as transformers does (sandboxed, trim_blocks, lstrip_blocks, loop controls)."""
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' ``tojson`` filter: jinja's own sorts the keys and escapes HTML, which no model was trained on."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def render_jinja(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                 add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """Render a chat template as transformers does (sandboxed, trim_blocks, lstrip_blocks, loop controls, its
+    ``tojson``; ``tools`` None when the conversation offers none, as transformers passes it)."""
     def raise_exception(message):
         raise TemplateError(message)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+    env.filters["tojson"] = _tojson
+    return env.from_string(template).render(messages=messages, tools=tools, bos_token=bos_token, eos_token=eos_token,
                                             add_generation_prompt=add_generation_prompt)
 
 
@@ -151,8 +159,11 @@ def go_template(family: Family) -> str:
     return "{{ range .Messages }}" + body + "{{ end }}" + _go_text(family.generation)
 
 
-def modelfile(gguf_name: str, detected: Detected | None, template_text: str | None, label: str = "") -> str:
-    """The Modelfile next to the GGUF: FROM, TEMPLATE, stop PARAMETERs and SYSTEM from the chat template."""
+def modelfile(gguf_name: str, detected: Detected | None, template_text: str | None, label: str = "",
+              tools_template: str | None = None) -> str:
+    """The Modelfile next to the GGUF: FROM, TEMPLATE, stop PARAMETERs and SYSTEM from the chat template.
+    ``tools_template``: the TEMPLATE to write instead of the family's plain one, for a chat template that renders
+    tools (export.tool_templates.go_tool_template)."""
     head = [f"# Ollama Modelfile{' for ' + label if label else ''}: `ollama create NAME -f Modelfile`"]
     if detected is None:
         reason = ("the model has no chat template" if not template_text else
@@ -166,7 +177,11 @@ def modelfile(gguf_name: str, detected: Detected | None, template_text: str | No
     lines = head + [f"# Chat format: {family.name} (detected by rendering the model's own chat template)."]
     if not family.has_system:
         lines.append("# This format has no system role: system messages are left out, as its template refuses them.")
-    lines += [f"FROM ./{gguf_name}", f'TEMPLATE """{go_template(family)}"""']
+    if tools_template is not None:
+        lines += ["# Tools: the TEMPLATE writes the request's tools ({{ .Tools }}), the model's earlier calls",
+                  "# (.ToolCalls) and the tools' results (role tool) as its chat template does (Hermes <tool_call>",
+                  "# form), so `ollama run` / the chat API with tools answer tool_calls."]
+    lines += [f"FROM ./{gguf_name}", f'TEMPLATE """{tools_template or go_template(family)}"""']
     lines += [f'PARAMETER stop "{_quoted(stop)}"' for stop in family.stops]
     if detected.default_system:
         lines.append(f'SYSTEM """{detected.default_system.replace(chr(34) * 3, chr(39) * 3)}"""')

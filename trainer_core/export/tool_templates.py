@@ -19,7 +19,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from trainer_core.export.chat_templates import CONTENT, PROBE, Detected, detect
+from trainer_core.export.chat_templates import (BOS_SENTINEL, CONTENT, PROBE, PROBE_SYSTEM, Detected, _go_text,
+                                                detect, render_jinja)
 
 PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_zq7", "description": "Probe tool.",
                                                "parameters": {"type": "object", "properties": {}}}}
@@ -110,8 +111,6 @@ def choose(own_renders_tools: bool, template: str | None, eos_token: str, settin
     return Choice(hermes, f"{HERMES_LABEL} ({detected.family.name}){why}")
 
 
-
-
 # What the Hermes tool template makes the model write, as transformers' response parser reads it back
 # (tokenizer.response_template: transformers serve answers ``tool_calls`` with it, and it is saved in
 # tokenizer_config.json beside the chat template). The same shape as transformers' own Qwen2.5 fallback.
@@ -135,7 +134,77 @@ def hermes_response_template(generation: str, eos_token: str = "") -> dict:
         },
     }
 
-
 def writes_hermes_calls(rendered_probe: str) -> bool:
     """Whether a template's rendering of a conversation with the probe tool asks for Hermes ``<tool_call>`` calls."""
     return PROBE_TOOL["function"]["name"] in rendered_probe and "<tool_call>" in rendered_probe
+
+
+# ====================================================================== exported: GGUF metadata and Ollama
+# A conversation with two calls in one turn, their results, an answer and a new question: what a chat template must
+# render exactly as the Hermes tool template does for the Ollama TEMPLATE below to show the model the same prompt.
+TOOL_PROBE = [{"role": "user", "content": "Probe question one?"},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"type": "function", "function": {"name": "probe_tool_zq7", "arguments": {"x": "one"}}},
+                  {"type": "function", "function": {"name": "probe_tool_zq7", "arguments": {"x": "two"}}}]},
+              {"role": "tool", "content": "Probe result one."}, {"role": "tool", "content": "Probe result two."},
+              {"role": "assistant", "content": "Probe answer one."},
+              {"role": "user", "content": "Probe question two?"}]
+
+
+def hermes_tools(template: str | None, eos_token: str = "") -> Detected | None:
+    """The chat family of ``template`` when it renders conversations with tools exactly as the Hermes tool template
+    over that family does (a run trained with it; a model's own Hermes-style template, such as Qwen2.5's), else
+    None: only then does ``go_tool_template`` show Ollama's model the prompts it was trained on."""
+    detected = detect(template, eos_token)
+    if detected is None or not detected.family.has_system:
+        return None
+    hermes = hermes_template(detected)
+    for messages in (TOOL_PROBE, [{"role": "system", "content": PROBE_SYSTEM}, *TOOL_PROBE]):
+        try:
+            own = render_jinja(template, messages, BOS_SENTINEL, eos_token, tools=[PROBE_TOOL])
+        except Exception:  # noqa: BLE001 - a template may raise anything on tools it does not take
+            return None
+        if own != render_jinja(hermes, messages, BOS_SENTINEL, eos_token, tools=[PROBE_TOOL]):
+            return None
+    return detected
+
+
+def go_tool_template(detected: Detected) -> str:
+    """The Ollama TEMPLATE of the Hermes tool template over ``detected``'s family: the same text around the same
+    pieces, from Ollama's ``.Messages`` (each with ``.Role``, ``.Content``, ``.ToolCalls``) and ``.Tools``.
+
+    - The tools join the first system message (Ollama adds the Modelfile's SYSTEM as one when a request has none),
+      or make a system turn of their own; each is written as Ollama prints an ``api.Tool``: its JSON.
+    - An assistant turn writes its words, then each call as ``<tool_call>`` JSON, one per line.
+    - Consecutive results share one user turn: ``$prev`` remembers the role before (Go templates have no index
+      arithmetic), and the turn closes when a message of another role, or the end, comes.
+
+    No trim markers: every newline is the chat format's. Ollama finds the tag that starts a call (``<tool_call>``) as
+    the first text inside ``{{ if .ToolCalls }}`` up to a ``{``, so that text is ``<tool_call>\n`` alone and the
+    call's JSON starts with a literal ``{{ "{" }}``; the newline between the words and the calls sits in a
+    ``with``, which Ollama does not search for that tag."""
+    family = detected.family
+    sys_before, sys_after = (_go_text(p) for p in family.roles["system"].split(CONTENT))
+    user_before, user_after = (_go_text(p) for p in family.roles["user"].split(CONTENT))
+    asst_before, asst_after = (_go_text(p) for p in family.roles["assistant"].split(CONTENT))
+    tools = _go_text(TOOLS_HEAD) + "{{ range $.Tools }}\n{{ . }}{{ end }}" + _go_text(TOOLS_TAIL)
+    call = ('<tool_call>\n{{ "{" }}"name": "{{ .Function.Name }}", "arguments": {{ .Function.Arguments }}}\n'
+            '</tool_call>{{ if ne (len (slice $calls $j)) 1 }}\n{{ end }}')
+    return "".join([
+        '{{ $prev := "" }}{{ range $i, $m := .Messages }}',
+        f'{{{{ if and (eq $prev "tool") (ne .Role "tool") }}}}{user_after}{{{{ end }}}}',
+        f'{{{{ if and (eq $i 0) (ne .Role "system") $.Tools }}}}{sys_before}{tools}{sys_after}{{{{ end }}}}',
+        '{{ if eq .Role "system" }}',
+        f'{{{{ if eq $i 0 }}}}{{{{ if or .Content $.Tools }}}}{sys_before}{{{{ .Content }}}}',
+        f'{{{{ if $.Tools }}}}{{{{ if .Content }}}}\n\n{{{{ end }}}}{tools}{{{{ end }}}}{sys_after}{{{{ end }}}}',
+        f'{{{{ else }}}}{sys_before}{{{{ .Content }}}}{sys_after}{{{{ end }}}}',
+        f'{{{{ else if eq .Role "user" }}}}{user_before}{{{{ .Content }}}}{user_after}',
+        f'{{{{ else if eq .Role "assistant" }}}}{asst_before}{{{{ .Content }}}}',
+        '{{ if .Content }}{{ with .ToolCalls }}\n{{ end }}{{ end }}{{ $calls := .ToolCalls }}',
+        f'{{{{ if .ToolCalls }}}}{{{{ range $j, $c := .ToolCalls }}}}{call}{{{{ end }}}}{{{{ end }}}}{asst_after}',
+        f'{{{{ else if eq .Role "tool" }}}}{{{{ if eq $prev "tool" }}}}\n{{{{ else }}}}{user_before}{{{{ end }}}}',
+        '<tool_response>\n{{ .Content }}\n</tool_response>',
+        '{{ end }}{{ $prev = .Role }}{{ end }}',
+        f'{{{{ if eq $prev "tool" }}}}{user_after}{{{{ end }}}}',
+        _go_text(family.generation),
+    ])

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer_core.export import chat_templates, tools
+from trainer_core.export import chat_templates, tool_templates, tools
 from trainer_core.protocol import control, secrets
 from trainer_core.worker.export_plan import ExportError, Interrupted, Plan, Staged
 
@@ -149,15 +149,19 @@ class Conversion:
                     raise Interrupted(control.Action.CANCEL) from None
 
     def write_modelfile(self, plan: Plan) -> None:
+        """The Modelfile from the chat template: its family's TEMPLATE, or, when the template renders tools in the
+        Hermes form (a run trained with the Hermes tool template), one that renders {{ .Tools }} and the calls."""
         template = plan.tokenizer.chat_template
-        detected = chat_templates.detect(template, plan.tokenizer.eos_token or "")
+        eos = plan.tokenizer.eos_token or ""
+        detected = chat_templates.detect(template, eos)
         if detected is None:
             self.warn("The chat template matches none of the known families "
                       f"({', '.join(chat_templates.FAMILY_NAMES)}): the Modelfile has no TEMPLATE (a wrong one "
                       "makes the model answer gibberish); write one by hand for Ollama.")
+        tools = tool_templates.hermes_tools(template, eos) if detected is not None else None
         first = next(s.name for s in plan.staged if s.artifact == "gguf")
-        (plan.staging / "Modelfile").write_text(chat_templates.modelfile(first, detected, template,
-                                                                         plan.resolved.label))
-        family = detected.family.name if detected else "no TEMPLATE"
+        (plan.staging / "Modelfile").write_text(chat_templates.modelfile(
+            first, detected, template, plan.resolved.label,
+            tools_template=tool_templates.go_tool_template(tools) if tools is not None else None))
+        family = (detected.family.name + (" with tools" if tools is not None else "")) if detected else "no TEMPLATE"
         plan.staged.append(Staged("Modelfile", "modelfile", family, f"Ollama Modelfile ({family}) for {first}"))
-

@@ -1,5 +1,6 @@
 """The export's verify (trainer_core/worker/export.py): what was written is loaded back and must behave as the run's
-model — greedy answers token for token (merged, GGUF; llama.cpp's own answers where it is installed), transcripts of
+model — greedy answers token for token (merged, GGUF; llama.cpp's own answers where it is installed; the chat template
+in each GGUF's metadata, tools included: export_template_check), transcripts of
 the run's clips (speech), spoken clips sample for sample (text-to-speech), answers to the run's image rows (vision),
 embeddings within a cosine tolerance (embedding models)."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from trainer_core.config import promptsets
 from trainer_core.protocol import events as ev
+from trainer_core.worker import export_template_check
 from trainer_core.worker.export_plan import ExportError, Plan
 from trainer_core.worker.export_probes import (answer_image, chat_prompt, embedding_texts, generate, generate_ids,
                                                has_llama_cpp, llama_cpp_answers, llama_cpp_image_answers,
@@ -69,6 +71,12 @@ class Verification:
                 answers = llama_cpp_answers(folder / gguf_file, [chat_prompt(tok, p) for p in prompts],
                                             plan.spec.max_new_tokens)
                 self.report_verify(plan, compare_texts(f"{label} (llama.cpp)", prompts, texts, answers))
+        for label, folder, gguf_file in formats:  # the jinja template llama.cpp and Ollama read from each GGUF
+            if gguf_file is not None:
+                self.check_control()
+                self.report_verify(plan, export_template_check.check(
+                    label, export_template_check.read_template(folder / gguf_file), tokenizer.chat_template,
+                    tokenizer.bos_token or "", tokenizer.eos_token or ""))
 
     def verify_speech(self, plan: Plan) -> None:
         """A speech model: the merged folder reloaded (with its processor) transcribes the run's own clips (its eval
