@@ -60,7 +60,8 @@ def texts(chunks: list[Chunk]) -> list[str]:
 
 
 def test_a_two_page_pdf_keeps_its_page_numbers(tmp_path):
-    (tmp_path / "guide.pdf").write_bytes(make_pdf(["First page. It has two sentences.", "Second page here.\nAnd a line."]))
+    pages = ["First page. It has two sentences.", "Second page here.\nAnd a line."]
+    (tmp_path / "guide.pdf").write_bytes(make_pdf(pages))
     assert [p.extract_text() for p in pypdf.PdfReader(tmp_path / "guide.pdf").pages] == [
         "First page. It has two sentences.\n", "Second page here.\nAnd a line.\n"]  # the file is a real PDF
 
@@ -116,9 +117,11 @@ def test_text_loses_nul_and_control_characters_and_old_encodings_are_read(tmp_pa
 def test_unreadable_files_are_named_with_the_reason_and_reading_goes_on(tmp_path):
     (tmp_path / "a_good.txt").write_text("Fine text.", encoding="utf-8")
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4\ngarbage garbage\n")
-    writer = pypdf.PdfWriter(clone_from=pypdf.PdfReader(__import__("io").BytesIO(make_pdf(["Secret page."]))))
+    (tmp_path / "plain.pdf").write_bytes(make_pdf(["Secret page."]))
+    writer = pypdf.PdfWriter(clone_from=tmp_path / "plain.pdf")
     writer.encrypt("secret")
     writer.write(tmp_path / "locked.pdf")
+    (tmp_path / "plain.pdf").unlink()
     (tmp_path / "blank.pdf").write_bytes(make_pdf([""]))
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "spaces.md").write_text("---\ntitle: only front matter\n---\n \n\t\n", encoding="utf-8")
@@ -144,7 +147,6 @@ def test_unreadable_files_are_named_with_the_reason_and_reading_goes_on(tmp_path
 
 def test_a_docx_that_unpacks_past_the_limit_or_declares_entities_is_refused(tmp_path):
     make_docx(tmp_path / "bomb.docx", "<w:p><w:r><w:t>" + "a" * 5000 + "</w:t></w:r></w:p>")
-    (tmp_path / "entities.docx").write_bytes(b"")
     with zipfile.ZipFile(tmp_path / "entities.docx", "w") as archive:
         archive.writestr("word/document.xml", '<!DOCTYPE d [<!ENTITY a "aaaa">]><d>&a;</d>')
     _, problems = read_documents(tmp_path, max_file_bytes=3000)
@@ -178,12 +180,16 @@ def test_links_out_of_the_folder_are_refused_and_links_inside_it_are_read(tmp_pa
     (docs / "loop").symlink_to(docs)
     (docs / "same.txt").symlink_to(docs / "sub" / "real.txt")
     (docs / "gone.txt").symlink_to(docs / "missing.txt")
+    (docs / "ring1").symlink_to(docs / "ring2")
+    (docs / "ring2").symlink_to(docs / "ring1")
 
     chunks, problems = read_documents(docs)
     assert [(c.source, c.text) for c in chunks] == [("same.txt", "Real text."), ("sub/real.txt", "Real text.")]
     assert problems == [DocumentProblem("gone.txt", "a symbolic link to nothing (its target is gone)"),
                         DocumentProblem("leak.txt", "a symbolic link to a place outside the folder: not followed"),
-                        DocumentProblem("leakdir", "a symbolic link to a place outside the folder: not followed")]
+                        DocumentProblem("leakdir", "a symbolic link to a place outside the folder: not followed"),
+                        DocumentProblem("ring1", "a symbolic link that leads back to itself: not followed"),
+                        DocumentProblem("ring2", "a symbolic link that leads back to itself: not followed")]
     # roots widen the bound to the allowed folders, and a folder outside them is not read at all
     chunks, problems = read_documents(docs, roots=[tmp_path])
     assert [c.source for c in chunks] == ["leak.txt", "leakdir/secret.txt", "same.txt", "sub/real.txt"]

@@ -111,16 +111,18 @@ def _inside(path: Path, bounds: list[Path]) -> bool:
 
 
 def _collect(given: Path, roots: list[Path] | None, found: list, problems: list, skipped: Counter, limit: int) -> None:
+    """Add the files of one path given (a file or a folder) to ``found``, up to ``limit`` of them."""
     resolved = given.expanduser().resolve()
     bounds = [Path(root).expanduser().resolve() for root in roots] if roots is not None else None
+    name = given.name or str(given)
     if bounds is not None and not _inside(resolved, bounds):
-        problems.append(DocumentProblem(given.name, f"{given} resolves outside the allowed folders: not read"))
+        problems.append(DocumentProblem(name, f"{given} resolves outside the allowed folders: not read"))
     elif resolved.is_dir():
         _walk(given, Path(), bounds or [resolved], found, problems, skipped, limit, {resolved})
     elif resolved.is_file():
-        _add(given, given.name, found, skipped)
+        _add(given, name, found, skipped)
     else:
-        problems.append(DocumentProblem(given.name, f"{given} is not a file or folder"))
+        problems.append(DocumentProblem(name, f"{given} is not a file or folder"))
 
 
 def _walk(folder: Path, rel: Path, bounds: list[Path], found: list, problems: list, skipped: Counter, limit: int,
@@ -138,7 +140,11 @@ def _walk(folder: Path, rel: Path, bounds: list[Path], found: list, problems: li
         if entry.name.startswith("."):
             continue
         if entry.is_symlink():
-            target = entry.resolve()
+            try:
+                target = entry.resolve()
+            except (OSError, RuntimeError):  # RuntimeError: a loop of links (Python < 3.13)
+                problems.append(DocumentProblem(source, "a symbolic link that leads back to itself: not followed"))
+                continue
             if not _inside(target, bounds):
                 problems.append(DocumentProblem(source, "a symbolic link to a place outside the folder: not followed"))
                 continue
