@@ -129,7 +129,7 @@ def _check_params(kind: str, given: dict, at: str, problems: list) -> dict:
         if not words or not all(isinstance(w, str) and w for w in words):
             problems.append((f"{at}.keywords", "a non-empty list of non-empty strings"))
     if kind == "json_valid" and params.get("schema"):
-        problem = _schema_problem(params["schema"])
+        problem = schema_problem(params["schema"])
         if problem:
             problems.append((f"{at}.schema", problem))
     return params
@@ -147,7 +147,8 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _schema_problem(schema: dict) -> str | None:
+def schema_problem(schema: dict) -> str | None:
+    """Why ``schema`` cannot check values (with builtin.schema_validator's time limits), or None."""
     import jsonschema  # altair's own dependency: always installed with the dashboard
 
     depth = _depth(schema)
@@ -202,16 +203,18 @@ def _parse_model(entry: dict, at: str, weight: float, name: str | None, problems
     return RewardSpec(kind="model", name=name or "reward_model", weight=weight, model=model.strip())
 
 
-def read_reward_file(path: Path) -> str:
-    """The text of a reward file, checked for size; raises ValueError with the reason."""
+def read_reward_file(path: Path, what: str = "reward") -> str:
+    """The text of a reward file (or ``what`` else: a recipe's validator), checked for size; raises ValueError with
+    the reason."""
     size = path.stat().st_size
     if size > MAX_REWARD_FILE:
-        raise ValueError(f"{path} is {size:,} bytes: a reward file may be at most {MAX_REWARD_FILE:,}")
+        raise ValueError(f"{path} is {size:,} bytes: a {what} file may be at most {MAX_REWARD_FILE:,}")
     return path.read_bytes().decode("utf-8", errors="strict")
 
 
-def function_problem(text: str, function: str) -> str | None:
-    """Why ``function`` cannot be called from this module text (found without running it), or None."""
+def function_problem(text: str, function: str, what: str = "reward") -> str | None:
+    """Why ``function`` cannot be called from this module text (found without running it), or None. ``what`` names
+    the function's use in the message (a reward, a recipe's validator)."""
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
@@ -219,7 +222,7 @@ def function_problem(text: str, function: str) -> str | None:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
             if isinstance(node, ast.AsyncFunctionDef):
-                return f"{function} is async: a reward function must be a plain def"
+                return f"{function} is async: a {what} function must be a plain def"
             return None
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == function for t in node.targets):
             return None  # e.g. my_reward = functools.partial(...): callable, checked when it runs
