@@ -244,7 +244,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer_core.config",),  # the one TrainConfig: its method sections come from the method registry
     ("trainer_core.planning", "trainer_core.data"),  # what a model is and needs; datasets and their preview
     ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
-    ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
+    ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export", "trainer_core.recipes"),
+    # the job kinds' dashboard halves (recipes: documents' chunks, validators and duplicates for data recipes)
     ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
     ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps", "trainer_core.api"),
     # trying a model; what pages draw; people's votes and ratings (over the store and model sources); sweeps (their
