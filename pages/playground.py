@@ -197,7 +197,8 @@ with st.expander("System prompt and sampling", icon="⚙️"):
 with st.expander("Tools", icon="🛠️", expanded=bool(st.session_state.get(TOOLS_ON))):
     offer_tools = st.toggle("Offer tools to the models", key=TOOLS_ON,
                             help="Sent as the request's tools: a model that calls one shows its call and arguments, "
-                                 "and goes on once each call has a result (a mock reply, or yours)")
+                                 "and goes on once each call has a result (a mock reply, a Python function, or "
+                                 "yours)")
     if TOOLS_TEXT not in st.session_state:  # prefilled once from the first run's training data, when it lists tools
         first_run = next((src.run_id for c in loaded if (src := ModelSource.from_key(c.key)).run_id), None)
         st.session_state[TOOLS_TEXT] = tp.tools_text(tp.dataset_tools(first_run) if first_run else [])
@@ -205,11 +206,23 @@ with st.expander("Tools", icon="🛠️", expanded=bool(st.session_state.get(TOO
         "Tool schemas (JSON)", key=TOOLS_TEXT, height=220,
         help='A list of OpenAI tools: [{"type": "function", "function": {"name", "description", "parameters": '
              '<JSON Schema>}}]'))
-    mocks = {tool["function"]["name"]: st.text_input(
-        f"Mock reply of {safe(tool['function']['name'])}", key=f"{K}mock_{tool['function']['name']}",
-        placeholder="(empty: you answer each call to it)") for tool in offered_tools}
-tool_setup = tp.ToolSetup(offered_tools, mocks) if offer_tools else tp.ToolSetup()
-setting_errors = sampling.validate() + pg.check_message(system, "system prompt") + (tool_errors if offer_tools else [])
+    mocks, wanted = {}, {}
+    for tool in offered_tools:  # each call answered by a mock reply, a Python function, or (neither) the person
+        name = tool["function"]["name"]
+        reply, python, function = st.columns([2, 2, 1])
+        mocks[name] = reply.text_input(f"Mock reply of {safe(name)}", key=f"{K}mock_{name}",
+                                       placeholder="(empty: you answer each call to it)")
+        wanted[name] = (python.text_input(
+            f"Or a Python file for {safe(name)}", key=f"{K}pyfile_{name}", placeholder="(admins: tools/weather.py)",
+            help="A .py file under the allowed roots whose function answers each call (its arguments as keyword "
+                 "arguments; it returns the result). Admins only on a shared server. It runs in a sandboxed child "
+                 "process with a time limit (FINETUNE_STUDIO_TOOL_TIMEOUT_S, 30 s): an error or a hang is the "
+                 "model's result, and shown here"),
+            function.text_input("Function", key=f"{K}pyfn_{name}", placeholder=name))
+    functions, python_errors = tp.python_setup(actor, wanted, mocks) if offer_tools else ({}, [])
+tool_setup = tp.ToolSetup(offered_tools, mocks, functions) if offer_tools else tp.ToolSetup()
+setting_errors = sampling.validate() + pg.check_message(system, "system prompt") + \
+    (tool_errors + python_errors if offer_tools else [])
 for error in setting_errors:
     st.error(f"**{safe(error.field)}**: {safe(shown(error.message))}", icon="🚫")
 
@@ -232,8 +245,12 @@ def tool_steps(answer: pg.Answer) -> None:
             st.caption("🛠️ Tool call")
             st.code(tp.call_text(call), language=None, wrap_lines=True)
             if step.results is not None:
-                st.caption("↩️ Result")
+                by = step.replied_by[i] if step.replied_by else tp.PERSON
+                st.caption("↩️ Result" + ("" if by == tp.PERSON else " (mock reply)" if by == tp.MOCK else
+                                         f" of {safe(shown(by, actor))}"))
                 st.code(step.results[i], language=None, wrap_lines=True)
+                if step.errors and step.errors[i]:
+                    st.error(safe(shown(step.errors[i], actor)), icon="🛠️")
 
 
 def results_form(column: pg.Column, answer: pg.Answer) -> None:

@@ -34,7 +34,8 @@ from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.serving.client import AnswerStats, Sampling, ServeError, stream_chat
 from trainer_core.serving.gate import IMAGE_FORMATS, MAX_IMAGES, GateConfig, RequestRefused, image_size_problem
 from ui import image_check
-from ui.tool_playground import MAX_TOOL_STEPS, ToolSetup, ToolStep, mock_results, step_messages
+from ui.tool_playground import (MAX_TOOL_STEPS, PERSON, ToolSetup, ToolStep, automatic_step, copy_step,
+                                step_messages)
 
 MAX_COLUMNS = 3
 OFFERED = (RunStatus.COMPLETED, RunStatus.STOPPED)  # runs that ended with weights to talk to
@@ -305,7 +306,8 @@ def conversation_jsonl(turns: list[Turn]) -> str:
                       **({"image": turn.image.placeholder()} if turn.image else {}),
                       **({"sampling": asdict(turn.sampling)} if turn.sampling else {})})
         for answer in turn.answers.values():
-            steps = [asdict(step) for step in answer.steps]  # the tool rounds before the answer: calls, results
+            # the tool rounds before the answer: calls, results (and who gave them, any function's error)
+            steps = [{k: v for k, v in asdict(step).items() if v is not None} for step in answer.steps]
             lines.append({"role": "assistant", "content": answer.text, "turn": n, **answer.to_record(),
                           **({"tool_steps": steps} if steps else {})})
     return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
@@ -352,8 +354,8 @@ class Batch:
     def _stream_one(self, index: int, url: str, api_key: str, column: Column, messages: list[dict],
                     sampling: Sampling, timeout_s: float) -> str:
         """Stream one answer; returns why the column cannot go on ("" when it can). When the model calls tools,
-        each round becomes a step of the answer: answered by the mock replies it asks again, else it waits for the
-        person (CALLING); at most MAX_TOOL_STEPS rounds."""
+        each round becomes a step of the answer: answered by the mock replies and Python functions it asks again,
+        else it waits for the person (CALLING); at most MAX_TOOL_STEPS rounds."""
         messages = list(messages)
         while True:
             stream = None
@@ -375,10 +377,18 @@ class Batch:
                           stats=stream.stats)
                 return ""
             with self._lock:
+                content = self._answers[index][column.key].text
+            # mock replies and Python functions (a sandboxed child: outside the lock, the page keeps drawing)
+            step = automatic_step(content, calls, self.tools, self.cancel) if self.tools.answers_itself(calls) \
+                else ToolStep(content, calls)
+            with self._lock:
                 answer = self._answers[index][column.key]
-                step = ToolStep(answer.text, calls, mock_results(calls, self.tools.mocks))
-                answer.steps.append(step)
                 answer.text, answer.stats = "", stream.stats
+                if step is None:  # Stop came while the tool functions ran
+                    answer.steps.append(ToolStep(content, calls))
+                    answer.status = STOPPED
+                    return ""
+                answer.steps.append(step)
                 if step.results is None:
                     answer.status = CALLING
                     return ""
@@ -397,9 +407,8 @@ class Batch:
     def answers(self) -> list[dict[str, Answer]]:
         """A copy of every answer as it stands now (the threads keep writing to their own)."""
         with self._lock:
-            return [{k: Answer(**{**vars(a), "steps": [ToolStep(s.content, list(s.calls), s.results and list(s.results))
-                                                      for s in a.steps]})
-                     for k, a in row.items()} for row in self._answers]
+            return [{k: Answer(**{**vars(a), "steps": [copy_step(s) for s in a.steps]}) for k, a in row.items()}
+                    for row in self._answers]
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
@@ -432,8 +441,8 @@ def answer_tools(url: str, api_key: str, column: Column, system: str, turns: lis
     again: the answer goes on from its steps in a batch of its own."""
     turn = turns[-1]
     answer = turn.answers[column.key]
-    steps = [ToolStep(s.content, s.calls, s.results) for s in answer.steps]
-    steps[-1].results = list(results)
+    steps = [copy_step(s) for s in answer.steps]
+    steps[-1].results, steps[-1].replied_by = list(results), [PERSON] * len(results)
     messages = messages_for(system, turns[:-1], column.key, turn.user, column.vision, turn.image) + step_messages(steps)
     going_on = Answer(column.key, column.label, steps=steps)
     return Batch(url, api_key, [column], [{column.key: messages}], sampling, tools=tools,

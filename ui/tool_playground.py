@@ -1,21 +1,26 @@
 """The Playground's Tools panel, without Streamlit: the tool schemas offered to the models (JSON, checked as the serve
 gate checks them; prefilled from a run's training data), the steps of an answer that calls tools (the calls, then
-their results: typed by the person, or a fixed mock reply per tool), and those steps as the conversation the model
-is asked again with. ``ui/playground.py`` streams the steps; ``pages/playground.py`` lays them out."""
+their results: typed by the person, a fixed mock reply per tool, or a Python function per tool run in a sandboxed
+child: trainer_core/tryout/python_tools.py), and those steps as the conversation the model is asked again with.
+``ui/playground.py`` streams the steps; ``pages/playground.py`` lays them out."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 
+from trainer_core.auth.access import Actor
 from trainer_core.config import FieldError
 from trainer_core.data import DatasetError, loading
 from trainer_core.data.tool_calls import ToolFormatError, json_value, normalize_tools
 from trainer_core.data.tool_schema import schema_problem
 from trainer_core.specs import model_source
+from trainer_core.tryout import python_tools
+from trainer_core.tryout.python_tools import RESULT_MAX, PythonTool
 
 MAX_TOOL_STEPS = 5  # tool rounds in one answer before the Playground stops asking (a model calling in a loop)
 TOOLS_SHOWN = 20  # tools prefilled from a dataset at most
-RESULT_MAX = 32_000  # characters of one tool result
+MOCK, PERSON = "mock", "person"  # who answered a call (ToolStep.replied_by), beside a PythonTool's label
 
 
 @dataclass
@@ -26,14 +31,22 @@ class ToolStep:
     content: str
     calls: list[dict]
     results: list[str] | None = None
+    errors: list[str] | None = None  # per call: what went wrong in its Python function ("" when it returned)
+    replied_by: list[str] | None = None  # per call: "person", "mock" or the Python function (file, name, sha256)
 
 
 @dataclass
 class ToolSetup:
-    """What the models are offered: the tools, and a mock reply per tool name ("" or absent: the person answers)."""
+    """What the models are offered: the tools, a mock reply per tool name, or a Python function ("" or absent in
+    both: the person answers)."""
 
     tools: list[dict] = field(default_factory=list)
     mocks: dict[str, str] = field(default_factory=dict)
+    python: dict[str, PythonTool] = field(default_factory=dict)
+
+    def answers_itself(self, calls: list[dict]) -> bool:
+        """Whether every call's tool has a mock reply or a Python function (else the person answers the round)."""
+        return all(self.mocks.get(c["function"]["name"]) or c["function"]["name"] in self.python for c in calls)
 
 
 def dataset_tools(run_id: str) -> list[dict]:
@@ -80,10 +93,46 @@ def parse_tools(text: str) -> tuple[list[dict], list[FieldError]]:
     return (tools if not errors else []), errors
 
 
-def mock_results(calls: list[dict], mocks: dict[str, str]) -> list[str] | None:
-    """Each call's mock reply, when every called tool has one; None when the person must answer."""
-    replies = [mocks.get(call["function"]["name"], "") for call in calls]
-    return replies if all(replies) else None
+def python_setup(actor: Actor, wanted: dict[str, tuple[str, str]], mocks: dict[str, str]
+                 ) -> tuple[dict[str, PythonTool], list[FieldError]]:
+    """The Python functions the panel names (tool -> (file, function); an empty file: none), each checked as a custom
+    reward's file and only for an admin, or the problems naming the field and the fix."""
+    found, errors = {}, []
+    for tool, (python, function) in wanted.items():
+        if not python.strip():
+            continue
+        if mocks.get(tool):
+            errors.append(FieldError(f"{tool}: Python file", "the tool has a mock reply too: clear one of them"))
+            continue
+        loaded, problems = python_tools.load(actor, tool, python, function)
+        errors += problems
+        if loaded is not None:
+            found[tool] = loaded
+    return found, errors
+
+
+def automatic_step(content: str, calls: list[dict], setup: ToolSetup,
+                   cancel: threading.Event | None = None) -> ToolStep | None:
+    """The round's step with every call answered by its mock reply or its Python function (run now, in a sandboxed
+    child); None when Stop came while the functions ran. Only for calls ``setup.answers_itself``."""
+    results, errors, by = [""] * len(calls), [""] * len(calls), [MOCK] * len(calls)
+    python = [i for i, c in enumerate(calls) if c["function"]["name"] in setup.python]
+    if python:
+        replies = python_tools.run_calls(setup.python, [calls[i] for i in python], cancel)
+        if replies is None:
+            return None
+        for i, reply in zip(python, replies):
+            results[i], errors[i], by[i] = reply.result, reply.error, setup.python[calls[i]["function"]["name"]].label
+    for i, call in enumerate(calls):
+        if i not in python:
+            results[i] = setup.mocks[call["function"]["name"]]
+    return ToolStep(content, calls, results, errors, by)
+
+
+def copy_step(step: ToolStep) -> ToolStep:
+    """A step whose lists the caller may change (a streaming thread keeps writing to its own)."""
+    return ToolStep(step.content, list(step.calls), *(None if v is None else list(v)
+                                                      for v in (step.results, step.errors, step.replied_by)))
 
 
 def call_text(call: dict) -> str:

@@ -142,7 +142,7 @@ def _default_system(family: Family, rendered: str) -> str | None:
 
 
 # ====================================================================== Ollama
-def _go_text(text: str) -> str:
+def go_text(text: str) -> str:
     """Literal text inside a Go template: ``{{`` would start an action (no family writes it; keep it literal)."""
     return text.replace("{{", '{{ "{{" }}')
 
@@ -154,9 +154,9 @@ def go_template(family: Family) -> str:
     branches = []
     for role, turn in family.turns:
         before, after = turn.split(CONTENT)
-        branches.append(f'if eq .Role "{role}" }}}}{_go_text(before)}{{{{ .Content }}}}{_go_text(after)}')
+        branches.append(f'if eq .Role "{role}" }}}}{go_text(before)}{{{{ .Content }}}}{go_text(after)}')
     body = "{{ " + "{{ else ".join(branches) + "{{ end }}"
-    return "{{ range .Messages }}" + body + "{{ end }}" + _go_text(family.generation)
+    return "{{ range .Messages }}" + body + "{{ end }}" + go_text(family.generation)
 
 
 def modelfile(gguf_name: str, detected: Detected | None, template_text: str | None, label: str = "",

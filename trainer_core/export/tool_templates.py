@@ -19,8 +19,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from trainer_core.export.chat_templates import (BOS_SENTINEL, CONTENT, PROBE, PROBE_SYSTEM, Detected, _go_text,
-                                                detect, render_jinja)
+from trainer_core.export.chat_templates import (BOS_SENTINEL, CONTENT, PROBE_SYSTEM, Detected, go_text, detect,
+                                                render_jinja)
 
 PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_zq7", "description": "Probe tool.",
                                                "parameters": {"type": "object", "properties": {}}}}
@@ -184,10 +184,10 @@ def go_tool_template(detected: Detected) -> str:
     call's JSON starts with a literal ``{{ "{" }}``; the newline between the words and the calls sits in a
     ``with``, which Ollama does not search for that tag."""
     family = detected.family
-    sys_before, sys_after = (_go_text(p) for p in family.roles["system"].split(CONTENT))
-    user_before, user_after = (_go_text(p) for p in family.roles["user"].split(CONTENT))
-    asst_before, asst_after = (_go_text(p) for p in family.roles["assistant"].split(CONTENT))
-    tools = _go_text(TOOLS_HEAD) + "{{ range $.Tools }}\n{{ . }}{{ end }}" + _go_text(TOOLS_TAIL)
+    sys_before, sys_after = (go_text(p) for p in family.roles["system"].split(CONTENT))
+    user_before, user_after = (go_text(p) for p in family.roles["user"].split(CONTENT))
+    asst_before, asst_after = (go_text(p) for p in family.roles["assistant"].split(CONTENT))
+    tools = go_text(TOOLS_HEAD) + "{{ range $.Tools }}\n{{ . }}{{ end }}" + go_text(TOOLS_TAIL)
     call = ('<tool_call>\n{{ "{" }}"name": "{{ .Function.Name }}", "arguments": {{ .Function.Arguments }}}\n'
             '</tool_call>{{ if ne (len (slice $calls $j)) 1 }}\n{{ end }}')
     return "".join([
@@ -206,5 +206,5 @@ def go_tool_template(detected: Detected) -> str:
         '<tool_response>\n{{ .Content }}\n</tool_response>',
         '{{ end }}{{ $prev = .Role }}{{ end }}',
         f'{{{{ if eq $prev "tool" }}}}{user_after}{{{{ end }}}}',
-        _go_text(family.generation),
+        go_text(family.generation),
     ])

@@ -19,21 +19,30 @@ def folder(run_dir: Path) -> Path:
 def source_problem(spec: RewardSpec) -> tuple[Path | None, str | None]:
     """(resolved file, None) or (None, why it cannot be used): under the allowed roots, a .py file that
     parses and defines the function. Nothing is executed."""
-    problem = paths.path_problem(spec.python)
+    path, text, problem = read_source(spec.python)
     if problem:
         return None, problem
-    try:
-        path = paths.resolve_inside(Path(spec.python).expanduser(), paths.allowed_data_roots())
-    except paths.UnsafePathError as exc:
-        return None, f"{exc}: a reward file must be under the allowed roots (FINETUNE_STUDIO_ALLOWED_ROOTS)"
-    if path.suffix != ".py" or not path.is_file():
-        return None, f"{spec.python} is not a .py file"
-    try:
-        text = read_reward_file(path)
-    except (OSError, ValueError) as exc:
-        return None, str(exc)
     problem = function_problem(text, spec.function)
     return (path, None) if problem is None else (None, f"{spec.python}: {problem}")
+
+
+def read_source(python: str, what: str = "reward") -> tuple[Path | None, str, str | None]:
+    """(resolved file, its text, None) or (None, "", why it cannot be used): a .py file under the allowed roots, of
+    at most MAX_REWARD_FILE bytes. Nothing is executed. ``what`` names the file's use in the message (the
+    Playground's tool functions are checked as rewards are)."""
+    problem = paths.path_problem(python)
+    if problem:
+        return None, "", problem
+    try:
+        path = paths.resolve_inside(Path(python).expanduser(), paths.allowed_data_roots())
+    except paths.UnsafePathError as exc:
+        return None, "", f"{exc}: a {what} file must be under the allowed roots (FINETUNE_STUDIO_ALLOWED_ROOTS)"
+    if path.suffix != ".py" or not path.is_file():
+        return None, "", f"{python} is not a .py file"
+    try:
+        return path, read_reward_file(path, what), None
+    except (OSError, ValueError) as exc:
+        return None, "", str(exc)
 
 
 def snapshot(specs: list[RewardSpec], run_dir: Path) -> list[dict]:
