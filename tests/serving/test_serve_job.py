@@ -10,7 +10,7 @@ import time
 import pytest
 
 from db.entities import RunRecord
-from tests.support import FakeLauncher, wait_until
+from tests.support import ROOT, FakeLauncher, wait_until
 from trainer_core import __main__ as cli
 from trainer_core.config import BUNDLED_MODEL, ConfigError, FieldError, TrainConfig
 from trainer_core.jobs import pump
@@ -211,6 +211,44 @@ def test_vllm_command_has_adapters_and_no_key(tmp_path):
                        "--lora-modules", f"tuned={tmp_path / 'a'}", f"step40={tmp_path / 'b'}"]
     assert "--api-key" not in command  # the gate checks the key's hash, read from a file named in its environment
     assert "--enable-lora" not in vllm_command("/m", "m", [], "127.0.0.1", 1, 0, "vllm")
+
+
+def test_vllm_gets_the_runs_tool_template_and_the_hermes_parser(tmp_path):
+    """vLLM renders every model it serves with one chat template and never reads an adapter's: a run trained with
+    the Hermes tool template hands it that template (--chat-template) and vLLM's Hermes parser answers tool_calls."""
+    from trainer_core.export import chat_templates, tool_templates
+    from trainer_core.worker import serve_tools
+
+    own = (ROOT / "tests" / "fixtures" / "chat_templates" / "smollm2.jinja").read_text()
+    hermes = tool_templates.hermes_template(chat_templates.detect(own, "<|im_end|>"))
+    base, tools_run, plain_run, job = (tmp_path / n for n in ("base", "tools", "plain", "job"))
+    for folder, template in ((base, own), (tools_run, hermes), (plain_run, own)):
+        folder.mkdir()
+        (folder / "chat_template.jinja").write_text(template)
+    (base / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    job.mkdir()
+    args, warnings = serve_tools.vllm_tool_args(str(base), [("tuned", tools_run), ("plain", plain_run)], job)
+    assert args == ["--chat-template", str(job / "chat_template.jinja"), "--enable-auto-tool-choice",
+                    "--tool-call-parser", "hermes"] and warnings == []
+    assert (job / "chat_template.jinja").read_text() == hermes
+    command = vllm_command(str(base), "smollm2", [("tuned", tools_run)], "127.0.0.1", 8001, 8, "vllm", extra=args)
+    assert command[-5:] == args
+    # a run without tools, a base that is a hub id: nothing changes
+    assert serve_tools.vllm_tool_args(str(base), [("plain", plain_run)], job) == ([], [])
+    assert serve_tools.vllm_tool_args("HuggingFaceTB/SmolLM2-135M-Instruct", [], job) == ([], [])
+    # a base whose own template asks for Hermes calls (Qwen2.5's do): the parser, with the base's template
+    (base / "chat_template.jinja").write_text(hermes)
+    assert serve_tools.vllm_tool_args(str(base), [], job)[0] == ["--enable-auto-tool-choice", "--tool-call-parser",
+                                                                  "hermes"]
+    # two adapters with templates of their own cannot share one server's: the base's, with a warning
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer_config.json").write_text(json.dumps({"chat_template": hermes.replace("# Tools", "# Functions")}))
+    (base / "chat_template.jinja").write_text(own)
+    args, warnings = serve_tools.vllm_tool_args(str(base), [("tuned", tools_run), ("other", other)], job)
+    assert args == [] and warnings == [
+        "the adapters other, tuned saved different chat templates, and vLLM renders every model it serves with one: "
+        "they are served with the base model's. Serve them in separate jobs, or with engine: transformers"]
 
 
 def test_public_host():

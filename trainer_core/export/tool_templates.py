@@ -19,8 +19,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from trainer_core.export.chat_templates import (BOS_SENTINEL, CONTENT, PROBE_SYSTEM, Detected, go_text, detect,
-                                                render_jinja)
+from trainer_core.export.chat_templates import (BOS_SENTINEL, CONTENT, PROBE, PROBE_SYSTEM, Detected, detect,
+                                                go_text, render_jinja)
 
 PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_zq7", "description": "Probe tool.",
                                                "parameters": {"type": "object", "properties": {}}}}
@@ -137,6 +137,14 @@ def hermes_response_template(generation: str, eos_token: str = "") -> dict:
 def writes_hermes_calls(rendered_probe: str) -> bool:
     """Whether a template's rendering of a conversation with the probe tool asks for Hermes ``<tool_call>`` calls."""
     return PROBE_TOOL["function"]["name"] in rendered_probe and "<tool_call>" in rendered_probe
+
+
+def asks_hermes_calls(template: str | None, eos_token: str = "") -> bool:
+    """``writes_hermes_calls`` of a chat template's text, rendered as transformers renders it (no tokenizer needed)."""
+    try:
+        return writes_hermes_calls(render_jinja(template or "", PROBE, "", eos_token, tools=[PROBE_TOOL]))
+    except Exception:  # noqa: BLE001 - a template may raise anything on tools it does not take: it asks for no calls
+        return False
 
 
 # ====================================================================== exported: GGUF metadata and Ollama

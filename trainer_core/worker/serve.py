@@ -107,8 +107,9 @@ def merged_target(resolved: ResolvedSource) -> Path:
 
 
 def vllm_command(base: str, base_name: str, adapters: list[tuple[str, Path]], host: str, port: int,
-                 max_rank: int, vllm_bin: str = "") -> list[str]:
-    """``vllm serve`` for one base model and its LoRA adapters, gated by our KeyGate (no key on argv)."""
+                 max_rank: int, vllm_bin: str = "", extra: list[str] | None = None) -> list[str]:
+    """``vllm serve`` for one base model and its LoRA adapters, gated by our KeyGate (no key on argv); ``extra``: the
+    chat template and tool-call arguments (serve_tools.vllm_tool_args)."""
     command = [vllm_bin or shutil.which("vllm") or "vllm", "serve", base, "--host", host, "--port", str(port),
                "--served-model-name", base_name, "--middleware", "trainer_core.serving.gate.KeyGate",
                "--disable-uvicorn-access-log"]
@@ -116,7 +117,7 @@ def vllm_command(base: str, base_name: str, adapters: list[tuple[str, Path]], ho
         rank = next((r for r in VLLM_LORA_RANKS if r >= max_rank), VLLM_LORA_RANKS[-1])
         command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(rank),
                     "--lora-modules", *(f"{name}={folder}" for name, folder in adapters)]
-    return command
+    return command + (extra or [])
 
 
 class ServeWorker(JobWorker):
@@ -242,8 +243,11 @@ class ServeWorker(JobWorker):
                                         max_tokens_cap=spec.max_tokens_cap,
                                         request_timeout_s=spec.request_timeout_s, vision_models=vision,
                                         **feedback_files(self.run_dir, spec)).to_json())
+        tool_args, warnings = serve_tools.vllm_tool_args(base, adapters, self.run_dir)
+        for warning in warnings:
+            self.warn(warning)
         command = vllm_command(base, base_name, adapters, self.host, port,
-                               max((adapter_rank(a) for _, a in adapters), default=0))
+                               max((adapter_rank(a) for _, a in adapters), default=0), extra=tool_args)
         if spec.tls_certfile:
             command += ["--ssl-certfile", spec.tls_certfile, "--ssl-keyfile", spec.tls_keyfile]
         self.log("starting: " + " ".join(command))

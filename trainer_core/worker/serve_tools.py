@@ -2,10 +2,16 @@
 template (``tokenizer.response_template``, or its own fallback for Qwen models) into OpenAI's ``tool_calls``, streamed
 as deltas. A run trained with the Hermes tool template saves one (worker/tool_template.py); an older run, a merged
 model or a base model whose chat template asks for Hermes calls gets it here when the serve job loads it. A model
-whose template renders no tools keeps answering text. Serve worker only."""
+whose template renders no tools keeps answering text. With vLLM (``vllm_tool_args``), the run's chat template and
+vLLM's own Hermes parser. Serve worker only."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from trainer_core.export import chat_templates, tool_templates
+
+VLLM_TEMPLATE_FILE = "chat_template.jinja"  # in the serve job's folder: the template handed to vLLM
 
 
 def renders_hermes_calls(tokenizer) -> bool:
@@ -92,3 +98,51 @@ def enable(processor, model) -> str:
         return ""
     tokenizer.response_template = template
     return "Hermes <tool_call> tags"
+
+
+# ---------------------------------------------------------------------- vLLM
+def saved_template(folder: str | Path) -> tuple[str | None, str]:
+    """(the chat template a tokenizer folder saved, its eos token), read without loading the tokenizer:
+    ``chat_template.jinja``, else tokenizer_config.json's ``chat_template`` text; (None, "") for a folder that is not
+    here (a hub id) or holds none."""
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    eos = eos.get("content", "") if isinstance(eos, dict) else eos if isinstance(eos, str) else ""
+    try:
+        return (folder / VLLM_TEMPLATE_FILE).read_text(encoding="utf-8"), eos
+    except OSError:
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        return (template if isinstance(template, str) and template else None), eos
+
+
+def vllm_tool_args(base: str, adapters: list[tuple[str, Path]], job_dir: Path) -> tuple[list[str], list[str]]:
+    """vLLM's arguments for the sources' chat template and tool calls, and what to warn of.
+
+    vLLM renders every model it serves (the base and its LoRA adapters) with one chat template, the base folder's
+    unless ``--chat-template`` names another, and it never reads an adapter's. A run trained on tool calls saved the
+    Hermes tool template with its adapter: that template is written into the job folder and handed to vLLM (it
+    renders conversations without tools as the base's own does). Where the template asks for Hermes ``<tool_call>``
+    calls, ``--enable-auto-tool-choice --tool-call-parser hermes`` makes vLLM answer them as OpenAI ``tool_calls``.
+    Adapters with different templates of their own cannot share one server's: the base's is kept, with a warning."""
+    base_template, eos = saved_template(base)
+    own = {name: saved_template(folder) for name, folder in adapters}
+    differing = {t: name for name, (t, _) in own.items() if t and t != base_template}
+    eos = eos or next((e for _, e in own.values() if e), "")
+    args, warnings = [], []
+    template = base_template
+    if len(differing) == 1:
+        [(template, _)] = differing.items()
+        path = job_dir / VLLM_TEMPLATE_FILE
+        path.write_text(template, encoding="utf-8")
+        args += ["--chat-template", str(path)]
+    elif differing:
+        warnings.append(f"the adapters {', '.join(sorted(differing.values()))} saved different chat templates, and "
+                        "vLLM renders every model it serves with one: they are served with the base model's. Serve "
+                        "them in separate jobs, or with engine: transformers")
+    if tool_templates.asks_hermes_calls(template, eos):
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    return args, warnings
