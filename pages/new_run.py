@@ -609,6 +609,7 @@ with st.expander("LoRA"):
     lora[2].checkbox("Attention modules", key=K + "finetune_attention_modules", help=H("finetune_attention_modules"))
     lora[3].checkbox("MLP modules", key=K + "finetune_mlp_modules", help=H("finetune_mlp_modules"))
     lora[4].checkbox("Language layers", key=K + "finetune_language_layers", help=H("finetune_language_layers"))
+    st.text_input("Start from adapter", key=K + "init_adapter", help=H("init_adapter"))
 
 with st.expander("Logging"):
     log_cols = st.columns(3)

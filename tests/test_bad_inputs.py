@@ -434,7 +434,8 @@ def test_new_run_page_refuses_paths_and_names_together(app_home, tmp_path, outsi
 UNUSABLE_PATHS = {"300-characters": ("./" + "a" * 300, "names are limited to 255"),
                   "nul-byte": ("data\x00.jsonl", "contains a NUL character"),
                   "5000-bytes": ("/" + "/".join(["d" * 200] * 25), "paths are limited to 4,095")}
-PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint", "tensorboard_dir")
+PATH_FIELDS = ("model_name", "local_datasets", "local_eval_datasets", "resume_from_checkpoint", "init_adapter",
+               "tensorboard_dir")
 
 
 @pytest.mark.parametrize("kind", UNUSABLE_PATHS)
@@ -447,6 +448,7 @@ def test_new_run_page_reports_an_unusable_path_in_every_path_field(app_home, kin
     at.text_input(key="nr_local_datasets").input(bad)
     at.text_input(key="nr_local_eval_datasets").input(bad)
     at.text_input(key="nr_resume_from_checkpoint").input(bad)
+    at.text_input(key="nr_init_adapter").input(bad)
     at.toggle(key="nr_enable_tensorboard").set_value(True)
     at.text_input(key="nr_tensorboard_dir").input(bad)
     submit(at)

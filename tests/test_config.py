@@ -284,6 +284,38 @@ def test_resume_from_checkpoint(home, tmp_path):
     assert errors(resume_from_checkpoint=str(ckpt)) == []
 
 
+def test_init_adapter_is_a_lora_adapter_of_this_base_and_rank(home, tmp_path):
+    import json
+
+    from trainer_core.protocol import paths
+
+    adapter = paths.run_dir("r1") / "adapter"
+    adapter.mkdir(parents=True)
+    saved = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "task_type": "CAUSAL_LM"}
+    (adapter / "adapter_config.json").write_text(json.dumps(saved))
+    (paths.run_dir("r1") / "config.yaml").write_text(TrainConfig(lora_r=8, lora_alpha=16).to_yaml())
+    assert errors(init_adapter=str(adapter), lora_r=8, lora_alpha=16) == []
+    assert errors(init_adapter=str(adapter), lora_r=16, lora_alpha=16) == [FieldError(
+        "lora_r", "the adapter in init_adapter has r 8: set lora_r to 8 (it goes on training as it was saved)")]
+    other = tmp_path / "other-base"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    assert errors(init_adapter=str(adapter), lora_r=8, lora_alpha=16, model_name=str(other)) == [FieldError(
+        "model_name", "the adapter in init_adapter was trained on bundled:SmolLM2-135M-Instruct: set model_name to "
+                      "it")]
+    assert errors(init_adapter=str(adapter), adapter="full") == [FieldError(
+        "init_adapter", "a run starting from an adapter trains that adapter: choose adapter lora (or qlora), or clear "
+                        "init_adapter")]
+    assert errors(init_adapter=str(adapter), method="reward", lora_r=8, lora_alpha=16) == [FieldError(
+        "init_adapter", "the adapter was trained for CAUSAL_LM and reward trains SEQ_CLS: start from an adapter of "
+                        "the same kind, or clear init_adapter")]
+    assert errors(init_adapter=str(tmp_path)) == [FieldError(
+        "init_adapter", f"{tmp_path} holds no readable adapter_config.json: give a LoRA adapter folder (a finished "
+                        "run's adapter/, or one of its checkpoints)")]
+    found = errors(init_adapter="/etc")
+    assert [e.field for e in found] == ["init_adapter"] and "outside the allowed folders" in found[0].message
+
+
 def test_cpt_and_completions_need_matching_formats(home):
     assert errors(method="cpt", format_type="chatml") == [FieldError(
         "format_type", "continued pretraining trains on raw text: choose 'text' or 'auto'")]

@@ -110,6 +110,8 @@ def test_unsloth_trains_only_single_process_runs(monkeypatch):
     assert engines.choose_engine(2) == "transformers"
     # a vision-language model too: FastVisionModel (tests/test_unsloth_vision.py)
     assert engines.choose_engine(1, vision=True) == "unsloth"
+    # a run continuing a saved adapter (init_adapter): peft loads it trainable, Unsloth starts new adapters only
+    assert engines.choose_engine(1, continues_adapter=True) == "transformers"
 
 
 def test_fsdp_only_when_a_copy_does_not_fit():

@@ -362,6 +362,7 @@ def test_every_config_field_with_a_widget_round_trips(fakes, tmp_path):
     cfg = TrainConfig(run_name="all fields", model_name=str(tmp_path / "model"), method="cpt", adapter="full",
                       max_seq_length=384, load_in_4bit=True, use_loftq=True, finetune_language_layers=False,
                       enable_wandb=True, eval_fraction=0.2, resume_from_checkpoint="runs/r1/checkpoint-5",
+                      init_adapter="runs/r0/adapter",
                       local_datasets=[data], local_eval_datasets=[data],
                       format_type="alpaca", eval_steps=7, early_stopping_patience=2,
                       dataset_slice_start=1, dataset_slice_end=9, custom_format_mapping={"instruction": "question",

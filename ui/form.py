@@ -74,13 +74,13 @@ PLAIN_FIELDS = (
     "weight_decay", "max_grad_norm", "lr_scheduler_type", "optim", "random_seed", "packing", "train_on_completions",
     "gradient_checkpointing", "logging_steps", "save_steps", "resume_from_checkpoint", "allow_memory_overcommit",
     "image_max_side", "tool_template", "train_on_tool_results",
-    "lora_r",
+    "lora_r", "init_adapter",
     "lora_alpha", "lora_dropout", "use_rslora", "use_loftq", "finetune_attention_modules", "finetune_mlp_modules",
     "finetune_language_layers", "enable_wandb", "wandb_project", "enable_tensorboard", "tensorboard_dir",
     "num_processes", "launcher", "ray_address", "ray_gpus_per_worker", "ray_max_failures",
 )
 STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
-                   "resume_from_checkpoint", "tensorboard_dir", "ray_address")
+                   "resume_from_checkpoint", "init_adapter", "tensorboard_dir", "ray_address")
 # Widgets that are not one config field each (the model and dataset pickers, lists typed as text).
 OTHER_WIDGETS = ("model_source", "model_text", "dataset_source", "local_datasets", "local_eval_datasets",
                  "custom_format_mapping", "target_modules", "extra_modules", "gpu_ids")

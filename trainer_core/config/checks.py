@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from trainer_core.host import hardware
 from trainer_core.config import promptsets
@@ -158,6 +161,8 @@ def validate(cfg: TrainConfig) -> list[FieldError]:
         bad("tensorboard_dir", "give a folder name relative to the run folder, without '..'")
     if cfg.resume_from_checkpoint:
         _check_checkpoint(cfg.resume_from_checkpoint, bad)
+    if cfg.init_adapter:
+        _check_init_adapter(cfg, bad)
     _check_samples(cfg, bad)
     return errors
 
@@ -357,6 +362,62 @@ def _check_checkpoint(value: str, bad) -> None:
         return
     if not (path.is_dir() and (path / "trainer_state.json").exists()):
         bad("resume_from_checkpoint", f"{path} is not a completed checkpoint folder (no trainer_state.json)")
+
+
+def _check_init_adapter(cfg: TrainConfig, bad) -> None:
+    """The adapter a run starts from: a LoRA adapter folder under the allowed roots, trained for this kind of model,
+    with the rank and alpha the run says it trains (peft loads it as saved), on this run's base when it is a run's."""
+    if not cfg.effective_use_lora:
+        bad("init_adapter", "a run starting from an adapter trains that adapter: choose adapter lora (or qlora), or "
+                            "clear init_adapter")
+        return
+    if cfg.use_loftq:
+        bad("use_loftq", "LoftQ initialises new adapters; a run with init_adapter starts from the adapter's own "
+                         "weights: turn LoftQ off")
+    if cfg.method_spec.model_class not in ("causal_lm", "sequence_classification") or cfg.method_spec.loads_own_model:
+        bad("init_adapter", f"{cfg.method} runs start new adapters only: clear init_adapter")
+        return
+    problem = paths.path_problem(cfg.init_adapter)
+    if problem:
+        bad("init_adapter", problem)
+        return
+    try:
+        folder = paths.resolve_inside(cfg.init_adapter, paths.allowed_data_roots())
+        saved = json.loads((folder / "adapter_config.json").read_text())
+    except paths.UnsafePathError as exc:
+        bad("init_adapter", str(exc))
+        return
+    except (OSError, ValueError):
+        bad("init_adapter", f"{cfg.init_adapter} holds no readable adapter_config.json: give a LoRA adapter folder "
+                            "(a finished run's adapter/, or one of its checkpoints)")
+        return
+    if not isinstance(saved, dict) or saved.get("peft_type", "LORA") != "LORA":
+        bad("init_adapter", f"{folder} is not a LoRA adapter: a run continues LoRA adapters only")
+        return
+    wanted = "SEQ_CLS" if cfg.method_spec.model_class == "sequence_classification" else "CAUSAL_LM"
+    if saved.get("task_type") not in (None, wanted):
+        bad("init_adapter", f"the adapter was trained for {saved['task_type']} and {cfg.method} trains {wanted}: "
+                            "start from an adapter of the same kind, or clear init_adapter")
+    for name, key in (("lora_r", "r"), ("lora_alpha", "lora_alpha")):
+        if key in saved and saved[key] != getattr(cfg, name):
+            bad(name, f"the adapter in init_adapter has {key} {saved[key]}: set {name} to {saved[key]} (it goes on "
+                      "training as it was saved)")
+    base = _run_base_model(folder)
+    if base is not None and base != cfg.model_name:
+        bad("model_name", f"the adapter in init_adapter was trained on {base}: set model_name to it")
+
+
+def _run_base_model(folder: Path) -> str | None:
+    """The model_name of the run whose folder holds ``folder`` (None outside the runs folder, or unreadable)."""
+    runs = paths.runs_dir().resolve()
+    if runs not in folder.parents:
+        return None
+    config = runs / folder.relative_to(runs).parts[0] / "config.yaml"
+    try:
+        saved = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return saved.get("model_name") if isinstance(saved, dict) else None
 
 
 def sample_prompts_of(cfg: TrainConfig) -> tuple[str, ...]:

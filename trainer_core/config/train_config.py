@@ -122,6 +122,10 @@ class TrainConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout.", "lora")
     target_modules: list = _f(list(DEFAULT_TARGET_MODULES), "Module names to adapt (empty: from the attention/MLP switches).", "lora")
     use_rslora: bool = _f(False, "Rank-stabilised LoRA scaling.", "lora")
+    init_adapter: str = _f("", "A LoRA adapter folder this run starts from instead of new adapters: a finished run's "
+                           "adapter/ or one of its checkpoints (under the allowed folders). model_name must be the "
+                           "base it was trained on, lora_r and lora_alpha its own; its target modules are kept. "
+                           "Trained with the transformers engine (Unsloth starts new adapters only).", "lora")
     use_loftq: bool = _f(False, "LoftQ initialisation of the adapters from a 16-bit base (CUDA and bitsandbytes; "
                          "not with 4-bit loading).", "lora")
     finetune_vision_layers: bool = _f(False, "Adapt the vision tower and its projector too (vision-language models; "

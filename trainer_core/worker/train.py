@@ -115,7 +115,8 @@ class Worker:
         try:
             cfg = TrainConfig.from_yaml((self.run_dir / "config.yaml").read_text())
             self.early_stopping_patience = cfg.early_stopping_patience
-            self.engine_name = choose_engine(self.world_size, vision=_is_vision_model(cfg))
+            self.engine_name = choose_engine(self.world_size, vision=_is_vision_model(cfg),
+                                             continues_adapter=bool(cfg.init_adapter))
             self.status(RunStatus.STARTING, "loading model")
             # Import the engine only now: unsloth must be imported before transformers when it is used.
             engine = importlib.import_module(f"trainer_core.worker.engines.{self.engine_name}_engine")

@@ -16,10 +16,11 @@ class UnslothCannotLoad(RuntimeError):
     """Unsloth could not load this model; the worker says so and trains with the transformers engine."""
 
 
-def choose_engine(processes: int = 1, vision: bool = False) -> str:
+def choose_engine(processes: int = 1, vision: bool = False, continues_adapter: bool = False) -> str:
     """Unsloth when CUDA and the ``gpu`` extra are present and the run trains on one process (Unsloth pins
     its model to one GPU): FastLanguageModel for text, FastVisionModel for vision-language models (``vision``);
-    transformers + peft + trl everywhere else, data-parallel runs included."""
-    if os.environ.get(ENGINE_ENV) == TRANSFORMERS:
+    transformers + peft + trl everywhere else, data-parallel runs included, and for a run that continues a saved
+    adapter (``init_adapter``: Unsloth's get_peft_model starts new adapters; peft loads a saved one trainable)."""
+    if os.environ.get(ENGINE_ENV) == TRANSFORMERS or continues_adapter:
         return TRANSFORMERS
     return UNSLOTH if processes == 1 and hardware.unsloth_usable() else TRANSFORMERS

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoftQConfig, LoraConfig
+from peft import LoftQConfig, LoraConfig, PeftModel
 from transformers import TrainerCallback
 
 from trainer_core.config import TrainConfig
@@ -45,6 +45,8 @@ def load_model(cfg: TrainConfig, model_ref: str, token: str | None, sharded: boo
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+    if cfg.init_adapter:  # a run continuing an adapter trains its saved weights (peft_config adds no new one)
+        model = PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
     return model, tokenizer
 
 
@@ -65,7 +67,7 @@ def load_dtype(cfg: TrainConfig) -> torch.dtype:
 
 
 def peft_config(cfg: TrainConfig, model=None) -> LoraConfig | None:
-    if not cfg.effective_use_lora:
+    if not cfg.effective_use_lora or cfg.init_adapter:  # init_adapter: load_model loaded the adapter to train
         return None
     saved = list(cfg.method_spec.saved_modules(cfg)) or None  # the method's modules trained in full
     targets: Any = cfg.effective_target_modules
