@@ -34,7 +34,7 @@ from starlette.routing import Route
 from db import users
 from db.store import Store
 from gateway.api_tokens import VerifiedTokens
-from trainer_core.api import chat as chat_models, files, jobs, models, servers, timeline
+from trainer_core.api import catalog, chat as chat_models, files, jobs, servers, timeline
 from trainer_core.api.errors import AUTH, ApiError, forbidden, invalid
 from trainer_core.auth import access
 from trainer_core.jobs.orchestrator import Orchestrator
@@ -193,9 +193,11 @@ def create_app(make_orchestrator: Callable[[], Orchestrator] = Orchestrator) -> 
         answer = await state["http"].send(upstream, stream=True)
         if body.get("stream"):
             async def relay():
+                renamer = chat_models.StreamRenamer(asked)  # each chunk names the model asked for
                 try:
                     async for chunk in answer.aiter_raw():
-                        yield chunk
+                        yield renamer.feed(chunk)
+                    yield renamer.close()
                 finally:
                     await answer.aclose()
             return StreamingResponse(relay(), status_code=answer.status_code,
@@ -212,12 +214,10 @@ def create_app(make_orchestrator: Callable[[], Orchestrator] = Orchestrator) -> 
         return JSONResponse(data, status_code=answer.status_code)
 
     def list_models(request: Request, actor: access.Actor) -> Response:
-        data = [{"id": models.BUNDLED_MODEL_NAME, "object": "model", "created": 0, "owned_by": "finetune-studio"}]
-        for record in jobs.all_records():
-            if jobs.status_of(orch(), record) == "succeeded":
-                data.append({"id": jobs.fine_tuned_model(record), "object": "model", "created": record.created_at,
-                             "owned_by": record.owner})
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(catalog.listing(orch()))
+
+    def get_model(request: Request, actor: access.Actor) -> Response:
+        return JSONResponse(catalog.retrieve(orch(), request.path_params["model_id"]))
 
     routes = [
         route("/v1/files", upload, ["POST"]),
@@ -235,6 +235,7 @@ def create_app(make_orchestrator: Callable[[], Orchestrator] = Orchestrator) -> 
         route("/v1/fine_tuning/jobs/{job_id}/checkpoints", job_checkpoints, ["GET"]),
         route("/v1/chat/completions", chat, ["POST"]),
         route("/v1/models", list_models, ["GET"]),
+        route("/v1/models/{model_id:path}", get_model, ["GET"]),
     ]
 
     async def unknown(request: Request, exc: HTTPException) -> Response:

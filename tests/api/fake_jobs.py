@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support import fake_worker  # noqa: E402
+from trainer_core.config import TrainConfig  # noqa: E402
 from trainer_core.specs.jobspec import read_spec  # noqa: E402
 from trainer_core.protocol import control  # noqa: E402
 from trainer_core.protocol import events as ev  # noqa: E402
@@ -79,10 +80,12 @@ def serve(run_dir: Path) -> int:
 
 
 def train(run_dir: Path) -> int:
-    """The fake training worker, with the adapter folder a serve job resolves (written first: it is there when the
-    run is seen completed)."""
+    """The fake training worker, with the adapter folder a serve job resolves and a continuing run starts from (its
+    config as peft writes it, of the run's rank; written first: it is there when the run is seen completed)."""
+    cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
     (run_dir / "adapter").mkdir(exist_ok=True)
-    (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "task_type": "CAUSAL_LM"}))
     return fake_worker.main(run_dir)
 
 

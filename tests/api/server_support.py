@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -79,3 +80,11 @@ class ApiServer:
 
     def client(self, name: str, role: Role = Role.OPERATOR) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key=self.token(name, role), max_retries=0, timeout=120)
+
+
+def status_when_ended(client: openai.OpenAI, job_id: str) -> str:
+    """Poll once a second (each answer reads the run from the database): the job's status once it has ended."""
+    status = client.fine_tuning.jobs.retrieve(job_id).status
+    if status in ("queued", "running"):
+        time.sleep(1)
+    return status

@@ -1,7 +1,8 @@
 """The OpenAI-compatible fine-tuning API driven by the official ``openai`` client against a real server process,
 over fake jobs (tests/api/fake_jobs.py: scripted training steps, a chat server without a model): upload, create,
-events to succeeded, chat with the fine-tuned model; cancel, pause and resume; roles; a bad file named by line;
-bad input named by parameter; a server restart mid-job."""
+events to succeeded, chat with the fine-tuned model (streamed chunks named after it), the models routes; a
+reinforcement job as a GRPO run; a job continuing a fine-tuned model; cancel, pause and resume; roles; a bad file
+named by line; bad input named by parameter; a server restart mid-job."""
 from __future__ import annotations
 
 import json
@@ -16,9 +17,15 @@ from tests.api.fake_jobs import SERVED_NAME
 from tests.api.server_support import ApiServer
 from tests.support import wait_until
 from trainer_core.auth.access import Role
+from trainer_core.config import TrainConfig
 
 CHAT = [{"messages": [{"role": "user", "content": f"What is {n} + {n}?"},
                       {"role": "assistant", "content": str(2 * n)}]} for n in range(4)]
+PROMPTS = [{"messages": [{"role": "developer", "content": "Answer with a number."},
+                         {"role": "user", "content": f"What is {n} + {n}?"}], "reference_answer": str(2 * n)}
+           for n in range(4)]
+GRADER = {"type": "string_check", "name": "sum", "input": "{{sample.output_text}}",
+          "reference": "{{item.reference_answer}}", "operation": "eq"}
 PAIRS = [{"input": {"messages": [{"role": "user", "content": "Say hi"}]},
           "preferred_output": [{"role": "assistant", "content": "Hi!"}],
           "non_preferred_output": [{"role": "assistant", "content": "Go away."}]}] * 3
@@ -95,10 +102,22 @@ def test_a_job_from_upload_to_chat(server, ana, chat_file):
     answer = ana.chat.completions.create(model=job.fine_tuned_model, messages=[{"role": "user", "content": "2 + 2?"}])
     assert answer.choices[0].message.content == f"echo {SERVED_NAME}: 2 + 2?"
     assert answer.model == job.fine_tuned_model
-    stream = ana.chat.completions.create(model=job.fine_tuned_model, stream=True,
-                                         messages=[{"role": "user", "content": "3 + 3?"}])
-    assert "".join(c.choices[0].delta.content or "" for c in stream) == f"echo {SERVED_NAME}: 3 + 3? "
-    assert job.fine_tuned_model in [m.id for m in ana.models.list().data]
+    chunks = list(ana.chat.completions.create(model=job.fine_tuned_model, stream=True,
+                                              messages=[{"role": "user", "content": "3 + 3?"}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == f"echo {SERVED_NAME}: 3 + 3? "
+    assert len(chunks) == 5 and {c.model for c in chunks} == {job.fine_tuned_model}  # not the server's name
+
+    listed = ana.models.list().data
+    assert {"SmolLM2-135M-Instruct", job.fine_tuned_model} <= {m.id for m in listed}
+    model = ana.models.retrieve(job.fine_tuned_model)
+    assert (model.id, model.object, model.owned_by, model.created) == (job.fine_tuned_model, "model", "ana",
+                                                                       job.created_at)
+    bundled = ana.models.retrieve("SmolLM2-135M-Instruct")
+    assert (bundled.id, bundled.owned_by) == ("SmolLM2-135M-Instruct", "finetune-studio")
+    for missing in ("gpt-4o-mini", f"{job.fine_tuned_model}:ckpt-step-3", f"ft:smollm2-135m-instruct:x:{job.id}"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            server.client("vera", Role.VIEWER).models.retrieve(missing)  # viewers read models too
+        assert error_of(caught)["param"] == "model" and error_of(caught)["code"] == "model_not_found"
     log = server.log_text()
     assert "ana POST /v1/fine_tuning/jobs -> 200" in log and "ana POST /v1/chat/completions -> 200" in log
     assert "fts_" not in log  # who, never the token
@@ -116,6 +135,53 @@ def test_a_dpo_job_trains_the_studio_pairs(server, ana):
     assert json.loads(converted[0]) == {"prompt": [{"role": "user", "content": "Say hi"}],
                                         "chosen": [{"role": "assistant", "content": "Hi!"}],
                                         "rejected": [{"role": "assistant", "content": "Go away."}]}
+
+
+def test_a_reinforcement_job_is_a_grpo_run_scored_by_its_grader(server, ana):
+    prompts = ana.files.create(file=("sums.jsonl", jsonl(PROMPTS)), purpose="fine-tune")
+    grader = {"type": "multi", "calculate_output": "0.8 * sum + 0.2 * short",
+              "graders": {"sum": GRADER, "short": {**GRADER, "reference": "I don't know", "operation": "ne"}}}
+    job = ana.fine_tuning.jobs.create(
+        model="SmolLM2-135M-Instruct", training_file=prompts.id, suffix="rl",
+        method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "batch_size": 2, "compute_multiplier": 0.5, "reasoning_effort": "low"}}})
+    assert job.method.type == "reinforcement" and job.method.reinforcement.grader.type == "multi"
+    assert job.method.reinforcement.hyperparameters.compute_multiplier == 0.5 and job.hyperparameters.batch_size == 2
+    cfg = TrainConfig.from_yaml((server.home / "runs" / job.id.removeprefix("ftjob-") / "config.yaml").read_text())
+    assert cfg.method == "grpo" and cfg.method_settings.num_generations == 2 and cfg.batch_size == 4
+    assert cfg.method_settings.rewards == [
+        {"type": "answer_match", "column": "reference_answer", "mode": "exact", "extract": "whole", "weight": 0.8,
+         "name": "sum"},
+        {"type": "format", "pattern": r"\s*I\ don't\ know\s*", "weight": -0.2, "name": "short"}]
+    assert finished(ana, job.id).status == "succeeded"
+    events = ana.fine_tuning.jobs.list_events(job.id, limit=100).data
+    assert [e.message for e in events[-2:]] == [  # oldest last: the note follows the creation
+        "reasoning_effort 'low' is ignored: the studio's models have no reasoning-effort setting; each completion is "
+        "up to grpo.max_completion_length tokens (studio.grpo)", f"Created fine-tuning job: {job.id}"]
+    assert events[-2].level == "warn"
+    with pytest.raises(openai.BadRequestError) as caught:
+        ana.fine_tuning.jobs.create(model="SmolLM2-135M-Instruct", training_file=prompts.id, method={
+            "type": "reinforcement", "reinforcement": {"grader": {"type": "python", "source": "def grade(s, i): 1"}}})
+    assert error_of(caught)["param"] == "method.reinforcement.grader.type"
+    assert error_of(caught)["code"] == "unsupported" and "your own code" in error_of(caught)["message"]
+
+
+def test_a_job_continues_a_fine_tuned_model(server, ana, chat_file):
+    first = finished(ana, ana.fine_tuning.jobs.create(model="SmolLM2-135M-Instruct", training_file=chat_file.id,
+                                                      suffix="one", extra_body={"studio": {"lora_r": 4}}).id)
+    job = ana.fine_tuning.jobs.create(model=first.fine_tuned_model, training_file=chat_file.id, suffix="two")
+    first_run = server.home / "runs" / first.id.removeprefix("ftjob-")
+    cfg = TrainConfig.from_yaml((server.home / "runs" / job.id.removeprefix("ftjob-") / "config.yaml").read_text())
+    assert (cfg.model_name, cfg.init_adapter, cfg.lora_r) == ("bundled:SmolLM2-135M-Instruct",
+                                                              str(first_run / "adapter"), 4)
+    job = finished(ana, job.id)
+    assert job.status == "succeeded" and job.model == first.fine_tuned_model
+    assert job.fine_tuned_model == f"ft:smollm2-135m-instruct:two:{job.id}"  # named after the first base
+    for name in (first.fine_tuned_model,  # not his
+                 f"ft:smollm2-135m-instruct:one:ftjob-{'0' * 8}", f"{first.fine_tuned_model}:ckpt-step-9"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            server.client("bob").fine_tuning.jobs.create(model=name, training_file=chat_file.id)
+        assert error_of(caught)["param"] == "model" and error_of(caught)["code"] == "model_not_found"
 
 
 @pytest.fixture
@@ -153,6 +219,10 @@ def test_cancel_mid_run(server, ana, chat_file, held):
     with pytest.raises(openai.NotFoundError) as caught:
         ana.chat.completions.create(model=f"ft:smollm2-135m-instruct::{job.id}", messages=[])
     assert error_of(caught)["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as caught:  # a cancelled job has no model to go on from
+        ana.fine_tuning.jobs.create(model=f"ft:smollm2-135m-instruct::{job.id}", training_file=chat_file.id)
+    assert error_of(caught)["param"] == "model" and error_of(caught)["code"] == "model_not_ready"
+    assert f"its job {job.id} is cancelled, not succeeded" in error_of(caught)["message"]
 
 
 def test_pause_and_resume_continue_one_job(server, ana, chat_file, held):
@@ -250,7 +320,7 @@ def test_bad_input_gets_openai_errors_naming_the_parameter(server, ana, chat_fil
         == "training_file"
     error = refused(openai.BadRequestError, lambda: create(model="SmolLM2-135M-Instruct", training_file=chat_file.id,
                                                            method={"type": "reinforcement"}))
-    assert error["param"] == "method.type" and error["code"] == "unsupported"
+    assert error["param"] == "method.reinforcement.grader" and "grader is required" in error["message"]
     error = refused(openai.BadRequestError, lambda: create(model="SmolLM2-135M-Instruct", training_file=chat_file.id,
                                                            extra_body={"studio": {"lora_r": -3}}))
     assert error["param"] == "studio.lora_r"

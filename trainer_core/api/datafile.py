@@ -6,7 +6,13 @@ Three shapes are accepted, each also how the studio's form reads it:
   text), read by ``data.formats`` exactly as a training run reads them;
 - ``pairs``: OpenAI's preference rows ``{"input": {"messages": [...]}, "preferred_output": [...],
   "non_preferred_output": [...]}``, converted to the studio's ``{prompt, chosen, rejected}`` message lists
-  (``data.preference``), or rows already in that shape.
+  (``data.preference``), or rows already in that shape;
+- ``prompts``: OpenAI's reinforcement rows ``{"messages": [...], "<field>": ...}`` whose messages end before the
+  answer (or rows with a ``prompt`` column), read as GRPO reads them (``data.preference``): the other fields are the
+  columns its rewards see. OpenAI's ``developer`` messages become ``system`` messages.
+
+The fields a GRPO run would pass to its rewards (``columns``: those every row has, the last assistant turn of chat
+rows as ``answer``) are kept with the file, so that a grader naming another field is refused when the job is created.
 
 A problem names the line (1-based, as an editor shows it) and what to fix; the whole file is refused.
 """
@@ -19,15 +25,18 @@ from trainer_core.api.errors import ApiError, invalid
 from trainer_core.data import DatasetError, formats, preference, readers
 
 OPENAI_PAIR_KEYS = ("input", "preferred_output", "non_preferred_output")
-SHAPES = {"chat": "supervised (chat or text rows)", "pairs": "preference pairs (DPO)"}
+SHAPES = {"chat": "supervised (chat or text rows)", "pairs": "preference pairs (DPO)",
+          "prompts": "prompts for reinforcement (messages without the answer)"}
+ROLE_RENAMES = {"developer": "system"}  # OpenAI's name for the system turn
 
 
 @dataclass
 class CheckedFile:
-    shape: str  # "chat" or "pairs"
-    format: str  # what the studio detected: chatml, alpaca, sharegpt, text; pairs
+    shape: str  # SHAPES
+    format: str  # what the studio detected: chatml, alpaca, sharegpt, text; pairs; prompts
     rows: int
     training_rows: list[dict] | None  # rows to write in the studio's shape; None: the upload itself is read as is
+    columns: list[str] | None = None  # the fields a GRPO run's rewards see in every row; None: not prompt rows
 
 
 def file_error(message: str) -> ApiError:
@@ -57,7 +66,57 @@ def check(data: bytes, filename: str) -> CheckedFile:
         return _openai_pairs(rows, lines, filename)
     if all(key in rows[0] for key in ("chosen", "rejected")):
         return _studio_pairs(rows, lines, filename)
+    if _is_prompt_row(rows[0]):
+        return _prompts(rows, lines, filename)
     return _chat(rows, lines, filename)
+
+
+def _is_prompt_row(row: dict) -> bool:
+    """A row to generate an answer for: messages that end before the answer, or a prompt (and no completion)."""
+    messages = row.get("messages")
+    if isinstance(messages, list) and messages:
+        return not (isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant")
+    return "prompt" in row and not any(key in row for key in ("completion", "chosen", "rejected"))
+
+
+def _prompts(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
+    renamed = [_renamed_roles(row) for row in rows]
+    converted = renamed if renamed != rows else None
+    problem = _prompts_problem(renamed)  # the whole file at once; row by row only to name the first bad line
+    if problem:
+        for row, line in zip(renamed, lines):
+            if preference.row_problem(row, "prompts"):
+                raise file_error(f"{filename}: line {line}: {preference.row_problem(row, 'prompts')}. Fix or "
+                                 "remove that line.")
+        raise file_error(f"{filename}: {problem}")  # the rows mix text and message prompts
+    return CheckedFile("prompts", "prompts", len(rows), converted, prompt_columns(renamed))
+
+
+def _renamed_roles(row: dict) -> dict:
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not any(isinstance(m, dict) and m.get("role") in ROLE_RENAMES
+                                                 for m in messages):
+        return row
+    return {**row, "messages": [{**m, "role": ROLE_RENAMES[m["role"]]}
+                                if isinstance(m, dict) and m.get("role") in ROLE_RENAMES else m for m in messages]}
+
+
+def _prompts_problem(rows: list[dict]) -> str:
+    try:
+        normalized = preference.normalize(rows, "prompts", field_name="file")
+    except DatasetError as exc:
+        return exc.message
+    return next(iter(normalized.dropped), "")
+
+
+def prompt_columns(rows: list[dict]) -> list[str] | None:
+    """The fields GRPO passes to its rewards that every row has (None when the rows are no prompt rows)."""
+    try:
+        normalized = preference.normalize(rows, "prompts", field_name="file")
+    except DatasetError:
+        return None
+    keys = [set(row) - {"prompt"} for row in normalized.rows]
+    return sorted(set.intersection(*keys)) if keys else []
 
 
 def _chat(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
@@ -70,7 +129,7 @@ def _chat(rows: list[dict], lines: list[int], filename: str) -> CheckedFile:
             problem = _chat_rows_problem([row], fmt)
             if problem:
                 raise file_error(f"{filename}: line {line}: {problem}. Fix or remove that line.")
-    return CheckedFile("chat", fmt, len(rows), None)
+    return CheckedFile("chat", fmt, len(rows), None, prompt_columns(rows) if fmt == "chatml" else None)
 
 
 def _chat_rows_problem(rows: list[dict], fmt: str) -> str:

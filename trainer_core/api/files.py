@@ -2,7 +2,8 @@
 
 ``openai-files/<id>.jsonl`` is the upload as sent (what ``/content`` returns), ``<id>.json`` its record, and for
 OpenAI's preference rows ``<id>.pairs.jsonl`` the same examples in the studio's ``{prompt, chosen, rejected}``
-shape, which the run trains on. The record is written last: a file is listed only once it is whole.
+shape (for reinforcement rows with ``developer`` turns, ``<id>.prompts.jsonl`` with ``system`` turns), which the run
+trains on. The record is written last: a file is listed only once it is whole.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from trainer_core.protocol import paths
 FOLDER = "openai-files"
 PURPOSE = "fine-tune"
 MAX_MB_ENV = "FINETUNE_STUDIO_API_MAX_FILE_MB"
+CONVERTED = ("pairs", "prompts")  # <id>.<shape>.jsonl: the upload in the studio's shape
 DEFAULT_MAX_MB = 200  # nginx's own cap on an upload in the shared mode (gateway/nginx.py)
 _ID_RE = re.compile(r"^file-[0-9a-f]{24}$")
 
@@ -36,6 +38,7 @@ class StoredFile:
     shape: str  # datafile.SHAPES
     format: str
     rows: int
+    columns: list[str] | None = None  # the fields every row gives a GRPO run's rewards (None: unknown, or none)
 
     def public(self) -> dict:
         """OpenAI's file object."""
@@ -50,8 +53,10 @@ class StoredFile:
     @property
     def training_path(self) -> Path:
         """The file a run reads: the studio's pairs for OpenAI's preference rows, else the upload itself."""
-        pairs = folder() / f"{self.id}.pairs.jsonl"
-        return pairs if pairs.exists() else self.path
+        for converted in (folder() / f"{self.id}.{suffix}.jsonl" for suffix in CONVERTED):
+            if converted.exists():
+                return converted
+        return self.path
 
 
 def folder() -> Path:
@@ -81,9 +86,9 @@ def save(data: bytes, filename: str, purpose: str, owner: str) -> StoredFile:
     file_id = "file-" + secrets.token_hex(12)
     _write(folder() / f"{file_id}.jsonl", data)
     if checked.training_rows is not None:
-        _write(folder() / f"{file_id}.pairs.jsonl", datafile.jsonl(checked.training_rows))
+        _write(folder() / f"{file_id}.{checked.shape}.jsonl", datafile.jsonl(checked.training_rows))
     record = StoredFile(file_id, len(data), int(time.time()), name, purpose, owner, checked.shape, checked.format,
-                        checked.rows)
+                        checked.rows, checked.columns)
     _write(folder() / f"{file_id}.json", json.dumps(asdict(record)).encode())
     return record
 
@@ -120,5 +125,5 @@ def list_files(purpose: str | None = None) -> list[StoredFile]:
 
 def delete(stored: StoredFile) -> None:
     (folder() / f"{stored.id}.json").unlink(missing_ok=True)  # first: it is no longer listed
-    for suffix in (".jsonl", ".pairs.jsonl"):
-        (folder() / f"{stored.id}{suffix}").unlink(missing_ok=True)
+    for suffix in ("", *(f".{shape}" for shape in CONVERTED)):
+        (folder() / f"{stored.id}{suffix}.jsonl").unlink(missing_ok=True)

@@ -5,6 +5,12 @@ hyperparameters as asked) is a small record in ``<data root>/api/jobs/<run id>.j
 everything else is read from the run's row and folder each time, so the job's state survives a restart of the
 API server (and of the dashboard) like the run's own. Pause is the studio's Stop & save; resume starts the run
 that continues it from its checkpoint (the orchestrator's resume), which the job follows from then on.
+
+A job whose ``model`` is a previous job's ``fine_tuned_model`` (or one of its checkpoints) starts from that run's
+weights (``start_point``): a LoRA run's adapter is loaded, trainable, on the same base (the run's ``init_adapter``,
+with the adapter's rank, alpha and target modules); a full fine-tune's saved model is the new run's model. The new
+model is named after the first job's base, as OpenAI names it. Only the job's owner (or an admin) continues it; a
+name that is unknown, someone else's or not succeeded is refused naming ``model``.
 """
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ from trainer_core.jobs.orchestrator import Orchestrator
 from trainer_core.jobs.refusals import RunRefused
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.specs import model_source
+from trainer_core.specs.model_source import ModelSource
 
 ORGANIZATION = "finetune-studio"
+LORA_FIELDS = ("adapter", "lora_r", "lora_alpha", "target_modules", "use_rslora")  # what a saved adapter fixes
 STATUS = {RunStatus.QUEUED: "queued", RunStatus.STARTING: "running", RunStatus.RUNNING: "running",
           RunStatus.STOPPING: "running", RunStatus.COMPLETED: "succeeded", RunStatus.STOPPED: "paused",
           RunStatus.CANCELLED: "cancelled", RunStatus.FAILED: "failed"}
@@ -91,7 +100,9 @@ def runs_of(orch: Orchestrator, record: JobRecord) -> list[RunRecord]:
 
 
 def create(orch: Orchestrator, body: object, actor: access.Actor) -> dict:
-    request, cfg = requests.read(body)
+    name = body.get("model") if isinstance(body, dict) else None
+    start = start_point(orch, name, actor) if isinstance(name, str) and name.startswith("ft:") else None
+    request, cfg = requests.read(body, start)
     shown = {str(files.get(request.training_file).training_path): request.training_file}
     if request.validation_file:
         shown[str(files.get(request.validation_file).training_path)] = request.validation_file
@@ -103,7 +114,7 @@ def create(orch: Orchestrator, body: object, actor: access.Actor) -> dict:
         raise forbidden(str(exc)) from None
     servers.make_room(orch, run_id)
     record = JobRecord(run_id=run_id, created_at=int(orch.get_run(run_id).created_at), owner=actor.name,
-                       base_model=cfg.model_name, request=asdict(request))
+                       base_model=start.base_model if start is not None else cfg.model_name, request=asdict(request))
     _save(record)
     return render(orch, record)
 
@@ -121,10 +132,12 @@ def render(orch: Orchestrator, record: JobRecord) -> dict:
     if status == "failed":
         error = {"code": "training_failed", "message": (latest.error if latest else "") or
                  "the run's record is gone (deleted from History)", "param": None}
-    hyper = dict(request.hyperparameters)
-    method: dict[str, Any] = {"type": request.method, request.method: {"hyperparameters": dict(hyper)}}
+    hyper = {key: request.hyperparameters[key] for key in ("n_epochs", "batch_size", "learning_rate_multiplier")}
+    method: dict[str, Any] = {"type": request.method, request.method: {"hyperparameters": dict(request.hyperparameters)}}
     if request.method == "dpo":
         method["dpo"]["hyperparameters"]["beta"] = request.beta if request.beta is not None else "auto"
+    if request.method == "reinforcement":
+        method["reinforcement"]["grader"] = request.grader
     tokens = [r.tokens_seen for r in chain if r.tokens_seen]
     return {"id": record.id, "object": "fine_tuning.job", "created_at": record.created_at,
             "error": error, "fine_tuned_model": fine_tuned_model(record) if succeeded else None,
@@ -140,6 +153,14 @@ def render(orch: Orchestrator, record: JobRecord) -> dict:
 
 def fine_tuned_model(record: JobRecord, step: int | None = None) -> str:
     return models.fine_tuned_name(record.base_model, record.request.get("suffix", ""), record.id, step)
+
+
+def run_with_checkpoint(chain: list[RunRecord], step: int) -> str | None:
+    """The latest of the job's runs that saved a checkpoint at ``step`` (None when none did)."""
+    for run in reversed(chain):
+        if (paths.run_dir(run.id) / "checkpoints" / f"checkpoint-{step}").is_dir():
+            return run.id
+    return None
 
 
 def listing(orch: Orchestrator, cursor: str | None, limit: int, metadata: dict[str, str]) -> dict:
@@ -160,6 +181,39 @@ def page(data: list[dict], limit: int) -> dict:
     shown = data[:limit]
     return {"object": "list", "data": shown, "has_more": len(data) > limit,
             "first_id": shown[0]["id"] if shown else None, "last_id": shown[-1]["id"] if shown else None}
+
+
+# ---------------------------------------------------------------------- continuing a fine-tuned model
+def start_point(orch: Orchestrator, name: str, actor: access.Actor) -> requests.StartPoint:
+    """Where a job continuing the fine-tuned model ``name`` starts; ApiError naming ``model`` when it cannot."""
+    parsed = models.parse_fine_tuned(name)
+    if parsed is None:
+        raise models.unknown_model(name)
+    job_id, step = parsed
+    try:
+        record = get(job_id)
+    except ApiError:
+        raise models.unknown_model(name) from None
+    if fine_tuned_model(record, step) != name or not access.allowed(actor, access.Action.RESUME, record.owner):
+        raise models.unknown_model(name)  # someone else's model is one this caller has no access to (OpenAI's word)
+    chain = runs_of(orch, record)
+    if step is None and (not chain or chain[-1].status is not RunStatus.COMPLETED):
+        raise ApiError(400, f"The model '{name}' cannot be fine-tuned further: its job {record.id} is "
+                            f"{status_of(orch, record)}, not succeeded", "invalid_request_error", "model",
+                       "model_not_ready")
+    run_id = chain[-1].id if step is None else run_with_checkpoint(chain, step)
+    if run_id is None:
+        raise models.unknown_model(name)
+    try:
+        resolved = model_source.resolve(ModelSource(run_id=run_id, checkpoint=step))
+    except model_source.SourceError as exc:
+        raise ApiError(400, f"The model '{name}' cannot be fine-tuned further: {exc}", "invalid_request_error",
+                       "model", "model_not_ready") from None
+    if resolved.adapter_dir is None:  # full weights: the new run trains on them
+        return requests.StartPoint(str(resolved.model_dir), record.base_model)
+    settings = {key: getattr(resolved.config, key) for key in LORA_FIELDS}
+    return requests.StartPoint(resolved.base_model, record.base_model,
+                               {**settings, "init_adapter": str(resolved.adapter_dir)})
 
 
 # ---------------------------------------------------------------------- control

@@ -37,9 +37,8 @@ def base_model(name: object) -> str:
     name = name.strip()
     if name in BUNDLED_NAMES:
         return BUNDLED_MODEL
-    if name.startswith("ft:"):
-        raise ApiError(400, "continuing from a fine-tuned model is not supported yet: fine-tune its base model on the "
-                            "combined data", "invalid_request_error", "model", "unsupported")
+    if name.startswith("ft:"):  # a fine-tuned model the caller did not resolve (jobs.start_point does)
+        raise unknown_model(name)
     if name.startswith(("/", "~", ".")):
         try:
             folder = paths.resolve_inside(name, paths.allowed_data_roots())

@@ -1,12 +1,13 @@
 """A create-job request (OpenAI's ``fine_tuning.jobs.create`` body) read into the studio's TrainConfig.
 
-OpenAI's fields map onto the run's: ``model`` -> model_name, ``training_file``/``validation_file`` -> the uploaded
-files, ``hyperparameters`` (top level, or under ``method.<type>``) -> num_epochs, batch_size and the learning rate
-(the studio's default times ``learning_rate_multiplier``), ``method.dpo.hyperparameters.beta`` -> dpo.beta,
-``seed`` -> random_seed, ``suffix`` -> the run's name and the fine-tuned model's name. ``"auto"`` takes the
-studio's defaults (3 epochs, its batch size and learning rate, DPO's beta). The extension field ``studio`` takes
-any other run setting by its config name (docs/config-reference.md), e.g. ``{"max_steps": 20, "lora_r": 8}``.
-Every problem is an ApiError naming the request parameter.
+OpenAI's fields map onto the run's: ``model`` -> model_name (a previous job's ``fine_tuned_model``: the start its
+caller resolved, ``StartPoint``), ``training_file``/``validation_file`` -> the uploaded files, ``hyperparameters``
+(top level, or under ``method.<type>``) -> num_epochs, batch_size and the learning rate (the studio's default times
+``learning_rate_multiplier``), ``method.dpo.hyperparameters.beta`` -> dpo.beta, ``method.reinforcement`` -> a GRPO
+run (reinforcement.py), ``seed`` -> random_seed, ``suffix`` -> the run's name and the fine-tuned model's name.
+``"auto"`` takes the studio's defaults (3 epochs, its batch size and learning rate, DPO's beta). The extension field
+``studio`` takes any other run setting by its config name (docs/config-reference.md), e.g. ``{"max_steps": 20,
+"lora_r": 8}``. Every problem is an ApiError naming the request parameter.
 """
 from __future__ import annotations
 
@@ -14,19 +15,24 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
-from trainer_core.api import files, models
+from trainer_core.api import files, graders, models, reinforcement
+from trainer_core.api.datafile import SHAPES
 from trainer_core.api.errors import ApiError, invalid, unsupported
 from trainer_core.config import ConfigError, FieldError, TrainConfig
+from trainer_core.methods.grpo_settings import GRPOSettings
 from trainer_core.protocol.secrets import SECRET_FIELDS
 
 KNOWN = {"model", "training_file", "validation_file", "hyperparameters", "method", "suffix", "seed", "metadata",
          "integrations", "studio"}
 AUTO_EPOCHS = 3
 RANGES = {"n_epochs": (1, 50), "batch_size": (1, 256), "learning_rate_multiplier": (0.0, 10.0), "beta": (0.0, 2.0)}
-METHODS = {"supervised": ("sft", "chat"), "dpo": ("dpo", "pairs")}
+# OpenAI's method -> (the studio's method, the file shapes it trains on, its own hyperparameters)
+METHODS = {"supervised": ("sft", ("chat",), ()), "dpo": ("dpo", ("pairs",), ("beta",)),
+           "reinforcement": ("grpo", ("prompts", "chat"), reinforcement.HYPERPARAMETERS)}
 # Settings only the request names, in OpenAI's terms: the extension may not set them.
-OWNED = {"model_name": "model", "local_datasets": "training_file", "local_eval_datasets": "validation_file",
-         "hf_dataset": "training_file", "method": "method", "run_name": "suffix", "dpo": "method.dpo.hyperparameters"}
+OWNED = {"model_name": "model", "init_adapter": "model", "local_datasets": "training_file",
+         "local_eval_datasets": "validation_file", "hf_dataset": "training_file", "method": "method",
+         "run_name": "suffix", "dpo": "method.dpo.hyperparameters"}
 # Settings the extension may set when the request leaves their OpenAI counterpart out (or "auto"); a problem with
 # one is named after that counterpart.
 SHARED = {"num_epochs": "hyperparameters.n_epochs", "max_steps": "hyperparameters.n_epochs",
@@ -45,13 +51,24 @@ class JobRequest:
     suffix: str
     seed: int
     metadata: dict[str, str]
-    method: str  # supervised or dpo
+    method: str  # supervised, dpo or reinforcement
     hyperparameters: dict[str, Any] = field(default_factory=dict)  # as resolved (no "auto" left)
     beta: float | None = None
     studio: list[str] = field(default_factory=list)  # the run settings the extension field set
+    grader: dict | None = None  # reinforcement: the grader as given
+    notes: list[str] = field(default_factory=list)  # what the job accepted but ignored (shown in its events)
 
 
-def read(body: object) -> tuple[JobRequest, TrainConfig]:
+@dataclass
+class StartPoint:
+    """Where a job whose ``model`` is a previous job's fine-tuned model starts (jobs.start_point finds it)."""
+
+    model_name: str  # the run's model_name: the base under the adapter, or the saved full model's folder
+    base_model: str  # the first job's base model, which the new fine-tuned model is named after
+    settings: dict[str, Any] = field(default_factory=dict)  # init_adapter and the adapter's LoRA fields
+
+
+def read(body: object, start: StartPoint | None = None) -> tuple[JobRequest, TrainConfig]:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None)
     for name in body:
@@ -60,10 +77,11 @@ def read(body: object) -> tuple[JobRequest, TrainConfig]:
     if body.get("integrations"):
         raise unsupported("integrations (Weights & Biases) are not supported through this API: set enable_wandb in "
                           "the studio extension field and WANDB_API_KEY in the server's environment", "integrations")
-    model_name = models.base_model(body.get("model"))
-    method, shape, hyper, beta_raw = _method(body)
-    training = _file(body.get("training_file"), "training_file", shape)
-    validation = _file(body["validation_file"], "validation_file", shape) if body.get("validation_file") else None
+    model_name = start.model_name if start is not None else models.base_model(body.get("model"))
+    method, section, hyper, own = _method(body)
+    shapes = METHODS[method][1]
+    training = _file(body.get("training_file"), "training_file", shapes)
+    validation = _file(body["validation_file"], "validation_file", shapes) if body.get("validation_file") else None
     suffix = body.get("suffix") or ""
     if not isinstance(suffix, str) or (suffix and not _SUFFIX_RE.match(suffix)):
         raise invalid("suffix: up to 64 letters, digits, '.', '_' or '-' (it becomes part of the model's name)", "suffix")
@@ -80,52 +98,61 @@ def read(body: object) -> tuple[JobRequest, TrainConfig]:
     epochs = _number(hyper, "n_epochs", int)
     batch = _number(hyper, "batch_size", int)
     multiplier = _number(hyper, "learning_rate_multiplier", float)
-    beta = _number({"beta": beta_raw}, "beta", float, "method.dpo.hyperparameters.beta")
+    beta = _number({"beta": own.get("beta")}, "beta", float, "method.dpo.hyperparameters.beta")
+    plan = reinforcement.plan(section, own, studio) if method == "reinforcement" else None
+    if plan is not None:
+        reinforcement.check_fields(plan, training.columns, training.id, "training_file")
+        if validation is not None:
+            reinforcement.check_fields(plan, validation.columns, validation.id, "validation_file")
     for name, value in (("n_epochs", epochs), ("batch_size", batch), ("learning_rate_multiplier", multiplier)):
         clash = {"n_epochs": ("num_epochs", "max_steps"), "batch_size": ("batch_size",),
                  "learning_rate_multiplier": ("learning_rate",)}[name]
         if value is not None and any(k in studio for k in clash):
             raise invalid(f"hyperparameters.{name} and studio.{'/'.join(k for k in clash if k in studio)} both set it: "
                           "give one", f"hyperparameters.{name}")
-    config: dict[str, Any] = {**studio, "model_name": model_name, "method": METHODS[method][0],
+    config: dict[str, Any] = {**(start.settings if start is not None else {}), **studio, "model_name": model_name,
+                              "method": METHODS[method][0],
                               "local_datasets": [str(training.training_path)],
                               "local_eval_datasets": [str(validation.training_path)] if validation else [],
                               "random_seed": seed, "run_name": suffix or "API job"}
     if epochs is not None or "max_steps" not in studio:
         config.update(num_epochs=float(epochs or studio.get("num_epochs", AUTO_EPOCHS)), max_steps=0)
-    if batch is not None:
-        config["batch_size"] = batch
+    generations = plan.grpo.get("num_generations", GRPOSettings().num_generations) if plan is not None else 1
+    if batch is not None or (plan is not None and "batch_size" not in studio):
+        # reinforcement: OpenAI's batch counts prompts ("auto": one), the run's counts their completions
+        config["batch_size"] = (batch or 1) * generations
     base_lr = float(studio.get("learning_rate", defaults.learning_rate))
     config["learning_rate"] = base_lr * (multiplier if multiplier is not None else 1.0)
     if method == "dpo" and beta is not None:
         config["dpo"] = {"beta": beta}
+    if plan is not None:
+        config.update(plan.config, grpo=plan.grpo)
     cfg = from_dict(config, studio)
-    resolved = {"n_epochs": int(cfg.num_epochs) if cfg.max_steps == 0 else "auto", "batch_size": cfg.batch_size,
+    resolved = {"n_epochs": int(cfg.num_epochs) if cfg.max_steps == 0 else "auto",
+                "batch_size": max(1, cfg.batch_size // generations),
                 "learning_rate_multiplier": multiplier if multiplier is not None else 1.0}
+    if plan is not None:
+        resolved.update(plan.hyperparameters, eval_interval=cfg.eval_steps)
     request = JobRequest(model=str(body["model"]), training_file=training.id,
                          validation_file=validation.id if validation else None, suffix=suffix, seed=seed,
                          metadata=metadata, method=method, hyperparameters=resolved, beta=beta,
-                         studio=sorted(studio))
+                         studio=sorted(studio), grader=section.get("grader") if plan is not None else None,
+                         notes=plan.notes if plan is not None else [])
     return request, cfg
 
 
-def _method(body: dict) -> tuple[str, str, dict, Any]:
-    """(method type, the file shape it trains on, its hyperparameters, DPO's beta as given)."""
+def _method(body: dict) -> tuple[str, dict, dict, dict]:
+    """(method type, its section, its hyperparameters, those only this method has) as given."""
     method = body.get("method")
     top = body.get("hyperparameters")
     if top is not None and not isinstance(top, dict):
         raise invalid("hyperparameters must be an object", "hyperparameters")
-    if method is None:
-        return "supervised", "chat", top or {}, None
-    if not isinstance(method, dict):
+    if method is not None and not isinstance(method, dict):
         raise invalid("method must be an object such as {\"type\": \"supervised\"}", "method")
-    kind = method.get("type")
-    if kind == "reinforcement":
-        raise unsupported("method reinforcement is not supported through this API yet: the studio trains GRPO with "
-                          "its built-in rewards from the New run form or the CLI (docs/methods.md)", "method.type")
+    kind = method.get("type") if method is not None else "supervised"
     if kind not in METHODS:
         raise invalid(f"method.type must be one of {', '.join(METHODS)}, not {str(kind)[:40]!r}", "method.type")
-    section = method.get(kind) or {}
+    section = (method.get(kind) if method is not None else None) or {}
     if not isinstance(section, dict):
         raise invalid(f"method.{kind} must be an object", f"method.{kind}")
     hyper = section.get("hyperparameters") or {}
@@ -133,11 +160,16 @@ def _method(body: dict) -> tuple[str, str, dict, Any]:
         raise invalid(f"method.{kind}.hyperparameters must be an object", f"method.{kind}.hyperparameters")
     if hyper and top:
         raise invalid("give hyperparameters either at the top level or under method, not both", "hyperparameters")
+    where = f"method.{kind}.hyperparameters" if hyper else "hyperparameters"
     hyper = dict(hyper or top or {})
-    beta = hyper.pop("beta", None)
-    if beta is not None and kind != "dpo":
-        raise invalid("beta is a DPO hyperparameter", f"method.{kind}.hyperparameters.beta")
-    return kind, METHODS[kind][1], hyper, beta
+    own = {}
+    for other, (_, _, names) in METHODS.items():
+        for name in names:
+            if name in hyper and other != kind:
+                raise invalid(f"{name} is a {other} hyperparameter", f"{where}.{name}")
+            if name in hyper:
+                own[name] = hyper.pop(name)
+    return kind, section, hyper, own
 
 
 def _number(hyper: dict, name: str, kind: type, param: str = "") -> float | int | None:
@@ -146,7 +178,8 @@ def _number(hyper: dict, name: str, kind: type, param: str = "") -> float | int 
     unknown = [k for k in hyper if k not in RANGES]
     if unknown:
         raise invalid(f"unknown hyperparameter {unknown[0]!r}: use n_epochs, batch_size, learning_rate_multiplier "
-                      "(and beta for dpo)", f"hyperparameters.{unknown[0]}")
+                      f"(and beta for dpo; {', '.join(reinforcement.HYPERPARAMETERS)} for reinforcement)",
+                      f"hyperparameters.{unknown[0]}")
     value = hyper.get(name)
     if value is None or value == "auto":
         return None
@@ -160,17 +193,19 @@ def _number(hyper: dict, name: str, kind: type, param: str = "") -> float | int 
     return kind(value)
 
 
-def _file(file_id: object, param: str, shape: str) -> files.StoredFile:
+def _file(file_id: object, param: str, shapes: tuple[str, ...]) -> files.StoredFile:
+    """The uploaded file ``file_id``, of one of the ``shapes`` the method trains on (the first is its own; chat rows
+    serve reinforcement when they are messages: their last answer is the row's ``answer`` field)."""
     if not isinstance(file_id, str) or not file_id:
         raise invalid(f"{param} is required: the id of a file uploaded with purpose 'fine-tune'", param)
     stored = files.get(file_id, param)
     if stored.purpose != files.PURPOSE:
         raise invalid(f"{file_id} has purpose {stored.purpose!r}; fine-tuning needs a file with purpose 'fine-tune'",
                       param)
-    if stored.shape != shape:
-        from trainer_core.api.datafile import SHAPES
-
-        raise invalid(f"{file_id} holds {SHAPES[stored.shape]}, but this method trains on {SHAPES[shape]}", param)
+    if stored.shape not in shapes or (stored.shape != shapes[0] and stored.columns is None):
+        layout = f" in the {stored.format} layout" if stored.shape in shapes else ""
+        raise invalid(f"{file_id} holds {SHAPES[stored.shape]}{layout}, but this method trains on {SHAPES[shapes[0]]}",
+                      param)
     return stored
 
 
@@ -202,6 +237,10 @@ def _studio(value: object) -> dict[str, Any]:
 def param_of(error: FieldError, studio: Iterable[str] = ()) -> str | None:
     """The request parameter a config problem is fixed in (``studio``: the fields the extension set)."""
     if error.field in studio:
+        return f"studio.{error.field}"
+    if error.field.startswith("grpo.rewards"):
+        return graders.PARAM
+    if error.field.startswith("grpo."):
         return f"studio.{error.field}"
     if error.field in OWNED or error.field in SHARED:
         return OWNED.get(error.field) or SHARED[error.field]

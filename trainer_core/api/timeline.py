@@ -17,7 +17,8 @@ from trainer_core.protocol import paths
 
 LEVELS = {"warning": "warn", "alert": "warn", "error": "error"}
 METRIC_NAMES = {"loss": "train_loss", "eval_loss": "valid_loss", "learning_rate": "learning_rate",
-                "grad_norm": "grad_norm", "epoch": "epoch", "tokens_seen": "tokens_seen"}
+                "grad_norm": "grad_norm", "epoch": "epoch", "tokens_seen": "tokens_seen",
+                "reward": "train_reward_mean", "eval_reward": "valid_reward_mean"}  # GRPO's weighted total reward
 
 
 def events(orch: Orchestrator, record: JobRecord) -> list[dict]:
@@ -25,6 +26,10 @@ def events(orch: Orchestrator, record: JobRecord) -> list[dict]:
     found = [(float(record.created_at), 0, {"id": f"ftevent-{record.run_id}-created", "object": "fine_tuning.job.event",
                                             "created_at": record.created_at, "level": "info", "type": "message",
                                             "message": f"Created fine-tuning job: {record.id}", "data": {}})]
+    for n, note in enumerate(record.request.get("notes", [])):  # what the request asked that the job ignores
+        found.append((record.created_at + 1e-6 * (n + 1), 0, {
+            "id": f"ftevent-{record.run_id}-note{n}", "object": "fine_tuning.job.event",
+            "created_at": record.created_at, "level": "warn", "type": "message", "message": note, "data": {}}))
     chain = jobs.runs_of(orch, record)
     for run in chain:
         for event in orch.events(run.id):
@@ -37,7 +42,8 @@ def events(orch: Orchestrator, record: JobRecord) -> list[dict]:
             data.update({name: row[key] for key, name in METRIC_NAMES.items() if row.get(key) is not None})
             loss = f"training loss={row['loss']:.4f}" if row.get("loss") is not None else ""
             valid = f"validation loss={row['eval_loss']:.4f}" if row.get("eval_loss") is not None else ""
-            text = ", ".join(t for t in (loss, valid) if t) or "metrics"
+            reward = f"reward={row['reward']:.4f}" if row.get("reward") is not None else ""
+            text = ", ".join(t for t in (loss, valid, reward) if t) or "metrics"
             ts = row.get("wall_time") or run.started_at or run.created_at
             found.append((ts, 2, {"id": f"ftevent-{run.id}-s{row['step']}", "object": "fine_tuning.job.event",
                                   "created_at": int(ts), "level": "info", "type": "metrics",

@@ -151,6 +151,11 @@ def _prompt(row: dict, m: dict | None, system: str) -> tuple[dict | None, str | 
 _CONVERT = {"pairs": _pair, "kto": _completion, "prompts": _prompt}
 
 
+def row_problem(row: dict, shape: str) -> str | None:
+    """Why ``row`` is dropped from data of ``shape`` (pairs, kto or prompts), or None when it is usable."""
+    return _CONVERT[shape](row, None, "")[1]
+
+
 def detect_shape(rows: list[dict], mapping: dict | None = None) -> tuple[str, str]:
     """(shape, reason) for preference/RL rows: what the columns say, in a sentence the form can show."""
     columns = columns_of(rows)
