@@ -83,6 +83,10 @@ def train(run_dir: Path) -> int:
     """The fake training worker, with the adapter folder a serve job resolves and a continuing run starts from (its
     config as peft writes it, of the run's rank; written first: it is there when the run is seen completed)."""
     cfg = TrainConfig.from_yaml((run_dir / "config.yaml").read_text())
+    if not cfg.effective_use_lora:  # a full fine-tune saves the whole model
+        (run_dir / "model").mkdir(exist_ok=True)
+        (run_dir / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        return fake_worker.main(run_dir)
     (run_dir / "adapter").mkdir(exist_ok=True)
     (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": cfg.lora_r, "lora_alpha": cfg.lora_alpha, "task_type": "CAUSAL_LM"}))

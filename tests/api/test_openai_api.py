@@ -177,6 +177,13 @@ def test_a_job_continues_a_fine_tuned_model(server, ana, chat_file):
     job = finished(ana, job.id)
     assert job.status == "succeeded" and job.model == first.fine_tuned_model
     assert job.fine_tuned_model == f"ft:smollm2-135m-instruct:two:{job.id}"  # named after the first base
+    full = finished(ana, ana.fine_tuning.jobs.create(model="SmolLM2-135M-Instruct", training_file=chat_file.id,
+                                                     extra_body={"studio": {"adapter": "full"}}).id)
+    job = ana.fine_tuning.jobs.create(model=full.fine_tuned_model, training_file=chat_file.id)  # new LoRA on it
+    cfg = TrainConfig.from_yaml((server.home / "runs" / job.id.removeprefix("ftjob-") / "config.yaml").read_text())
+    full_run = server.home / "runs" / full.id.removeprefix("ftjob-")
+    assert (cfg.model_name, cfg.init_adapter, cfg.adapter) == (str(full_run / "model"), "", "lora")
+    assert finished(ana, job.id).fine_tuned_model == f"ft:smollm2-135m-instruct::{job.id}"
     for name in (first.fine_tuned_model,  # not his
                  f"ft:smollm2-135m-instruct:one:ftjob-{'0' * 8}", f"{first.fine_tuned_model}:ckpt-step-9"):
         with pytest.raises(openai.NotFoundError) as caught:
