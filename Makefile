@@ -32,6 +32,11 @@ EMBED_SERVER := torch==2.13.0 infinity-emb[server,torch]==0.0.78 transformers==4
 	numpy==1.26.4 fastapi==0.165.0 uvicorn[standard]==0.32.1 pillow==13.0.0 \
 	optimum[onnxruntime]==2.1.0 optimum-onnx==0.1.0 onnx==1.23.2 onnxruntime==1.32.0
 
+# NVIDIA NeMo Data Designer, the engine of data recipes, in a venv of its own: it pins huggingface-hub >= 1 and
+# pyarrow >= 24, which the training stack does not take (trainer_core/worker/recipe.py runs its child there).
+DD_VENV := .venv-dd
+DD_ENGINE := data-designer==0.9.7
+
 .PHONY: install sandbox-tool run share api test test-fast clean-venv
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
@@ -52,7 +57,14 @@ $(EMBED_VENV)/.installed: Makefile
 	$(EMBED_VENV)/bin/python -m pip install -q $(EMBED_SERVER)
 	touch $@
 
-install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed $(EMBED_VENV)/.installed sandbox-tool
+$(DD_VENV)/.installed: Makefile
+	test -x $(DD_VENV)/bin/python || python3 -m venv $(DD_VENV)
+	$(DD_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DD_VENV)/bin/python -m pip install -q $(DD_ENGINE)
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS) $(GGUF_CONVERTER_DIR)/.installed $(EMBED_VENV)/.installed $(DD_VENV)/.installed \
+	sandbox-tool
 
 # bubblewrap: every job's worker runs in its sandbox (trainer_core/protocol/sandbox.py; docs/sharing.md). Installed
 # from Debian's packages when this runs as root; otherwise it says what to do (jobs refuse to start without it).
@@ -85,4 +97,4 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 clean-venv:
-	rm -rf $(VENV) $(EMBED_VENV)
+	rm -rf $(VENV) $(EMBED_VENV) $(DD_VENV)

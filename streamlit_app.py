@@ -30,6 +30,7 @@ if db_problem:  # only the way out works without a database
 else:
     pg = st.navigation([
         st.Page("pages/new_run.py", title="New run", icon="🚀", default=True),
+        st.Page("pages/data.py", title="Data", icon="🧬"),
         st.Page("pages/live.py", title="Live", icon="📈"),
         st.Page("pages/history.py", title="History", icon="🗂️"),
         st.Page("pages/run.py", title="Run details", icon="🔎"),

@@ -24,6 +24,7 @@ import streamlit as st
 from trainer_core.planning import memory, model_info
 from trainer_core.host import parallel
 from trainer_core.data import preview
+from trainer_core.recipes import store as recipe_store
 from trainer_core.host import hardware
 from trainer_core.config import presets
 from trainer_core.config import promptsets
@@ -524,6 +525,12 @@ if vision_info is not None and vision_info.is_vision:
 st.subheader("Dataset")
 st.radio("Dataset source", list(DATASET_SOURCES), format_func=DATASET_SOURCES.get, horizontal=True,
          key=K + "dataset_source", help=H("local_datasets"))
+recipe_versions = recipe_store.published()
+st.selectbox("Dataset made by a recipe (used with 'Made by a recipe'; the Data page makes them)",
+             [""] + [v.ref for v in recipe_versions], key=K + "recipe_dataset",
+             format_func=lambda ref: next((f"{v.name}@v{v.version} · {v.card.get('kept', '?')} rows · "
+                                           f"{v.card.get('starter') or 'custom'}" for v in recipe_versions
+                                           if v.ref == ref), "—"))
 st.file_uploader("Upload (used with 'Upload a file')", type=form.UPLOAD_TYPES, key=K + "upload")
 st.text_input("Local file path(s) (used with 'Local file path'; comma-separated)", key=K + "local_datasets",
               placeholder="data/train.jsonl")

@@ -245,8 +245,12 @@ def _wrong_values(hint) -> list:
     if hint is ModelSource:
         return [[], [["x"]], "run:x", 5, None, {"run_id": ["x"]}]
     if hint is list or origin is list:
-        return ["x", 5, {"a": 1}, None, [["x"]], [{"a": 1}]]
+        item = typing.get_args(hint)[0] if typing.get_args(hint) else None
+        nested = [[wrong] for wrong in _wrong_values(item)[:2]] if item is not None else [[["x"]], [{"a": 1}]]
+        return ["x", 5, {"a": 1}, None] + nested
     if hint is dict or origin is dict:
+        if typing.get_args(hint)[1:] == (typing.Any,):  # a nested document (a recipe's config): any JSON inside
+            return ["x", 5, [1], None]
         return ["x", 5, [1], None, {"a": [1]}, {"a": {"b": 1}}]
     base = {str: [["x"], [["x"]], {"a": 1}, None, 5, True], int: ["5", [1], [[1]], {"a": 1}, None, 1.5, True],
             float: ["0.5", [1.0], [[1]], {"a": 1}, None, True], bool: ["yes", 1, [True], [[True]], {"a": 1}, None]}

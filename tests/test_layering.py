@@ -244,12 +244,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer_core.config",),  # the one TrainConfig: its method sections come from the method registry
     ("trainer_core.planning", "trainer_core.data"),  # what a model is and needs; datasets and their preview
     ("trainer_core.specs", "trainer_core.launchers", "db"),  # JobSpec and model sources; where workers run; the store
-    ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export", "trainer_core.recipes"),
-    # the job kinds' dashboard halves (recipes: documents' chunks, validators and duplicates for data recipes)
+    ("trainer_core.evaluation", "trainer_core.serving", "trainer_core.export"),  # the job kinds' dashboard halves
     ("trainer_core.jobs",),  # the orchestrator: every kind's lifecycle
-    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps", "trainer_core.api"),
+    ("trainer_core.tryout", "trainer_core.views", "trainer_core.feedback", "trainer_core.sweeps", "trainer_core.api",
+     "trainer_core.recipes"),
     # trying a model; what pages draw; people's votes and ratings (over the store and model sources); sweeps (their
-    # trials are runs started through the orchestrator); OpenAI's fine-tuning API mapped onto the orchestrator
+    # trials are runs started through the orchestrator); OpenAI's fine-tuning API mapped onto the orchestrator; data
+    # recipes (a job kind whose models are served through the orchestrator first)
     ("gateway",),  # the shared mode's sign-in service, and the fine-tuning API's HTTP server
     ("ui", "trainer_core.cli", "trainer_core.__main__"),  # the surfaces: the dashboard's ui/ (pages/ above) and the CLI
 )

@@ -487,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer_core.cli import feedback as cli_feedback  # `feedback import|export|agreement` (issue 34)
 
     cli_feedback.add_parser(sub, cli_actor)
+    from trainer_core.cli import data as cli_data  # `data preview|generate|resume|list|show` (issue 33)
+
+    cli_data.add_parser(sub, cli_actor)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -37,6 +37,7 @@ from trainer_core.data import DatasetError
 from trainer_core.data.sources import SUPPORTED_EXTENSIONS, resolve_source, save_upload
 from trainer_core.methods import ADAPTERS, METHODS, embedding
 from trainer_core.data.preview import PREVIEW_FIELDS
+from trainer_core.recipes import store as recipe_store
 
 K = "nr_"  # widget-key prefix; secrets live only in their own widget's state
 BASE = K + "base"  # the loaded preset: fields without a widget keep its values
@@ -47,8 +48,8 @@ MAP_AS = K + "map_as"  # the format whose role pickers were shown last
 
 MODEL_SOURCES = {"bundled": "Bundled (SmolLM2-135M-Instruct; all-MiniLM-L6-v2 for embedding)", "local": "Local folder",
                  "hub": "Hugging Face hub id"}
-DATASET_SOURCES = {"bundled": "Bundled demo", "upload": "Upload a file", "local": "Local file path",
-                   "hub": "Hugging Face hub dataset"}
+DATASET_SOURCES = {"bundled": "Bundled demo", "recipe": "Made by a recipe", "upload": "Upload a file",
+                   "local": "Local file path", "hub": "Hugging Face hub dataset"}
 UPLOAD_TYPES = [ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS]
 EXTRA_MODULES = list(EMBEDDING_MODULES)
 MODULE_CHOICES = DEFAULT_TARGET_MODULES + EXTRA_MODULES
@@ -82,8 +83,8 @@ PLAIN_FIELDS = (
 STRIPPED_FIELDS = ("run_name", "hf_dataset", "subset", "train_split", "eval_split", "wandb_project",
                    "resume_from_checkpoint", "init_adapter", "tensorboard_dir", "ray_address")
 # Widgets that are not one config field each (the model and dataset pickers, lists typed as text).
-OTHER_WIDGETS = ("model_source", "model_text", "dataset_source", "local_datasets", "local_eval_datasets",
-                 "custom_format_mapping", "target_modules", "extra_modules", "gpu_ids")
+OTHER_WIDGETS = ("model_source", "model_text", "dataset_source", "recipe_dataset", "local_datasets",
+                 "local_eval_datasets", "custom_format_mapping", "target_modules", "extra_modules", "gpu_ids")
 # Role pickers per format: (mapping key, label, required).
 ROLE_SLOTS = {
     "alpaca": [("instruction", "Instruction column", True), ("input", "Input column (optional)", False),
@@ -179,6 +180,10 @@ def config_to_state(cfg: TrainConfig) -> dict[str, Any]:
         source = "hub"
     elif cfg.local_datasets == [BUNDLED_DATASET] or not cfg.local_datasets:
         source = "bundled"
+    elif len(cfg.local_datasets) == 1 and recipe_store.of_path(cfg.local_datasets[0]) is not None:
+        source = "recipe"
+        found = recipe_store.of_path(cfg.local_datasets[0])
+        state[K + "recipe_dataset"] = found.ref
     else:
         source = "local"
     state[K + "dataset_source"] = source
@@ -236,6 +241,11 @@ def dataset_values(state: MutableMapping) -> tuple[dict, list[FieldError]]:
     hub_id = state.get(K + "hf_dataset", "").strip()
     if source == "bundled":
         return {"hf_dataset": "", "local_datasets": [BUNDLED_DATASET]}, []
+    if source == "recipe":
+        chosen = state.get(K + "recipe_dataset") or ""
+        errors = [] if chosen else [FieldError("local_datasets", "choose a dataset a recipe made (the Data page makes "
+                                                                 "them)")]
+        return {"hf_dataset": "", "local_datasets": [chosen] if chosen else []}, errors
     if source == "hub":
         errors = [] if hub_id else [FieldError("hf_dataset", "enter a hub dataset id such as org/name")]
         return {"hf_dataset": hub_id, "local_datasets": []}, errors

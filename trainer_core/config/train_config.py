@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ class TrainConfig:
     def dataset_label(self) -> str:
         if self.hf_dataset:
             return self.hf_dataset + (f" [{self.subset}]" if self.subset else "")
-        return ", ".join(Path(p).name if not p.startswith("bundled:") else p for p in self.local_datasets)
+        return ", ".join(_data_label(p) for p in self.local_datasets)
 
     @property
     def model_label(self) -> str:
@@ -305,3 +306,16 @@ class TrainConfig:
         if errors:
             raise ConfigError(errors)
         return self
+
+
+RECIPE_DATA = re.compile(r"(?:^|/)recipes/([a-z0-9][a-z0-9_-]{0,63})/v(\d{1,6})/data\.jsonl$")
+
+
+def _data_label(path: str) -> str:
+    """A dataset file as History shows it: its name; a recipe's dataset version as name@vN (so History's search
+    finds the runs trained on it: trainer_core/recipes/store.py)."""
+    if path.startswith("bundled:"):
+        return path
+    found = RECIPE_DATA.search(path.replace("\\", "/"))
+    return f"{found.group(1)}@v{found.group(2)}" if found else Path(path).name
+

@@ -25,9 +25,12 @@ from trainer_core.specs.jobspec import JobSpec, read_spec
 from trainer_core.protocol.status import JobKind, RunStatus
 
 ALL_GPUS = "gpu*"
+NO_DEVICE = "none"  # a job that needs no device: it never waits in the queue for one
 
 
 def devices_of(cfg: TrainConfig | JobSpec, cuda: bool | None = None) -> str:
+    if not getattr(cfg, "NEEDS_DEVICE", True):
+        return NO_DEVICE
     cuda = hardware.cuda_available() if cuda is None else cuda
     if not cuda:
         return "cpu"
@@ -46,6 +49,8 @@ def gpu_indices(devices: str) -> list[int] | None:
 def overlap(a: str, b: str) -> bool:
     """True when two device strings share a device ("gpu*" shares with any GPU set)."""
     left, right = set(filter(None, a.split(","))), set(filter(None, b.split(",")))
+    if NO_DEVICE in left | right:
+        return False  # a job that holds no device (a data recipe calls endpoints) shares with every job
     if not left or not right:
         return True  # unknown devices (a run recorded before device sets existed): assume they are shared
     if ALL_GPUS in left | right:

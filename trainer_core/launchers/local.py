@@ -95,12 +95,14 @@ class LocalLauncher(Launcher):
         kind = getattr(getattr(cfg, "KIND", None), "value", "train")
         out_dir = getattr(cfg, "out_dir", "")
         writable = [run_dir] + ([Path(out_dir)] if isinstance(out_dir, str) and out_dir.strip() else [])
+        writable += cfg.writable_paths() if hasattr(cfg, "writable_paths") else []
         if kind == "serve":  # an adapter is merged once into its run's serving/ cache, which later serve jobs reuse
             served = {source.run_id for source in cfg.model_sources() if source.run_id}
             writable += [run / "serving" for run in runs if run.name in served]
         readable += runs + self.sandbox_inputs(run_dir, cfg, env)
         return sandbox.wrap(command, writable=writable, readable=readable, env=env, chdir=run_dir,
-                            network=network or kind == "serve", share_pids=bool(getattr(cfg, "consumer", "")))
+                            network=network or kind == "serve" or bool(getattr(cfg, "needs_network", bool)()),
+                            share_pids=bool(getattr(cfg, "consumer", "")))
 
     def sandbox_inputs(self, run_dir: Path, cfg: TrainConfig | JobSpec, env: dict[str, str]) -> list[Path]:
         """More folders a subclass's worker reads (none for the real one: its config names all it reads)."""

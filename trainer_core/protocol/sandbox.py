@@ -43,7 +43,8 @@ NEVER_SHOWN = frozenset({".git", ".streamlit", "secrets.toml", ".secrets.json"})
 HIDDEN_NAMES = (".git", ".streamlit")  # in the checkout and the working directory: history, secrets.toml
 HUB_TOKEN_FILES = ("token", "stored_tokens")
 # Job fields whose non-empty value reaches out of this host (a job naming none of them runs offline).
-NETWORK_FIELDS = ("judge_url", "push_repo_id", "hf_dataset", "lm_eval_tasks", "enable_wandb")
+# A recipe's models: an external endpoint (url) or the studio's serve job (served_by: it listens on this host).
+NETWORK_FIELDS = ("judge_url", "push_repo_id", "hf_dataset", "lm_eval_tasks", "enable_wandb", "url", "served_by")
 MODEL_FIELDS = ("model_name", "model", "data")  # a value that is no local path (nor bundled) is a hub name
 RUN_FILES = ("config.yaml", "job.json")
 STOP_SIGNALS = "TERM,INT"
@@ -287,7 +288,7 @@ def _python_paths(env: dict[str, str]) -> list[Path]:
     found += [p for p in sys.path if p]
     found += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     venv_parent = Path(sys.prefix).parent
-    found += [str(venv_parent / ".tools"), str(venv_parent / ".venv-embed")]
+    found += [str(venv_parent / ".tools"), str(venv_parent / ".venv-embed"), str(venv_parent / ".venv-dd")]
     system = [Path(d) for d in SYSTEM_DIRS]
     out = []
     for path in _dedupe(Path(p) for p in found):

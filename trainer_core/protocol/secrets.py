@@ -10,7 +10,9 @@ from typing import Mapping
 # config field -> environment variable
 SECRET_ENV = {"hf_token": "HF_TOKEN", "wandb_token": "WANDB_API_KEY"}
 SECRET_FIELDS = tuple(SECRET_ENV)
-ENV_NAMES = " / ".join(SECRET_ENV.values())  # for messages: "set HF_TOKEN / WANDB_API_KEY ..."
+ENV_NAMES = " / ".join(SECRET_ENV.values())
+# Secrets of other job kinds, never config fields of a run: a recipe's teacher key (the studio's serve job's).
+JOB_SECRET_ENV = {"teacher_key": "FINETUNE_STUDIO_TEACHER_KEY"}  # for messages: "set HF_TOKEN / WANDB_API_KEY ..."
 
 
 def from_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -20,4 +22,10 @@ def from_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def to_env(values: Mapping[str, str]) -> dict[str, str]:
     """Environment variables for the secret field values that are set."""
-    return {SECRET_ENV[name]: value for name, value in values.items() if name in SECRET_ENV and value}
+    known = {**SECRET_ENV, **JOB_SECRET_ENV}
+    return {known[name]: value for name, value in values.items() if name in known and value}
+
+
+def job_secret_values(environ: Mapping[str, str]) -> list[str]:
+    """The values of every secret a worker may hold (to redact from its output)."""
+    return [environ[var] for var in (*SECRET_ENV.values(), *JOB_SECRET_ENV.values()) if environ.get(var)]

@@ -61,6 +61,7 @@ class JobKind(StrEnum):
     SERVE = "serve"
     EVAL = "eval"
     EXPORT = "export"
+    RECIPE = "recipe"
 
     @property
     def label(self) -> str:
@@ -96,6 +97,8 @@ JOB_KINDS: dict[JobKind, JobKindEntry] = {
                                "trainer_core.evaluation.spec", ("progress", "eval_sample", "eval_result")),
     JobKind.EXPORT: JobKindEntry("Export", "Exporting", "trainer_core.worker.export", "trainer_core.export.spec",
                                  ("progress", "artifact", "verify")),
+    JobKind.RECIPE: JobKindEntry("Data recipe", "Generating", "trainer_core.worker.recipe", "trainer_core.recipes.spec",
+                                 ("progress", "artifact")),
 }
 
 

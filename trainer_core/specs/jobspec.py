@@ -67,6 +67,14 @@ class JobSpec:
         """The models this job loads (a serve job: several)."""
         return [self.source]
 
+    def writable_paths(self) -> list[Path]:
+        """Folders outside its own that the job writes (its sandbox makes them writable): none by default."""
+        return []
+
+    def needs_network(self) -> bool:
+        """Whether the job calls out of its sandbox beyond what its config's fields say (sandbox.NETWORK_FIELDS)."""
+        return False
+
     def admin_only(self) -> list[str]:
         """Why this spec needs an admin (settings only an admin may submit); the orchestrator refuses it
         from anyone else. Empty: any operator may submit it. A subclass adds its own reasons to these."""

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         return 2
     # every job's output, its children's included, reaches worker.log capped and redacted (bounded_log.py says how)
     # (a torchrun rank's file is tailed into worker.log from its offset: cut back, it would go silent)
-    output = BoundedOutput([value for value in secrets.from_env(os.environ).values() if value],
+    output = BoundedOutput(secrets.job_secret_values(os.environ),
                            trim="TORCHELASTIC_RUN_ID" not in os.environ)
     try:
         return importlib.import_module(ENTRY_POINTS[kind]).main(run_dir)

@@ -1,0 +1,168 @@
+"""A data recipe as a job, end to end with real workers, NeMo Data Designer in its venv and a deterministic teacher
+(tests/support/fake_teacher.py): documents become a versioned dataset whose repeats and invalid rows are set aside
+with their reasons and counted; Stop keeps the rows made, resume continues them with no row lost or doubled (also
+after kill -9); db rebuild restores the job; a teacher that is down or answers garbage, and unreadable documents,
+are named."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support import wait_until
+from tests.support.fake_teacher import FakeTeacher, fact_document, fact_files, question
+from trainer_core.config import ConfigError
+from trainer_core.protocol import paths
+from trainer_core.protocol.status import JobKind, RunStatus
+from trainer_core.recipes import launch, store
+
+@pytest.fixture
+def teacher(monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE", "1")  # the fake teacher listens on loopback
+    with FakeTeacher() as fake:
+        yield fake
+
+
+def docs_spec(folder: Path, teacher: FakeTeacher, **over) -> launch.RecipeSpec:
+    fields = {"starter": "docs-qa", "documents": str(folder), "chunk_chars": 200, "overlap_chars": 0,
+              "num_rows": 12, "batch_size": 4, "dataset_name": "gazetteer",
+              "models": [{"alias": "teacher", "url": teacher.url, "model": "teacher", "max_parallel_requests": 2}]}
+    return launch.from_fields({**launch.starters.spec_fields("docs-qa"), **fields, **over})
+
+
+def finished(orch, job_id: str, timeout: float = 300):
+    wait_until(lambda: orch.get_run(job_id).status.is_terminal(), timeout=timeout, what=f"recipe job {job_id} to end")
+    return orch.get_run(job_id)
+
+
+def test_documents_become_a_versioned_dataset_with_repeats_set_aside(studio, teacher, tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    chosen = fact_document(docs / "gazetteer.md", 6, filler=False)  # 6 facts in 2 chunks of 200 characters at most
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.4 this is no pdf")
+    (docs / "empty.txt").write_text("")
+    job_id = launch.start(studio, docs_spec(docs, teacher))
+    run = finished(studio, job_id)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert run.kind is JobKind.RECIPE and run.steps_done == 12
+    (version,) = store.published()
+    assert (version.name, version.version) == ("gazetteer", 1)
+    rows = [json.loads(line) for line in version.data_path.read_text().splitlines()]
+    # 12 records over the chunks in turn: the teacher asks about each fact of a chunk in turn, so once every fact
+    # is asked, its answers repeat: 6 kept, 6 exact repeats set aside
+    assert sorted(r["messages"][0]["content"] for r in rows) == sorted(question(a, e) for a, e, _ in chosen)
+    seeds = {s["chunk"]: s for s in map(json.loads, (paths.run_dir(job_id) / "seeds.jsonl").read_text().splitlines())}
+    assert len(seeds) == 2 and all(r["provenance"]["source"] == "gazetteer.md" for r in rows)
+    assert all(r["messages"][1]["content"] in seeds[r["provenance"]["chunk"]]["text"] for r in rows)  # cites its chunk
+    card = version.card
+    assert (card["made"], card["kept"], card["rejected"]) == (12, 6, 6)
+    assert card["rejected_by_reason"] == {"exact duplicate": 6}
+    assert card["tokens"]["input"] > 0 and card["tokens"]["output"] > 0 and card["job_id"] == job_id
+    rejected = [json.loads(line) for line in (version.folder / "rejected.jsonl").read_text().splitlines()]
+    assert len(rejected) == 6 and all("duplicate" in r["reason"] for r in rejected)
+    assert "sk-" not in (version.folder / "card.json").read_text()
+    problems = {p["source"]: p["message"] for p in card["sources"]["problems"]}
+    assert set(problems) == {"broken.pdf", "empty.txt"}
+    timeline = [(e.kind, e.message) for e in studio.events(job_id)]
+    print(timeline)
+    assert ("warning", "documents: broken.pdf: not a readable PDF (PdfStreamError: Stream has ended unexpectedly)") \
+        in timeline and ("warning", "documents: empty.txt: no text found") in timeline
+    assert ("artifact", f"dataset gazetteer v1: {version.data_path} ({version.data_path.stat().st_size:,} bytes, "
+                        f"sha256 {card['sha256'][:12]}…)") in timeline
+    # the same recipe again is version 2, not a change to version 1
+    again = launch.start(studio, docs_spec(docs, teacher))
+    assert finished(studio, again).status is RunStatus.COMPLETED
+    assert [p.name for p in store.versions("gazetteer")] == ["v1", "v2"]
+    assert (store.versions("gazetteer")[0] / "data.jsonl").read_bytes() == version.data_path.read_bytes()
+
+
+def test_stop_publishes_what_was_made_and_resume_continues_without_doubles(studio, teacher, tmp_path):
+    docs = tmp_path / "docs"
+    fact_files(docs, 40)  # a chunk per fact: each asked once, so every record is a new fact
+    teacher.hold_after = 13  # the 4th batch waits (the first request is Data Designer's health check)
+    job_id = launch.start(studio, docs_spec(docs, teacher, num_rows=40, batch_size=4, dataset_name="long"))
+    run_dir = paths.run_dir(job_id)
+    wait_until(lambda: len(store.processed(run_dir)) == 3, timeout=240, what="three batches")
+    studio.stop(job_id)
+    run = finished(studio, job_id)
+    assert run.status is RunStatus.STOPPED, run.error
+    (first,) = store.published()
+    assert first.card["stopped"] is True and (first.card["made"], first.card["kept"]) == (12, 12)
+    teacher.release.set()
+    resumed = launch.resume(studio, job_id)
+    assert finished(studio, resumed).status is RunStatus.COMPLETED
+    final = store.published()[0]
+    rows = [json.loads(line)["messages"][0]["content"] for line in final.data_path.read_text().splitlines()]
+    assert final.card["made"] == 40 and len(rows) == 40 and len(set(rows)) == 40  # 40 facts: none lost, none twice
+
+
+def test_kill_9_then_resume_loses_and_doubles_nothing(studio, teacher, tmp_path):
+    docs = tmp_path / "docs"
+    fact_files(docs, 32)
+    teacher.hold_after = 9  # the 3rd batch waits: the worker is killed mid-generation
+    job_id = launch.start(studio, docs_spec(docs, teacher, num_rows=32, batch_size=4, dataset_name="killed"))
+    run_dir = paths.run_dir(job_id)
+    wait_until(lambda: len(store.processed(run_dir)) == 2, timeout=240, what="two batches")
+    pid = int(studio.get_run(job_id).pid or 0)
+    assert pid > 0
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    run = finished(studio, job_id)
+    assert run.status is RunStatus.FAILED
+    assert store.published() == []  # a killed job publishes nothing; its 8 rows wait in its folder
+    teacher.release.set()
+    resumed = launch.resume(studio, job_id)
+    assert finished(studio, resumed).status is RunStatus.COMPLETED, studio.get_run(resumed).error
+    final = store.published()[0]
+    rows = [json.loads(line)["messages"][0]["content"] for line in final.data_path.read_text().splitlines()]
+    assert final.card["made"] == 32 and len(rows) == 32 and len(set(rows)) == 32
+
+
+def test_a_teacher_that_is_down_or_answers_garbage_is_named(studio, teacher, tmp_path):
+    docs = tmp_path / "docs"
+    chosen = fact_files(docs, 8)
+    teacher.garbage_for = chosen[1][1]  # the second fact's entity: its record never gets JSON back
+    job_id = launch.start(studio, docs_spec(docs, teacher, num_rows=8, batch_size=4, dataset_name="partly"))
+    run = finished(studio, job_id)
+    assert run.status is RunStatus.COMPLETED, run.error
+    (aside,) = list(store.rejected_rows(paths.run_dir(job_id)))
+    assert aside["reason"].startswith("teacher: no usable answer for this record (Non-retryable failure on qa[rg=0, "
+                                      "row=1]: Cause: The model output from "
+                                      "'teacher' could not be parsed into the requested format")
+    assert store.published()[0].card["rejected_by_reason"] == {"teacher": 1}
+    teacher.garbage_for = ""
+    teacher.mode = "garbage"
+    job_id = launch.start(studio, docs_spec(docs, teacher, num_rows=4, batch_size=4, dataset_name="garbage"))
+    run = finished(studio, job_id)
+    # every answer unusable: no record made; the job fails with Data Designer's reason, naming the model and column
+    assert run.status is RunStatus.FAILED
+    assert run.error.startswith("recipe: ModelGenerationValidationFailureError: Cause: The model output from 'teacher' "
+                                "could not be parsed into the requested format while running generation for column "
+                                "'qa'."), run.error
+    url = teacher.url
+    teacher.down()
+    job_id = launch.start(studio, docs_spec(docs, teacher, num_rows=4, batch_size=4, dataset_name="down"))
+    run = finished(studio, job_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error.startswith(f"models[0].url: the endpoint at {url} does not answer")
+
+
+def test_bad_recipes_are_refused_naming_the_field(studio, teacher, tmp_path):
+    def problems(**over) -> dict[str, str]:
+        with pytest.raises(ConfigError) as caught:
+            launch.start(studio, docs_spec(tmp_path, teacher, **over))
+        return {e.field: e.message for e in caught.value.errors}
+
+    bad_schema = {"columns": [{"name": "qa", "column_type": "llm-structured", "model_alias": "teacher",
+                               "prompt": "x", "output_format": {"type": "objekt"}}]}
+    assert "not a valid JSON Schema" in problems(recipe=bad_schema)["recipe.columns[0].output_format"]
+    assert "is none of the recipe's models" in problems(recipe={"columns": [
+        {"name": "a", "column_type": "llm-text", "model_alias": "nobody", "prompt": "x"}]})[
+        "recipe.columns[0].model_alias"]
+    assert "lowercase letters" in problems(dataset_name="../etc")["dataset_name"]
+    assert "outside the allowed folders" in problems(documents="/etc")["documents"]
+    assert "none of the recipe's columns" in problems(output={"prompt": "{{ nothing }}"})["output.prompt"]
+    assert problems(models=[{"alias": "teacher", "url": "ftp://x", "model": "m"}])["models[0].url"].startswith(
+        "the base URL")
