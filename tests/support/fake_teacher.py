@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -79,6 +80,7 @@ class FakeTeacher:
         self.mode = "ok"
         self.garbage_for = ""  # answers prose instead of JSON to every prompt containing this text
         self.hold_after: int | None = None
+        self.delay_s = 0.0  # each chat answer takes this long (a teacher's generation time, for benchmarks)
         self.release = threading.Event()
         self.requests: list[dict] = []
         self._asked: dict[str, int] = defaultdict(int)
@@ -179,6 +181,8 @@ def _handler(fake: FakeTeacher) -> type[BaseHTTPRequestHandler]:
                 held = fake.hold_after is not None and len(fake.requests) > fake.hold_after
             if held:
                 fake.release.wait(120)
+            if fake.delay_s:
+                time.sleep(fake.delay_s)
             if not self._authorized():
                 return
             if fake.mode == "error":
