@@ -50,6 +50,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per teacher answer")
+    parser.add_argument("--batch", type=int, default=20, help="the recipe's batch_size")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="recipe-bench-"))
     os.environ.update(FINETUNE_STUDIO_HOME=str(home / "home"), FINETUNE_STUDIO_FORCE_CPU="1",
@@ -74,7 +75,7 @@ def main() -> int:
         orch = Orchestrator(Store())
         try:
             spec = launch.from_fields({**fields, "documents": str(home / "docs"), "num_rows": args.rows,
-                                       "batch_size": 20, "dataset_name": "bench", "dedupe": False,
+                                       "batch_size": args.batch, "dataset_name": "bench", "dedupe": False,
                                        "models": [{"alias": "teacher", "url": teacher.url, "model": "teacher",
                                                    "max_parallel_requests": args.parallel}]})
             began = time.perf_counter()
@@ -89,14 +90,18 @@ def main() -> int:
     progress = [json.loads(line) for line in (home / "home" / "runs" / job_id / "events.jsonl").read_text()
                 .splitlines() if '"progress"' in line]
     made = progress[-1]["step"]
-    generating = progress[-1]["elapsed_s"]
+    generating = progress[-1]["elapsed_s"]  # from the worker's start of generation: Data Designer's start included
     recipe_rps = made / generating
+    first, last = progress[0], progress[-1]  # the steady rate: between the first batch and the last
+    steady = (last["step"] - first["step"]) / (last["elapsed_s"] - first["elapsed_s"]) if len(progress) > 1 else 0.0
     (version,) = store.published()
     print(f"teacher: {args.delay * 1000:.0f} ms per answer, {args.parallel} in parallel; {args.rows} records")
     print(f"bare     {bare_rps:8.2f} requests/s  {bare_tps:9.1f} output tokens/s")
     print(f"recipe   {recipe_rps:8.2f} records/s   (generation: {generating:.1f} s; job end to end: {wall:.1f} s; "
           f"{version.card['kept']} rows published)")
-    print(f"ratio recipe ÷ bare: {recipe_rps / bare_rps:.2f} (end to end: {made / wall / bare_rps:.2f})")
+    print(f"steady   {steady:8.2f} records/s   (first batch to last)")
+    print(f"ratio recipe ÷ bare: {recipe_rps / bare_rps:.2f}; steady {steady / bare_rps:.2f}; "
+          f"end to end {made / wall / bare_rps:.2f}")
     return 0
 
 

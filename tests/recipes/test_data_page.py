@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.support import apptest, wait_until
-from tests.support.factories import finished_run
+from tests.support.factories import insert_finished_run
 from tests.support.fake_teacher import FakeTeacher, fact_files, question
 from trainer_core import __main__ as cli
 from trainer_core.protocol import paths
@@ -63,8 +63,7 @@ def test_preview_generate_and_the_dataset_it_publishes(app_home, teacher, tmp_pa
     job = next(r for r in orch.store.list_runs() if r.kind.value == "recipe")
     wait_until(lambda: orch.get_run(job.id).status.is_terminal(), timeout=300, what="the recipe job")
     (version,) = store.published()
-    finished_run(orch.store, "20261208-120000-abcdef", "on the recipe")
-    orch.store.update_run("20261208-120000-abcdef", dataset="page-made@v1")
+    insert_finished_run(orch.store, "20261208-120000-abcdef", "on the recipe", [2.0, 1.0], dataset="page-made@v1")
     at = apptest.open_page(PAGE, timeout=120)
     jobs_text = " ".join(m.value for m in at.markdown)
     assert "6/6 records · 6 kept · 0 set aside" in jobs_text
@@ -73,7 +72,11 @@ def test_preview_generate_and_the_dataset_it_publishes(app_home, teacher, tmp_pa
     assert len(rows) == 6 and aside.empty
     at = apptest.open_new_run(**{form.K + "dataset_source": "recipe"})
     picker = at.selectbox(key=form.K + "recipe_dataset")
-    assert picker.options[1:] == [version.ref] or version.ref in picker.options
+    assert picker.options == ["—", "page-made@v1 · 6 rows · docs-qa"]
+    picker.set_value(version.ref).run()
+    assert not at.exception
+    state = {form.K + "dataset_source": "recipe", form.K + "recipe_dataset": version.ref}
+    assert form.dataset_values(state) == ({"hf_dataset": "", "local_datasets": [version.ref]}, [])
 
 
 def test_the_cli_generates_lists_and_shows(home, teacher, tmp_path, capsys):

@@ -166,3 +166,49 @@ def test_bad_recipes_are_refused_naming_the_field(studio, teacher, tmp_path):
     assert "none of the recipe's columns" in problems(output={"prompt": "{{ nothing }}"})["output.prompt"]
     assert problems(models=[{"alias": "teacher", "url": "ftp://x", "model": "m"}])["models[0].url"].startswith(
         "the base URL")
+
+
+def test_an_external_teachers_key_reaches_only_the_teacher(studio, tmp_path, monkeypatch):
+    key = "sk-teacher-secret-4f1d9c"
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE", "1")
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "TEACHER_API_KEY")
+    monkeypatch.setenv("TEACHER_API_KEY", key)
+    fact_files(tmp_path / "docs", 4)
+    with FakeTeacher(api_key=key) as teacher:
+        spec = docs_spec(tmp_path / "docs", teacher, num_rows=4, dataset_name="keyed",
+                         models=[{"alias": "teacher", "url": teacher.url, "model": "teacher",
+                                  "key_env": "TEACHER_API_KEY"}])
+        job_id = launch.start(studio, spec)
+        run = finished(studio, job_id)
+        assert run.status is RunStatus.COMPLETED, run.error
+        assert {r.get("model") for r in teacher.requests} == {"teacher"}  # every request carried the key (else 401)
+    written = [p for root in (paths.run_dir(job_id), store.dataset_folder("keyed")) for p in root.rglob("*")
+               if p.is_file()] + list(paths.data_root().glob("studio.db*"))
+    assert written and not [p for p in written if key.encode() in p.read_bytes()]
+    monkeypatch.delenv("TEACHER_API_KEY")  # a key variable the admin did not declare is refused, naming the fix
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_KEY_ENVS", "")
+    with pytest.raises(ConfigError) as caught:
+        launch.start(studio, spec)
+    assert caught.value.errors[0].field == "models[0].key_env"
+    assert "is not declared for judging" in caught.value.errors[0].message
+
+
+def test_what_a_recipe_may_not_reach_is_refused(studio, teacher, tmp_path):
+    from tests.support.factories import finished_run
+
+    def problems(**over) -> dict[str, str]:
+        with pytest.raises(ConfigError) as caught:
+            launch.start(studio, docs_spec(tmp_path, teacher, **over))
+        return {e.field: e.message for e in caught.value.errors}
+
+    seeded = {"seed_config": {"source": {"seed_type": "local", "path": "/etc/passwd"}}, "columns": [
+        {"name": "a", "column_type": "llm-text", "model_alias": "teacher", "prompt": "x"}]}
+    assert problems(recipe=seeded)["recipe.seed_config"].endswith("seed rows come from `documents` or `seed_dataset`")
+    custom = {"columns": [{"name": "a", "column_type": "custom", "generator_function": "os.system"}]}
+    assert "is not offered" in problems(recipe=custom)["recipe.columns[0].column_type"]
+    finished_run(studio.store, "20261208-000000-aaaaaa", "someone's run")
+    run_folder = str(paths.run_dir("20261208-000000-aaaaaa"))
+    assert "which is not user data" in problems(documents=run_folder)["documents"]
+    assert "which is not user data" in problems(documents=str(paths.data_root() / "studio.db"))["documents"]
+    assert problems(resume_from="20261208-000000-aaaaaa")["resume_from"] == (
+        "'20261208-000000-aaaaaa' is not a recipe job of this studio: give the id of the stopped or failed recipe job")

@@ -27,5 +27,5 @@ def to_env(values: Mapping[str, str]) -> dict[str, str]:
 
 
 def job_secret_values(environ: Mapping[str, str]) -> list[str]:
-    """The values of every secret a worker may hold (to redact from its output)."""
+    """The values of the run's and job's secrets a worker holds (to redact from its output)."""
     return [environ[var] for var in (*SECRET_ENV.values(), *JOB_SECRET_ENV.values()) if environ.get(var)]

@@ -17,6 +17,7 @@ from trainer_core.protocol import paths
 from trainer_core.recipes import rows as recipe_rows
 from trainer_core.recipes.dedupe import Deduper
 from trainer_core.recipes.spec import RecipeSpec
+from trainer_core.recipes import user_code
 from trainer_core.recipes.validators import RowChecker, parse_validators
 from trainer_core.serving import endpoint as endpoint_file
 from trainer_core.specs.model_source import ModelSource
@@ -152,14 +153,26 @@ class Checker:
     reason it is set aside: a template it cannot fill, a judge score under the bar, a failed validator, a repeat."""
 
     def __init__(self, spec: RecipeSpec, run_dir: Path):
-        validators, problems = parse_validators(spec.validators, "validators")
+        validators, problems = parse_validators(spec.validators, "validators", check_files=False)
         if problems:
             raise RecipeError("; ".join(f"{where}: {message}" for where, message in problems))
+        if any(v.kind == "python" and not (Path(run_dir) / user_code.FOLDER / f"{v.name}.py").is_file()
+               for v in validators):  # hashed and copied once; a resumed job keeps the copies it took over
+            try:
+                user_code.snapshot(validators, Path(run_dir))
+            except ValueError as exc:
+                raise RecipeError(f"validators: {exc}") from None
         self.spec = spec
-        self.validators = RowChecker(validators, run_dir)
+        try:
+            self.validators = RowChecker(validators, run_dir)
+        except RuntimeError as exc:
+            raise RecipeError(f"validators: {exc}") from None
         self.deduper = Deduper(["text"], threshold=spec.near_duplicate) if spec.dedupe else None
         columns = spec.recipe.get("columns", []) if isinstance(spec.recipe, dict) else []
         self.judges = [c["name"] for c in columns if isinstance(c, dict) and c.get("column_type") == JUDGE_TYPE]
+
+    def close(self) -> None:
+        self.validators.close()
 
     def remember(self, kept: Iterable[dict]) -> None:
         """Rows kept before (a resumed job): a new row repeating one of them is a repeat too."""

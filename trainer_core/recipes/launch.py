@@ -57,13 +57,30 @@ def serve_models(orch: Orchestrator, spec: RecipeSpec, actor: access.Actor | Non
     return dataclasses.replace(spec, served_by=job_id).with_teacher_key(key)
 
 
-def start(orch: Orchestrator, spec: RecipeSpec, actor: access.Actor | None = None) -> str:
-    """Submit the recipe job (its models served first). ConfigError lists every problem; RunRefused says who may."""
+def checked(orch: Orchestrator, spec: RecipeSpec, actor: access.Actor | None) -> RecipeSpec:
+    """``spec`` as this actor may run it: valid, admin-only settings from an admin, ``resume_from`` a recipe job that
+    ended without completing and that the actor may resume, and no serve job of anyone else's (``served_by`` is set
+    here only). ConfigError lists every problem; RunRefused says who may."""
+    authorize(actor, access.Action.START, "")
     errors = spec.validate()
     if errors:
         raise ConfigError(errors)
     if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
         raise RunRefused("Not allowed: " + "; ".join(spec.admin_only()))
+    if spec.resume_from:
+        old = orch.get_run(spec.resume_from)
+        if old is None or old.kind is not JobKind.RECIPE:
+            raise RunRefused(f"resume_from: there is no recipe job {spec.resume_from}.")
+        if not old.status.is_terminal() or old.status is RunStatus.COMPLETED:
+            raise RunRefused(f"resume_from: recipe job {spec.resume_from} is {old.status.label.lower()}: only a "
+                             "stopped, cancelled or failed recipe job is continued")
+        authorize(actor, access.Action.RESUME, old.owner)
+    return dataclasses.replace(spec, served_by="")
+
+
+def start(orch: Orchestrator, spec: RecipeSpec, actor: access.Actor | None = None) -> str:
+    """Submit the recipe job (its models served first). ConfigError lists every problem; RunRefused says who may."""
+    spec = checked(orch, spec, actor)
     return orch.submit(serve_models(orch, spec, actor), actor)
 
 
@@ -76,7 +93,6 @@ def resume(orch: Orchestrator, job_id: str, actor: access.Actor | None = None) -
         raise RunRefused(f"Recipe job {job_id} is still {run.status.label.lower()}: resume it once it has ended.")
     if run.status is RunStatus.COMPLETED:
         raise RunRefused(f"Recipe job {job_id} completed: start it again for a new version instead.")
-    authorize(actor, access.Action.RESUME, run.owner)
     old = jobspec.read_spec(paths.run_dir(job_id))
     assert isinstance(old, RecipeSpec)
     spec = dataclasses.replace(old, resume_from=job_id, served_by="", name=(old.name or "")[:70])
@@ -86,11 +102,7 @@ def resume(orch: Orchestrator, job_id: str, actor: access.Actor | None = None) -
 def preview(orch: Orchestrator, spec: RecipeSpec, actor: access.Actor | None = None, rows: int = 5) -> dict:
     """A few records generated and checked as the job would, shown before the job: see worker/recipe_preview.py.
     PreviewError names why it could not run; ConfigError the spec's problems."""
-    errors = spec.validate()
-    if errors:
-        raise ConfigError(errors)
-    if actor is not None and actor.role is not access.Role.ADMIN and spec.admin_only():
-        raise RunRefused("Not allowed: " + "; ".join(spec.admin_only()))
+    spec = checked(orch, dataclasses.replace(spec, resume_from=""), actor)
     rows = max(1, min(int(rows), PREVIEW_ROWS_MAX))
     served = serve_models(orch, spec, actor)
     out = paths.data_root() / "cache" / "recipe-previews" / pysecrets.token_hex(6)

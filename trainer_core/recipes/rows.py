@@ -116,3 +116,24 @@ def _strings(value: Any, out: list[str]) -> None:
     elif isinstance(value, list):
         for part in value:
             _strings(part, out)
+
+
+def lookup(row: dict, column: str) -> tuple[bool, Any]:
+    """(found, value) of ``column`` in ``row``; ``qa.answer`` is key ``answer`` of the structured column ``qa`` (kept
+    as an object or as its JSON text)."""
+    if column in row:
+        return True, row[column]
+    head, _, rest = column.partition(".")
+    if not rest or head not in row:
+        return False, None
+    value = row[head]
+    for key in rest.split("."):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return False, None
+        if not isinstance(value, dict) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value

@@ -9,6 +9,7 @@ validators, duplicate removal, and how a generated record becomes a training row
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -29,8 +30,14 @@ ALIAS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,39}")
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 LLM_COLUMN_TYPES = ("llm-text", "llm-code", "llm-structured", "llm-judge")
-DD_KEYS = ("columns", "constraints", "processors", "seed_config", "model_configs", "profilers", "tool_configs",
-           "library_version")
+# Data Designer's config keys a recipe may hold: its seed rows come from ``documents`` or ``seed_dataset`` (a
+# seed_config could name any file or a hub dataset), and its MCP tools start processes: neither is offered.
+DD_KEYS = ("columns", "constraints", "processors", "model_configs", "profilers", "library_version")
+# Column types a recipe may use: no ``custom`` (a Python generator imported by name) and no image columns (the
+# studio's teachers are chat models); validation columns only with Data Designer's code linters.
+COLUMN_TYPES = ("sampler", "llm-text", "llm-code", "llm-structured", "llm-judge", "expression", "validation",
+                "seed-dataset")
+RECIPE_BYTES_MAX = 256 << 10
 MAX_ROWS = 100_000
 MAX_BATCH = 1_000
 SEED_COLUMNS = ("source", "page", "chunk", "text")  # what a document chunk gives each record (data/documents.py)
@@ -112,7 +119,8 @@ class RecipeSpec(JobSpec):
 
     def admin_only(self) -> list[str]:
         reasons = super().admin_only()
-        if recipe_validators.needs_admin(self.validators if isinstance(self.validators, list) else []):
+        parsed, _ = recipe_validators.parse_validators(self.validators, "validators", check_files=False)
+        if recipe_validators.needs_admin(parsed):
             reasons.append("validators: a Python validator is code run on this host: only an admin may use one; "
                            "ask an admin, or use json_schema, regex, length or sql validators")
         return reasons
@@ -177,8 +185,12 @@ class RecipeSpec(JobSpec):
     def _recipe_errors(self) -> list[FieldError]:
         if not isinstance(self.recipe, dict):
             return [FieldError("recipe", "a Data Designer config: an object with `columns` (YAML or JSON)")]
-        errors = [FieldError(f"recipe.{k}", f"not a key of a Data Designer config (known: {', '.join(DD_KEYS)})")
-                  for k in list(self.recipe)[:5] if k not in DD_KEYS]
+        errors = [FieldError(f"recipe.{k}", f"not offered in a recipe (its keys: {', '.join(DD_KEYS)})" + (
+            "; seed rows come from `documents` or `seed_dataset`" if k == "seed_config" else ""))
+            for k in list(self.recipe)[:5] if k not in DD_KEYS]
+        if len(json.dumps(self.recipe, default=str)) > RECIPE_BYTES_MAX:
+            return errors + [FieldError("recipe", f"over {RECIPE_BYTES_MAX >> 10} KiB: a recipe is a few columns and "
+                                                  "prompts (put long texts in documents)")]
         columns = self.recipe.get("columns")
         if not isinstance(columns, list) or not columns:
             return errors + [FieldError("recipe.columns", "the columns to generate: a list such as [{name: answer, "
@@ -194,6 +206,12 @@ class RecipeSpec(JobSpec):
             if column["name"] in seen:
                 errors.append(FieldError(f"{at}.name", f"{column['name']!r} is used twice: give each column its own"))
             seen.add(column["name"])
+            if column.get("column_type") not in COLUMN_TYPES:
+                errors.append(FieldError(f"{at}.column_type", f"{str(column.get('column_type'))[:40]!r} is not "
+                                                              f"offered; use one of {', '.join(COLUMN_TYPES)}"))
+            elif column.get("column_type") == "validation" and column.get("validator_type", "code") != "code":
+                errors.append(FieldError(f"{at}.validator_type", "only Data Designer's code validators run in a "
+                                                                 "recipe; check rows with `validators` instead"))
             alias = column.get("model_alias")
             if column.get("column_type") in LLM_COLUMN_TYPES and alias not in aliases:
                 errors.append(FieldError(f"{at}.model_alias", f"{alias!r} is none of the recipe's models "
@@ -201,9 +219,6 @@ class RecipeSpec(JobSpec):
                                                               "`models` or use one of those"))
             if column.get("column_type") == "llm-structured" and (problem := _schema_problem(column.get("output_format"))):
                 errors.append(FieldError(f"{at}.output_format", problem))
-        if "seed_config" in self.recipe and (self.documents or self.seed_dataset):
-            errors.append(FieldError("recipe.seed_config", "the seed rows come from `documents` or `seed_dataset`: "
-                                                           "remove seed_config, or those two"))
         return errors
 
     def _source_errors(self) -> list[FieldError]:
@@ -214,10 +229,12 @@ class RecipeSpec(JobSpec):
             value = getattr(self, name)
             if not value:
                 continue
-            try:
-                data_sources.resolve_source(value, name)
+            try:  # user data only: never a run's folder, the database, a cache or the checkout
+                paths.resolve_data_ref(data_sources.resolve_source(value, name), paths.allowed_data_roots())
             except DatasetError as exc:
                 errors.append(FieldError(exc.field, str(exc)))
+            except paths.UnsafePathError as exc:
+                errors.append(FieldError(name, f"{exc}: point it at your documents or dataset"))
         if not isinstance(self.chunk_chars, int) or not 200 <= self.chunk_chars <= 20_000:
             errors.append(FieldError("chunk_chars", "characters per document chunk: 200 to 20,000"))
         elif not isinstance(self.overlap_chars, int) or not 0 <= self.overlap_chars < self.chunk_chars // 2:

@@ -125,6 +125,7 @@ def publish(run_dir: Path, name: str, card: dict[str, Any]) -> Path:
     """The job's kept rows as the next version of dataset ``name``, with its rejected rows and card."""
     folder = dataset_folder(name)
     folder.mkdir(parents=True, exist_ok=True)
+    paths.resolve_inside(folder, [paths.datasets_dir() / "recipes"])  # a link out of the datasets folder: refused
     number = int(versions(name)[-1].name[1:]) + 1 if versions(name) else 1
     while True:  # another job publishing the same name at once takes the number first: take the next
         target = folder / f"v{number}"

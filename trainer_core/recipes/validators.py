@@ -28,6 +28,7 @@ import regex
 from jsonschema.exceptions import best_match
 
 from trainer_core.recipes import sql_check, user_code
+from trainer_core.recipes.rows import lookup
 from trainer_core.rewards.builtin import PATTERN_TIMEOUT_S, PatternTimeout, schema_validator
 from trainer_core.rewards.spec import schema_problem
 
@@ -224,10 +225,11 @@ def _column_step(spec: ValidatorSpec) -> Callable[[dict], str | None]:
     check = _CHECKS[spec.kind](spec)
 
     def step(row: dict) -> str | None:
-        if spec.column not in row:
+        found, value = lookup(row, spec.column)
+        if not found:
             return f"the row has no column {spec.column!r} (its columns: {', '.join(map(str, row)) or 'none'})"
         try:
-            return check(row[spec.column])
+            return check(value)
         except (RecursionError, MemoryError):
             return "the value is nested too deeply or too large to check"
         except Exception as exc:  # noqa: BLE001 - a value is arbitrary data: a check it breaks fails that row, named

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trainer_core.protocol import control, events as ev, paths
 from trainer_core.protocol.status import RunStatus
-from trainer_core.recipes import store
+from trainer_core.recipes import store, user_code
 from trainer_core.recipes.checking import Checker, RecipeError, endpoints, prepare_seeds
 from trainer_core.recipes.spec import RecipeSpec
 from trainer_core.specs import jobspec
@@ -34,7 +34,7 @@ DD_VENV_ENV = "FINETUNE_STUDIO_DD_VENV"
 DD_ARTIFACTS, DD_DATASET = "dd", "records"
 TEACHER_WAIT_S = float(os.environ.get("FINETUNE_STUDIO_TEACHER_WAIT_S", "900"))
 USAGE = ("tokens_in", "tokens_out", "requests_ok", "requests_failed")
-TAKEN_OVER = ("seeds.jsonl", "sources.json", DD_ARTIFACTS, store.ROWS_DIR, "usage.json")
+TAKEN_OVER = ("seeds.jsonl", "sources.json", DD_ARTIFACTS, store.ROWS_DIR, "usage.json", user_code.FOLDER)
 
 
 def dd_python() -> Path:
@@ -106,6 +106,8 @@ class RecipeJob(JobWorker):
             return 1
         finally:
             self._end_child()
+            if getattr(self, "checker", None) is not None:
+                self.checker.close()
             self.end()
 
     # ---- resume
@@ -189,9 +191,11 @@ class RecipeJob(JobWorker):
         if not python.is_file():
             raise RecipeError(f"NeMo Data Designer is not installed: run `make install`, which builds .venv-dd/ beside "
                               f"the studio's venv (or point {DD_VENV_ENV} at a venv with data-designer)")
+        # Its output comes through this worker, redacted: an external teacher's key is not among the secrets the
+        # worker's log filter was started with (worker/__main__.py), only in ``self.secrets``.
         self.child = subprocess.Popen([str(python), str(CHILD), "create", str(plan_file)], stdout=subprocess.PIPE,
-                                      stdin=subprocess.DEVNULL, env=child_env(keys), cwd=self.run_dir,
-                                      start_new_session=True, text=True)
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(keys),
+                                      cwd=self.run_dir, start_new_session=True, text=True, errors="replace")
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump_lines, args=(self.child.stdout, lines), daemon=True).start()
         error = None

@@ -41,12 +41,10 @@ def preview(spec: RecipeSpec, out: Path, rows: int) -> dict:
         raise RecipeError(f"recipe: {message}")
     generated = json.loads(result.read_text())
     checker = Checker(spec, out)
-    shown = []
-    for i, record in enumerate(generated["rows"]):
-        row, reason = checker.check(record, f"preview record {i}")
-        shown.append({"record": record, "row": row, "reason": reason,
-                      "source": {k: record.get(k) for k in ("source", "page", "chunk") if k in record},
-                      "scores": {f"{c}.{k}": v for (c, k), v in judge_scores(record, checker.judges).items()}})
+    try:
+        shown = _checked(checker, generated["rows"])
+    finally:
+        checker.close()
     made = max(1, len(generated["rows"]))
     per_row_s = generated["elapsed_s"] / made
     tokens = (generated["tokens_in"] + generated["tokens_out"]) / made
@@ -55,6 +53,16 @@ def preview(spec: RecipeSpec, out: Path, rows: int) -> dict:
             "teacher_problems": generated.get("problems", []), "warnings": warnings,
             "estimate": {"rows": spec.num_rows, "seconds": per_row_s * spec.num_rows, "tokens": tokens * spec.num_rows,
                          "kept_share": sum(1 for s in shown if s["row"] is not None) / made}}
+
+
+def _checked(checker: Checker, records: list[dict]) -> list[dict]:
+    shown = []
+    for i, record in enumerate(records):
+        row, reason = checker.check(record, f"preview record {i}")
+        shown.append({"record": record, "row": row, "reason": reason,
+                      "source": {k: record.get(k) for k in ("source", "page", "chunk") if k in record},
+                      "scores": {f"{c}.{k}": v for (c, k), v in judge_scores(record, checker.judges).items()}})
+    return shown
 
 
 def main(argv: list[str]) -> int:
