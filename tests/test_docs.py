@@ -154,6 +154,12 @@ def test_every_yaml_example_is_a_valid_config(home, monkeypatch, where, text):
     (an example that names the reader's own file cannot have it checked here)."""
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # a launcher: ray example runs on the server's cluster
     data = load_yaml(text)
+    if isinstance(data, dict) and "recipe" in data:  # a data recipe (data-recipes.md): checked as the CLI reads it
+        from trainer_core.recipes import launch
+
+        own = ("documents", "seed_dataset", "models[0].source")  # the reader's own folders and runs
+        assert [e for e in launch.from_fields(data).validate() if e.field not in own] == [], where
+        return
     if isinstance(data, dict) and "sweep" in data:  # a sweep file (sweeps.md): its sweep: section, then its base
         config, errors = sweep_checks.read(data)
         assert errors == [], where
