@@ -12,6 +12,7 @@ from trainer_core.protocol import paths
 from trainer_core.protocol.metrics import WIDE_NAMES
 from trainer_core.protocol.status import JobKind, RunStatus
 from trainer_core.views.run_rules import run_name
+from ui import data_recipes
 from ui import format as fmt
 from ui.auth import current_actor
 from ui.entry import require_entrypoint
@@ -88,6 +89,16 @@ if run.parent_run_id and run.resumed_from_step is not None:  # an eval/serve/exp
     parent = orch.get_run(run.parent_run_id)
     st.caption(f"Resumed from **{safe(parent.name if parent else run.parent_run_id)}** at step {run.resumed_from_step}: "
                "the charts show that run's steps up to the checkpoint, then this run's.")
+
+if run.kind is JobKind.TRAIN:  # lineage: the recipe and teacher behind a dataset a recipe made
+    for line in data_recipes.lineage(orch.run_config(run.id)):
+        st.caption(safe(line))
+elif run.kind is JobKind.RECIPE:
+    for version in data_recipes.published_by(run.id):
+        trained = data_recipes.runs_trained_on(orch.store, version)
+        st.caption(safe(f"Published {version.name}@v{version.version}: {version.card.get('kept')} rows kept of "
+                        f"{version.card.get('made')} ({version.ref}); runs trained on it: "
+                        + (", ".join(r.name or r.id for r in trained) or "none yet")))
 
 charts_tab, timeline_tab, log_tab, config_tab, samples_tab, eval_tab, serve_tab, export_tab = st.tabs(
     ["Charts", "Timeline", "Worker log", "Config", "Samples", "Evaluation",

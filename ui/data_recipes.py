@@ -117,10 +117,22 @@ def runs_trained_on(store_, version: store.DatasetVersion) -> list:
             if label in (r.dataset or "").split(", ")]
 
 
-def lineage_of_run(config_json: str) -> list[store.DatasetVersion]:
-    """The recipe datasets a training run's config names (Run details links each to its recipe job and teacher)."""
-    try:
-        data = json.loads(config_json or "{}").get("local_datasets") or []
-    except ValueError:
-        return []
-    return [v for v in (store.of_path(entry) for entry in data if isinstance(entry, str)) if v is not None]
+def lineage(config: dict) -> list[str]:
+    """For Run details: the recipe behind each recipe dataset a training run's config names (its job, starter and
+    teachers), as Markdown lines."""
+    lines = []
+    for entry in config.get("local_datasets") or []:
+        version = store.of_path(entry) if isinstance(entry, str) else None
+        if version is None:
+            continue
+        card = version.card
+        teachers = ", ".join(m.get("label", "") for m in card.get("models", [])) or "none"
+        lines.append(f"Data: {version.name}@v{version.version}, made by the recipe job {card.get('job_id', '?')} "
+                     f"({card.get('starter') or 'custom recipe'}; teacher: {teachers}; {card.get('kept', '?')} rows "
+                     f"kept of {card.get('made', '?')})")
+    return lines
+
+
+def published_by(job_id: str) -> list[store.DatasetVersion]:
+    """The dataset versions a recipe job published."""
+    return [v for v in store.published() if v.card.get("job_id") == job_id]

@@ -14,6 +14,7 @@ from tests.support.fake_teacher import FakeTeacher, fact_files, question
 from trainer_core import __main__ as cli
 from trainer_core.protocol import paths
 from trainer_core.recipes import store
+from ui import data_recipes as dr
 from ui import form
 from ui.state import get_orchestrator
 
@@ -70,6 +71,12 @@ def test_preview_generate_and_the_dataset_it_publishes(app_home, teacher, tmp_pa
     assert "Runs trained on it:** on the recipe" in jobs_text.replace("\\", "")
     rows, aside = (t.value for t in at.dataframe[1:3])
     assert len(rows) == 6 and aside.empty
+    at = apptest.open_page("pages/run.py", detail_run_id=job.id)  # Run details of the recipe job
+    assert any(f"Published page-made@v1: 6 rows kept of 6 ({version.ref}); runs trained on it: on the recipe"
+               in c.value.replace("\\", "") for c in at.caption), [c.value for c in at.caption]
+    assert dr.lineage({"local_datasets": [str(version.data_path)]}) == [
+        f"Data: page-made@v1, made by the recipe job {job.id} (docs-qa; teacher: teacher at {teacher.url}; 6 rows "
+        "kept of 6)"]
     at = apptest.open_new_run(**{form.K + "dataset_source": "recipe"})
     picker = at.selectbox(key=form.K + "recipe_dataset")
     assert picker.options == ["—", "page-made@v1 · 6 rows · docs-qa"]

@@ -8,7 +8,9 @@ What it answers depends only on the request, so a recipe run twice makes the sam
 * a prompt asking for JSON within ``<response_schema>`` (Data Designer's structured and judge columns) without a
   passage: a value filled from the schema itself (first enum value, numbers at their minimum or 4, strings naming the
   property), so any structured column gets an answer that validates;
-* any other prompt: ``answer: `` followed by the prompt's last line, reversed word by word.
+* a prompt holding an OpenAI function tool as JSON (the tool-calls starter): a request and arguments filled from the
+  tool's parameter schema; a property named ``sql``: a query that runs against the text-to-SQL starter's schema;
+* any other prompt: ``answer from MODEL:`` followed by the prompt's last line, reversed word by word.
 Every answer reports ``usage`` (whitespace tokens), as an OpenAI server does.
 
 Misbehaviour, for the failure tests: ``mode`` "garbage" answers prose where JSON was asked for; "error" answers
@@ -18,6 +20,8 @@ Requests are kept in ``requests`` (the parsed bodies).
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import re
 import threading
@@ -27,7 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 PASSAGE = re.compile(r"<passage[^>]*>\s*(.*?)\s*</passage>", re.S)
-SCHEMA = re.compile(r"<response_schema>\s*(.*?)\s*</response_schema>", re.S)
+SCHEMA = re.compile(r"<response_schema>\s*(\{.*?\})\s*</response_schema>", re.S)
+TOOL = '{"type": "function"'
 FACT = re.compile(r"The ([\w' -]+?) of ([\w' -]+?) is ([\w' -]+?)\.")
 
 ENTITIES = ["Zorbia", "Quillon", "Maravel", "Tessaly", "Ondrik", "Vashmere", "Pellucid Bay", "Harrowgate", "Ysolde",
@@ -103,7 +108,7 @@ class FakeTeacher:
         self._server.shutdown()
         self._server.server_close()
 
-    def answer(self, prompt: str) -> str:
+    def answer(self, prompt: str, model: str = "teacher") -> str:
         passage = PASSAGE.search(prompt)
         schema = SCHEMA.search(prompt)
         if schema and (self.mode == "garbage" or (self.garbage_for and self.garbage_for in prompt)):
@@ -122,33 +127,63 @@ class FakeTeacher:
                 body = {"question": f"What does the passage say first? ({n})", "answer": first, "evidence": first}
             return "```json\n" + json.dumps(body) + "\n```"
         if schema:
+            with self._lock:  # the n-th request of one prompt: its own tag, so a repeated prompt is no repeat
+                n = self._asked[prompt]
+                self._asked[prompt] += 1
             try:
-                return "```json\n" + json.dumps(_fill(json.loads(schema.group(1)), "value")) + "\n```"
+                body = _fill(json.loads(schema.group(1)), hashlib.sha256(f"{n}:{prompt}".encode()).hexdigest()[:8])
             except ValueError:
-                return "```json\n{}\n```"
+                body = {}
+            tool = _tool_in(prompt)
+            if tool is not None and isinstance(body, dict) and "arguments" in body:
+                body["arguments"] = _fill(tool["function"].get("parameters", {}), "")
+            return "```json\n" + json.dumps(body) + "\n```"
         last = [line for line in prompt.strip().splitlines() if line.strip()][-1:] or [""]
-        return "answer: " + " ".join(reversed(last[0].split()))
+        return f"answer from {model}: " + " ".join(reversed(last[0].split()))
 
 
-def _fill(schema: dict, name: str, depth: int = 0):
+def _tool_in(prompt: str) -> dict | None:
+    """The OpenAI function tool a prompt shows, as JSON or as Python's repr (Data Designer renders a seed's JSON
+    object with Python's str)."""
+    for marker in ('{"type": "function"', "{'type': 'function'"):
+        at = prompt.find(marker)
+        if at < 0:
+            continue
+        depth = 0
+        for end in range(at, len(prompt)):
+            depth += {"{": 1, "}": -1}.get(prompt[end], 0)
+            if depth == 0:
+                text = prompt[at:end + 1]
+                try:
+                    return json.loads(text) if marker.startswith('{"') else ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    return None
+    return None
+
+
+def _fill(schema: dict, tag: str, depth: int = 0, name: str = "value"):
+    """A value that fits ``schema``: strings name their property (and ``tag``: the prompt's hash, so two prompts get
+    two answers)."""
     if depth > 6 or not isinstance(schema, dict):
         return name
     if "enum" in schema:
         return schema["enum"][0]
     if "anyOf" in schema:
-        return _fill(schema["anyOf"][0], name, depth + 1)
+        return _fill(schema["anyOf"][0], tag, depth + 1, name)
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
-        return {key: _fill(part, key, depth + 1) for key, part in schema.get("properties", {}).items()}
+        return {key: _fill(part, tag, depth + 1, key) for key, part in schema.get("properties", {}).items()}
     if kind == "array":
-        return [_fill(schema.get("items", {}), name, depth + 1)]
+        return [_fill(schema.get("items", {}), tag, depth + 1, name)]
     if kind == "integer":
         return max(int(schema.get("minimum", 4)), 4) if schema.get("maximum", 99) >= 4 else int(schema["maximum"])
     if kind == "number":
         return float(schema.get("minimum", 4))
     if kind == "boolean":
         return True
-    return f"{name} text"
+    if name == "sql":
+        return "SELECT city, COUNT(*) FROM customers GROUP BY city"
+    return f"{name} text {tag}".rstrip()
 
 
 def _handler(fake: FakeTeacher) -> type[BaseHTTPRequestHandler]:
@@ -189,7 +224,7 @@ def _handler(fake: FakeTeacher) -> type[BaseHTTPRequestHandler]:
                 self._send(500, {"error": {"message": "teacher broke", "type": "server_error"}})
                 return
             prompt = "\n".join(_text(m.get("content")) for m in body.get("messages", []) if m.get("role") != "system")
-            answer = fake.answer(prompt)
+            answer = fake.answer(prompt, str(body.get("model", fake.model)))
             tokens_in, tokens_out = len(prompt.split()), len(answer.split())
             self._send(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
                              "model": body.get("model", fake.model),

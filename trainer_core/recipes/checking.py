@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable
 
-from trainer_core.data import documents
+from trainer_core.data import documents, tool_calls, tool_schema
 from trainer_core.data import readers, sources as data_sources
 from trainer_core.data import DatasetError
 from trainer_core.protocol import paths
@@ -50,7 +50,10 @@ def prepare_seeds(spec: RecipeSpec, folder: Path, warn: Callable[[str], None]) -
             raise RecipeError(f"{exc.field}: {exc}") from None
         if not rows:
             raise RecipeError(f"seed_dataset: {spec.seed_dataset} has no rows")
-        rows = rows[:MAX_SEED_ROWS]
+        # a nested value (a tool's schema, a conversation) reaches the prompts as JSON text, not Python's repr;
+        # the output template reads it back as its value (rows.render)
+        rows = [{k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v for k, v in row.items()}
+                for row in rows[:MAX_SEED_ROWS]]
     tmp = seeds.with_name(".seeds.jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         for row in rows:
@@ -187,6 +190,9 @@ class Checker:
             return None, f"output: {exc}"
         if not isinstance(row, dict):
             return None, "output: the template did not make an object"
+        problem = _row_problem(row)
+        if problem:
+            return None, problem
         scores = judge_scores(record, self.judges)
         low = [f"{column}.{criterion} scored {score}" for (column, criterion), score in scores.items()
                if self.spec.judge_min and score < self.spec.judge_min]
@@ -217,6 +223,22 @@ class Checker:
             else:
                 rejected.append({"reason": reason, "record": record, "batch": batch})
         return kept, rejected
+
+
+def _row_problem(row: dict) -> str | None:
+    """What makes a training row useless whatever the recipe: a preference pair whose answers are the same, a tool
+    call to a tool the row does not offer or with arguments that do not fit its schema (tool-call rows are checked
+    as the tool-calling runs' data is: trainer_core/data/tool_schema.py)."""
+    if "chosen" in row and "rejected" in row and row["chosen"] == row["rejected"]:
+        return "pair: the chosen and rejected answers are the same"
+    if tool_calls.is_tool_row(row):
+        try:
+            problems = tool_schema.row_problems(row)
+        except (ValueError, TypeError, KeyError) as exc:
+            problems = [str(exc)]
+        if problems:
+            return f"tool call: {problems[0]}"
+    return None
 
 
 def _trainable(row: dict) -> dict:

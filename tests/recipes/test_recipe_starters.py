@@ -1,0 +1,86 @@
+"""Every starter recipe previewed with the deterministic teacher (tests/support/fake_teacher.py), through the same
+path as the Data page's Preview (a sandboxed child, Data Designer in its venv): each makes the training rows its
+docs promise, and its checks set aside what they should, with the reason."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.fake_teacher import FakeTeacher, fact_files
+from trainer_core.recipes import launch, starters
+from trainer_core.recipes.rows import PROVENANCE
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                                                "required": ["city"]}}}
+
+
+@pytest.fixture
+def teacher(monkeypatch):
+    monkeypatch.setenv("FINETUNE_STUDIO_JUDGE_ALLOW_PRIVATE", "1")
+    with FakeTeacher() as fake:
+        yield fake
+
+
+def preview(studio, teacher, name: str, rows: int = 3, **fields) -> dict:
+    models = [{"alias": m["alias"], "url": teacher.url, "model": m["alias"]}
+              for m in starters.spec_fields(name).get("models") or [{"alias": "teacher"}]]
+    spec = launch.from_fields({**starters.spec_fields(name), "models": models, **fields})
+    return launch.preview(studio, spec, rows=rows)
+
+
+def test_every_starter_is_offered_and_valid():
+    assert starters.names() == ["docs-qa", "instruction-from-answer", "preference-pairs", "text-to-sql", "tool-calls"]
+    for name in starters.names():
+        assert starters.get(name).label and starters.get(name).description
+
+
+def test_instruction_from_answer(studio, teacher, tmp_path):
+    fact_files(tmp_path / "docs", 3)
+    result = preview(studio, teacher, "instruction-from-answer", documents=str(tmp_path / "docs"))
+    rows = [shown["row"] for shown in result["rows"]]
+    assert [r["messages"][1]["content"] for r in rows] == [
+        "The capital of Zorbia is Quellport.", "The river of Quillon is Westerhay.",
+        "The festival of Maravel is Copperline."]
+    assert rows[0]["messages"][0]["content"].startswith("answer from teacher: ")
+    assert rows[0][PROVENANCE] == {"source": "fact-000.md", "page": None, "chunk": 0}
+
+
+def test_preference_pairs_set_aside_a_pair_with_one_answer(studio, teacher, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Name a colour.", "Name a fruit.")))
+    result = preview(studio, teacher, "preference-pairs", rows=2, seed_dataset=str(prompts))
+    assert [s["row"] for s in result["rows"]] == [
+        {"prompt": "Name a colour.", "chosen": "answer from teacher: colour. a Name",
+         "rejected": "answer from base: colour. a Name"},
+        {"prompt": "Name a fruit.", "chosen": "answer from teacher: fruit. a Name",
+         "rejected": "answer from base: fruit. a Name"}]
+    same = [{"alias": "teacher", "url": teacher.url, "model": "teacher"},
+            {"alias": "base", "url": teacher.url, "model": "teacher"}]  # one model twice: every pair is one answer
+    result = preview(studio, teacher, "preference-pairs", rows=2, seed_dataset=str(prompts), models=same)
+    assert [s["reason"] for s in result["rows"]] == ["pair: the chosen and rejected answers are the same"] * 2
+
+
+def test_text_to_sql_keeps_only_queries_that_run(studio, teacher):
+    result = preview(studio, teacher, "text-to-sql", rows=2)
+    assert [s["row"]["messages"][1]["content"] for s in result["rows"]] == [
+        "SELECT city, COUNT(*) FROM customers GROUP BY city"] * 2
+    broken = starters.spec_fields("text-to-sql")
+    broken["validators"][0]["schema_sql"] = "CREATE TABLE towns (id INTEGER);"  # no customers table to query
+    result = preview(studio, teacher, "text-to-sql", rows=1, validators=broken["validators"])
+    (shown,) = result["rows"]
+    assert shown["row"] is None and shown["reason"].startswith("sql on pair.sql: ") and "customers" in shown["reason"]
+
+
+def test_tool_calls_are_checked_against_the_tools_schema(studio, teacher, tmp_path):
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text(json.dumps({"tool": WEATHER}) + "\n")
+    result = preview(studio, teacher, "tool-calls", rows=1, seed_dataset=str(tools))
+    (shown,) = result["rows"]
+    assert shown["reason"] is None, shown
+    row = shown["row"]
+    assert row["tools"] == [WEATHER]
+    call = row["messages"][1]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "city text", "unit": "C"}
