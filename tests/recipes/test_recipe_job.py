@@ -212,3 +212,36 @@ def test_what_a_recipe_may_not_reach_is_refused(studio, teacher, tmp_path):
     assert "which is not user data" in problems(documents=str(paths.data_root() / "studio.db"))["documents"]
     assert problems(resume_from="20261208-000000-aaaaaa")["resume_from"] == (
         "'20261208-000000-aaaaaa' is not a recipe job of this studio: give the id of the stopped or failed recipe job")
+
+
+def test_a_restart_adopts_the_job_and_db_rebuild_restores_it(studio, teacher, tmp_path):
+    from db.store import Store
+    from trainer_core.jobs import rebuild
+    from trainer_core.jobs.orchestrator import Orchestrator
+
+    fact_files(tmp_path / "docs", 8)
+    teacher.hold_after = 5  # the health check and the first batch answer; the second batch waits
+    job_id = launch.start(studio, docs_spec(tmp_path / "docs", teacher, num_rows=8, batch_size=4, dataset_name="kept"))
+    wait_until(lambda: len(store.processed(paths.run_dir(job_id))) == 1, timeout=240, what="the first batch")
+    url = studio.store.url
+    studio.close()  # the server goes away; the worker waits on its teacher
+    second = Orchestrator(Store(url))  # the next server adopts it
+    try:
+        teacher.release.set()
+        wait_until(lambda: second.get_run(job_id).status.is_terminal(), timeout=240, what="the adopted job")
+        run = second.get_run(job_id)
+        assert run.status is RunStatus.COMPLETED and run.steps_done == 8, run.error
+        before = (run, [(e.kind, e.message) for e in second.events(job_id)])
+    finally:
+        second.close()
+    db_file = Path(url[len("sqlite:///"):])
+    Store(url).engine.dispose()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_file}{suffix}").unlink(missing_ok=True)
+    report = rebuild.rebuild(url)
+    assert job_id in report.runs
+    rebuilt = Store(url)
+    after = rebuilt.get_run(job_id)
+    assert (after.kind, after.status, after.steps_done, after.dataset) == (
+        JobKind.RECIPE, RunStatus.COMPLETED, 8, "recipes/kept ← docs-qa")
+    assert [(e.kind, e.message) for e in rebuilt.get_events(job_id)] == before[1]
