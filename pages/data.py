@@ -156,8 +156,10 @@ with jobs_tab:
         for run in jobs:
             with st.container(border=True):
                 head, buttons = st.columns([4, 2])
+                pace = "" if run.status.is_terminal() else dr.rate_text(orch.snapshot(run.id))
                 head.markdown(f"**{safe(run.name or run.id, limit=80)}** · {fmt.status_badge(run.status, JobKind.RECIPE)} · "
-                              f"{safe(run.dataset, limit=80)}  \n{safe(dr.progress_text(run))}")
+                              f"{safe(run.dataset, limit=80)}  \n{safe(dr.progress_text(run))}"
+                              + (f" · {safe(pace)}" if pace else ""))
                 used = dr.usage(run)
                 if used:
                     head.caption(safe(f"teacher tokens: {used.get('tokens_in', 0):,} in, {used.get('tokens_out', 0):,} "

@@ -4,6 +4,7 @@ trained on it). Reads run folders and the database; imports no ML stack and no D
 from __future__ import annotations
 
 import json
+import time
 from itertools import islice
 from pathlib import Path
 
@@ -62,6 +63,24 @@ def progress_text(run) -> str:
     if tally.by_reason:
         text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(tally.by_reason.items())) + ")"
     return text
+
+
+def rate_text(snap, now: float | None = None) -> str:
+    """A running recipe's pace from its live state: records per second (its progress events' own figure, else the
+    records made since it started), the teacher's output tokens per second, the ETA."""
+    if snap is None:
+        return ""
+    frame = snap.metrics
+    rows = frame["rows_per_s"].dropna() if frame is not None and "rows_per_s" in frame else []
+    rate = float(rows.iloc[-1]) if len(rows) else None
+    if rate is None and snap.started_at and snap.step:
+        rate = snap.step / max(1e-6, (now or time.time()) - snap.started_at)
+    parts = [f"{rate:.2f} records/s"] if rate else []
+    if snap.tokens_per_s:
+        parts.append(f"{snap.tokens_per_s:,.0f} teacher tokens/s")
+    if snap.eta_s is not None:
+        parts.append(f"ETA {snap.eta_s:.0f} s")
+    return " · ".join(parts)
 
 
 def usage(run) -> dict:

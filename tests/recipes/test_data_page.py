@@ -100,3 +100,17 @@ def test_the_cli_generates_lists_and_shows(home, teacher, tmp_path, capsys):
     assert "# cli-made v1" in capsys.readouterr().out
     assert cli.main(["data", "generate", "--starter", "docs-qa", "--set", "dataset_name=Bad Name"]) == 2
     assert "error: dataset_name: a name for the dataset" in capsys.readouterr().err
+
+
+def test_a_running_recipes_pace_reads_its_live_state():
+    import pandas as pd
+
+    from trainer_core.jobs.live import LiveSnapshot
+    from trainer_core.protocol.status import RunStatus
+
+    live = LiveSnapshot(run_id="r", name="r", status=RunStatus.RUNNING, step=30, total_steps=100, started_at=100.0,
+                        tokens_per_s=812.4, eta_s=70.2, metrics=pd.DataFrame({"step": [10, 30], "rows_per_s": [None, 1.5]}))
+    assert dr.rate_text(live) == "1.50 records/s · 812 teacher tokens/s · ETA 70 s"
+    early = LiveSnapshot(run_id="r", name="r", status=RunStatus.RUNNING, step=12, total_steps=100, started_at=100.0)
+    assert dr.rate_text(early, now=106.0) == "2.00 records/s"
+    assert dr.rate_text(None) == ""
