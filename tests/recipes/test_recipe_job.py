@@ -245,3 +245,38 @@ def test_a_restart_adopts_the_job_and_db_rebuild_restores_it(studio, teacher, tm
     assert (after.kind, after.status, after.steps_done, after.dataset) == (
         JobKind.RECIPE, RunStatus.COMPLETED, 8, "recipes/kept ← docs-qa")
     assert [(e.kind, e.message) for e in rebuilt.get_events(job_id)] == before[1]
+
+
+def test_a_model_the_studio_serves_is_the_teacher(studio, tmp_path, monkeypatch):
+    """The recipe names the bundled model: a serve job is started for it (here a stand-in whose endpoint is the test
+    teacher) and the job's key, which exists only in memory, reaches the Data Designer child through the environment."""
+    from trainer_core.config import BUNDLED_MODEL
+    from trainer_core.jobs.orchestrator import Orchestrator
+    from trainer_core.serving import endpoint as endpoint_file
+    from trainer_core.specs.model_source import ModelSource
+
+    key, serve_id, started = "playground-key-7c1e", "20261208-090000-5e5e5e", []
+    source = ModelSource(model=BUNDLED_MODEL).key
+
+    def start_server(orch, sources, actor=None, **options):
+        started.append(([s.key for s in sources], options))
+        paths.run_dir(serve_id).mkdir(parents=True)
+        endpoint_file.write(paths.run_dir(serve_id), teacher.url, [{"name": "smollm2", "label": "bundled",
+                                                                     "source_key": source}], "fake", os.getpid())
+        return serve_id, key
+
+    monkeypatch.setattr(Orchestrator, "start_server", start_server)
+    fact_files(tmp_path / "docs", 4)
+    with FakeTeacher(model="smollm2", api_key=key) as teacher:
+        spec = docs_spec(tmp_path / "docs", teacher, num_rows=4, dataset_name="served",
+                         models=[{"alias": "teacher", "source": source}])
+        job_id = launch.start(studio, spec)
+        run = finished(studio, job_id)
+        assert run.status is RunStatus.COMPLETED, run.error
+        assert {r.get("model") for r in teacher.requests} == {"smollm2"}  # its served name, with the key (else 401)
+    assert started == [([source], {"purpose": "playground", "tied": False, "idle_timeout_s": 600,
+                                   "name": "Teacher · served"})]
+    card = store.published()[0].card
+    assert card["served_by"] == serve_id and card["models"][0]["source"] == source
+    written = [p for p in paths.run_dir(job_id).rglob("*") if p.is_file()] + list(paths.data_root().glob("studio.db*"))
+    assert not [p for p in written if key.encode() in p.read_bytes()]

@@ -84,16 +84,17 @@ def _document_rows(spec: RecipeSpec, folder: Path, warn: Callable[[str], None]) 
 
 # ---------------------------------------------------------------------- endpoints
 def endpoints(spec: RecipeSpec, folder: Path, wait_s: float,
-              requested: Callable[[], object]) -> tuple[list[dict], list[dict], dict[str, str]]:
+              interrupt: Callable[[], None]) -> tuple[list[dict], list[dict], dict[str, str]]:
     """(Data Designer's providers, its model configs, the keys by environment variable) for the recipe's models.
-    A model this studio serves is waited for (its serve job loads it) up to ``wait_s``; an external endpoint is
-    asked for its models once, so a wrong URL or a server that is down is named before any generation."""
+    A model this studio serves is waited for (its serve job loads it) up to ``wait_s``, ``interrupt`` called each
+    second (it raises to end the wait); an external endpoint is asked for its models once, so a wrong URL or a
+    server that is down is named before any generation."""
     providers, configs, keys = [], [], {}
     given = {m.get("alias"): m for m in (spec.recipe.get("model_configs") or []) if isinstance(m, dict)}
     for i, model in enumerate(spec.models):
         at = f"models[{i}]"
         if model.get("source"):
-            url, name = _served(spec, str(model["source"]), at, wait_s, requested)
+            url, name = _served(spec, str(model["source"]), at, wait_s, interrupt)
             key_env = TEACHER_KEY_ENV
         else:
             url, name, key_env = str(model["url"]).rstrip("/"), str(model["model"]), str(model.get("key_env") or "")
@@ -109,15 +110,14 @@ def endpoints(spec: RecipeSpec, folder: Path, wait_s: float,
     return providers, configs, keys
 
 
-def _served(spec: RecipeSpec, source: str, at: str, wait_s: float, requested: Callable[[], object]) -> tuple[str, str]:
+def _served(spec: RecipeSpec, source: str, at: str, wait_s: float, interrupt: Callable[[], None]) -> tuple[str, str]:
     if not spec.served_by:
         raise RecipeError(f"{at}.source: no serve job was started for {source}: start the recipe from the Data page "
                           "or `finetune-studio data generate`, which start one")
     key = ModelSource.from_key(source).key
     deadline = time.monotonic() + wait_s
     while True:
-        if requested() is not None:
-            raise RecipeError(f"{at}: stopped while waiting for {source} to be served")
+        interrupt()
         found = endpoint_file.read(paths.run_dir(spec.served_by))
         if found is not None:
             name = found.name_of(key)

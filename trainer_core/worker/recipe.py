@@ -70,7 +70,7 @@ class RecipeJob(JobWorker):
                 self.take_over(spec.resume_from)
             seeds = prepare_seeds(spec, self.run_dir, self.warn)
             self.status(RunStatus.STARTING, "waiting for the models" if spec.uses_teacher() else "starting")
-            providers, model_configs, keys = endpoints(spec, self.run_dir, TEACHER_WAIT_S, self.requested)
+            providers, model_configs, keys = endpoints(spec, self.run_dir, TEACHER_WAIT_S, self.interrupt)
             self.secrets += [v for v in keys.values() if v]
             self.checker = Checker(spec, self.run_dir)
             self.checker.remember(store.kept_rows(self.run_dir))
@@ -93,9 +93,9 @@ class RecipeJob(JobWorker):
             self.events.emit(ev.CompleteEvent(status=(RunStatus.STOPPED if stopped else RunStatus.COMPLETED).value,
                                               output_dir=str(folder), steps=store.counts(self.run_dir).made))
             return 0
-        except Interrupted:
-            self.events.emit(ev.CompleteEvent(status=RunStatus.CANCELLED.value,
-                                              steps=store.counts(self.run_dir).made))
+        except Interrupted as exc:  # Cancel; or Stop before any record was asked for (nothing to publish)
+            ended = RunStatus.STOPPED if exc.action is control.Action.STOP else RunStatus.CANCELLED
+            self.events.emit(ev.CompleteEvent(status=ended.value, steps=store.counts(self.run_dir).made))
             return 0
         except BaseException as exc:  # process boundary: report every failure, then exit non-zero
             made = store.counts(self.run_dir)
@@ -109,6 +109,12 @@ class RecipeJob(JobWorker):
             if getattr(self, "checker", None) is not None:
                 self.checker.close()
             self.end()
+
+    def interrupt(self) -> None:
+        """Raises Interrupted when Stop or Cancel was asked for (while the models are waited for)."""
+        action = self.requested()
+        if action is not None:
+            raise Interrupted(action)
 
     # ---- resume
     def take_over(self, old_id: str) -> None:

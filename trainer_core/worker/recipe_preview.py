@@ -21,7 +21,7 @@ WAIT_S = float(os.environ.get("FINETUNE_STUDIO_TEACHER_WAIT_S", "900"))
 def preview(spec: RecipeSpec, out: Path, rows: int) -> dict:
     warnings: list[str] = []
     seeds = prepare_seeds(spec, out, warnings.append)
-    providers, model_configs, keys = endpoints(spec, out, WAIT_S, lambda: None)
+    providers, model_configs, keys = endpoints(spec, out, WAIT_S, lambda: None)  # the dashboard's timeout ends it
     config = dict(spec.recipe)
     config["model_configs"] = model_configs
     if seeds is not None:
