@@ -84,3 +84,21 @@ def test_tool_calls_are_checked_against_the_tools_schema(studio, teacher, tmp_pa
     assert row["tools"] == [WEATHER]
     call = row["messages"][1]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "city text", "unit": "C"}
+
+
+JUDGE = {"name": "grounded", "column_type": "llm-judge", "model_alias": "teacher",
+         "prompt": "Passage: {{ text }}\nQuestion: {{ qa.question }}\nAnswer: {{ qa.answer }}\nIs the answer supported?",
+         "scores": [{"name": "support", "description": "How well the passage supports the answer",
+                     "options": {"4": "fully", "2": "partly", "1": "not at all"}}]}
+
+
+def test_a_judge_column_scores_each_row_and_judge_min_sets_low_ones_aside(studio, teacher, tmp_path):
+    fact_files(tmp_path / "docs", 2)
+    fields = starters.spec_fields("docs-qa")
+    recipe = {"columns": fields["recipe"]["columns"] + [JUDGE]}
+    result = preview(studio, teacher, "docs-qa", rows=2, documents=str(tmp_path / "docs"), recipe=recipe)
+    assert [s["scores"] for s in result["rows"]] == [{"grounded.support": 4.0}] * 2
+    assert [s["row"][PROVENANCE]["scores"] for s in result["rows"]] == [{"grounded.support": 4.0}] * 2
+    result = preview(studio, teacher, "docs-qa", rows=2, documents=str(tmp_path / "docs"), recipe=recipe,
+                     judge_min=5.0)
+    assert [s["reason"] for s in result["rows"]] == ["judge: grounded.support scored 4.0 (< judge_min 5)"] * 2

@@ -161,20 +161,28 @@ def _tool_in(prompt: str) -> dict | None:
     return None
 
 
-def _fill(schema: dict, tag: str, depth: int = 0, name: str = "value"):
+def _fill(schema: dict, tag: str, depth: int = 0, name: str = "value", root: dict | None = None):
     """A value that fits ``schema``: strings name their property (and ``tag``: the prompt's hash, so two prompts get
     two answers)."""
     if depth > 6 or not isinstance(schema, dict):
         return name
+    root = schema if root is None else root
+    if "$ref" in schema:  # pydantic's schemas (Data Designer's judge columns) name their parts in $defs
+        found = root
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            found = found.get(part, {}) if isinstance(found, dict) else {}
+        return _fill(found, tag, depth + 1, name, root)
+    if "allOf" in schema and len(schema["allOf"]) == 1:
+        return _fill(schema["allOf"][0], tag, depth + 1, name, root)
     if "enum" in schema:
         return schema["enum"][0]
     if "anyOf" in schema:
-        return _fill(schema["anyOf"][0], tag, depth + 1, name)
+        return _fill(schema["anyOf"][0], tag, depth + 1, name, root)
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
-        return {key: _fill(part, tag, depth + 1, key) for key, part in schema.get("properties", {}).items()}
+        return {key: _fill(part, tag, depth + 1, key, root) for key, part in schema.get("properties", {}).items()}
     if kind == "array":
-        return [_fill(schema.get("items", {}), tag, depth + 1, name)]
+        return [_fill(schema.get("items", {}), tag, depth + 1, name, root)]
     if kind == "integer":
         return max(int(schema.get("minimum", 4)), 4) if schema.get("maximum", 99) >= 4 else int(schema["maximum"])
     if kind == "number":
