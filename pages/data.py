@@ -50,6 +50,7 @@ def _form_fields() -> dict:
     return {"dataset_name": state[K + "name"].strip(), "num_rows": int(state[K + "rows"]),
             "batch_size": int(state[K + "batch"]), "documents": state[K + "path"].strip() if source == "documents" else "",
             "seed_dataset": state[K + "path"].strip() if source == "dataset" else "", "models": models,
+            "seed_hub_dataset": state[K + "path"].strip() if source == "hub" else "",
             "dedupe": bool(state[K + "dedupe"]), "near_duplicate": float(state[K + "near"]),
             "judge_min": float(state[K + "judge_min"])}
 
@@ -83,10 +84,10 @@ with new_tab:
     chosen = starters.get(st.session_state[K + "starter"])
     st.caption(safe(f"{chosen.description} Needs: {chosen.needs}."))
     seed_cols = st.columns([1, 3])
-    seed_cols[0].radio("Seed rows from", ["documents", "dataset", "none"], key=K + "seed_kind",
-                       format_func={"documents": "Documents", "dataset": "A dataset file",
+    seed_cols[0].radio("Seed rows from", ["documents", "dataset", "hub", "none"], key=K + "seed_kind",
+                       format_func={"documents": "Documents", "dataset": "A dataset file", "hub": "A hub dataset",
                                     "none": "Samplers only"}.get)
-    seed_cols[1].text_input("Folder or file (under the allowed roots)", key=K + "path",
+    seed_cols[1].text_input("Folder or file under the allowed roots, or a hub dataset id (org/name)", key=K + "path",
                             placeholder=str(paths.data_root() / "docs"),
                             help="Documents: PDF, DOCX, HTML, Markdown or text, chunked with overlap; each row keeps "
                                  "its file, page and chunk. A dataset: JSONL, JSON, CSV or Parquet rows.")

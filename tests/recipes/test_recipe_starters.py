@@ -102,3 +102,36 @@ def test_a_judge_column_scores_each_row_and_judge_min_sets_low_ones_aside(studio
     result = preview(studio, teacher, "docs-qa", rows=2, documents=str(tmp_path / "docs"), recipe=recipe,
                      judge_min=5.0)
     assert [s["reason"] for s in result["rows"]] == ["judge: grounded.support scored 4.0 (< judge_min 5)"] * 2
+
+
+def test_a_hub_dataset_seeds_the_records(home, monkeypatch, tmp_path):
+    """seed_hub_dataset is read with Hugging Face datasets in the worker (played here by a stand-in module: no hub
+    here); nested values become JSON text; a dataset that cannot be read is named with the split."""
+    import sys
+    import types
+
+    from trainer_core.recipes import checking
+
+    asked = []
+
+    def load_dataset(name, split):
+        asked.append((name, split))
+        if name == "org/missing":
+            raise FileNotFoundError("Couldn't find a dataset script")
+        return [{"prompt": "Name a colour.", "meta": {"lang": "en"}}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    spec = launch.from_fields({**starters.spec_fields("preference-pairs"), "seed_hub_dataset": "org/prompts",
+                               "seed_hub_split": "train[:10]"})
+    assert [e.field for e in spec.validate() if e.field.startswith("seed")] == []
+    seeds = checking.prepare_seeds(spec, tmp_path, print)
+    assert asked == [("org/prompts", "train[:10]")]
+    assert [json.loads(line) for line in seeds.read_text().splitlines()] == [
+        {"prompt": "Name a colour.", "meta": '{"lang": "en"}'}]
+    missing = launch.from_fields({**starters.spec_fields("preference-pairs"), "seed_hub_dataset": "org/missing"})
+    with pytest.raises(checking.RecipeError, match=r"^seed_hub_dataset: org/missing \(train\) cannot be read: "
+                                                   r"FileNotFoundError: Couldn't find a dataset script$"):
+        checking.prepare_seeds(missing, tmp_path / "other", print)
+    both = launch.from_fields({**starters.spec_fields("preference-pairs"), "seed_hub_dataset": "a b",
+                               "seed_dataset": str(tmp_path)})
+    assert {e.field: e.message for e in both.validate()}["seed_hub_dataset"] == "a hub dataset id such as org/name"

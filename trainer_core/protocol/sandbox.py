@@ -44,7 +44,8 @@ HIDDEN_NAMES = (".git", ".streamlit")  # in the checkout and the working directo
 HUB_TOKEN_FILES = ("token", "stored_tokens")
 # Job fields whose non-empty value reaches out of this host (a job naming none of them runs offline).
 # A recipe's models: an external endpoint (url) or the studio's serve job (served_by: it listens on this host).
-NETWORK_FIELDS = ("judge_url", "push_repo_id", "hf_dataset", "lm_eval_tasks", "enable_wandb", "url", "served_by")
+NETWORK_FIELDS = ("judge_url", "push_repo_id", "hf_dataset", "lm_eval_tasks", "enable_wandb", "url", "served_by",
+                  "seed_hub_dataset")
 MODEL_FIELDS = ("model_name", "model", "data")  # a value that is no local path (nor bundled) is a hub name
 RUN_FILES = ("config.yaml", "job.json")
 STOP_SIGNALS = "TERM,INT"

@@ -36,13 +36,15 @@ class RecipeError(Exception):
 def prepare_seeds(spec: RecipeSpec, folder: Path, warn: Callable[[str], None]) -> Path | None:
     """The seed rows as JSONL in ``folder`` (kept when already there: a resumed job samples the same seeds);
     None when the recipe has no seed (Data Designer's samplers only)."""
-    if not (spec.documents or spec.seed_dataset):
+    if not (spec.documents or spec.seed_dataset or spec.seed_hub_dataset):
         return None
     seeds = Path(folder) / SEEDS_FILE
     if seeds.is_file():
         return seeds
     if spec.documents:
         rows = _document_rows(spec, Path(folder), warn)
+    elif spec.seed_hub_dataset:
+        rows = _hub_rows(spec)
     else:
         try:
             rows = readers.read_rows(data_sources.resolve_source(spec.seed_dataset, "seed_dataset"), "seed_dataset")
@@ -50,16 +52,35 @@ def prepare_seeds(spec: RecipeSpec, folder: Path, warn: Callable[[str], None]) -
             raise RecipeError(f"{exc.field}: {exc}") from None
         if not rows:
             raise RecipeError(f"seed_dataset: {spec.seed_dataset} has no rows")
-        # a nested value (a tool's schema, a conversation) reaches the prompts as JSON text, not Python's repr;
-        # the output template reads it back as its value (rows.render)
-        rows = [{k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v for k, v in row.items()}
-                for row in rows[:MAX_SEED_ROWS]]
+        rows = _nested_as_json(rows[:MAX_SEED_ROWS])
     tmp = seeds.with_name(".seeds.jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False, default=str).replace("\\u0000", "") + "\n")
     os.replace(tmp, seeds)
     return seeds
+
+
+def _hub_rows(spec: RecipeSpec) -> list[dict]:
+    """A hub dataset's split as seed rows (Hugging Face datasets, in the worker; the hub's cache is shared)."""
+    from datasets import load_dataset  # the worker side only: the dashboard never reads hub data itself
+
+    try:
+        data = load_dataset(spec.seed_hub_dataset, split=spec.seed_hub_split)
+    except Exception as exc:  # noqa: BLE001 - the hub's errors are many (offline, gated, no such split): named
+        raise RecipeError(f"seed_hub_dataset: {spec.seed_hub_dataset} ({spec.seed_hub_split}) cannot be read: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from None
+    rows = [dict(row) for _, row in zip(range(MAX_SEED_ROWS), data)]
+    if not rows:
+        raise RecipeError(f"seed_hub_dataset: the split {spec.seed_hub_split} of {spec.seed_hub_dataset} has no rows")
+    return _nested_as_json(rows)
+
+
+def _nested_as_json(rows: list[dict]) -> list[dict]:
+    """A nested value (a tool's schema, a conversation) kept as JSON text in the seed rows; the output template reads
+    it back as its value (rows.render)."""
+    return [{k: json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v
+             for k, v in row.items()} for row in rows]
 
 
 def _document_rows(spec: RecipeSpec, folder: Path, warn: Callable[[str], None]) -> list[dict]:

@@ -38,6 +38,8 @@ DD_KEYS = ("columns", "constraints", "processors", "model_configs", "profilers",
 COLUMN_TYPES = ("sampler", "llm-text", "llm-code", "llm-structured", "llm-judge", "expression", "validation",
                 "seed-dataset")
 RECIPE_BYTES_MAX = 256 << 10
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+SPLIT_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}(\[[0-9:%+-]{1,20}\])?")
 MAX_ROWS = 100_000
 MAX_BATCH = 1_000
 SEED_COLUMNS = ("source", "page", "chunk", "text")  # what a document chunk gives each record (data/documents.py)
@@ -65,6 +67,8 @@ class RecipeSpec(JobSpec):
     chunk_chars: int = 1500
     overlap_chars: int = 200
     seed_dataset: str = ""  # or a dataset file (jsonl, json, csv, parquet) whose rows seed the records
+    seed_hub_dataset: str = ""  # or a Hugging Face hub dataset (org/name), read by the worker (it then needs the network)
+    seed_hub_split: str = "train"
     # The endpoints behind the recipe's model aliases: a model this studio serves (``source``: base:<model>,
     # run:<id>), started as a serve job when the recipe starts, or an external OpenAI-compatible endpoint (``url``,
     # ``model``, ``key_env``: a variable the admin declared in FINETUNE_STUDIO_JUDGE_KEY_ENVS; never the key).
@@ -180,7 +184,8 @@ class RecipeSpec(JobSpec):
         names = [c.get("name") for c in (self.recipe.get("columns") or []) if isinstance(c, dict)] \
             if isinstance(self.recipe, dict) else []
         seeds = list(SEED_COLUMNS) if self.documents else []
-        return [n for n in names if isinstance(n, str)] + seeds + (["*"] if self.seed_dataset else [])
+        return [n for n in names if isinstance(n, str)] + seeds + (["*"] if self.seed_dataset or self.seed_hub_dataset
+                                                                   else [])
 
     def _recipe_errors(self) -> list[FieldError]:
         if not isinstance(self.recipe, dict):
@@ -223,8 +228,13 @@ class RecipeSpec(JobSpec):
 
     def _source_errors(self) -> list[FieldError]:
         errors = []
-        if self.documents and self.seed_dataset:
-            errors.append(FieldError("seed_dataset", "seed the recipe from documents or a dataset, not both"))
+        if sum(bool(x) for x in (self.documents, self.seed_dataset, self.seed_hub_dataset)) > 1:
+            errors.append(FieldError("seed_dataset", "seed the recipe from documents, a dataset file or a hub dataset: "
+                                                     "one of them"))
+        if self.seed_hub_dataset and not HUB_ID_RE.fullmatch(str(self.seed_hub_dataset)):
+            errors.append(FieldError("seed_hub_dataset", "a hub dataset id such as org/name"))
+        if not isinstance(self.seed_hub_split, str) or not SPLIT_RE.fullmatch(self.seed_hub_split):
+            errors.append(FieldError("seed_hub_split", "a split name such as train, or train[:500]"))
         for name in ("documents", "seed_dataset"):
             value = getattr(self, name)
             if not value:

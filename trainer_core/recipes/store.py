@@ -155,7 +155,8 @@ def publish(run_dir: Path, name: str, card: dict[str, Any]) -> Path:
 def readme(card: dict[str, Any]) -> str:
     models = "\n".join(f"- `{m.get('alias')}`: {m.get('label')}" for m in card.get("models", []))
     reasons = "\n".join(f"- {k}: {v}" for k, v in sorted(card.get("rejected_by_reason", {}).items())) or "- none"
-    source = card.get("documents") or card.get("seed_dataset") or "Data Designer's samplers"
+    source = card.get("documents") or card.get("seed_dataset") or card.get("seed_hub_dataset") or \
+        "Data Designer's samplers"
     return (f"# {card.get('dataset')} v{card.get('version')}\n\n"
             f"Made by the data recipe job `{card.get('job_id')}`"
             f"{' from the starter ' + repr(card['starter']) if card.get('starter') else ''}"

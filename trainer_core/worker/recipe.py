@@ -269,6 +269,7 @@ class RecipeJob(JobWorker):
         card = {"job_id": self.run_dir.name, "starter": spec.starter, "recipe": spec.recipe, "output": spec.output,
                 "validators": spec.validators, "dedupe": spec.dedupe, "near_duplicate": spec.near_duplicate,
                 "documents": spec.documents, "seed_dataset": spec.seed_dataset, "resumed_from": spec.resume_from,
+                "seed_hub_dataset": f"{spec.seed_hub_dataset} ({spec.seed_hub_split})" if spec.seed_hub_dataset else "",
                 "models": [{"alias": m.get("alias"), "source": m.get("source", ""), "url": m.get("url", ""),
                             "model": m.get("model", ""), "label": _label(m)} for m in spec.models],
                 "served_by": spec.served_by, "stopped": stopped,
