@@ -12,7 +12,6 @@ from tests.support import apptest, wait_until
 from tests.support.factories import insert_finished_run
 from tests.support.fake_teacher import FakeTeacher, fact_files, question
 from trainer_core import __main__ as cli
-from trainer_core.protocol import paths
 from trainer_core.recipes import store
 from ui import data_recipes as dr
 from ui import form

@@ -16,11 +16,10 @@ import json
 import signal
 import sys
 import time
-from pathlib import Path
 
 import yaml
 
-from trainer_core.config import ConfigError, FieldError, load_yaml, secrets_in_file
+from trainer_core.config import ConfigError, FieldError, load_yaml, read_yaml_file
 from trainer_core.protocol import paths
 from trainer_core.protocol.status import RunStatus
 
@@ -92,20 +91,7 @@ def read_recipe(path: str | None, starter: str | None, overrides: list[str]) -> 
     """The recipe's fields: the file's (or the starter's), ``--set`` over them. ConfigError names the problem."""
     data: dict = {}
     if path:
-        problem = paths.path_problem(path)
-        if problem:
-            raise ConfigError([FieldError("--recipe", problem)])
-        try:
-            data = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise ConfigError([FieldError("--recipe", f"{path} does not exist")]) from None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-            raise ConfigError([FieldError("--recipe", f"cannot read {path}: {exc}")]) from None
-        if not isinstance(data, dict):
-            raise ConfigError([FieldError("--recipe", f"{path} must hold a mapping of field: value")])
-        leaked = secrets_in_file(data, Path(path).name)
-        if leaked:
-            raise ConfigError(leaked)
+        data = read_yaml_file(path, "--recipe")
     elif not starter:
         raise ConfigError([FieldError("--recipe", "give --recipe FILE or --starter NAME (see `data starters`)")])
     if starter:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from pathlib import Path
 
 import yaml
 
-from trainer_core.config import ConfigError, FieldError, load_yaml, secrets_in_file
-from trainer_core.protocol import paths
+from trainer_core.config import ConfigError, FieldError, load_yaml, read_yaml_file
 from trainer_core.sweeps import record
 from trainer_core.sweeps.record import SweepStatus
 from trainer_core.sweeps import checks
@@ -86,20 +84,7 @@ def cmd_sweep(args, cli_actor) -> int:
 
 def load(path: str, overrides: list[str]) -> SweepConfig:
     """The file's base config and sweep: section, every problem of both raised together (ConfigError)."""
-    problem = paths.path_problem(path)
-    if problem:
-        raise ConfigError([FieldError("config", problem)])
-    try:
-        data = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError([FieldError("config", f"{path} does not exist")]) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError([FieldError("config", f"cannot read {path}: {exc}")]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([FieldError("config", f"{path} must hold a mapping of field: value")])
-    leaked = secrets_in_file(data, Path(path).name)
-    if leaked:
-        raise ConfigError(leaked)
+    data = read_yaml_file(path, "config")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:

@@ -19,7 +19,7 @@ from trainer_core.config.limits import (_HUB_ID_RE, ATTENTION_MODULES, BUNDLED_D
                                         SAMPLE_PROMPT_CHARS, SAMPLE_PROMPTS_MAX, SCHEDULERS, SHARED_STORAGE_ENV,
                                         TEXT_LIMITS, TOOL_TEMPLATES)
 from trainer_core.config.reading import (IS_EMBEDDING_NOTE, TrainingTypeDeprecation, load_yaml, read_is_embedding,
-                                         read_training_type, secrets_in_file, training_type_note)
+                                         read_training_type, read_yaml_file, secrets_in_file, training_type_note)
 from trainer_core.config.train_config import TrainConfig
 from trainer_core.protocol.errors import ConfigError, FieldError
 from trainer_core.protocol.secrets import SECRET_FIELDS
@@ -31,5 +31,5 @@ __all__ = ["ATTENTION_MODULES", "BUNDLED_DATASET", "BUNDLED_MODEL", "BUNDLED_PAI
            "TOOL_TEMPLATES",
            "SECRET_FIELDS", "SHARED_STORAGE_ENV", "TEXT_LIMITS", "TrainConfig", "TrainingTypeDeprecation",
            "_HUB_ID_RE", "builtin_loader_names", "hub_dataset_problem", "load_yaml", "looks_like_path",
-           "ray_address_problem", "read_is_embedding", "read_training_type", "sample_prompts_of", "server_cluster", "secrets_in_file",
+           "ray_address_problem", "read_is_embedding", "read_training_type", "read_yaml_file", "sample_prompts_of", "server_cluster", "secrets_in_file",
            "training_type_note"]

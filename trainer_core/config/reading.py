@@ -15,7 +15,7 @@ import yaml
 from trainer_core import methods
 from trainer_core.methods import METHODS, TRAINING_TYPES
 from trainer_core.methods.settings import read_settings
-from trainer_core.protocol.errors import FieldError
+from trainer_core.protocol.errors import ConfigError, FieldError
 from trainer_core.protocol.secrets import ENV_NAMES, SECRET_FIELDS
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -170,6 +170,30 @@ def secrets_in_file(data: dict, file_name: str) -> list[FieldError]:
     return [FieldError(name, f"secrets do not belong in YAML; set {ENV_NAMES} in the environment "
                              f"(or enter it in the form), and remove it from {file_name}")
             for name in SECRET_FIELDS if data.get(name)]
+
+
+def read_yaml_file(path: str, field: str) -> dict:
+    """The mapping a YAML file of the CLI holds (a sweep's, a recipe's); ConfigError naming ``field`` (the option) when
+    the path is refused, missing or unreadable, when it holds no mapping, or when it holds a secret."""
+    from pathlib import Path
+
+    from trainer_core.protocol import paths
+
+    problem = paths.path_problem(path)
+    if problem:
+        raise ConfigError([FieldError(field, problem)])
+    try:
+        data = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError([FieldError(field, f"{path} does not exist")]) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError([FieldError(field, f"cannot read {path}: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([FieldError(field, f"{path} must hold a mapping of field: value")])
+    leaked = secrets_in_file(data, Path(path).name)
+    if leaked:
+        raise ConfigError(leaked)
+    return data
 
 
 def _coerce(f: dataclasses.Field, raw: Any) -> Any:

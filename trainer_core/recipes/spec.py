@@ -23,6 +23,7 @@ from trainer_core.protocol import paths
 from trainer_core.protocol.status import JobKind
 from trainer_core.recipes import rows as recipe_rows
 from trainer_core.recipes import validators as recipe_validators
+from trainer_core.rewards import spec as reward_spec
 from trainer_core.specs.jobspec import JobSpec, register
 from trainer_core.specs.model_source import ModelSource, SourceError, resolve
 
@@ -312,18 +313,13 @@ def _number_errors(at: str, model: dict) -> list[FieldError]:
 
 
 def _schema_problem(schema: Any) -> str | None:
-    """Why an llm-structured column's output_format is not a JSON Schema the teacher's answers can be checked by."""
+    """Why an llm-structured column's output_format is not a JSON Schema the teacher's answers can be checked by (a
+    text: a pydantic model's dotted name or JSON, which Data Designer reads and names what is wrong with)."""
     if isinstance(schema, str):
-        return None  # a pydantic model's dotted name or a JSON text: Data Designer reads it and names what is wrong
+        return None
     if not isinstance(schema, dict):
         return "a JSON Schema object, e.g. {type: object, properties: {answer: {type: string}}, required: [answer]}"
-    from jsonschema import exceptions, validators
-
-    try:
-        validators.validator_for(schema).check_schema(schema)
-    except exceptions.SchemaError as exc:
-        return f"not a valid JSON Schema: {exc.message[:200]}"
-    return None
+    return reward_spec.schema_problem(schema)
 
 
 def _model_label(model: dict) -> str:
