@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from trainer_core.data import DatasetError
-from trainer_core.data.preference import detect_shape, normalize, split_shared_prefix
+from trainer_core.data.preference import UNREADABLE_TURNS, detect_shape, normalize, split_shared_prefix
 
 U = lambda text: {"role": "user", "content": text}  # noqa: E731
 A = lambda text: {"role": "assistant", "content": text}  # noqa: E731
@@ -60,6 +60,24 @@ def test_prompts_keep_other_columns_for_rewards():
     assert data.rows == [{"prompt": "2+2?", "answer": "4", "level": 1}]
     chat = normalize(rows[1:], "prompts")
     assert chat.rows == [{"prompt": [U("3+3?")], "id": 7, "answer": "6"}]
+
+
+def test_prompts_keep_their_tool_calls_and_results():
+    """A few-shot GRPO prompt whose examples call a tool keeps the calls (normal form, arguments as JSON text) and the
+    results paired with them; before, the calls were dropped and the examples showed empty answers."""
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"a": 2, "b": 3}}}]}
+    rows = [{"prompt": [U("2 times 3?"), call, {"role": "tool", "content": "6"}, A("6"), U("4 times 5?")],
+             "answer": "20"}]
+    data = normalize(rows, "prompts")
+    assert data.rows == [{"prompt": [
+        U("2 times 3?"),
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1_0", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "content": "6", "tool_call_id": "call_1_0", "name": "multiply"},
+        A("6"), U("4 times 5?")], "answer": "20"}]
+    bad = dict(call, tool_calls=[{"type": "function", "function": {"name": "multiply", "arguments": "[1, 2]"}}])
+    assert normalize(rows + [{"prompt": [U("q"), bad, U("r")]}], "prompts").dropped == {UNREADABLE_TURNS: 1}
 
 
 def test_mixed_text_and_chat_keeps_the_majority_and_counts_the_rest():

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainer_core.data import DatasetError, quoted
 from trainer_core.data.formats import ROLE_ALIASES, NormalizedData, as_turn_list, columns_of, no_usable_rows
+from trainer_core.data.tool_calls import TOOL_ROLE, ToolFormatError, normalize_call, pair_tool_results
 
 PAIR_KEYS = ("prompt", "chosen", "rejected")
 KTO_KEYS = ("prompt", "completion", "label")
@@ -21,6 +22,7 @@ SHAPES = {
     "kto": "prompt/completion/label columns (label true for a good answer), or preference pairs",
     "prompts": "a prompt column (text or messages), or chat rows whose last assistant turn is left out",
 }
+UNREADABLE_TURNS = "prompt's turns cannot be read (each needs a role and text; a call, a name and object arguments)"
 _TRUE = {"true", "1", "yes", "good", "desirable", "chosen"}
 _FALSE = {"false", "0", "no", "bad", "undesirable", "rejected"}
 
@@ -44,6 +46,38 @@ def _messages(value: Any) -> list[dict] | None:
             return None
         out.append({"role": ROLE_ALIASES[role.strip().lower()], "content": content})
     return out
+
+
+def _prompt_messages(value: Any) -> list[dict] | None:
+    """A GRPO prompt's message list, keeping tool turns: an assistant turn's ``tool_calls`` (in the normal form of
+    trainer_core.data.tool_calls, arguments as JSON text; its content may then be null) and ``role: tool`` results
+    paired with their calls. A few-shot prompt whose examples call tools shows the model the calls it should make
+    (docs/tool-calling.md); without this the calls were dropped and only their empty words stayed. None when the
+    value is not a message list (or a call cannot be read)."""
+    turns = as_turn_list(value)
+    if turns is None or not all(isinstance(turn, dict) for turn in turns):
+        return None
+    if not any(turn.get("tool_calls") or turn.get("role") == TOOL_ROLE for turn in turns):
+        return _messages(turns)
+    out = []
+    for index, turn in enumerate(turns):
+        role, content, calls = turn.get("role"), turn.get("content"), turn.get("tool_calls")
+        if role == TOOL_ROLE and isinstance(content, str):
+            out.append({"role": TOOL_ROLE, "content": content,
+                        **{k: turn[k] for k in ("tool_call_id", "name") if isinstance(turn.get(k), str)}})
+            continue
+        if calls and role == "assistant" and isinstance(calls, list) and (content is None or isinstance(content, str)):
+            try:
+                normal = [normalize_call(call, f"call_{index}_{n}") for n, call in enumerate(calls)]
+            except ToolFormatError:
+                return None
+            out.append({"role": "assistant", "content": content or "", "tool_calls": normal})
+            continue
+        plain = _messages([turn])
+        if plain is None:
+            return None
+        out += plain
+    return pair_tool_results(out)
 
 
 def _text(value: Any) -> str | None:
@@ -135,7 +169,9 @@ def _prompt(row: dict, m: dict | None, system: str) -> tuple[dict | None, str | 
         raw = msgs or None
     if raw is None:
         return None, "missing prompt"
-    msgs = _messages(raw)
+    msgs = _prompt_messages(raw)
+    if msgs is None and as_turn_list(raw) is not None:
+        return None, UNREADABLE_TURNS
     if msgs is not None:
         if not msgs or msgs[-1]["role"] == "assistant":
             return None, "prompt is empty or ends with an assistant turn"
