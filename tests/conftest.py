@@ -164,6 +164,27 @@ def pytest_collection_modifyitems(config, items):
         # run, a served model) are made once; every test that starts a local Ray cluster shares one worker, so two
         # clusters never start at once on this machine.
         item.add_marker(pytest.mark.xdist_group("ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]))
+    items[:] = heavy_first(items)
+
+
+HEAVY = ("train", "ray")  # the groups that take minutes: a real training, a local Ray cluster
+
+
+def heavy_first(items: list) -> list:
+    """The files (xdist groups) holding a real training or a Ray cluster first, then the other slow ones, then the
+    rest, each kept in collection order: the two workers start the longest groups early and the many short tests fill
+    the end, instead of one worker finishing a long training alone at the end (the tool-calling demo, collected
+    last, ran 4 minutes alone at the end of a CI run)."""
+    def group(item) -> str:
+        return item.get_closest_marker("xdist_group").args[0]
+
+    rank: dict[str, int] = {}
+    for item in items:
+        weight = 0 if any(item.get_closest_marker(m) for m in HEAVY) else 1 if item.get_closest_marker("slow") else 2
+        rank[group(item)] = min(rank.get(group(item), weight), weight)
+    first_seen = {name: i for i, name in reversed(list(enumerate(group(item) for item in items)))}
+    order = {id(item): i for i, item in enumerate(items)}
+    return sorted(items, key=lambda item: (rank[group(item)], first_seen[group(item)], order[id(item)]))
 
 
 @pytest.fixture(params=BACKENDS)

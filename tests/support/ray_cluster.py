@@ -66,6 +66,9 @@ def local_cluster(cpus_per_node: int = 1, nodes: int = 2) -> Iterator[LocalClust
                                      f"--temp-dir={temp}", marked=0)]
     try:
         wait_until(lambda: dashboard_up(address), timeout=120, what="the Ray head's dashboard")
+        # the head's own raylet registers after its dashboard answers: a one-node cluster checked at once (on a loaded
+        # machine) reported no alive node
+        wait_until(lambda: alive_nodes() == 1, timeout=120, what="the Ray head's node")
         for k in range(1, count):  # one at a time: two raylets registering at once timed out here
             nodes.append(ray_start(cpus_per_node, f"--address=127.0.0.1:{gcs}", marked=k))
             wait_until(lambda: alive_nodes() == k + 1, timeout=120, what=f"{k + 1} Ray nodes")
