@@ -209,6 +209,7 @@ def no_stray_workers(tmp_path_factory):
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info["cmdline"] or []
         is_worker = "trainer_core.worker" in cmd or "trainer_core.worker.launch" in cmd  # launch: torchrun for N ranks
+        is_worker |= any(arg.endswith(("fake_worker.py", "fake_jobs.py")) for arg in cmd)  # the tests' stand-ins
         if is_worker and any(arg.startswith(tmp) for arg in cmd):
             try:
                 os.killpg(proc.info["pid"], signal.SIGKILL)
