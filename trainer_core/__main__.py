@@ -151,10 +151,11 @@ def cmd_run(args) -> int:
             print("\ncancelling", file=sys.stderr)
             orch.cancel(run_id, actor=actor)
 
-    signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         return follow(orch, run_id)
-    finally:
+    finally:  # the caller's handler back: a later command in this process is not this run's to stop
+        signal.signal(signal.SIGINT, previous)
         orch.close()
 
 

@@ -95,8 +95,11 @@ def cmd_export(args, find: Callable, actor_for: Callable) -> int:
               file=sys.stderr)
     else:
         print(f"export job {job_id} started for run {run.id}", file=sys.stderr)
-    signal.signal(signal.SIGINT, lambda *_: orch.cancel(job_id))  # nothing half-written: cancel discards it all
-    snap = orch.wait(job_id)
+    previous = signal.signal(signal.SIGINT, lambda *_: orch.cancel(job_id))  # nothing half-written: cancel discards it
+    try:
+        snap = orch.wait(job_id)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     artifacts = orch.artifacts(job_id=job_id)
     orch.close()
     if snap.status is RunStatus.FAILED:

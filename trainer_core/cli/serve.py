@@ -58,14 +58,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def interrupt_on_signals() -> dict:
-    """SIGTERM (kill, systemd, ``timeout``) and SIGHUP (the terminal closed) mean what Ctrl-C means; returns
-    the handlers to put back."""
+    """SIGTERM (kill, systemd, ``timeout``) and SIGHUP (the terminal closed) mean what Ctrl-C means, and Ctrl-C
+    means KeyboardInterrupt whatever handler the process had before (an earlier command in the same process, a
+    test); returns the handlers to put back."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, interrupt)
     return previous
 

@@ -103,8 +103,15 @@ def load(path: str, overrides: list[str]) -> SweepConfig:
 
 def follow(runner, orch, sweep_id: str, actor) -> int:
     """Drive and print the sweep until it ends; Ctrl-C stops it (its trials save). Exit 0 completed, 3 stopped."""
-    signal.signal(signal.SIGINT, lambda *_: (print("\nstopping the sweep (its running trials stop and save)",
-                                                   file=sys.stderr), runner.stop(sweep_id, actor=actor)))
+    previous = signal.signal(signal.SIGINT, lambda *_: (print("\nstopping the sweep (its running trials stop and "
+                                                              "save)", file=sys.stderr), runner.stop(sweep_id, actor=actor)))
+    try:
+        return _follow(runner, orch, sweep_id)
+    finally:  # the caller's handler back
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow(runner, orch, sweep_id: str) -> int:
     last = ""
     while True:
         runner.tick_once()
